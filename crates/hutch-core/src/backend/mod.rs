@@ -1,0 +1,57 @@
+//! Isolation backends: how a sandbox's processes are contained.
+//!
+//! A backend builds and tears down the container of one sandbox and says where its agent's
+//! byte stream is. Everything above the stream (exec, PTY, files) is backend-independent:
+//! it is the agent protocol.
+//!
+//! Backend calls block (they mount, fork helpers, wait for cgroups to empty); the manager
+//! runs them on the blocking pool.
+
+pub mod ns;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::CoreResult;
+use crate::model::{Isolation, SandboxRecord};
+
+/// What a backend reports after building a sandbox.
+#[derive(Debug, Clone)]
+pub struct Started {
+    /// Host pid of the sandbox's init.
+    pub init_pid: i32,
+    /// Its start time (to recognise the pid after a restart).
+    pub init_start_time: u64,
+    /// cgroup directories to read usage from.
+    pub cgroups: Vec<PathBuf>,
+}
+
+/// Resource usage of one sandbox.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Usage {
+    /// Memory in use (bytes).
+    pub memory_bytes: u64,
+    /// Memory limit (bytes).
+    pub memory_limit_bytes: u64,
+    /// OOM kills so far.
+    pub oom_kills: u64,
+    /// CPU time used (ns).
+    pub cpu_usage_ns: u64,
+    /// Tasks running.
+    pub pids: u64,
+}
+
+/// One isolation backend.
+pub trait Backend: Send + Sync {
+    /// Which isolation this backend provides.
+    fn isolation(&self) -> Isolation;
+    /// Build and start the sandbox described by `record` from the template root `rootfs`.
+    fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
+    /// Kill everything and release every host resource; idempotent.
+    fn destroy(&self, record: &SandboxRecord) -> CoreResult<()>;
+    /// Host path of the unix socket that carries the agent stream.
+    fn agent_socket(&self, id: &str) -> PathBuf;
+    /// Whether the sandbox's init is still the process we started.
+    fn alive(&self, record: &SandboxRecord) -> bool;
+    /// Current resource usage.
+    fn usage(&self, record: &SandboxRecord) -> Option<Usage>;
+}

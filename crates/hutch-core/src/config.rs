@@ -1,0 +1,81 @@
+//! Configuration of the manager, resolved by the binary from flags and the host.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the manager runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Root of Hutch's state: `state.db`, `sandboxes/`, `admin.key`.
+    pub state_dir: PathBuf,
+    /// Where templates live (default `<state_dir>/templates`).
+    pub templates_dir: PathBuf,
+    /// The `hutch` executable, run as `hutch __jail-spawn` to build each `ns` sandbox.
+    pub hutch_exe: PathBuf,
+    /// The static `hutch-agent` binary mounted into every sandbox.
+    pub agent_binary: PathBuf,
+    /// Template used when a create names none.
+    pub default_template: String,
+    /// TTL when a create gives none.
+    pub default_ttl_seconds: u64,
+    /// Largest TTL a client may ask for.
+    pub max_ttl_seconds: u64,
+    /// How often the reaper looks for expired sandboxes.
+    pub reaper_interval: Duration,
+    /// Per-stream cap of collected exec output.
+    pub output_cap_bytes: usize,
+    /// Name of Hutch's parent cgroup in every hierarchy.
+    pub cgroup_parent: String,
+    /// Largest CPU count one sandbox may ask for.
+    pub max_cpus: f64,
+    /// Largest memory one sandbox may ask for.
+    pub max_memory_mib: u64,
+    /// Largest pids limit one sandbox may ask for.
+    pub max_pids: u32,
+    /// Default exec timeout when the request gives none.
+    pub default_exec_timeout: Duration,
+}
+
+impl Config {
+    /// Defaults for a state directory, with host limits read from the machine.
+    pub fn new(state_dir: PathBuf, hutch_exe: PathBuf, agent_binary: PathBuf) -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as f64)
+            .unwrap_or(1.0);
+        Self {
+            templates_dir: state_dir.join("templates"),
+            state_dir,
+            hutch_exe,
+            agent_binary,
+            default_template: "base".into(),
+            default_ttl_seconds: 300,
+            max_ttl_seconds: 7 * 24 * 3600,
+            reaper_interval: Duration::from_secs(1),
+            output_cap_bytes: 16 << 20,
+            cgroup_parent: "hutch".into(),
+            max_cpus: cpus,
+            max_memory_mib: host_memory_mib().max(64),
+            max_pids: 32_768,
+            default_exec_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// Directory of one sandbox's files.
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.state_dir.join("sandboxes").join(id)
+    }
+}
+
+/// Total memory of the host in MiB (from /proc/meminfo), 0 if unknown.
+pub fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(0)
+}

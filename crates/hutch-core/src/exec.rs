@@ -1,0 +1,67 @@
+//! Exec commands as the manager takes them, and their collected results.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+pub use hutch_proto::Command;
+
+/// A validated exec.
+#[derive(Debug, Clone)]
+pub struct ExecCommand {
+    /// What to run.
+    pub cmd: Command,
+    /// Extra environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// User inside the sandbox.
+    pub user: Option<String>,
+    /// Bytes for stdin (`None`: `/dev/null`).
+    pub stdin: Option<Bytes>,
+    /// Kill after this long (`None`: no limit).
+    pub timeout: Option<Duration>,
+    /// Keep running when the client goes away (streaming only).
+    pub background: bool,
+}
+
+impl ExecCommand {
+    /// The agent request for this command.
+    pub fn to_agent_request(&self, pty: Option<hutch_proto::PtySize>) -> hutch_proto::ExecRequest {
+        hutch_proto::ExecRequest {
+            cmd: self.cmd.clone(),
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
+            user: self.user.clone(),
+            timeout_ms: self.timeout.map(|t| t.as_millis() as u64),
+            pty,
+            stdin: self.stdin.is_some() || pty.is_some(),
+            background: self.background,
+        }
+    }
+}
+
+/// The result of a collected exec, as the API returns it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecOutcome {
+    /// Captured stdout (lossy UTF-8 in JSON; see `stdout_b64` in the API for raw bytes).
+    #[serde(skip)]
+    pub stdout: Bytes,
+    /// Captured stderr.
+    #[serde(skip)]
+    pub stderr: Bytes,
+    /// Exit status (`128+N` for signal N, 124 for timeout).
+    pub exit_code: i32,
+    /// Killed by the timeout.
+    pub timed_out: bool,
+    /// Wall time in the sandbox.
+    pub duration_ms: u64,
+    /// Stdout went over the cap and was cut.
+    pub stdout_truncated: bool,
+    /// Stderr went over the cap and was cut.
+    pub stderr_truncated: bool,
+    /// The command was killed for exceeding the sandbox's memory limit.
+    pub oom_killed: bool,
+}

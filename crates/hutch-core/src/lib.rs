@@ -1,0 +1,24 @@
+//! The Hutch core: the sandbox manager and everything it owns.
+//!
+//! - [`manager`]: lifecycle, TTL reaper, re-adoption after a restart.
+//! - [`store`]: the SQLite state database.
+//! - [`backend`]: isolation backends (`ns` today).
+//! - [`model`], [`exec`]: typed commands and records.
+//! - [`events`], [`metrics`]: observability.
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod exec;
+pub mod ids;
+pub mod manager;
+pub mod metrics;
+pub mod model;
+mod pidwatch;
+pub mod store;
+pub mod time;
+
+pub use config::Config;
+pub use error::{CoreError, CoreResult};
+pub use manager::Manager;

@@ -1,0 +1,275 @@
+//! The sandbox as the manager knows it: its state machine, its record, and typed commands.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Lifecycle states. See `can_*` for what each allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Being created.
+    Starting,
+    /// Running; accepts exec and file calls.
+    Running,
+    /// Frozen (no CPU); only resume and kill are allowed.
+    Paused,
+    /// State on disk, no process running; woken by the next call.
+    Hibernated,
+    /// Stopped on purpose.
+    Stopped,
+    /// Died or could not be created; see `error`.
+    Failed,
+}
+
+impl SandboxState {
+    /// Every state, for metrics.
+    pub const ALL: [SandboxState; 6] = [
+        Self::Starting,
+        Self::Running,
+        Self::Paused,
+        Self::Hibernated,
+        Self::Stopped,
+        Self::Failed,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Paused => "paused",
+            Self::Hibernated => "hibernated",
+            Self::Stopped => "stopped",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Parse a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Exec, PTY and file calls.
+    pub fn can_use(self) -> bool {
+        self == Self::Running
+    }
+
+    /// Whether the sandbox holds host resources (processes, mounts, cgroups).
+    pub fn holds_resources(self) -> bool {
+        matches!(self, Self::Starting | Self::Running | Self::Paused)
+    }
+}
+
+/// Isolation backend of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    /// Hardened Linux namespaces.
+    Ns,
+    /// A microVM (not available yet).
+    Vm,
+}
+
+impl Isolation {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ns => "ns",
+            Self::Vm => "vm",
+        }
+    }
+}
+
+/// What a client asked for: `auto` is resolved by the manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationRequest {
+    /// `vm` where hardware virtualization works, `ns` elsewhere.
+    #[default]
+    Auto,
+    /// Namespaces.
+    Ns,
+    /// MicroVM.
+    Vm,
+}
+
+/// A validated create command.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSandbox {
+    /// Template name (default `base`).
+    pub template: Option<String>,
+    /// Requested isolation.
+    pub isolation: IsolationRequest,
+    /// TTL in seconds (default from config).
+    pub ttl_seconds: Option<u64>,
+    /// Never reaped.
+    pub persistent: bool,
+    /// Free-form string metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Environment of every exec.
+    pub env: BTreeMap<String, String>,
+    /// CPUs (may be fractional, e.g. 0.5).
+    pub cpus: Option<f64>,
+    /// Memory limit.
+    pub memory_mib: Option<u64>,
+    /// Disk size (recorded; enforcement is a later issue).
+    pub disk_mib: Option<u64>,
+    /// Tasks limit.
+    pub pids_max: Option<u32>,
+    /// Network settings as given (stored and echoed; loopback only for now).
+    pub network: Option<serde_json::Value>,
+}
+
+/// A validated update (`PATCH`).
+#[derive(Debug, Clone, Default)]
+pub struct UpdateSandbox {
+    /// New TTL (also refreshes the expiry).
+    pub ttl_seconds: Option<u64>,
+    /// New persistence flag.
+    pub persistent: Option<bool>,
+    /// Metadata keys to set (replaces the whole map when given).
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// One sandbox's row in the state database.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxRecord {
+    /// `sbx_…`.
+    pub id: String,
+    /// Template name.
+    pub template: String,
+    /// Backend.
+    pub isolation: Isolation,
+    /// Current state.
+    pub state: SandboxState,
+    /// Metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// CPUs.
+    pub cpus: f64,
+    /// Memory limit in MiB.
+    pub memory_mib: u64,
+    /// Disk in MiB.
+    pub disk_mib: u64,
+    /// Tasks limit.
+    pub pids_max: u32,
+    /// TTL in seconds.
+    pub ttl_seconds: u64,
+    /// Persistent sandboxes are never reaped.
+    pub persistent: bool,
+    /// Creation time (ms since epoch).
+    pub created_at_ms: i64,
+    /// Expiry (ms since epoch); ignored when persistent.
+    pub expires_at_ms: i64,
+    /// Index of the uid range (uid base = index × 65536).
+    pub uid_slot: u32,
+    /// Host pid of the sandbox's init, when running.
+    pub init_pid: Option<i32>,
+    /// Start time of that pid, to recognise it after a restart.
+    pub init_start_time: Option<u64>,
+    /// cgroup directories.
+    pub cgroups: Vec<String>,
+    /// Why the sandbox failed.
+    pub error: Option<String>,
+    /// Network settings as requested.
+    pub network: Option<serde_json::Value>,
+}
+
+/// The sandbox object of the API.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxView {
+    /// `sbx_…`.
+    pub id: String,
+    /// Template name.
+    pub template: String,
+    /// `ns` or `vm`.
+    pub isolation: Isolation,
+    /// State name.
+    pub state: SandboxState,
+    /// Metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// CPUs.
+    pub cpus: f64,
+    /// Memory limit in MiB.
+    pub memory_mib: u64,
+    /// Disk in MiB.
+    pub disk_mib: u64,
+    /// Tasks limit.
+    pub pids_max: u32,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339, null when persistent.
+    pub expires_at: Option<String>,
+    /// TTL refreshed by every call.
+    pub ttl_seconds: u64,
+    /// Never reaped.
+    pub persistent: bool,
+    /// Network settings.
+    pub network: serde_json::Value,
+    /// Why it failed, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl SandboxRecord {
+    /// The API view of this record.
+    pub fn view(&self) -> SandboxView {
+        SandboxView {
+            id: self.id.clone(),
+            template: self.template.clone(),
+            isolation: self.isolation,
+            state: self.state,
+            metadata: self.metadata.clone(),
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
+            disk_mib: self.disk_mib,
+            pids_max: self.pids_max,
+            created_at: crate::time::rfc3339(self.created_at_ms),
+            expires_at: (!self.persistent).then(|| crate::time::rfc3339(self.expires_at_ms)),
+            ttl_seconds: self.ttl_seconds,
+            persistent: self.persistent,
+            network: self
+                .network
+                .clone()
+                .unwrap_or_else(|| serde_json::json!({"egress": "none"})),
+            error: self.error.clone(),
+        }
+    }
+}
+
+/// Filter for listing.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only this state.
+    pub state: Option<SandboxState>,
+    /// Every pair must match.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ListFilter {
+    /// Whether a record passes.
+    pub fn matches(&self, r: &SandboxRecord) -> bool {
+        self.state.is_none_or(|s| s == r.state)
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| r.metadata.get(k) == Some(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_names_round_trip_and_guard() {
+        for s in SandboxState::ALL {
+            assert_eq!(SandboxState::parse(s.as_str()), Some(s));
+        }
+        assert!(SandboxState::Running.can_use());
+        assert!(!SandboxState::Paused.can_use());
+        assert!(!SandboxState::Failed.holds_resources());
+    }
+}

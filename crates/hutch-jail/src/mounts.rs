@@ -1,0 +1,117 @@
+//! Host-side mounts of a sandbox: the uid-mapping user namespace, the idmapped read-only bind
+//! of the template, and the overlay on top of it.
+//!
+//! Without the idmapped lower, files of the template (owned by host root) would appear as
+//! `nobody` inside the sandbox and copy-up of them would fail (EOVERFLOW/EACCES): the
+//! sandbox's root is host uid `uid_base`. The idmapped bind shows host uid `n` as
+//! `uid_base + n`, i.e. as uid `n` inside, and is read-only so nothing can ever write the
+//! shared template through it.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use crate::spec::SandboxPaths;
+use crate::sys::{self, cstr, SysError, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY};
+
+/// Write `0 base count` into `/proc/PID/{uid,gid}_map`.
+pub(crate) fn write_id_maps(pid: libc::pid_t, base: u32, count: u32) -> Result<(), SysError> {
+    let line = format!("0 {base} {count}\n");
+    for file in ["uid_map", "gid_map"] {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, &line).map_err(|e| SysError::io(format!("write {path}"), &e))?;
+    }
+    Ok(())
+}
+
+/// A user namespace holding the mapping `0 base count`, as a file descriptor (for
+/// `MOUNT_ATTR_IDMAP`).
+///
+/// A short-lived child is cloned straight into a new user namespace and waits; the parent
+/// writes the maps, opens `/proc/PID/ns/user`, then kills and reaps it. The namespace lives on
+/// through the descriptor.
+///
+/// # Safety
+/// The caller must be single-threaded (see [`sys::clone_process`]).
+pub(crate) unsafe fn userns_fd(base: u32, count: u32) -> Result<OwnedFd, SysError> {
+    // SAFETY: single-threadedness is the caller's promise.
+    let pid = unsafe { sys::clone_process(libc::CLONE_NEWUSER)? };
+    if pid == 0 {
+        loop {
+            // SAFETY: pause only waits for a signal; the parent ends this child with SIGKILL.
+            unsafe { libc::pause() };
+        }
+    }
+    let result = write_id_maps(pid, base, count).and_then(|()| {
+        let path = format!("/proc/{pid}/ns/user");
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map(OwnedFd::from)
+            .map_err(|e| SysError::io(format!("open {path}"), &e))
+    });
+    let _ = sys::kill(pid, libc::SIGKILL);
+    let _ = sys::waitpid(pid, 0);
+    result
+}
+
+/// Bind `template` read-only, idmapped through `userns` and without device files, at `lower`.
+pub(crate) fn idmapped_bind(
+    template: &Path,
+    lower: &Path,
+    userns: &OwnedFd,
+) -> Result<(), SysError> {
+    let tree = sys::open_tree_clone(template)?;
+    sys::mount_setattr(
+        &tree,
+        MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
+        Some(userns),
+    )?;
+    sys::move_mount(&tree, lower)
+}
+
+/// The overlay's option string (paths were validated free of `,`, `:` and `\`).
+pub(crate) fn overlay_options(p: &SandboxPaths) -> String {
+    format!(
+        "lowerdir={},upperdir={},workdir={}",
+        p.lower.display(),
+        p.upper.display(),
+        p.work.display()
+    )
+}
+
+/// Mount the copy-on-write root at `merged` (no device files).
+pub(crate) fn overlay(p: &SandboxPaths) -> Result<(), SysError> {
+    let data = cstr(&overlay_options(p))?;
+    sys::mount(
+        Some(c"overlay"),
+        &p.merged,
+        Some(c"overlay"),
+        libc::MS_NODEV,
+        Some(&data),
+        "mount overlay",
+    )
+}
+
+/// Detach whatever is mounted at `target`; "not mounted" and "gone" are success.
+pub(crate) fn detach(target: &Path) -> Result<(), SysError> {
+    match sys::umount2(target, libc::MNT_DETACH) {
+        Err(e) if e.errno == libc::EINVAL || e.errno == libc::ENOENT => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_options_name_the_three_dirs() {
+        let p = SandboxPaths::new(Path::new("/srv/sbx/a"));
+        assert_eq!(
+            overlay_options(&p),
+            "lowerdir=/srv/sbx/a/lower,upperdir=/srv/sbx/a/upper,workdir=/srv/sbx/a/work"
+        );
+    }
+}

@@ -1,0 +1,524 @@
+//! The one checked door to raw system calls.
+//!
+//! Every `libc` call of the crate that can fail goes through [`check`], which turns the C
+//! convention (`-1` and `errno`) into a [`SysError`] that names the operation. The thin
+//! wrappers below take Rust types (paths, `OwnedFd`s) so callers hold no raw pointers.
+//!
+//! Several wrappers are used in the cloned child between `clone` and `execve`: they only
+//! allocate (the helper process is single-threaded, so the allocator's locks are free) and
+//! never touch threads.
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use crate::JailError;
+
+/// A failed system call: what was being done and the `errno`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SysError {
+    /// What was being done, e.g. `mount proc on /…/merged/proc`.
+    pub op: String,
+    /// The raw `errno`.
+    pub errno: i32,
+}
+
+impl SysError {
+    /// An error with an explicit errno.
+    pub fn new(op: impl Into<String>, errno: i32) -> Self {
+        Self {
+            op: op.into(),
+            errno,
+        }
+    }
+
+    /// An error from the thread's current `errno`.
+    pub fn last(op: impl Into<String>) -> Self {
+        let errno = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        Self::new(op, errno)
+    }
+
+    /// An error from an `io::Error` (EIO when it carries no errno).
+    pub fn io(op: impl Into<String>, err: &std::io::Error) -> Self {
+        Self::new(op, err.raw_os_error().unwrap_or(libc::EIO))
+    }
+}
+
+impl fmt::Display for SysError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.op, errno_text(self.errno))
+    }
+}
+
+impl From<SysError> for JailError {
+    fn from(e: SysError) -> Self {
+        JailError::Sys {
+            op: e.op,
+            source: std::io::Error::from_raw_os_error(e.errno),
+        }
+    }
+}
+
+/// `EPERM (Operation not permitted)`: the symbolic name (when known) and the description.
+pub(crate) fn errno_text(errno: i32) -> String {
+    let desc = std::io::Error::from_raw_os_error(errno).to_string();
+    // `Operation not permitted (os error 1)` -> `Operation not permitted`
+    let desc = desc.split(" (os error").next().unwrap_or(&desc).to_string();
+    match errno_name(errno) {
+        Some(name) => format!("{name} ({desc})"),
+        None => format!("errno {errno} ({desc})"),
+    }
+}
+
+/// Symbolic names of the errnos the jail's setup can plausibly hit.
+pub(crate) fn errno_name(errno: i32) -> Option<&'static str> {
+    Some(match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
+        libc::ENOEXEC => "ENOEXEC",
+        libc::EBADF => "EBADF",
+        libc::ECHILD => "ECHILD",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EMFILE => "EMFILE",
+        libc::ENOTTY => "ENOTTY",
+        libc::ETXTBSY => "ETXTBSY",
+        libc::ENOSPC => "ENOSPC",
+        libc::EROFS => "EROFS",
+        libc::EPIPE => "EPIPE",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ELOOP => "ELOOP",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EADDRINUSE => "EADDRINUSE",
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        _ => return None,
+    })
+}
+
+/// The checked helper: `ret < 0` means failure with `errno` set.
+pub(crate) fn check(
+    ret: libc::c_long,
+    op: impl FnOnce() -> String,
+) -> Result<libc::c_long, SysError> {
+    if ret < 0 {
+        Err(SysError::last(op()))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// A path as a C string (EINVAL when it contains a NUL byte).
+pub(crate) fn cpath(path: &Path) -> Result<CString, SysError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        SysError::new(
+            format!("path {} contains a NUL byte", path.display()),
+            libc::EINVAL,
+        )
+    })
+}
+
+/// A string as a C string (EINVAL when it contains a NUL byte).
+pub(crate) fn cstr(s: &str) -> Result<CString, SysError> {
+    CString::new(s).map_err(|_| SysError::new(format!("{s:?} contains a NUL byte"), libc::EINVAL))
+}
+
+fn opt_ptr(s: Option<&CStr>) -> *const libc::c_char {
+    s.map_or(std::ptr::null(), CStr::as_ptr)
+}
+
+/// `mount(2)`.
+pub(crate) fn mount(
+    source: Option<&CStr>,
+    target: &Path,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+    what: &str,
+) -> Result<(), SysError> {
+    let t = cpath(target)?;
+    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
+    let ret = unsafe {
+        libc::mount(
+            opt_ptr(source),
+            t.as_ptr(),
+            opt_ptr(fstype),
+            flags,
+            opt_ptr(data).cast(),
+        )
+    };
+    check(ret.into(), || format!("{what} ({})", target.display())).map(drop)
+}
+
+/// `umount2(2)`.
+pub(crate) fn umount2(target: &Path, flags: libc::c_int) -> Result<(), SysError> {
+    let t = cpath(target)?;
+    // SAFETY: `t` is a NUL-terminated string that outlives the call.
+    let ret = unsafe { libc::umount2(t.as_ptr(), flags) };
+    check(ret.into(), || format!("umount {}", target.display())).map(drop)
+}
+
+/// `open_tree(2)` flag: clone the mount instead of opening it in place.
+pub(crate) const OPEN_TREE_CLONE: libc::c_uint = 1;
+/// `mount_setattr(2)` attribute: read-only.
+pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+/// `mount_setattr(2)` attribute: ignore device files.
+pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+/// `mount_setattr(2)` attribute: idmap the mount with `userns_fd`'s mapping.
+pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+/// `move_mount(2)` flag: the source is the fd itself.
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | AT_RECURSIVE | OPEN_TREE_CLOEXEC)`: a detached
+/// recursive copy of the mount tree at `path`.
+pub(crate) fn open_tree_clone(path: &Path) -> Result<OwnedFd, SysError> {
+    let p = cpath(path)?;
+    let flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: `p` is a NUL-terminated string that outlives the call; open_tree takes no other
+    // pointers.
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, p.as_ptr(), flags) };
+    let fd = check(ret, || format!("open_tree {}", path.display()))?;
+    // SAFETY: open_tree returned a fresh file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE, {attr_set, userns_fd})`.
+pub(crate) fn mount_setattr(
+    tree: &OwnedFd,
+    attr_set: u64,
+    userns: Option<&OwnedFd>,
+) -> Result<(), SysError> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.map_or(0, |u| u.as_raw_fd() as u64),
+    };
+    let flags = (libc::AT_EMPTY_PATH | libc::AT_RECURSIVE) as libc::c_uint;
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` that outlives the call and its
+    // size is passed alongside; the path is the empty C string.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(ret, || "mount_setattr(IDMAP|RDONLY|NODEV)".to_string()).map(drop)
+}
+
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a detached tree.
+pub(crate) fn move_mount(tree: &OwnedFd, target: &Path) -> Result<(), SysError> {
+    let t = cpath(target)?;
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    check(ret, || format!("move_mount to {}", target.display())).map(drop)
+}
+
+/// `mount_setattr` with a bad fd: tells whether the syscall exists (EBADF) or not (ENOSYS).
+pub(crate) fn mount_setattr_exists() -> bool {
+    // SAFETY: fd -1 and a null attribute pointer with size 0 make the kernel fail early; no
+    // memory is read or written.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            -1,
+            c"".as_ptr(),
+            0,
+            std::ptr::null::<MountAttr>(),
+            0usize,
+        )
+    };
+    !(ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
+}
+
+/// `pivot_root(".", ".")` in the current directory.
+pub(crate) fn pivot_root_here() -> Result<(), SysError> {
+    // SAFETY: both arguments are the static NUL-terminated string ".".
+    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
+    check(ret, || "pivot_root".to_string()).map(drop)
+}
+
+/// `chdir(2)`.
+pub(crate) fn chdir(path: &Path) -> Result<(), SysError> {
+    let p = cpath(path)?;
+    // SAFETY: `p` is a NUL-terminated string that outlives the call.
+    let ret = unsafe { libc::chdir(p.as_ptr()) };
+    check(ret.into(), || format!("chdir {}", path.display())).map(drop)
+}
+
+/// Raw `clone(2)` with fork semantics (no new stack): returns 0 in the child and the child's pid
+/// in the parent.
+///
+/// # Safety
+/// The caller must be single-threaded: the child is a copy of this one thread, and any lock
+/// held by another thread would stay locked forever in the child.
+pub(crate) unsafe fn clone_process(flags: libc::c_int) -> Result<libc::pid_t, SysError> {
+    let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: with a null stack pointer, clone behaves like fork (the child continues on a
+    // copy of the parent's stack); the parent-tid/child-tid/tls pointers are null and unused
+    // because no CLONE_*TID/SETTLS flag is passed. Single-threadedness is the caller's promise.
+    let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    check(ret, || "clone".to_string()).map(|p| p as libc::pid_t)
+}
+
+/// `pipe2(O_CLOEXEC)`: (read end, write end).
+pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), SysError> {
+    let mut fds = [-1 as RawFd; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    let ret = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    check(ret.into(), || "pipe2".to_string())?;
+    // SAFETY: pipe2 succeeded, so both are fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// `fcntl(F_DUPFD_CLOEXEC, min)`: a close-on-exec copy numbered at least `min`.
+pub(crate) fn dup_at_least(fd: RawFd, min: RawFd) -> Result<OwnedFd, SysError> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an integer argument; an invalid fd yields EBADF.
+    let ret = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) };
+    let new = check(ret.into(), || format!("dup fd {fd}"))?;
+    // SAFETY: fcntl returned a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(new as RawFd) })
+}
+
+/// `dup2(2)` (the new descriptor does not have close-on-exec).
+pub(crate) fn dup2(fd: RawFd, target: RawFd) -> Result<(), SysError> {
+    // SAFETY: dup2 only manipulates the descriptor table.
+    let ret = unsafe { libc::dup2(fd, target) };
+    check(ret.into(), || format!("dup2 {fd} -> {target}")).map(drop)
+}
+
+/// Close a raw descriptor this process does not track as an `OwnedFd` (errors ignored).
+pub(crate) fn close_raw(fd: RawFd) {
+    // SAFETY: closing an fd only manipulates the descriptor table; callers pass descriptors
+    // they own (copies inherited through clone).
+    unsafe { libc::close(fd) };
+}
+
+/// Mark every descriptor from `first` up close-on-exec (`close_range(CLOSE_RANGE_CLOEXEC)`,
+/// falling back to a loop on kernels without it).
+pub(crate) fn cloexec_from(first: RawFd) -> Result<(), SysError> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags in the descriptor table.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if ret == 0 {
+        return Ok(());
+    }
+    let max = match std::fs::read_dir("/proc/self/fd") {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
+            .max()
+            .unwrap_or(first),
+        Err(e) => return Err(SysError::io("list /proc/self/fd", &e)),
+    };
+    for fd in first..=max {
+        // SAFETY: F_SETFD on a closed descriptor fails with EBADF, which is ignored.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+/// Write all of `buf` to `fd`, retrying on EINTR.
+pub(crate) fn write_all(fd: &OwnedFd, mut buf: &[u8]) -> Result<(), SysError> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a valid readable slice of `buf.len()` bytes.
+        let ret = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        let n = check(ret as libc::c_long, || "write".to_string())?;
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// One `read(2)`, retrying on EINTR; 0 means end of file.
+pub(crate) fn read(fd: &OwnedFd, buf: &mut [u8]) -> Result<usize, SysError> {
+    loop {
+        // SAFETY: `buf` is a valid writable slice of `buf.len()` bytes.
+        let ret = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return check(ret as libc::c_long, || "read".to_string()).map(|n| n as usize);
+    }
+}
+
+/// Wait up to `timeout_ms` for `fd` to become readable (or hung up); false on timeout.
+pub(crate) fn poll_readable(fd: &OwnedFd, timeout_ms: i32) -> Result<bool, SysError> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `pfd` is one valid pollfd and the count is 1.
+        let ret = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return check(ret.into(), || "poll".to_string()).map(|n| n > 0);
+    }
+}
+
+/// `waitpid(pid, 0)` retrying on EINTR; returns the raw status.
+pub(crate) fn waitpid(
+    pid: libc::pid_t,
+    flags: libc::c_int,
+) -> Result<(libc::pid_t, libc::c_int), SysError> {
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer for the duration of the call.
+        let ret = unsafe { libc::waitpid(pid, &mut status, flags) };
+        if ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        let r = check(ret.into(), || format!("waitpid {pid}"))?;
+        return Ok((r as libc::pid_t, status));
+    }
+}
+
+/// `kill(2)`.
+pub(crate) fn kill(pid: libc::pid_t, sig: libc::c_int) -> Result<(), SysError> {
+    // SAFETY: kill takes no pointers.
+    let ret = unsafe { libc::kill(pid, sig) };
+    check(ret.into(), || format!("kill {pid}")).map(drop)
+}
+
+/// `chown(2)`.
+pub(crate) fn chown(path: &Path, uid: u32, gid: u32) -> Result<(), SysError> {
+    let p = cpath(path)?;
+    // SAFETY: `p` is a NUL-terminated string that outlives the call.
+    let ret = unsafe { libc::chown(p.as_ptr(), uid, gid) };
+    check(ret.into(), || format!("chown {}", path.display())).map(drop)
+}
+
+/// `openat(dir, name, O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)` (`dir = None`: relative to the
+/// working directory).
+pub(crate) fn open_dir_at(dir: Option<&OwnedFd>, name: &CStr) -> Result<OwnedFd, SysError> {
+    let dirfd = dir.map_or(libc::AT_FDCWD, AsRawFd::as_raw_fd);
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let ret = unsafe { libc::openat(dirfd, name.as_ptr(), flags) };
+    let fd = check(ret.into(), || {
+        format!("open directory {}", name.to_string_lossy())
+    })?;
+    // SAFETY: openat returned a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `unlinkat(dir, name, flags)` (`AT_REMOVEDIR` for directories).
+pub(crate) fn unlinkat(dir: &OwnedFd, name: &CStr, flags: libc::c_int) -> Result<(), SysError> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let ret = unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) };
+    check(ret.into(), || format!("remove {}", name.to_string_lossy())).map(drop)
+}
+
+/// The device number of the filesystem `fd` lives on.
+pub(crate) fn fstat_dev(fd: &OwnedFd) -> Result<u64, SysError> {
+    // SAFETY: stat is plain old data; all-zero is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a valid out-pointer for the duration of the call.
+    let ret = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+    check(ret.into(), || "fstat".into())?;
+    Ok(st.st_dev)
+}
+
+/// `_exit(2)`: leave the cloned child without running any destructor or atexit handler.
+pub(crate) fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+/// `landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`: the kernel's Landlock
+/// ABI version, or the errno (EOPNOTSUPP when disabled, ENOSYS when not built).
+pub(crate) fn landlock_abi() -> Result<i64, i32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: a null attribute pointer with size 0 is the documented way to query the version.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if ret < 0 {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    } else {
+        Ok(ret)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_text_names_the_errno() {
+        assert_eq!(errno_text(libc::EPERM), "EPERM (Operation not permitted)");
+        assert!(errno_text(4095).starts_with("errno 4095 ("));
+        let e = SysError::new("mount proc", libc::EPERM);
+        assert_eq!(e.to_string(), "mount proc: EPERM (Operation not permitted)");
+    }
+
+    #[test]
+    fn check_maps_negative_returns() {
+        assert_eq!(check(3, || unreachable!()), Ok(3));
+        // SAFETY: closing fd -1 fails with EBADF and has no other effect.
+        let ret = unsafe { libc::close(-1) };
+        let err = check(ret.into(), || "close".into()).unwrap_err();
+        assert_eq!(err.errno, libc::EBADF);
+    }
+}

@@ -1,0 +1,114 @@
+//! Extractors: JSON bodies and queries with our error format, and authentication.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// A JSON body whose rejections are answered in Hutch's error format (400).
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    axum::Json<T>: FromRequest<S, Rejection = JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Self(v)),
+            Err(rej) => Err(ApiError::bad_request(match rej {
+                JsonRejection::JsonDataError(e) => {
+                    format!("invalid request body: {}", source_text(&e))
+                }
+                JsonRejection::JsonSyntaxError(e) => format!("malformed JSON: {}", source_text(&e)),
+                JsonRejection::MissingJsonContentType(_) => {
+                    "expected a JSON body with `Content-Type: application/json`".to_string()
+                }
+                other => other.body_text(),
+            })),
+        }
+    }
+}
+
+/// Parse an optional JSON body: empty means `T::default()`.
+pub fn json_or_default<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(if e.is_syntax() || e.is_eof() {
+            format!("malformed JSON: {e}")
+        } else {
+            format!("invalid request body: {e}")
+        })
+    })
+}
+
+/// A query string whose rejections are answered in Hutch's error format (400).
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    axum::extract::Query<T>: FromRequestParts<S, Rejection = QueryRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Self(v)),
+            Err(rej) => Err(ApiError::bad_request(format!(
+                "invalid query string: {}",
+                source_text(&rej)
+            ))),
+        }
+    }
+}
+
+/// The innermost message of an error chain (serde's text, without axum's prefix).
+fn source_text(e: &dyn std::error::Error) -> String {
+    let mut cur: &dyn std::error::Error = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// The authenticated caller, placed in request extensions by [`require_auth`].
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Tenant of the key.
+    pub tenant: String,
+    /// Admin keys see every tenant.
+    pub admin: bool,
+}
+
+/// Middleware: `Authorization: Bearer <key>` on every `/v1/` route, else 401.
+pub async fn require_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let key = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|s| s.trim().to_string());
+    let Some(key) = key else {
+        return ApiError::unauthorized("missing `Authorization: Bearer <key>` header")
+            .into_response();
+    };
+    match state.authenticate(&key) {
+        Ok(Some(caller)) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Ok(None) => ApiError::unauthorized("invalid API key").into_response(),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,96 @@
+//! Hutch's HTTP API (see `shared/API.md` and `GET /v1/openapi.json`).
+//!
+//! Handlers parse and validate requests into the core's typed commands, call the
+//! [`Manager`], and map results; statuses are chosen only in [`error::ApiError`].
+//! [`app`] builds the router apart from any socket so tests can drive it directly.
+
+pub mod error;
+mod extract;
+mod routes;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::routing::{get, post};
+use axum::Router;
+use hutch_core::Manager;
+
+pub use extract::Caller;
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    /// The sandbox manager.
+    pub manager: Arc<Manager>,
+    keys: Arc<Mutex<HashMap<String, Caller>>>,
+}
+
+impl AppState {
+    /// State over a started manager.
+    pub fn new(manager: Arc<Manager>) -> Self {
+        Self {
+            manager,
+            keys: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
+        if let Some(c) = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return Ok(Some(c.clone()));
+        }
+        let owner = self.manager.authenticate(key)?;
+        let caller = owner.map(|o| Caller {
+            tenant: o.tenant,
+            admin: o.admin,
+        });
+        if let Some(c) = &caller {
+            self.keys
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.to_string(), c.clone());
+        }
+        Ok(caller)
+    }
+}
+
+/// The whole API.
+pub fn app(state: AppState) -> Router {
+    use routes::{exec, files, misc, pty, sandboxes};
+    let v1 = Router::new()
+        .route("/v1/openapi.json", get(misc::openapi))
+        .route("/v1/templates", get(misc::templates))
+        .route("/v1/events", get(misc::events))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get)
+                .delete(sandboxes::kill)
+                .patch(sandboxes::update),
+        )
+        .route("/v1/sandboxes/{id}/usage", get(sandboxes::usage))
+        .route("/v1/sandboxes/{id}/exec", post(exec::exec))
+        .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
+        .route("/v1/sandboxes/{id}/pty", get(pty::pty))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(files::read).put(files::write).delete(files::remove),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/sandboxes/{id}/files/move", post(files::rename))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            extract::require_auth,
+        ));
+    Router::new()
+        .route("/healthz", get(misc::healthz))
+        .route("/metrics", get(misc::metrics))
+        .merge(v1)
+        .fallback(misc::not_found)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}

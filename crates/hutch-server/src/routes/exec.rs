@@ -1,0 +1,217 @@
+//! `POST /v1/sandboxes/{id}/exec` (collected) and `/exec/stream` (SSE).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::Stream;
+use hutch_core::exec::{Command, ExecCommand};
+use hutch_proto::client::ExecEvent;
+use serde::Deserialize;
+
+use super::sandboxes::{authorize, validate_env};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, Caller};
+use crate::AppState;
+
+/// Longest timeout a request may set.
+const MAX_TIMEOUT_SECONDS: f64 = 24.0 * 3600.0;
+
+/// The exec body shared by `/exec` and `/exec/stream`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    cmd: Command,
+    env: Option<BTreeMap<String, String>>,
+    cwd: Option<String>,
+    user: Option<String>,
+    stdin: Option<String>,
+    stdin_b64: Option<String>,
+    timeout_seconds: Option<f64>,
+    background: Option<bool>,
+}
+
+impl ExecBody {
+    /// Validate into the core's command.
+    pub fn into_command(self, default_timeout: Duration) -> ApiResult<ExecCommand> {
+        match &self.cmd {
+            Command::Argv(argv) if argv.is_empty() || argv[0].is_empty() => {
+                return Err(ApiError::invalid(
+                    "cmd must name a program: [\"prog\", \"arg\", …]",
+                ))
+            }
+            Command::Shell(s) if s.trim().is_empty() => {
+                return Err(ApiError::invalid("cmd must not be an empty string"))
+            }
+            Command::Argv(argv) if argv.iter().any(|a| a.contains('\0')) => {
+                return Err(ApiError::invalid(
+                    "cmd arguments must not contain NUL bytes",
+                ))
+            }
+            _ => {}
+        }
+        let env = self.env.unwrap_or_default();
+        validate_env(&env)?;
+        if let Some(cwd) = &self.cwd {
+            if !cwd.starts_with('/') {
+                return Err(ApiError::invalid(format!(
+                    "cwd must be an absolute path, got {cwd:?}"
+                )));
+            }
+        }
+        let stdin = match (self.stdin, self.stdin_b64) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid("give stdin or stdin_b64, not both"));
+            }
+            (Some(s), None) => Some(Bytes::from(s)),
+            (None, Some(b)) => Some(Bytes::from(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
+            )),
+            (None, None) => None,
+        };
+        let timeout = match self.timeout_seconds {
+            None => Some(default_timeout),
+            Some(0.0) => None,
+            Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => {
+                Some(Duration::from_secs_f64(t))
+            }
+            Some(t) => return Err(ApiError::invalid(format!(
+                "timeout_seconds must be between 0 (no limit) and {MAX_TIMEOUT_SECONDS}, got {t}"
+            ))),
+        };
+        Ok(ExecCommand {
+            cmd: self.cmd,
+            env,
+            cwd: self.cwd,
+            user: self.user,
+            stdin,
+            timeout,
+            background: self.background.unwrap_or(false),
+        })
+    }
+}
+
+fn text_fields(name: &str, data: &[u8], out: &mut serde_json::Map<String, serde_json::Value>) {
+    match std::str::from_utf8(data) {
+        Ok(s) => {
+            out.insert(name.into(), s.into());
+        }
+        Err(_) => {
+            out.insert(
+                name.into(),
+                String::from_utf8_lossy(data).into_owned().into(),
+            );
+            out.insert(
+                format!("{name}_b64"),
+                base64::engine::general_purpose::STANDARD
+                    .encode(data)
+                    .into(),
+            );
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+pub async fn exec(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExecBody>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
+    let out = state.manager.exec(&id, cmd).await?;
+    let mut json = match serde_json::to_value(&out) {
+        Ok(serde_json::Value::Object(m)) => m,
+        _ => serde_json::Map::new(),
+    };
+    text_fields("stdout", &out.stdout, &mut json);
+    text_fields("stderr", &out.stderr, &mut json);
+    Ok(Json(serde_json::Value::Object(json)))
+}
+
+fn data_event(name: &str, data: &[u8]) -> Event {
+    let payload = match std::str::from_utf8(data) {
+        Ok(s) => serde_json::json!({ "data": s }),
+        Err(_) => serde_json::json!({
+            "data_b64": base64::engine::general_purpose::STANDARD.encode(data)
+        }),
+    };
+    Event::default().event(name).data(payload.to_string())
+}
+
+/// `POST /v1/sandboxes/{id}/exec/stream`: SSE of `start`, `stdout`, `stderr`, `exit`
+/// (or `error`). Dropping the connection kills the process unless `background` is set.
+pub async fn exec_stream(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ExecBody>,
+) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+    authorize(&state, &caller, &id)?;
+    let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
+    let session = state.manager.exec_session(&id, &cmd, None).await?;
+    if let Some(stdin) = cmd.stdin.clone() {
+        session
+            .send_stdin(stdin)
+            .await
+            .map_err(|e| state.manager.agent_error(&id, e))?;
+        session
+            .close_stdin()
+            .await
+            .map_err(|e| state.manager.agent_error(&id, e))?;
+    }
+    let stream = async_stream(session);
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+fn async_stream(
+    session: hutch_proto::client::ExecSession,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold(Some(session), |state| async move {
+        let mut session = state?;
+        let event = match session.next_event().await {
+            Some(Ok(ExecEvent::Started { pid })) => Event::default()
+                .event("start")
+                .data(serde_json::json!({ "pid": pid }).to_string()),
+            Some(Ok(ExecEvent::Stdout(b))) => data_event("stdout", &b),
+            Some(Ok(ExecEvent::Stderr(b))) => data_event("stderr", &b),
+            Some(Ok(ExecEvent::Exit(exit))) => {
+                let ev = Event::default().event("exit").data(
+                    serde_json::json!({
+                        "exit_code": exit.exit_code,
+                        "timed_out": exit.timed_out,
+                        "duration_ms": exit.duration_ms,
+                    })
+                    .to_string(),
+                );
+                return Some((Ok(ev), None));
+            }
+            Some(Ok(ExecEvent::Error(e))) => {
+                let ev = Event::default()
+                    .event("error")
+                    .data(serde_json::json!({ "code": e.code, "message": e.message }).to_string());
+                return Some((Ok(ev), None));
+            }
+            Some(Err(_)) | None => {
+                let ev = Event::default().event("error").data(
+                    serde_json::json!({
+                        "code": "sandbox_failed",
+                        "message": "the sandbox's agent went away before the command finished"
+                    })
+                    .to_string(),
+                );
+                return Some((Ok(ev), None));
+            }
+        };
+        Some((Ok(event), Some(session)))
+    })
+}

@@ -1,0 +1,229 @@
+//! `/v1/sandboxes/{id}/files…`: read, write, remove, list, stat, mkdir, move.
+//!
+//! Paths are resolved by the agent inside the sandbox's own root, so `..` cannot leave it.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use futures_util::TryStreamExt;
+use serde::Deserialize;
+
+use super::sandboxes::authorize;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiQuery, Caller};
+use crate::AppState;
+
+/// `?path=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    path: String,
+}
+
+/// `?path=&mode=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteQuery {
+    path: String,
+    mode: Option<String>,
+}
+
+/// `?path=&recursive=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveQuery {
+    path: String,
+    recursive: Option<bool>,
+}
+
+/// `?path=&depth=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    path: String,
+    depth: Option<u32>,
+}
+
+/// `{"path"}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MkdirBody {
+    path: String,
+}
+
+/// `{"from", "to"}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveBody {
+    from: String,
+    to: String,
+}
+
+fn check_path(p: &str) -> ApiResult<()> {
+    if !p.starts_with('/') {
+        return Err(ApiError::bad_request(format!(
+            "path must be absolute, got {p:?}"
+        )));
+    }
+    if p.contains('\0') {
+        return Err(ApiError::bad_request("path must not contain NUL bytes"));
+    }
+    Ok(())
+}
+
+/// Parse an octal mode such as `0644` or `755`.
+fn parse_mode(m: &str) -> ApiResult<u32> {
+    let digits = m.strip_prefix("0o").unwrap_or(m);
+    match u32::from_str_radix(digits, 8) {
+        Ok(v) if v <= 0o7777 => Ok(v),
+        _ => Err(ApiError::bad_request(format!(
+            "mode must be octal permission bits like 0644, got {m:?}"
+        ))),
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/files?path=` → raw bytes.
+pub async fn read(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let agent = state.manager.agent(&id).await?;
+    let stream = agent
+        .read_file(&q.path)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+/// `PUT /v1/sandboxes/{id}/files?path=&mode=` with raw bytes → 204.
+pub async fn write(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<WriteQuery>,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    let agent = state.manager.agent(&id).await?;
+    let stream = body
+        .into_data_stream()
+        .map_err(|e| std::io::Error::other(e.to_string()));
+    agent
+        .write_file(&q.path, mode, stream)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `DELETE /v1/sandboxes/{id}/files?path=&recursive=` → 204.
+pub async fn remove(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<RemoveQuery>,
+) -> ApiResult<StatusCode> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let agent = state.manager.agent(&id).await?;
+    agent
+        .remove(&q.path, q.recursive.unwrap_or(false))
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sandboxes/{id}/files/list?path=&depth=`.
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let depth = q.depth.unwrap_or(1);
+    if !(1..=32).contains(&depth) {
+        return Err(ApiError::bad_request("depth must be between 1 and 32"));
+    }
+    let agent = state.manager.agent(&id).await?;
+    let listing = agent
+        .list(&q.path, Some(depth))
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(Json(listing))
+}
+
+/// `GET /v1/sandboxes/{id}/files/stat?path=`.
+pub async fn stat(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let agent = state.manager.agent(&id).await?;
+    let entry = agent
+        .stat(&q.path)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(Json(entry))
+}
+
+/// `POST /v1/sandboxes/{id}/files/mkdir {"path"}` → 204.
+pub async fn mkdir(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(b): ApiJson<MkdirBody>,
+) -> ApiResult<StatusCode> {
+    authorize(&state, &caller, &id)?;
+    check_path(&b.path)?;
+    let agent = state.manager.agent(&id).await?;
+    agent
+        .mkdir(&b.path)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/sandboxes/{id}/files/move {"from", "to"}` → 204.
+pub async fn rename(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(b): ApiJson<MoveBody>,
+) -> ApiResult<StatusCode> {
+    authorize(&state, &caller, &id)?;
+    check_path(&b.from)?;
+    check_path(&b.to)?;
+    let agent = state.manager.agent(&id).await?;
+    agent
+        .rename(&b.from, &b.to)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_as_octal() {
+        assert_eq!(parse_mode("0644").ok(), Some(0o644));
+        assert_eq!(parse_mode("755").ok(), Some(0o755));
+        assert!(parse_mode("0999").is_err());
+        assert!(parse_mode("rwx").is_err());
+        assert!(check_path("relative/x").is_err());
+    }
+}

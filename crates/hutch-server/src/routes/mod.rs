@@ -1,0 +1,7 @@
+//! Route handlers, one module per resource.
+
+pub mod exec;
+pub mod files;
+pub mod misc;
+pub mod pty;
+pub mod sandboxes;

@@ -1,0 +1,128 @@
+//! `GET /v1/sandboxes/{id}/pty`: a terminal over WebSocket (xterm.js compatible).
+//!
+//! Binary frames carry terminal bytes both ways. Text frames carry JSON control: from the
+//! client `{"type": "resize", "cols", "rows"}`; from the server, last,
+//! `{"type": "exit", "exit_code"}`.
+
+use std::collections::BTreeMap;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::response::IntoResponse;
+use axum::Extension;
+use hutch_core::exec::{Command, ExecCommand};
+use hutch_proto::client::ExecEvent;
+use hutch_proto::PtySize;
+use serde::Deserialize;
+
+use super::sandboxes::authorize;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiQuery, Caller};
+use crate::AppState;
+
+/// The interactive login shell: bash where the template has it, sh elsewhere.
+const DEFAULT_SHELL: &str = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi";
+
+/// Query of the PTY route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtyQuery {
+    cmd: Option<String>,
+    cols: Option<u16>,
+    rows: Option<u16>,
+    user: Option<String>,
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Control {
+    Resize { cols: u16, rows: u16 },
+}
+
+/// `GET /v1/sandboxes/{id}/pty?cmd=&cols=&rows=` → WebSocket.
+pub async fn pty(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PtyQuery>,
+    ws: WebSocketUpgrade,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    let size = PtySize {
+        cols: q.cols.unwrap_or(80).clamp(1, 1000),
+        rows: q.rows.unwrap_or(24).clamp(1, 1000),
+    };
+    let cmd = ExecCommand {
+        cmd: match q.cmd {
+            Some(c) if c.trim().is_empty() => {
+                return Err(ApiError::invalid("cmd must not be empty"))
+            }
+            Some(c) => Command::Shell(format!("exec {c}")),
+            None => Command::Shell(DEFAULT_SHELL.into()),
+        },
+        env: BTreeMap::new(),
+        cwd: q.cwd,
+        user: q.user,
+        stdin: None,
+        timeout: None,
+        background: false,
+    };
+    // Start the process before upgrading so errors are ordinary HTTP errors.
+    let session = state.manager.exec_session(&id, &cmd, Some(size)).await?;
+    Ok(ws.on_upgrade(move |socket| bridge(socket, session)))
+}
+
+async fn bridge(mut socket: WebSocket, session: hutch_proto::client::ExecSession) {
+    let (input, mut events) = session.into_parts();
+    loop {
+        tokio::select! {
+            ev = events.next() => match ev {
+                Some(Ok(ExecEvent::Stdout(b))) | Some(Ok(ExecEvent::Stderr(b))) => {
+                    if socket.send(Message::Binary(b)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(ExecEvent::Started { .. })) => {}
+                Some(Ok(ExecEvent::Exit(exit))) => {
+                    let msg = serde_json::json!({"type": "exit", "exit_code": exit.exit_code});
+                    let _ = socket.send(Message::Text(msg.to_string().into())).await;
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+                Some(Ok(ExecEvent::Error(e))) => {
+                    let msg = serde_json::json!({"type": "error", "message": e.message});
+                    let _ = socket.send(Message::Text(msg.to_string().into())).await;
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+                Some(Err(_)) | None => {
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+            },
+            msg = socket.recv() => match msg {
+                Some(Ok(Message::Binary(b))) => {
+                    if input.send_stdin(b).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(Message::Text(t))) => match serde_json::from_str::<Control>(t.as_str()) {
+                    Ok(Control::Resize { cols, rows }) => {
+                        let _ = input
+                            .resize(PtySize { cols: cols.clamp(1, 1000), rows: rows.clamp(1, 1000) })
+                            .await;
+                    }
+                    Err(_) => {
+                        // Plain text typed by a simple client: treat as input.
+                        if input.send_stdin(bytes::Bytes::from(t.as_str().to_owned())).await.is_err() {
+                            return;
+                        }
+                    }
+                },
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            },
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! `/v1/sandboxes`: create, list, get, update, kill, usage.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+use hutch_core::model::{CreateSandbox, IsolationRequest, ListFilter, SandboxState, UpdateSandbox};
+use serde::Deserialize;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{json_or_default, ApiJson, Caller};
+use crate::AppState;
+
+/// `POST /v1/sandboxes` body.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBody {
+    template: Option<String>,
+    isolation: Option<IsolationRequest>,
+    ttl_seconds: Option<u64>,
+    persistent: Option<bool>,
+    metadata: Option<BTreeMap<String, String>>,
+    env: Option<BTreeMap<String, String>>,
+    cpus: Option<f64>,
+    memory_mib: Option<u64>,
+    disk_mib: Option<u64>,
+    pids_max: Option<u32>,
+    snapshot: Option<String>,
+    network: Option<serde_json::Value>,
+    volumes: Option<Vec<serde_json::Value>>,
+}
+
+/// Validate an environment map: names are non-empty, without `=` or NUL; values without NUL.
+pub fn validate_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ApiError::invalid(format!(
+                "invalid environment variable name {k:?}"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ApiError::invalid(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
+    if m.len() > 64 {
+        return Err(ApiError::invalid("metadata may have at most 64 keys"));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > 128 || v.len() > 1024 {
+            return Err(ApiError::invalid(format!(
+                "metadata key {k:?}: keys must be 1-128 bytes and values at most 1024 bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_template_name(t: &str) -> ApiResult<()> {
+    let ok = !t.is_empty()
+        && t.len() <= 64
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !t.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!("invalid template name {t:?}")))
+    }
+}
+
+impl CreateBody {
+    fn into_command(self, caller: &Caller) -> ApiResult<CreateSandbox> {
+        if self.snapshot.is_some() {
+            return Err(ApiError::invalid(
+                "creating from a snapshot is not supported by this server yet",
+            ));
+        }
+        if self.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
+            return Err(ApiError::invalid(
+                "volumes are not supported by this server yet",
+            ));
+        }
+        if let Some(n) = &self.network {
+            let egress = n.get("egress").and_then(|e| e.as_str());
+            if !n.is_object() || !matches!(egress, None | Some("none")) {
+                return Err(ApiError::invalid(
+                    "this server gives sandboxes loopback-only networking; only {\"egress\": \"none\"} is accepted",
+                ));
+            }
+        }
+        if let Some(t) = &self.template {
+            validate_template_name(t)?;
+        }
+        let env = self.env.unwrap_or_default();
+        validate_env(&env)?;
+        let mut metadata = self.metadata.unwrap_or_default();
+        validate_metadata(&metadata)?;
+        if !caller.admin {
+            metadata.insert("tenant_id".into(), caller.tenant.clone());
+        }
+        if self.cpus.is_some_and(|c| !c.is_finite()) {
+            return Err(ApiError::invalid("cpus must be a finite number"));
+        }
+        Ok(CreateSandbox {
+            template: self.template,
+            isolation: self.isolation.unwrap_or_default(),
+            ttl_seconds: self.ttl_seconds,
+            persistent: self.persistent.unwrap_or(false),
+            metadata,
+            env,
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
+            disk_mib: self.disk_mib,
+            pids_max: self.pids_max,
+            network: self.network,
+        })
+    }
+}
+
+fn visible(caller: &Caller, metadata: &BTreeMap<String, String>) -> bool {
+    caller.admin || metadata.get("tenant_id") == Some(&caller.tenant)
+}
+
+/// Check the caller may see sandbox `id` (404 otherwise, so ids do not leak across tenants).
+pub fn authorize(state: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
+    if caller.admin {
+        return Ok(());
+    }
+    let filter = ListFilter::default();
+    let found = state
+        .manager
+        .list(&filter)?
+        .into_iter()
+        .any(|s| s.id == id && visible(caller, &s.metadata));
+    if found {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("sandbox {id} does not exist")))
+    }
+}
+
+/// `POST /v1/sandboxes`.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let body: CreateBody = json_or_default(&body)?;
+    let cmd = body.into_command(&caller)?;
+    let view = state.manager.create(cmd).await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// `GET /v1/sandboxes?state=running&metadata.KEY=VALUE`.
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<impl IntoResponse> {
+    let mut filter = ListFilter::default();
+    for (k, v) in url_pairs(query.as_deref().unwrap_or("")) {
+        if k == "state" {
+            filter.state = Some(SandboxState::parse(&v).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "unknown state {v:?}; expected one of starting, running, paused, hibernated, stopped, failed"
+                ))
+            })?);
+        } else if let Some(key) = k.strip_prefix("metadata.") {
+            filter.metadata.insert(key.to_string(), v);
+        } else {
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter {k:?}; use state= or metadata.KEY="
+            )));
+        }
+    }
+    let sandboxes: Vec<_> = state
+        .manager
+        .list(&filter)?
+        .into_iter()
+        .filter(|s| visible(&caller, &s.metadata))
+        .collect();
+    Ok(Json(serde_json::json!({ "sandboxes": sandboxes })))
+}
+
+/// Decode `a=b&c=d` with percent-decoding and `+` as space.
+fn url_pairs(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `GET /v1/sandboxes/{id}`.
+pub async fn get(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    Ok(Json(state.manager.get(&id)?))
+}
+
+/// `PATCH /v1/sandboxes/{id}` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateBody {
+    ttl_seconds: Option<u64>,
+    persistent: Option<bool>,
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// `PATCH /v1/sandboxes/{id}`.
+pub async fn update(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateBody>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    let mut metadata = body.metadata;
+    if let Some(m) = &mut metadata {
+        validate_metadata(m)?;
+        if !caller.admin {
+            m.insert("tenant_id".into(), caller.tenant.clone());
+        }
+    }
+    Ok(Json(state.manager.update(
+        &id,
+        UpdateSandbox {
+            ttl_seconds: body.ttl_seconds,
+            persistent: body.persistent,
+            metadata,
+        },
+    )?))
+}
+
+/// `DELETE /v1/sandboxes/{id}`.
+pub async fn kill(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    state.manager.kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sandboxes/{id}/usage`: memory, CPU, tasks and OOM kills right now.
+pub async fn usage(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    let usage = state.manager.usage(&id)?;
+    Ok(Json(
+        serde_json::json!({ "sandbox_id": id, "usage": usage }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_query_pairs() {
+        assert_eq!(
+            url_pairs("state=running&metadata.tenant_id=a%20b+c&x"),
+            vec![
+                ("state".into(), "running".into()),
+                ("metadata.tenant_id".into(), "a b c".into()),
+                ("x".into(), "".into())
+            ]
+        );
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,109 @@
+//! Build inputs and outputs shared by every recipe: [`BuildOptions`], [`Progress`] events,
+//! and the [`BuildContext`] a recipe reports its steps and tool output through.
+
+use std::path::PathBuf;
+
+use crate::error::TemplateError;
+
+/// How to build a template.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Debian mirror for `base` (`http://deb.debian.org/debian`). Default: the host's apt
+    /// sources for bookworm, else `http://deb.debian.org/debian`.
+    pub mirror: Option<String>,
+    /// The static busybox copied into `minimal`. Default: `/bin/busybox`.
+    pub busybox: Option<PathBuf>,
+    /// Rebuild even if the template is ready; the old one is replaced atomically when the
+    /// new build succeeds. Do not force while sandboxes use the template.
+    pub force: bool,
+    /// Test hook: fail when a step after the first `n` steps would start (`Some(0)` fails
+    /// before any work).
+    #[doc(hidden)]
+    pub fail_after_step: Option<usize>,
+}
+
+/// What a build reports while it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Progress {
+    /// A new step started (`running debootstrap`).
+    Step(String),
+    /// One line of output from a tool the step runs.
+    Output(String),
+    /// The build (or the wait for another process's build) finished.
+    Done {
+        /// Wall-clock duration of the whole call.
+        seconds: f64,
+    },
+}
+
+/// A recipe's view of the running build.
+pub(crate) struct BuildContext<'a> {
+    /// The caller's options.
+    pub options: &'a BuildOptions,
+    /// Where events go.
+    progress: &'a mut dyn FnMut(Progress),
+    /// Steps started so far.
+    steps: usize,
+    /// Name of the current step, for error messages.
+    current: String,
+}
+
+impl<'a> BuildContext<'a> {
+    /// A context for one build.
+    pub(crate) fn new(options: &'a BuildOptions, progress: &'a mut dyn FnMut(Progress)) -> Self {
+        Self {
+            options,
+            progress,
+            steps: 0,
+            current: String::from("starting"),
+        }
+    }
+
+    /// Starts a new step and reports it.
+    pub(crate) fn step(&mut self, name: impl Into<String>) -> Result<(), TemplateError> {
+        let name = name.into();
+        if self
+            .options
+            .fail_after_step
+            .is_some_and(|n| self.steps >= n)
+        {
+            return Err(TemplateError::StepFailed {
+                step: name,
+                message: "injected failure (fail_after_step)".into(),
+            });
+        }
+        self.steps += 1;
+        self.current.clone_from(&name);
+        (self.progress)(Progress::Step(name));
+        Ok(())
+    }
+
+    /// Reports one line of tool output.
+    pub(crate) fn output(&mut self, line: String) {
+        (self.progress)(Progress::Output(line));
+    }
+
+    /// Name of the current step.
+    pub(crate) fn current_step(&self) -> &str {
+        &self.current
+    }
+
+    /// Attributes a plain I/O error to the current step; other errors pass through.
+    pub(crate) fn in_step(&self, error: TemplateError) -> TemplateError {
+        match error {
+            TemplateError::Io { .. } => TemplateError::StepFailed {
+                step: self.current.clone(),
+                message: error.to_string(),
+            },
+            other => other,
+        }
+    }
+
+    /// A [`TemplateError::StepFailed`] for the current step.
+    pub(crate) fn fail(&self, message: impl Into<String>) -> TemplateError {
+        TemplateError::StepFailed {
+            step: self.current.clone(),
+            message: message.into(),
+        }
+    }
+}

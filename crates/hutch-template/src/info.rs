@@ -1,0 +1,183 @@
+//! What a template is described as: [`TemplateInfo`] (the API's template object) and the
+//! on-disk `template.json` it is read from.
+//!
+//! # `template.json`, format 1
+//!
+//! Written once, last, by a successful build, inside the build directory before it is
+//! renamed into place; never edited afterwards. A template directory without this file, with
+//! `"ready": false`, an unknown `format` or unparsable JSON is listed as not ready.
+//!
+//! ```json
+//! {"format": 1, "recipe": "minimal", "name": "minimal", "ready": true,
+//!  "isolations": ["ns"], "size_bytes": 2105344, "created_at": "2025-05-20T12:00:00Z",
+//!  "description": "…",
+//!  "defaults": {"cpus": 1.0, "memory_mib": 256, "disk_mib": 512, "pids_max": 256,
+//!               "env": {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}}}
+//! ```
+//! Unknown fields are ignored so that later versions can add fields without a new format.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The `format` written into `template.json` by this version.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+/// A template as the API shows it (`GET /v1/templates`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    /// The template's name, equal to its directory name.
+    pub name: String,
+    /// Whether the template finished building and may be used.
+    pub ready: bool,
+    /// Isolation backends that can run this template (`"ns"`; `"vm"` later).
+    pub isolations: Vec<String>,
+    /// Disk usage of the root filesystem in bytes (hard links counted once).
+    pub size_bytes: u64,
+    /// When the build finished, RFC 3339 in UTC (`2025-05-20T12:00:00Z`); absent when the
+    /// template is not ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    /// One line saying what is inside.
+    #[serde(default)]
+    pub description: String,
+    /// Resources a sandbox gets from this template unless the create request says otherwise.
+    #[serde(default)]
+    pub defaults: ResourceDefaults,
+}
+
+impl TemplateInfo {
+    /// The description of a directory that exists but is not a finished template.
+    pub(crate) fn unready(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            ready: false,
+            isolations: Vec::new(),
+            size_bytes: 0,
+            created_at: None,
+            description: String::new(),
+            defaults: ResourceDefaults::default(),
+        }
+    }
+}
+
+/// Default resources of sandboxes created from a template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResourceDefaults {
+    /// CPU bandwidth in cores (fractions allowed).
+    pub cpus: f64,
+    /// Memory limit in MiB.
+    pub memory_mib: u64,
+    /// Writable disk space in MiB.
+    pub disk_mib: u64,
+    /// Maximum number of processes and threads.
+    pub pids_max: u32,
+    /// Environment variables set for every process.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+impl Default for ResourceDefaults {
+    fn default() -> Self {
+        Self {
+            cpus: 1.0,
+            memory_mib: 256,
+            disk_mib: 512,
+            pids_max: 256,
+            env: BTreeMap::new(),
+        }
+    }
+}
+
+/// The on-disk form of `template.json` (see the module docs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct TemplateFile {
+    /// Format version; [`FORMAT_VERSION`] when written by this crate.
+    pub format: u32,
+    /// The built-in recipe that produced the template.
+    pub recipe: String,
+    /// Everything the API shows.
+    #[serde(flatten)]
+    pub info: TemplateInfo,
+}
+
+/// Formats `time` as RFC 3339 in UTC with whole seconds (`2025-05-20T12:00:00Z`).
+pub(crate) fn rfc3339_utc(time: SystemTime) -> String {
+    let secs = time
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Converts days since 1970-01-01 into a proleptic Gregorian (year, month, day)
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097); // [0, 146096]
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // [0, 399]
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // [0, 365]
+    let mp = (5 * doy + 2) / 153; // [0, 11], March-based
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn formats_rfc3339() {
+        assert_eq!(rfc3339_utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_747_742_400 + 3_661);
+        assert_eq!(rfc3339_utc(t), "2025-05-20T13:01:01Z");
+        // A leap day.
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400);
+        assert_eq!(rfc3339_utc(t), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn template_file_round_trips_with_flattened_info() {
+        let file = TemplateFile {
+            format: FORMAT_VERSION,
+            recipe: "minimal".into(),
+            info: TemplateInfo {
+                name: "minimal".into(),
+                ready: true,
+                isolations: vec!["ns".into()],
+                size_bytes: 42,
+                created_at: Some("2025-05-20T12:00:00Z".into()),
+                description: "d".into(),
+                defaults: ResourceDefaults::default(),
+            },
+        };
+        let json = serde_json::to_value(&file).expect("serializable");
+        assert_eq!(json["format"], 1);
+        assert_eq!(json["ready"], true);
+        assert_eq!(json["isolations"][0], "ns");
+        assert_eq!(json["defaults"]["pids_max"], 256);
+        let back: TemplateFile = serde_json::from_value(json).expect("parses");
+        assert_eq!(back.info, file.info);
+    }
+
+    #[test]
+    fn unready_info_omits_created_at() {
+        let json = serde_json::to_value(TemplateInfo::unready("x")).expect("serializable");
+        assert_eq!(json["ready"], false);
+        assert!(json.get("created_at").is_none());
+    }
+}

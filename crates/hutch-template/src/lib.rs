@@ -1,0 +1,43 @@
+//! Template root filesystems: building, caching and describing them (DESIGN.md §6).
+//!
+//! A template is a directory `<templates_dir>/<name>/` holding `rootfs/`, the read-only
+//! root filesystem that `ns` sandboxes overlay, and `template.json`, its metadata. It is
+//! *ready* only once `template.json` says `"ready": true`, which a build writes last before
+//! atomically renaming its private build directory into place.
+//!
+//! ```no_run
+//! use hutch_template::{BuildOptions, Progress, TemplateStore};
+//!
+//! # fn main() -> Result<(), hutch_template::TemplateError> {
+//! let store = TemplateStore::open("/var/lib/hutch/templates")?;
+//! let info = store.build("minimal", &BuildOptions::default(), &mut |p: Progress| {
+//!     if let Progress::Step(step) = p {
+//!         eprintln!("{step}");
+//!     }
+//! })?;
+//! assert!(info.ready);
+//! let lower = store.rootfs("minimal");
+//! # let _ = lower;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Built-in recipes ([`builtin_names`]): `minimal` (Debian's static busybox, under a
+//! second) and `base` (Debian 12 through `debootstrap`, a minute or more, needs the Debian
+//! mirror). See `docs/templates.md`.
+
+mod build;
+mod error;
+mod info;
+mod lock;
+mod mounts;
+mod recipes;
+mod store;
+mod sys;
+mod tree;
+
+pub use build::{BuildOptions, Progress};
+pub use error::TemplateError;
+pub use info::{ResourceDefaults, TemplateInfo};
+pub use recipes::builtin_names;
+pub use store::TemplateStore;

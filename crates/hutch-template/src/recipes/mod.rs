@@ -1,0 +1,102 @@
+//! Built-in recipes: how each named template's root filesystem is produced.
+//!
+//! A recipe fills an empty `rootfs` directory, reporting steps and tool output through a
+//! [`BuildContext`]; the store takes care of the build directory, metadata, atomic
+//! publication and cleanup.
+
+mod apt_sources;
+mod base;
+pub(crate) mod command;
+mod layout;
+mod minimal;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::build::BuildContext;
+use crate::error::Result;
+use crate::info::ResourceDefaults;
+
+/// Names of the built-in templates, in the order they are documented.
+pub fn builtin_names() -> &'static [&'static str] {
+    &["minimal", "base"]
+}
+
+/// One built-in recipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recipe {
+    /// Static busybox on an empty root.
+    Minimal,
+    /// Debian 12 via debootstrap.
+    Base,
+}
+
+impl Recipe {
+    /// The recipe for a built-in template name.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "minimal" => Some(Self::Minimal),
+            "base" => Some(Self::Base),
+            _ => None,
+        }
+    }
+
+    /// The recipe's name, recorded in `template.json`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Minimal => "minimal",
+            Self::Base => "base",
+        }
+    }
+
+    /// One-line description shown by the API.
+    pub(crate) fn description(self) -> String {
+        match self {
+            Self::Minimal => String::from("BusyBox (static) on an empty root: /bin/sh and core utilities"),
+            Self::Base => format!(
+                "Debian 12 ({}) with python3, pip, venv, git, curl, ca-certificates and build-essential",
+                base::SUITE
+            ),
+        }
+    }
+
+    /// Default sandbox resources.
+    pub(crate) fn defaults(self) -> ResourceDefaults {
+        let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        match self {
+            Self::Minimal => ResourceDefaults {
+                cpus: 1.0,
+                memory_mib: 256,
+                disk_mib: 512,
+                pids_max: 256,
+                env: env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")]),
+            },
+            Self::Base => ResourceDefaults {
+                cpus: 1.0,
+                memory_mib: 512,
+                disk_mib: 2048,
+                pids_max: 1024,
+                env: env(&[
+                    (
+                        "PATH",
+                        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    ),
+                    ("LANG", "C.UTF-8"),
+                ]),
+            },
+        }
+    }
+
+    /// Fills the empty directory `rootfs`.
+    pub(crate) fn build(self, rootfs: &Path, ctx: &mut BuildContext<'_>) -> Result<()> {
+        match self {
+            Self::Minimal => minimal::build(rootfs, ctx),
+            Self::Base => base::build(rootfs, ctx),
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! [`TemplateStore`]: the directory of templates, and building, listing and removing them.
+//!
+//! # Layout of the templates directory
+//!
+//! ```text
+//! <dir>/<name>/rootfs/          the root filesystem (0755, owned by root)
+//! <dir>/<name>/template.json    metadata; see `info.rs` for the format
+//! <dir>/.lock-<name>            flock taken while building or removing <name>
+//! <dir>/.build-<name>-<16 hex>/ a build in progress (0700), renamed to <name> when done
+//! <dir>/.remove-<name>-<16 hex>/ a template being deleted, renamed out of the way first
+//! ```
+//!
+//! A template becomes visible under its name only by an atomic rename of a finished build
+//! directory, whose `template.json` (with `"ready": true`) was written last and flushed.
+//! A failed build deletes its directory (after unmounting anything mounted inside it); one
+//! interrupted by a crash leaves a `.build-*` directory that the next build or removal of
+//! the same name deletes under the lock.
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime};
+
+use crate::build::{BuildContext, BuildOptions, Progress};
+use crate::error::{IoContext, Result, TemplateError};
+use crate::info::{rfc3339_utc, TemplateFile, TemplateInfo, FORMAT_VERSION};
+use crate::lock::TemplateLock;
+use crate::recipes::Recipe;
+use crate::{sys, tree};
+
+/// Name of the metadata file inside a template directory.
+const METADATA_FILE: &str = "template.json";
+
+/// Prefix of build directories.
+const BUILD_PREFIX: &str = ".build-";
+
+/// Prefix of directories being deleted.
+const REMOVE_PREFIX: &str = ".remove-";
+
+/// The templates directory.
+#[derive(Debug, Clone)]
+pub struct TemplateStore {
+    /// Absolute path of the directory.
+    dir: PathBuf,
+}
+
+impl TemplateStore {
+    /// Opens the templates directory `dir`, creating it (mode 0755) if needed.
+    pub fn open(dir: impl AsRef<Path>) -> std::result::Result<Self, TemplateError> {
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            fs::create_dir_all(dir).at("creating directory", dir)?;
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+                .at("setting mode of", dir)?;
+        }
+        let dir = fs::canonicalize(dir).at("resolving", dir)?;
+        Ok(Self { dir })
+    }
+
+    /// The templates directory (absolute).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every template directory, ready or not, sorted by name. Builds in progress are not
+    /// listed.
+    pub fn list(&self) -> std::result::Result<Vec<TemplateInfo>, TemplateError> {
+        let mut templates = Vec::new();
+        for entry in fs::read_dir(&self.dir).at("listing directory", &self.dir)? {
+            let entry = entry.at("listing directory", &self.dir)?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if validate_name(&name).is_ok() && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                templates.push(self.read_info(&name));
+            }
+        }
+        templates.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(templates)
+    }
+
+    /// The template called `name`, ready or not; `None` if there is no such directory.
+    pub fn get(&self, name: &str) -> Option<TemplateInfo> {
+        validate_name(name).ok()?;
+        self.dir.join(name).is_dir().then(|| self.read_info(name))
+    }
+
+    /// Where the root filesystem of `name` is (whether or not it exists yet).
+    pub fn rootfs(&self, name: &str) -> PathBuf {
+        self.dir.join(name).join("rootfs")
+    }
+
+    /// Builds the built-in template `name` unless it is already ready (or rebuilds it with
+    /// [`BuildOptions::force`]). Only one process builds a name at a time; others wait for
+    /// it and then return its result. On failure nothing of the build is left behind.
+    pub fn build(
+        &self,
+        name: &str,
+        options: &BuildOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> std::result::Result<TemplateInfo, TemplateError> {
+        let start = Instant::now();
+        validate_name(name).map_err(|_| TemplateError::Unknown(name.to_owned()))?;
+        let recipe =
+            Recipe::from_name(name).ok_or_else(|| TemplateError::Unknown(name.to_owned()))?;
+        let _lock = TemplateLock::acquire(&self.dir, name, || {
+            progress(Progress::Step(format!(
+                "waiting for another build of `{name}`"
+            )));
+        })?;
+        if !options.force {
+            if let Some(info) = self.get(name).filter(|info| info.ready) {
+                progress(Progress::Step(format!(
+                    "template `{name}` is already built"
+                )));
+                progress(Progress::Done {
+                    seconds: start.elapsed().as_secs_f64(),
+                });
+                return Ok(info);
+            }
+        }
+        self.remove_leftovers(name)?;
+
+        let build_dir = BuildDir::create(&self.dir, name)?;
+        let mut ctx = BuildContext::new(options, progress);
+        let result = self.build_in(recipe, name, &build_dir.path, &mut ctx);
+        let info = match result {
+            Ok(info) => info,
+            Err(e) => {
+                let e = ctx.in_step(e);
+                tracing::warn!(template = name, error = %e, "template build failed");
+                return Err(e);
+            }
+        };
+        self.publish(build_dir, name)?;
+        tracing::info!(
+            template = name,
+            size_bytes = info.size_bytes,
+            "template built"
+        );
+        progress(Progress::Done {
+            seconds: start.elapsed().as_secs_f64(),
+        });
+        Ok(info)
+    }
+
+    /// Deletes the template `name` (waiting for a build of it to finish first); `Ok(false)`
+    /// if there was no such template. Must not be called while sandboxes use it.
+    pub fn remove(&self, name: &str) -> std::result::Result<bool, TemplateError> {
+        validate_name(name)?;
+        let _lock = TemplateLock::acquire(&self.dir, name, || {})?;
+        self.remove_leftovers(name)?;
+        let path = self.dir.join(name);
+        if fs::symlink_metadata(&path).is_err() {
+            return Ok(false);
+        }
+        let trash = self
+            .dir
+            .join(format!("{REMOVE_PREFIX}{name}-{}", random_suffix()?));
+        fs::rename(&path, &trash).at("moving aside", &path)?;
+        tree::remove_tree(&trash)?;
+        Ok(true)
+    }
+
+    /// Runs `recipe` into `build_dir/rootfs` and writes the metadata; returns what it wrote.
+    fn build_in(
+        &self,
+        recipe: Recipe,
+        name: &str,
+        build_dir: &Path,
+        ctx: &mut BuildContext<'_>,
+    ) -> Result<TemplateInfo> {
+        let rootfs = build_dir.join("rootfs");
+        fs::create_dir(&rootfs).at("creating directory", &rootfs)?;
+        fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
+            .at("setting mode of", &rootfs)?;
+        recipe.build(&rootfs, ctx).map_err(|e| ctx.in_step(e))?;
+
+        ctx.step("recording metadata")?;
+        let info = TemplateInfo {
+            name: name.to_owned(),
+            ready: true,
+            isolations: vec![String::from("ns")],
+            size_bytes: tree::disk_usage(&rootfs)?,
+            created_at: Some(rfc3339_utc(SystemTime::now())),
+            description: recipe.description(),
+            defaults: recipe.defaults(),
+        };
+        let file = TemplateFile {
+            format: FORMAT_VERSION,
+            recipe: recipe.name().to_owned(),
+            info: info.clone(),
+        };
+        let path = build_dir.join(METADATA_FILE);
+        let json = serde_json::to_vec_pretty(&file)
+            .map_err(|e| ctx.fail(format!("encoding metadata: {e}")))?;
+        let mut out = fs::File::create(&path).at("creating", &path)?;
+        out.write_all(&json).at("writing", &path)?;
+        // Everything the build wrote reaches the disk before the rename publishes it.
+        sys::syncfs(out.as_fd()).at("flushing", &path)?;
+        fs::set_permissions(build_dir, fs::Permissions::from_mode(0o755))
+            .at("setting mode of", build_dir)?;
+        Ok(info)
+    }
+
+    /// Renames the finished build directory to `name`, atomically replacing an existing
+    /// template directory, and deletes the replaced one.
+    fn publish(&self, mut build_dir: BuildDir, name: &str) -> Result<()> {
+        let target = self.dir.join(name);
+        if fs::symlink_metadata(&target).is_ok() {
+            sys::exchange(&build_dir.path, &target).at("replacing", &target)?;
+            // The build directory now holds the old template; the guard deletes it.
+            drop(build_dir);
+        } else {
+            fs::rename(&build_dir.path, &target).at("publishing", &target)?;
+            build_dir.armed = false;
+        }
+        Ok(())
+    }
+
+    /// Deletes `.build-<name>-*` and `.remove-<name>-*` directories left by crashed
+    /// processes. Called with the lock of `name` held, so none of them is in use.
+    fn remove_leftovers(&self, name: &str) -> Result<()> {
+        for entry in fs::read_dir(&self.dir).at("listing directory", &self.dir)? {
+            let entry = entry.at("listing directory", &self.dir)?;
+            let file_name = entry.file_name();
+            let Some(file_name) = file_name.to_str() else {
+                continue;
+            };
+            let leftover = [BUILD_PREFIX, REMOVE_PREFIX].iter().any(|prefix| {
+                file_name
+                    .strip_prefix(prefix)
+                    .and_then(|rest| rest.rsplit_once('-'))
+                    .is_some_and(|(n, suffix)| n == name && is_random_suffix(suffix))
+            });
+            if leftover {
+                tracing::warn!(path = %entry.path().display(), "deleting a leftover template directory");
+                tree::remove_tree(&entry.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `template.json` of `name`; anything missing or unexpected means not ready.
+    fn read_info(&self, name: &str) -> TemplateInfo {
+        let dir = self.dir.join(name);
+        let path = dir.join(METADATA_FILE);
+        let parsed = fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| {
+                serde_json::from_slice::<TemplateFile>(&bytes).map_err(|e| e.to_string())
+            });
+        match parsed {
+            Ok(file)
+                if file.format == FORMAT_VERSION
+                    && file.info.ready
+                    && dir.join("rootfs").is_dir() =>
+            {
+                TemplateInfo {
+                    name: name.to_owned(),
+                    ..file.info
+                }
+            }
+            Ok(_) => TemplateInfo::unready(name),
+            Err(e) => {
+                tracing::debug!(template = name, error = %e, "template has no readable metadata");
+                TemplateInfo::unready(name)
+            }
+        }
+    }
+}
+
+/// A build directory that is deleted when dropped unless disarmed.
+struct BuildDir {
+    /// `<dir>/.build-<name>-<random>`.
+    path: PathBuf,
+    /// Whether dropping deletes it.
+    armed: bool,
+}
+
+impl BuildDir {
+    /// Creates a fresh, private build directory for `name`.
+    fn create(dir: &Path, name: &str) -> Result<Self> {
+        let path = dir.join(format!("{BUILD_PREFIX}{name}-{}", random_suffix()?));
+        fs::create_dir(&path).at("creating directory", &path)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
+            .at("setting mode of", &path)?;
+        Ok(Self { path, armed: true })
+    }
+}
+
+impl Drop for BuildDir {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = tree::remove_tree(&self.path) {
+                tracing::error!(path = %self.path.display(), error = %e, "could not delete a template build directory");
+            }
+        }
+    }
+}
+
+/// Sixteen random lowercase hex digits.
+fn random_suffix() -> Result<String> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| TemplateError::StepFailed {
+        step: String::from("creating the build directory"),
+        message: format!("no randomness available: {e}"),
+    })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Whether `s` looks like [`random_suffix`]'s output.
+fn is_random_suffix(s: &str) -> bool {
+    s.len() == 16
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Template names: 1 to 63 of `a-z 0-9 . _ -`, starting with a letter or digit.
+fn validate_name(name: &str) -> Result<()> {
+    let mut bytes = name.bytes();
+    let valid = name.len() <= 63
+        && bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && bytes.all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(TemplateError::InvalidName(name.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

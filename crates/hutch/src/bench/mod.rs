@@ -1,0 +1,212 @@
+//! `hutch bench`: start a private server, measure Hutch, measure baselines in the same run,
+//! and report every figure next to its baseline as a ratio (these machines are noisy).
+
+mod baselines;
+mod server;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use self::stats::{summarize, Summary};
+
+/// Options of `hutch bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Sandboxes for the create-to-first-exec series.
+    #[arg(long, default_value_t = 100)]
+    pub n: usize,
+    /// Sandboxes created at once in the concurrency series.
+    #[arg(long, default_value_t = 50)]
+    pub concurrent: usize,
+    /// Warm exec round trips.
+    #[arg(long, default_value_t = 1000)]
+    pub execs: usize,
+    /// Template to benchmark.
+    #[arg(long, default_value = "minimal")]
+    pub template: String,
+    /// Templates directory (default `<state-dir>/templates`).
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long = "json-out", value_name = "PATH")]
+    pub json_out: Option<PathBuf>,
+}
+
+fn machine_info() -> Value {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    json!({
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": cpu,
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "memory_mib": hutch_core::config::host_memory_mib(),
+        "kvm": if std::path::Path::new("/sys/module/kvm_pvm").exists() { "PVM (software; vm uses TCG)" }
+               else if std::path::Path::new("/dev/kvm").exists() { "present" } else { "absent" },
+        "hutch_version": env!("CARGO_PKG_VERSION"),
+        "date": hutch_core::time::rfc3339(hutch_core::time::now_ms()),
+    })
+}
+
+fn row(s: &Summary, baseline: Option<&Summary>) -> String {
+    let ratio = baseline
+        .map(|b| format!("{:>7.2}x {}", s.p50_ms / b.p50_ms, b.name))
+        .unwrap_or_default();
+    format!(
+        "{:<34} {:>5} {:>9.2} {:>9.2} {:>9.2}   {}",
+        s.name, s.n, s.p50_ms, s.p95_ms, s.p99_ms, ratio
+    )
+}
+
+/// Run the benchmark.
+pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<()> {
+    let templates_dir = args
+        .templates_dir
+        .clone()
+        .unwrap_or_else(|| state_dir_hint.join("templates"));
+    eprintln!(
+        "starting a private server (templates in {})…",
+        templates_dir.display()
+    );
+    let srv = server::BenchServer::start(&templates_dir, &args.template).await?;
+    let result = measure(&args, &srv).await;
+    if result.is_err() {
+        srv.destroy_all().await;
+    }
+    srv.stop();
+    result
+}
+
+async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<()> {
+    // Baselines first, while nothing else runs.
+    eprintln!("baselines…");
+    let n_base = args.n;
+    let (base, skipped) = tokio::task::spawn_blocking(move || baselines::run(n_base)).await?;
+    let find = |name: &str| base.iter().find(|b| b.name == name);
+
+    eprintln!("create-to-first-exec ×{}…", args.n);
+    let mut c2e = Vec::new();
+    let mut create_only = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..args.n {
+        let t0 = Instant::now();
+        let id = srv.create().await?;
+        let t1 = t0.elapsed();
+        srv.exec_true(&id).await?;
+        c2e.push(t0.elapsed().as_secs_f64() * 1000.0);
+        create_only.push(t1.as_secs_f64() * 1000.0);
+        ids.push(id);
+    }
+    let mut kill_ms = Vec::new();
+    for id in ids.drain(..) {
+        let t0 = Instant::now();
+        srv.kill(&id).await?;
+        kill_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+
+    eprintln!("{} concurrent creates…", args.concurrent);
+    let t0 = Instant::now();
+    let futs = (0..args.concurrent).map(|_| async {
+        let t = Instant::now();
+        let id = srv.create().await?;
+        srv.exec_true(&id).await?;
+        Ok::<_, anyhow::Error>((id, t.elapsed().as_secs_f64() * 1000.0))
+    });
+    let results = futures_util::future::join_all(futs).await;
+    let total_concurrent_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let mut conc = Vec::new();
+    for r in results {
+        let (id, ms) = r?;
+        conc.push(ms);
+        ids.push(id);
+    }
+    for id in ids.drain(..) {
+        srv.kill(&id).await?;
+    }
+
+    eprintln!("warm exec round trips ×{}…", args.execs);
+    let id = srv.create().await?;
+    let mut rt = Vec::new();
+    let t_seq = Instant::now();
+    for _ in 0..args.execs {
+        let t = Instant::now();
+        srv.exec_true(&id).await?;
+        rt.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    let seq_total_s = t_seq.elapsed().as_secs_f64();
+    let stream_mb_s = srv.stream_throughput(&id, 64).await?;
+    let (write_mb_s, read_mb_s) = srv.file_throughput(&id, 100).await?;
+    srv.kill(&id).await?;
+
+    let series = vec![
+        summarize("ns_create_to_first_exec", &c2e),
+        summarize("ns_create", &create_only),
+        summarize("ns_kill", &kill_ms),
+        summarize("ns_concurrent_create_to_first_exec", &conc),
+        summarize("ns_exec_round_trip_warm", &rt),
+    ];
+    let bwrap = find("bwrap_unshare_all_true");
+    let forkexec = find("fork_exec_true");
+    println!("{}", machine_info());
+    println!(
+        "{:<34} {:>5} {:>9} {:>9} {:>9}   ratio (p50) vs baseline",
+        "series", "n", "p50 ms", "p95 ms", "p99 ms"
+    );
+    for b in &base {
+        println!("{}", row(b, None));
+    }
+    for s in &series {
+        let baseline = if s.name == "ns_exec_round_trip_warm" {
+            forkexec
+        } else {
+            bwrap.or(forkexec)
+        };
+        println!("{}", row(s, baseline));
+    }
+    println!(
+        "{} concurrent creates: all ready (first exec done) in {:.1} ms",
+        args.concurrent, total_concurrent_ms
+    );
+    println!(
+        "{} sequential execs: {:.0} execs/s; stdout stream {:.1} MB/s; file write {:.1} MB/s, read {:.1} MB/s",
+        args.execs,
+        args.execs as f64 / seq_total_s,
+        stream_mb_s,
+        write_mb_s,
+        read_mb_s
+    );
+    for s in &skipped {
+        println!("skipped baseline {}: {}", s.name, s.reason);
+    }
+    if let Some(path) = &args.json_out {
+        let doc = json!({
+            "machine": machine_info(),
+            "baselines": base,
+            "skipped": skipped,
+            "series": series,
+            "concurrent": {"count": args.concurrent, "all_ready_ms": total_concurrent_ms},
+            "throughput": {
+                "sequential_execs_per_s": args.execs as f64 / seq_total_s,
+                "stream_stdout_mb_s": stream_mb_s,
+                "file_write_mb_s": write_mb_s,
+                "file_read_mb_s": read_mb_s,
+            },
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}

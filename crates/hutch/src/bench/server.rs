@@ -1,0 +1,218 @@
+//! The private server a benchmark runs against, and the calls it times.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+/// A `hutch serve` child with its own temporary state directory.
+pub struct BenchServer {
+    url: String,
+    key: String,
+    template: String,
+    http: reqwest::Client,
+    child: Child,
+    state_dir: std::path::PathBuf,
+}
+
+impl BenchServer {
+    /// Start it (builds the template first if needed).
+    pub async fn start(templates_dir: &Path, template: &str) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let state_dir = tempfile::Builder::new()
+            .prefix("hutch-bench-")
+            .tempdir_in("/tmp")?
+            .keep();
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o755))?;
+        let mut child = Command::new(&exe)
+            .arg("serve")
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--no-build-base",
+                "--default-template",
+                template,
+            ])
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .arg("--templates-dir")
+            .arg(templates_dir)
+            .env("HUTCH_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting hutch serve")?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let mut url = None;
+        for line in lines.by_ref() {
+            if let Some(u) = line?.strip_prefix("hutch listening on ") {
+                url = Some(u.trim().to_string());
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        let Some(url) = url else {
+            bail!("the benchmark server did not start")
+        };
+        let key = std::fs::read_to_string(state_dir.join("admin.key"))?
+            .trim()
+            .to_string();
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()?;
+        Ok(Self {
+            url,
+            key,
+            template: template.to_string(),
+            http,
+            child,
+            state_dir,
+        })
+    }
+
+    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        let r = self
+            .http
+            .post(format!("{}{}", self.url, path))
+            .bearer_auth(&self.key)
+            .json(&body)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!(
+                "{path}: {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            );
+        }
+        Ok(r.json().await?)
+    }
+
+    /// Create a sandbox; its id.
+    pub async fn create(&self) -> anyhow::Result<String> {
+        let v = self
+            .post(
+                "/v1/sandboxes",
+                json!({"template": self.template, "ttl_seconds": 600}),
+            )
+            .await?;
+        v["id"].as_str().map(String::from).context("no id")
+    }
+
+    /// Run `true`.
+    pub async fn exec_true(&self, id: &str) -> anyhow::Result<()> {
+        let v = self
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                json!({"cmd": ["true"]}),
+            )
+            .await?;
+        if v["exit_code"] != 0 {
+            bail!("true failed: {v}");
+        }
+        Ok(())
+    }
+
+    /// Destroy a sandbox.
+    pub async fn kill(&self, id: &str) -> anyhow::Result<()> {
+        let r = self
+            .http
+            .delete(format!("{}/v1/sandboxes/{id}", self.url))
+            .bearer_auth(&self.key)
+            .send()
+            .await?;
+        if r.status().as_u16() != 204 {
+            bail!("kill {id}: {}", r.status());
+        }
+        Ok(())
+    }
+
+    /// MB/s of stdout through `exec/stream`.
+    pub async fn stream_throughput(&self, id: &str, mib: u64) -> anyhow::Result<f64> {
+        let t0 = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/v1/sandboxes/{id}/exec/stream", self.url))
+            .bearer_auth(&self.key)
+            .json(&json!({"cmd": format!("head -c {} /dev/zero | tr '\\0' a", mib << 20)}))
+            .send()
+            .await?;
+        let mut body = r.bytes_stream();
+        let mut n = 0usize;
+        while let Some(c) = body.next().await {
+            n += c?.len();
+        }
+        if n < (mib << 20) as usize {
+            bail!(
+                "stream delivered {n} bytes, expected at least {}",
+                mib << 20
+            );
+        }
+        Ok(mib as f64 * 1.048_576 / t0.elapsed().as_secs_f64())
+    }
+
+    /// MB/s writing then reading a file of `mib` MiB.
+    pub async fn file_throughput(&self, id: &str, mib: usize) -> anyhow::Result<(f64, f64)> {
+        let data = vec![7u8; mib << 20];
+        let url = format!("{}/v1/sandboxes/{id}/files?path=/tmp/bench.bin", self.url);
+        let t0 = Instant::now();
+        let r = self
+            .http
+            .put(&url)
+            .bearer_auth(&self.key)
+            .body(data)
+            .send()
+            .await?;
+        if r.status().as_u16() != 204 {
+            bail!("write: {}", r.status());
+        }
+        let write = mib as f64 * 1.048_576 / t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let got = self
+            .http
+            .get(&url)
+            .bearer_auth(&self.key)
+            .send()
+            .await?
+            .bytes()
+            .await?;
+        if got.len() != mib << 20 {
+            bail!("read {} bytes", got.len());
+        }
+        let read = mib as f64 * 1.048_576 / t0.elapsed().as_secs_f64();
+        Ok((write, read))
+    }
+
+    /// Destroy every sandbox of this server (after a failed measurement).
+    pub async fn destroy_all(&self) {
+        let Ok(r) = self
+            .http
+            .get(format!("{}/v1/sandboxes", self.url))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+        else {
+            return;
+        };
+        let v: Value = r.json().await.unwrap_or(Value::Null);
+        for s in v["sandboxes"].as_array().cloned().unwrap_or_default() {
+            if let Some(id) = s["id"].as_str() {
+                let _ = self.kill(id).await;
+            }
+        }
+    }
+
+    /// Stop the server and remove its state.
+    pub fn stop(mut self) {
+        // SAFETY: signalling the server child we started, by its pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}

@@ -1,0 +1,109 @@
+//! Command-line interface: argument definitions and dispatch.
+
+mod doctor;
+mod files;
+mod output;
+mod sandbox;
+mod shell;
+mod stream;
+mod template;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::client::ApiFailure;
+
+/// Hutch: isolated, disposable computers for AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "hutch", version, about)]
+pub struct Cli {
+    /// State directory (server state, admin key, templates).
+    #[arg(long, global = true, env = "HUTCH_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print JSON instead of human output.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More logging.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the API server.
+    Serve(crate::serve::ServeArgs),
+    /// Create a sandbox, run one command in it, print its output, destroy it.
+    Run(sandbox::RunArgs),
+    /// Create a sandbox and print its id.
+    Create(sandbox::CreateArgs),
+    /// Run a command in an existing sandbox.
+    Exec(sandbox::ExecArgs),
+    /// Open an interactive terminal in a sandbox.
+    Shell(shell::ShellArgs),
+    /// List sandboxes.
+    Ls(sandbox::LsArgs),
+    /// Show one sandbox.
+    Inspect {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Destroy sandboxes.
+    Kill {
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Copy a file into or out of a sandbox: `cp LOCAL ID:/path` or `cp ID:/path LOCAL`.
+    Cp(files::CpArgs),
+    /// Build and list templates.
+    #[command(subcommand)]
+    Template(template::TemplateCommand),
+    /// Explain what isolation this host supports and why.
+    Doctor,
+    /// Measure Hutch against baselines on this machine (starts its own server).
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Run the CLI; returns the process exit code.
+pub async fn run(cli: Cli) -> i32 {
+    let state_dir = cli
+        .state_dir
+        .clone()
+        .unwrap_or_else(crate::paths::default_state_dir);
+    let json = cli.json;
+    let result = match cli.command {
+        Command::Serve(args) => crate::serve::serve(args, state_dir).await.map(|()| 0),
+        Command::Run(args) => sandbox::run(args, &state_dir, json).await,
+        Command::Create(args) => sandbox::create(args, &state_dir, json).await.map(|()| 0),
+        Command::Exec(args) => sandbox::exec(args, &state_dir, json).await,
+        Command::Shell(args) => shell::shell(args, &state_dir).await,
+        Command::Ls(args) => sandbox::ls(args, &state_dir, json).await.map(|()| 0),
+        Command::Inspect { id } => sandbox::inspect(&id, &state_dir, json).await.map(|()| 0),
+        Command::Kill { ids } => sandbox::kill(&ids, &state_dir, json).await.map(|()| 0),
+        Command::Cp(args) => files::cp(args, &state_dir, json).await.map(|()| 0),
+        Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
+        Command::Doctor => doctor::doctor(&state_dir, json).await,
+        Command::Bench(args) => crate::bench::bench(args, state_dir).await.map(|()| 0),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if json {
+                let (code, status) = match e.downcast_ref::<ApiFailure>() {
+                    Some(f) => (f.code.clone(), Some(f.status.as_u16())),
+                    None => ("error".to_string(), None),
+                };
+                println!(
+                    "{}",
+                    serde_json::json!({"error": {"code": code, "status": status, "message": format!("{e:#}")}})
+                );
+            } else {
+                eprintln!("hutch: {e:#}");
+            }
+            1
+        }
+    }
+}

@@ -1,0 +1,388 @@
+//! `run`, `create`, `exec`, `ls`, `inspect`, `kill`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use base64::Engine;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::output::{field, print_json, table};
+use super::stream::for_each_event;
+use crate::client::Api;
+
+/// Sandbox settings shared by `run` and `create`.
+#[derive(Debug, clap::Args)]
+pub struct SandboxOpts {
+    /// Template name.
+    #[arg(long, short)]
+    template: Option<String>,
+    /// `auto`, `ns` or `vm`.
+    #[arg(long)]
+    isolation: Option<String>,
+    /// CPUs.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Memory limit in MiB.
+    #[arg(long)]
+    memory_mib: Option<u64>,
+    /// TTL in seconds.
+    #[arg(long)]
+    ttl: Option<u64>,
+    /// Environment `KEY=VALUE` (repeatable).
+    #[arg(long = "env", short = 'e')]
+    env: Vec<String>,
+    /// Metadata `KEY=VALUE` (repeatable).
+    #[arg(long = "meta")]
+    meta: Vec<String>,
+}
+
+fn pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("{what} {s:?} must be KEY=VALUE"))
+        })
+        .collect()
+}
+
+impl SandboxOpts {
+    fn body(&self, persistent: bool) -> anyhow::Result<Value> {
+        let mut b = serde_json::Map::new();
+        if let Some(t) = &self.template {
+            b.insert("template".into(), json!(t));
+        }
+        if let Some(i) = &self.isolation {
+            b.insert("isolation".into(), json!(i));
+        }
+        if let Some(c) = self.cpus {
+            b.insert("cpus".into(), json!(c));
+        }
+        if let Some(m) = self.memory_mib {
+            b.insert("memory_mib".into(), json!(m));
+        }
+        if let Some(t) = self.ttl {
+            b.insert("ttl_seconds".into(), json!(t));
+        }
+        if persistent {
+            b.insert("persistent".into(), json!(true));
+        }
+        if !self.env.is_empty() {
+            b.insert("env".into(), json!(pairs(&self.env, "--env")?));
+        }
+        if !self.meta.is_empty() {
+            b.insert("metadata".into(), json!(pairs(&self.meta, "--meta")?));
+        }
+        Ok(Value::Object(b))
+    }
+}
+
+/// How to run a command (shared by `run` and `exec`).
+#[derive(Debug, clap::Args)]
+pub struct CommandOpts {
+    /// Run the command as one string under `/bin/sh -c`.
+    #[arg(long)]
+    sh: bool,
+    /// Pass this process's stdin to the command.
+    #[arg(long, short)]
+    interactive: bool,
+    /// Timeout in seconds (0 = none).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Working directory inside the sandbox.
+    #[arg(long, short = 'w')]
+    cwd: Option<String>,
+    /// User inside the sandbox.
+    #[arg(long, short)]
+    user: Option<String>,
+    /// The command.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    cmd: Vec<String>,
+}
+
+impl CommandOpts {
+    fn body(&self) -> anyhow::Result<Value> {
+        let mut b = serde_json::Map::new();
+        b.insert(
+            "cmd".into(),
+            if self.sh {
+                json!(self.cmd.join(" "))
+            } else {
+                json!(self.cmd)
+            },
+        );
+        if let Some(t) = self.timeout {
+            b.insert("timeout_seconds".into(), json!(t));
+        }
+        if let Some(c) = &self.cwd {
+            b.insert("cwd".into(), json!(c));
+        }
+        if let Some(u) = &self.user {
+            b.insert("user".into(), json!(u));
+        }
+        if self.interactive {
+            let mut input = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut input)
+                .context("reading stdin")?;
+            b.insert(
+                "stdin_b64".into(),
+                json!(base64::engine::general_purpose::STANDARD.encode(input)),
+            );
+        }
+        Ok(Value::Object(b))
+    }
+}
+
+/// `hutch run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    sandbox: SandboxOpts,
+    #[command(flatten)]
+    command: CommandOpts,
+}
+
+/// `hutch create`.
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    sandbox: SandboxOpts,
+    /// Never reap this sandbox.
+    #[arg(long)]
+    persistent: bool,
+}
+
+/// `hutch exec`.
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// Sandbox id.
+    id: String,
+    #[command(flatten)]
+    command: CommandOpts,
+}
+
+/// `hutch ls`.
+#[derive(Debug, clap::Args)]
+pub struct LsArgs {
+    /// Only sandboxes in this state.
+    #[arg(long)]
+    state: Option<String>,
+    /// Only sandboxes with this metadata `KEY=VALUE` (repeatable).
+    #[arg(long = "meta")]
+    meta: Vec<String>,
+}
+
+fn decode_data(v: &Value) -> Vec<u8> {
+    if let Some(s) = v.get("data").and_then(Value::as_str) {
+        return s.as_bytes().to_vec();
+    }
+    v.get("data_b64")
+        .and_then(Value::as_str)
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .unwrap_or_default()
+}
+
+/// Run a command in `id`: streamed to this terminal (human) or collected (JSON).
+/// Returns the command's exit code.
+async fn exec_in(api: &Api, id: &str, cmd: &CommandOpts, json_out: bool) -> anyhow::Result<i32> {
+    let body = cmd.body()?;
+    if json_out {
+        let out = api
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(&body),
+            )
+            .await?;
+        print_json(&out);
+        return Ok(out["exit_code"].as_i64().unwrap_or(1) as i32);
+    }
+    let resp = api
+        .raw(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec/stream"),
+            None,
+            Some(&body),
+        )
+        .await?;
+    let mut code: Option<i32> = None;
+    let mut failure: Option<String> = None;
+    for_each_event(resp, |ev| {
+        let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+        match ev.event.as_str() {
+            "stdout" => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(&decode_data(&data));
+                let _ = out.flush();
+            }
+            "stderr" => {
+                let mut err = std::io::stderr().lock();
+                let _ = err.write_all(&decode_data(&data));
+                let _ = err.flush();
+            }
+            "exit" => {
+                if data["timed_out"].as_bool() == Some(true) {
+                    eprintln!("hutch: the command timed out and was killed");
+                }
+                code = Some(data["exit_code"].as_i64().unwrap_or(1) as i32);
+                return false;
+            }
+            "error" => {
+                failure = Some(
+                    data["message"]
+                        .as_str()
+                        .unwrap_or("exec failed")
+                        .to_string(),
+                );
+                return false;
+            }
+            _ => {}
+        }
+        true
+    })
+    .await?;
+    if let Some(f) = failure {
+        bail!("{f}");
+    }
+    code.context("the stream ended before the command exited")
+}
+
+/// `hutch run`: create, run, print, destroy; exits with the command's code.
+pub async fn run(args: RunArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
+    let api = Api::from_env(state_dir)?;
+    let sb = api
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&args.sandbox.body(false)?),
+        )
+        .await?;
+    let id = field(&sb, "id").to_string();
+    let result = tokio::select! {
+        r = exec_in(&api, &id, &args.command, json_out) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    let killed = api
+        .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    if let Err(e) = killed {
+        eprintln!("hutch: could not destroy sandbox {id}: {e:#}");
+    }
+    result
+}
+
+/// `hutch create`.
+pub async fn create(args: CreateArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
+    let api = Api::from_env(state_dir)?;
+    let sb = api
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&args.sandbox.body(args.persistent)?),
+        )
+        .await?;
+    if json_out {
+        print_json(&sb);
+    } else {
+        println!("{}", field(&sb, "id"));
+    }
+    Ok(())
+}
+
+/// `hutch exec`.
+pub async fn exec(args: ExecArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
+    let api = Api::from_env(state_dir)?;
+    exec_in(&api, &args.id, &args.command, json_out).await
+}
+
+/// `hutch ls`.
+pub async fn ls(args: LsArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
+    let api = Api::from_env(state_dir)?;
+    let mut query = Vec::new();
+    if let Some(s) = &args.state {
+        query.push(format!("state={}", crate::client::encode(s)));
+    }
+    for (k, v) in pairs(&args.meta, "--meta")? {
+        query.push(format!(
+            "metadata.{}={}",
+            crate::client::encode(&k),
+            crate::client::encode(&v)
+        ));
+    }
+    let path = if query.is_empty() {
+        "/v1/sandboxes".to_string()
+    } else {
+        format!("/v1/sandboxes?{}", query.join("&"))
+    };
+    let out = api.call(Method::GET, &path, None).await?;
+    if json_out {
+        print_json(&out);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = out["sandboxes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| {
+                    vec![
+                        field(s, "id").to_string(),
+                        field(s, "template").to_string(),
+                        field(s, "isolation").to_string(),
+                        field(s, "state").to_string(),
+                        field(s, "created_at").to_string(),
+                        field(s, "expires_at").to_string(),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &["ID", "TEMPLATE", "ISOLATION", "STATE", "CREATED", "EXPIRES"],
+        &rows,
+    );
+    Ok(())
+}
+
+/// `hutch inspect`.
+pub async fn inspect(id: &str, state_dir: &Path, _json_out: bool) -> anyhow::Result<()> {
+    let api = Api::from_env(state_dir)?;
+    let mut sb = api
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await?;
+    if let Ok(u) = api
+        .call(Method::GET, &format!("/v1/sandboxes/{id}/usage"), None)
+        .await
+    {
+        sb["usage"] = u["usage"].clone();
+    }
+    print_json(&sb);
+    Ok(())
+}
+
+/// `hutch kill`.
+pub async fn kill(ids: &[String], state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
+    let api = Api::from_env(state_dir)?;
+    let mut failed = 0;
+    for id in ids {
+        match api
+            .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await
+        {
+            Ok(_) if json_out => println!("{}", json!({"id": id, "killed": true})),
+            Ok(_) => println!("{id}"),
+            Err(e) => {
+                failed += 1;
+                eprintln!("hutch: {id}: {e:#}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} sandboxes could not be killed", ids.len());
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! The CLI's HTTP client for a running `hutch serve`.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+/// Address and credentials of a server.
+#[derive(Clone)]
+pub struct Api {
+    base: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+/// A non-2xx answer, shown to the user as `code: message`.
+#[derive(Debug)]
+pub struct ApiFailure {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Error code from the body.
+    pub code: String,
+    /// Message from the body.
+    pub message: String,
+}
+
+impl std::error::Error for ApiFailure {}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}): {}",
+            self.code,
+            self.status.as_u16(),
+            self.message
+        )
+    }
+}
+
+impl Api {
+    /// From `HUTCH_URL` / `HUTCH_API_KEY`, else the default address and `<state-dir>/admin.key`.
+    pub fn from_env(state_dir: &Path) -> anyhow::Result<Self> {
+        let base = std::env::var("HUTCH_URL")
+            .unwrap_or_else(|_| "http://127.0.0.1:7700".into())
+            .trim_end_matches('/')
+            .to_string();
+        let key = match std::env::var("HUTCH_API_KEY") {
+            Ok(k) if !k.is_empty() => k,
+            _ => {
+                let path = state_dir.join("admin.key");
+                std::fs::read_to_string(&path)
+                    .with_context(|| {
+                        format!(
+                            "no HUTCH_API_KEY and cannot read {} (is `hutch serve` running with this state dir?)",
+                            path.display()
+                        )
+                    })?
+                    .trim()
+                    .to_string()
+            }
+        };
+        let http = reqwest::Client::builder()
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Self { base, key, http })
+    }
+
+    /// The API key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn check(&self, resp: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        Err(ApiFailure {
+            status,
+            code: body["error"]["code"]
+                .as_str()
+                .unwrap_or("error")
+                .to_string(),
+            message: body["error"]["message"]
+                .as_str()
+                .unwrap_or("the server gave no message")
+                .to_string(),
+        }
+        .into())
+    }
+
+    /// A JSON call; `Value::Null` for 204.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let mut req = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        let resp = self.check(resp).await?;
+        if resp.status() == StatusCode::NO_CONTENT {
+            return Ok(Value::Null);
+        }
+        resp.json().await.context("reading the server's answer")
+    }
+
+    /// A call returning the raw response (streams, file bytes).
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<reqwest::Body>,
+        json: Option<&Value>,
+    ) -> anyhow::Result<reqwest::Response> {
+        let mut req = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.body(b);
+        }
+        if let Some(j) = json {
+            req = req.json(j);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        self.check(resp).await
+    }
+
+    /// `ws://` URL for a path.
+    pub fn ws_url(&self, path: &str) -> String {
+        let base = self
+            .base
+            .replacen("https://", "wss://", 1)
+            .replacen("http://", "ws://", 1);
+        format!("{base}{path}")
+    }
+}
+
+/// Percent-encode a query value.
+pub fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

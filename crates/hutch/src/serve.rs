@@ -1,0 +1,177 @@
+//! `hutch serve`: build missing templates, start the manager, serve the API.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use hutch_core::{Config, Manager};
+use hutch_template::{BuildOptions, Progress, TemplateStore};
+
+/// Options of `hutch serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:7700")]
+    pub listen: SocketAddr,
+    /// Templates directory (default `<state-dir>/templates`).
+    #[arg(long)]
+    pub templates_dir: Option<PathBuf>,
+    /// The static hutch-agent binary (default: found next to this executable).
+    #[arg(long)]
+    pub agent: Option<PathBuf>,
+    /// Do not build the `base` template on start when it is missing.
+    #[arg(long)]
+    pub no_build_base: bool,
+    /// Template used when a create names none.
+    #[arg(long, default_value = "base")]
+    pub default_template: String,
+    /// Default TTL of ephemeral sandboxes, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub default_ttl: u64,
+    /// How often to look for expired sandboxes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub reaper_interval_ms: u64,
+}
+
+/// Build a template, printing progress to stderr.
+pub fn build_template(
+    store: &TemplateStore,
+    name: &str,
+    quiet: bool,
+    force: bool,
+) -> anyhow::Result<()> {
+    let mut progress = |p: Progress| match p {
+        Progress::Step(s) => eprintln!("[template {name}] {s}"),
+        Progress::Output(line) if !quiet => eprintln!("[template {name}]   {line}"),
+        Progress::Output(_) => {}
+        Progress::Done { seconds } => eprintln!("[template {name}] ready in {seconds:.1} s"),
+    };
+    store
+        .build(
+            name,
+            &BuildOptions {
+                force,
+                ..BuildOptions::default()
+            },
+            &mut progress,
+        )
+        .with_context(|| format!("building template {name}"))?;
+    Ok(())
+}
+
+/// Every ancestor of `dir` must be searchable by other users: sandboxes run as unprivileged
+/// host uids and the jail resolves paths under the state directory with those ids.
+fn check_traversable(dir: &Path) -> anyhow::Result<()> {
+    let mut cur = Some(dir);
+    while let Some(p) = cur {
+        let meta = std::fs::metadata(p).with_context(|| format!("stat {}", p.display()))?;
+        if meta.permissions().mode() & 0o001 == 0 {
+            bail!(
+                "{} is not searchable by other users (mode {:o}); sandboxes run as unprivileged uids and need to traverse it: chmod o+x it or choose another --state-dir",
+                p.display(),
+                meta.permissions().mode() & 0o7777
+            );
+        }
+        cur = p.parent();
+    }
+    Ok(())
+}
+
+/// Copy the agent into the state directory (world-readable), so sandboxes can map it even
+/// when the build tree is private.
+fn install_agent(src: &Path, state_dir: &Path) -> anyhow::Result<PathBuf> {
+    let bin = state_dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))?;
+    let dst = bin.join("hutch-agent");
+    let same = std::fs::read(&dst).ok()
+        == Some(std::fs::read(src).with_context(|| format!("reading {}", src.display()))?);
+    if !same {
+        let tmp = bin.join(format!(".hutch-agent.{}", std::process::id()));
+        std::fs::copy(src, &tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+        std::fs::rename(&tmp, &dst)?;
+    }
+    Ok(dst)
+}
+
+/// Run the server until SIGINT/SIGTERM. Sandboxes keep running after it stops.
+pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        tracing::warn!("cannot become a child subreaper: exited sandboxes may linger as zombies");
+    }
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating state directory {}", state_dir.display()))?;
+    std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o711))?;
+    let sandboxes = state_dir.join("sandboxes");
+    std::fs::create_dir_all(&sandboxes)?;
+    std::fs::set_permissions(&sandboxes, std::fs::Permissions::from_mode(0o711))?;
+    check_traversable(&sandboxes)?;
+    let agent = install_agent(
+        &crate::paths::find_agent(args.agent.as_deref())?,
+        &state_dir,
+    )?;
+    let exe = std::env::current_exe().context("locating the hutch executable")?;
+    let mut cfg = Config::new(state_dir.clone(), exe, agent);
+    if let Some(t) = args.templates_dir {
+        cfg.templates_dir = t;
+    }
+    cfg.default_template = args.default_template;
+    cfg.default_ttl_seconds = args.default_ttl;
+    cfg.reaper_interval = Duration::from_millis(args.reaper_interval_ms.max(10));
+    std::fs::create_dir_all(&cfg.templates_dir)?;
+    let store = TemplateStore::open(&cfg.templates_dir)?;
+    let mut wanted = vec!["minimal"];
+    if !args.no_build_base {
+        wanted.push("base");
+    }
+    for name in wanted {
+        if store.get(name).is_none_or(|t| !t.ready) {
+            let store = TemplateStore::open(&cfg.templates_dir)?;
+            let name = name.to_string();
+            tokio::task::spawn_blocking(move || build_template(&store, &name, false, false))
+                .await??;
+        }
+    }
+    let manager = Manager::start(cfg).await?;
+    manager.ensure_admin_key()?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    println!("hutch listening on http://{addr}");
+    println!("admin key in {}", manager.admin_key_path().display());
+    let app = hutch_server::app(hutch_server::AppState::new(manager));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    shutdown_signal().await;
+    tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");
+    let _ = tx.send(());
+    // Long-lived streams (events, PTYs) would hold graceful shutdown forever: cap it.
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {}
+                _ = i.recv() => {}
+            }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}

@@ -1,0 +1,360 @@
+//! The shared integration-test harness: a real `hutch serve` on `127.0.0.1:0` with a
+//! temporary state directory, a real HTTP client, polling instead of sleeping, and cleanup
+//! of everything the server made (sandboxes, mounts, cgroups, files) when dropped.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// The `hutch` binary under test.
+pub fn hutch_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_hutch"))
+}
+
+/// Repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The static agent, built by `scripts/build-agent.sh`.
+pub fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("HUTCH_AGENT") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let p = target.join("x86_64-unknown-linux-gnu/release-agent/hutch-agent");
+    assert!(
+        p.is_file(),
+        "the static agent {} is missing: run scripts/build-agent.sh first",
+        p.display()
+    );
+    p
+}
+
+/// Templates shared by all tests on this machine (built once, reused).
+pub fn templates_dir() -> PathBuf {
+    std::env::var_os("HUTCH_TEST_TEMPLATES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/hutch-test/templates"))
+}
+
+/// Build a template into the shared directory if it is not ready (the store's lock makes
+/// concurrent calls from parallel tests safe).
+pub fn ensure_template(name: &str) {
+    let dir = templates_dir();
+    std::fs::create_dir_all(&dir).expect("create templates dir");
+    let status = Command::new(hutch_bin())
+        .args(["template", "build", name, "--templates-dir"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run hutch template build");
+    assert!(status.success(), "building template {name} failed");
+}
+
+static MINIMAL: OnceLock<()> = OnceLock::new();
+
+/// A running server for one test.
+pub struct TestServer {
+    pub url: String,
+    pub key: String,
+    pub state_dir: PathBuf,
+    child: Option<Child>,
+    pub http: reqwest::Client,
+    extra_args: Vec<String>,
+}
+
+/// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.
+pub async fn wait_until<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl TestServer {
+    /// Start a server with the `minimal` template as default.
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Start a server with extra `hutch serve` flags.
+    pub async fn start_with(extra: &[&str]) -> Self {
+        MINIMAL.get_or_init(|| ensure_template("minimal"));
+        let state_dir = tempfile::Builder::new()
+            .prefix("hutch-test-")
+            .tempdir_in("/tmp")
+            .expect("tempdir")
+            .keep();
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod state dir");
+        let mut s = Self {
+            url: String::new(),
+            key: String::new(),
+            state_dir,
+            child: None,
+            http: reqwest::Client::new(),
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn_server().await;
+        s
+    }
+
+    /// (Re)start the server process on the same state directory.
+    pub async fn spawn_server(&mut self) {
+        let mut cmd = Command::new(hutch_bin());
+        cmd.arg("serve")
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--no-build-base",
+                "--default-template",
+                "minimal",
+            ])
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--templates-dir")
+            .arg(templates_dir())
+            .arg("--agent")
+            .arg(agent_bin())
+            .args(&self.extra_args)
+            .env("HUTCH_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn hutch serve");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let mut url = None;
+        for line in lines.by_ref() {
+            let line = line.expect("read server stdout");
+            if let Some(u) = line.strip_prefix("hutch listening on ") {
+                url = Some(u.trim().to_string());
+                break;
+            }
+        }
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.url = url.expect("server printed its address");
+        self.key = std::fs::read_to_string(self.state_dir.join("admin.key"))
+            .expect("admin key written")
+            .trim()
+            .to_string();
+        self.child = Some(child);
+    }
+
+    /// Stop the server process (SIGTERM, then wait); sandboxes keep running.
+    pub fn stop_server(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: signalling a child we spawned, by its pid.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Any request; returns status and JSON (Null when empty or not JSON).
+    pub async fn request(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{}", self.url, path))
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.expect("body");
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Create a sandbox (201 expected) and return its object.
+    pub async fn create(&self, body: Value) -> Value {
+        let (status, v) = self
+            .request(Method::POST, "/v1/sandboxes", Some(body))
+            .await;
+        assert_eq!(status, 201, "create failed: {v}");
+        v
+    }
+
+    /// Create a sandbox and return its id.
+    pub async fn create_id(&self, body: Value) -> String {
+        self.create(body).await["id"]
+            .as_str()
+            .expect("id")
+            .to_string()
+    }
+
+    /// Exec (200 expected) and return the result object.
+    pub async fn exec(&self, id: &str, body: Value) -> Value {
+        let (status, v) = self
+            .request(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, 200, "exec failed: {v}");
+        v
+    }
+
+    /// Run a shell command; returns (stdout, exit code).
+    pub async fn sh(&self, id: &str, script: &str) -> (String, i64) {
+        let v = self.exec(id, json!({ "cmd": script })).await;
+        (
+            v["stdout"].as_str().unwrap_or_default().to_string(),
+            v["exit_code"].as_i64().unwrap_or(-1),
+        )
+    }
+
+    /// Upload bytes to a sandbox file.
+    pub async fn put_file(&self, id: &str, path: &str, mode: &str, data: Vec<u8>) {
+        let resp = self
+            .http
+            .put(format!(
+                "{}/v1/sandboxes/{id}/files?path={path}&mode={mode}",
+                self.url
+            ))
+            .bearer_auth(&self.key)
+            .body(data)
+            .send()
+            .await
+            .expect("put");
+        assert_eq!(
+            resp.status().as_u16(),
+            204,
+            "put {path}: {:?}",
+            resp.text().await
+        );
+    }
+
+    /// Delete a sandbox; returns the status.
+    pub async fn kill(&self, id: &str) -> u16 {
+        self.request(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await
+            .0
+    }
+
+    /// The host pid of a sandbox's init, found from its cgroup (for fault injection).
+    pub fn init_pid(&self, id: &str) -> Option<i32> {
+        let procs = std::fs::read_to_string(format!("/sys/fs/cgroup/pids/hutch/{id}/cgroup.procs"))
+            .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/hutch/{id}/cgroup.procs")))
+            .ok()?;
+        procs
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .map(|s| {
+                        s.lines().any(|l| {
+                            l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1")
+                        })
+                    })
+                    .unwrap_or(false)
+            })
+    }
+
+    /// Mount points under this server's state directory.
+    pub fn mounts_under_state(&self) -> Vec<String> {
+        let prefix = self.state_dir.to_string_lossy().to_string();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4).map(String::from))
+            .filter(|m| m.starts_with(&prefix))
+            .collect()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        // Destroy every sandbox through the API, then stop the server.
+        if self.child.is_some() {
+            let url = self.url.clone();
+            let key = self.key.clone();
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                let Ok(rt) = rt else { return };
+                rt.block_on(async {
+                    let http = reqwest::Client::new();
+                    let Ok(resp) = http
+                        .get(format!("{url}/v1/sandboxes"))
+                        .bearer_auth(&key)
+                        .send()
+                        .await
+                    else {
+                        return;
+                    };
+                    let v: Value = resp.json().await.unwrap_or(Value::Null);
+                    for s in v["sandboxes"].as_array().cloned().unwrap_or_default() {
+                        if let Some(id) = s["id"].as_str() {
+                            let _ = http
+                                .delete(format!("{url}/v1/sandboxes/{id}"))
+                                .bearer_auth(&key)
+                                .send()
+                                .await;
+                        }
+                    }
+                });
+            })
+            .join();
+        }
+        self.stop_server();
+        let mounts = self.mounts_under_state();
+        if mounts.is_empty() {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        } else if !std::thread::panicking() {
+            panic!("mounts left under the state dir after cleanup: {mounts:?}");
+        }
+    }
+}
+
+/// Compile a C program statically (cached per test binary run) and return its bytes.
+pub fn static_c_binary(name: &str) -> Vec<u8> {
+    let src = repo_root()
+        .join("crates/hutch/tests/probe")
+        .join(format!("{name}.c"));
+    let out_dir = std::env::temp_dir().join(format!("hutch-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).expect("probe dir");
+    let out = out_dir.join(name);
+    if !out.exists() {
+        let status = Command::new("cc")
+            .args(["-static", "-O1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("run cc");
+        assert!(status.success(), "compiling {}", src.display());
+    }
+    std::fs::read(&out).expect("read probe")
+}

@@ -1,0 +1,279 @@
+//! Isolation, proven from inside sandboxes through the real API.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{static_c_binary, TestServer};
+use reqwest::Method;
+use serde_json::json;
+
+async fn with_probe(s: &TestServer, id: &str) {
+    s.put_file(id, "/usr/local/bin/probe", "0755", static_c_binary("probe"))
+        .await;
+}
+
+#[tokio::test]
+async fn cannot_see_host_processes_or_files() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    let (pids, _) = s.sh(&id, "ls /proc | grep -c '^[0-9]'").await;
+    let n: u32 = pids.trim().parse().expect("count");
+    assert!(n < 10, "sees {n} pids: host processes leak in");
+    let (init, _) = s.sh(&id, "cat /proc/1/cmdline | tr '\\0' ' '").await;
+    assert!(
+        init.contains("hutch-agent"),
+        "pid 1 is not the agent: {init}"
+    );
+    // The server's own pid means nothing inside.
+    let me = std::process::id();
+    let (out, _) = s
+        .sh(
+            &id,
+            &format!("test -e /proc/{me}/cmdline && cat /proc/{me}/cmdline || echo absent"),
+        )
+        .await;
+    assert!(
+        !out.contains("hutch-test") && !out.contains("cargo"),
+        "{out}"
+    );
+    // The project's checkout is not visible.
+    let checkout = common::repo_root().canonicalize().expect("checkout");
+    let (out, _) = s
+        .sh(
+            &id,
+            &format!("ls {} 2>&1 || echo absent", checkout.display()),
+        )
+        .await;
+    assert!(out.contains("absent"), "host checkout visible: {out}");
+    let (out, _) = s.sh(&id, "cat /proc/self/uid_map").await;
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"0"));
+    assert_ne!(
+        fields.get(1),
+        Some(&"0"),
+        "root inside must not be root outside: {out}"
+    );
+}
+
+#[tokio::test]
+async fn writes_to_etc_stay_in_the_sandbox_and_the_template_is_unchanged() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    let template_passwd = common::templates_dir().join("minimal/rootfs/etc/passwd");
+    let before = std::fs::read(&template_passwd).expect("template passwd");
+    let (_, code) = s
+        .sh(
+            &id,
+            "echo 'evil:x:0:0::/:/bin/sh' >> /etc/passwd && echo hi > /etc/new-file",
+        )
+        .await;
+    assert_eq!(code, 0);
+    let (out, _) = s.sh(&id, "tail -1 /etc/passwd").await;
+    assert!(out.contains("evil"));
+    assert_eq!(
+        std::fs::read(&template_passwd).expect("read"),
+        before,
+        "template modified"
+    );
+    assert!(!common::templates_dir()
+        .join("minimal/rootfs/etc/new-file")
+        .exists());
+    // A second sandbox sees the pristine template.
+    let other = s.create_id(json!({})).await;
+    let (out, _) = s
+        .sh(&other, "grep -c evil /etc/passwd; ls /etc/new-file 2>&1")
+        .await;
+    assert!(out.starts_with('0'), "{out}");
+    // The change is in the first sandbox's upper layer on the host.
+    let upper = s
+        .state_dir
+        .join("sandboxes")
+        .join(&id)
+        .join("upper/etc/new-file");
+    assert!(upper.exists(), "expected copy-up at {}", upper.display());
+}
+
+#[tokio::test]
+async fn privileged_syscalls_fail() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    with_probe(&s, &id).await;
+    let v = s.exec(&id, json!({"cmd": ["probe", "syscalls"]})).await;
+    let out = v["stdout"].as_str().expect("stdout");
+    let result = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or("missing")
+            .to_string()
+    };
+    for name in [
+        "mount",
+        "umount2",
+        "unshare_user",
+        "unshare_ns",
+        "setns",
+        "ptrace",
+        "keyctl",
+        "add_key",
+        "bpf",
+        "perf_event_open",
+        "io_uring_setup",
+        "open_by_handle_at",
+        "init_module",
+        "kexec_load",
+        "socket_packet",
+        "socket_raw",
+        "sethostname",
+        "clone_newuser",
+        "settimeofday",
+    ] {
+        assert_eq!(
+            result(name),
+            "EPERM",
+            "{name} must fail with EPERM; probe said:\n{out}"
+        );
+    }
+    assert_eq!(result("clone3"), "ENOSYS", "{out}");
+    let (status, _) = s
+        .sh(&id, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status")
+        .await;
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    let (kcore, _) = s.sh(&id, "wc -c < /proc/kcore").await;
+    assert_eq!(kcore.trim(), "0", "/proc/kcore is not masked");
+    let (_, code) = s.sh(&id, "echo 1 > /proc/sys/kernel/printk").await;
+    assert_ne!(code, 0, "/proc/sys is writable");
+    let (nets, _) = s.sh(&id, "ls /sys/class/net").await;
+    assert_eq!(
+        nets.split_whitespace().collect::<Vec<_>>(),
+        ["lo"],
+        "{nets}"
+    );
+}
+
+#[tokio::test]
+async fn pid_1_cannot_be_killed_from_inside() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    let _ = s
+        .exec(&id, json!({"cmd": "kill -9 1; kill -SEGV 1; echo tried"}))
+        .await;
+    let (out, code) = s.sh(&id, "echo alive").await;
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+}
+
+#[tokio::test]
+async fn memory_limit_kills_the_hog_and_reports_oom_only_there() {
+    let s = TestServer::start().await;
+    let hog = s.create_id(json!({"memory_mib": 64})).await;
+    let bystander = s.create_id(json!({"memory_mib": 64})).await;
+    with_probe(&s, &hog).await;
+    let v = s.exec(&hog, json!({"cmd": ["probe", "hog", "256"]})).await;
+    assert_ne!(
+        v["stdout"], "survived\n",
+        "allocated 256 MiB under a 64 MiB limit"
+    );
+    assert_eq!(v["exit_code"], 137, "{v}");
+    assert_eq!(v["oom_killed"], true, "{v}");
+    // The sandbox itself and its neighbour carry on.
+    assert_eq!(s.sh(&hog, "echo ok").await.0, "ok\n");
+    assert_eq!(s.sh(&bystander, "echo ok").await.0, "ok\n");
+    let (_, usage) = s
+        .request(Method::GET, &format!("/v1/sandboxes/{hog}/usage"), None)
+        .await;
+    assert!(
+        usage["usage"]["oom_kills"].as_u64().unwrap_or(0) >= 1,
+        "{usage}"
+    );
+    let (_, usage) = s
+        .request(
+            Method::GET,
+            &format!("/v1/sandboxes/{bystander}/usage"),
+            None,
+        )
+        .await;
+    assert_eq!(usage["usage"]["oom_kills"], 0, "{usage}");
+}
+
+#[tokio::test]
+async fn a_fork_bomb_hits_the_pids_limit_and_the_server_stays_up() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({"pids_max": 64})).await;
+    let v = s
+        .exec(
+            &id,
+            json!({"cmd": "bomb() { bomb | bomb & }; bomb; sleep 2", "timeout_seconds": 4}),
+        )
+        .await;
+    assert!(v["exit_code"].is_i64(), "{v}");
+    let (_, usage) = s
+        .request(Method::GET, &format!("/v1/sandboxes/{id}/usage"), None)
+        .await;
+    assert!(
+        usage["usage"]["pids"].as_u64().unwrap_or(999) <= 64,
+        "{usage}"
+    );
+    // The server answers and other sandboxes work.
+    let other = s.create_id(json!({})).await;
+    assert_eq!(s.sh(&other, "echo fine").await.0, "fine\n");
+}
+
+#[tokio::test]
+async fn cpu_limit_throttles_a_busy_loop() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({"cpus": 0.25})).await;
+    with_probe(&s, &id).await;
+    let (_, before) = s
+        .request(Method::GET, &format!("/v1/sandboxes/{id}/usage"), None)
+        .await;
+    let t0 = std::time::Instant::now();
+    // Two spinners for 1.5 s of wall time each: unthrottled ~3 s of CPU on 2 cores.
+    let v = s
+        .exec(&id, json!({"cmd": "probe spin 1.5 & probe spin 1.5; wait"}))
+        .await;
+    let wall = t0.elapsed();
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let (_, after) = s
+        .request(Method::GET, &format!("/v1/sandboxes/{id}/usage"), None)
+        .await;
+    let used = after["usage"]["cpu_usage_ns"].as_u64().expect("cpu")
+        - before["usage"]["cpu_usage_ns"].as_u64().expect("cpu");
+    let ratio = used as f64 / wall.as_nanos() as f64;
+    assert!(ratio < 0.6, "used {ratio:.2} CPUs under a 0.25 CPU limit");
+}
+
+#[tokio::test]
+async fn two_sandboxes_cannot_see_each_other() {
+    let s = TestServer::start().await;
+    let a = s.create_id(json!({})).await;
+    let b = s.create_id(json!({})).await;
+    let resp = s
+        .http
+        .post(format!("{}/v1/sandboxes/{a}/exec/stream", s.url))
+        .bearer_auth(&s.key)
+        .json(&json!({"cmd": ["sleep", "4321"], "background": true}))
+        .send()
+        .await
+        .expect("stream");
+    drop(resp);
+    s.sh(&a, "echo secret > /root/secret-a").await;
+    let (ps, _) = s.sh(&b, "ps -o args").await;
+    assert!(!ps.contains("4321"), "b sees a's process: {ps}");
+    let (ls, _) = s
+        .sh(
+            &b,
+            "ls /root; find / -name 'secret-a' 2>/dev/null | head -1",
+        )
+        .await;
+    assert!(!ls.contains("secret-a"), "b sees a's file: {ls}");
+    let seen = common::wait_until(Duration::from_secs(5), async || {
+        let (ps, _) = s.sh(&a, "ps -o args").await;
+        ps.contains("sleep 4321").then_some(())
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "a's own background process should be visible to a"
+    );
+}

@@ -1,0 +1,96 @@
+/* Test probe run inside sandboxes by the integration tests.
+ *   probe syscalls     try privileged syscalls; print "<name> <result>" per line
+ *   probe hog MIB      allocate and touch MIB mebibytes, then print "survived"
+ *   probe spin SECS    burn CPU for SECS seconds of wall time
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static void report(const char *name, long rc) {
+    if (rc < 0) {
+        printf("%s %s\n", name, strerrorname_np(errno) ? strerrorname_np(errno) : "E?");
+    } else {
+        printf("%s OK\n", name);
+    }
+    fflush(stdout);
+}
+
+static int syscalls(void) {
+    report("mount", mount("none", "/mnt", "tmpfs", 0, NULL));
+    report("umount2", umount2("/proc", MNT_DETACH));
+    report("unshare_user", unshare(CLONE_NEWUSER));
+    report("unshare_ns", unshare(CLONE_NEWNS));
+    report("setns", syscall(SYS_setns, 0, 0));
+    report("ptrace", syscall(SYS_ptrace, 0 /* TRACEME */, 0, 0, 0));
+    report("keyctl", syscall(SYS_keyctl, 0, -3, 0));
+    report("add_key", syscall(SYS_add_key, "user", "k", "v", 1, -3));
+    report("bpf", syscall(SYS_bpf, 0, 0, 0));
+    report("perf_event_open", syscall(SYS_perf_event_open, 0, 0, -1, -1, 0));
+    report("io_uring_setup", syscall(SYS_io_uring_setup, 1, 0));
+    report("userfaultfd", syscall(SYS_userfaultfd, 0));
+    report("open_by_handle_at", syscall(SYS_open_by_handle_at, 0, 0, 0));
+    report("init_module", syscall(SYS_init_module, 0, 0, ""));
+    report("kexec_load", syscall(SYS_kexec_load, 0, 0, 0, 0));
+    report("socket_packet", socket(AF_PACKET, SOCK_RAW, 0));
+    report("socket_raw", socket(AF_INET, SOCK_RAW, 1));
+    report("sethostname", sethostname("evil", 4));
+    report("chroot", chroot("/tmp"));
+    report("clone3", syscall(SYS_clone3, 0, 0));
+    report("clone_newuser", syscall(SYS_clone, CLONE_NEWUSER | 17, 0, 0, 0, 0));
+    report("settimeofday", syscall(SYS_settimeofday, 0, 0));
+    return 0;
+}
+
+static int hog(long mib) {
+    for (long i = 0; i < mib; i++) {
+        char *p = malloc(1 << 20);
+        if (!p) { printf("malloc failed at %ld MiB\n", i); return 2; }
+        memset(p, 1, 1 << 20);
+    }
+    printf("survived\n");
+    return 0;
+}
+
+static int spin(double secs) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    volatile unsigned long n = 0;
+    do {
+        for (int i = 0; i < 100000; i++) n++;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+    } while ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9 < secs);
+    printf("spun\n");
+    return 0;
+}
+
+/* Refuse to run anywhere but inside a Hutch sandbox: on the host, as root, the privileged
+ * calls above would succeed and change the machine (mount, umount2 /proc, sethostname). */
+static int inside_sandbox(void) {
+    char buf[256] = {0};
+    FILE *f = fopen("/proc/1/cmdline", "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return n > 0 && strstr(buf, "hutch-agent") != NULL && getenv("HUTCH_SANDBOX_ID") != NULL;
+}
+
+int main(int argc, char **argv) {
+    if (!inside_sandbox()) {
+        fprintf(stderr, "probe: refusing to run outside a Hutch sandbox\n");
+        return 70;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "syscalls")) return syscalls();
+    if (argc >= 3 && !strcmp(argv[1], "hog")) return hog(atol(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "spin")) return spin(atof(argv[2]));
+    fprintf(stderr, "usage: probe syscalls | hog MIB | spin SECS\n");
+    return 64;
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Debian packages Hutch and its tests need (idempotent).
+set -euo pipefail
+pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 python3 python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
