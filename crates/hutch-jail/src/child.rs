@@ -1,7 +1,7 @@
 //! The cloned child: from "born in new namespaces" to `execve` of the agent as PID 1.
 //!
 //! The child waits until the parent has written its uid/gid maps and released it, then, in
-//! this order: own session; ids switched to root of its user namespace (else it would keep
+//! this order: a cgroup namespace rooted at its (already joined) cgroups; own session; ids switched to root of its user namespace (else it would keep
 //! acting as unmapped host root); the root filesystem ([`crate::rootfs`]); hostname; loopback
 //! up; capabilities dropped; `RLIMIT_CORE` 0; signal dispositions and mask reset; descriptors
 //! arranged (`/dev/null` on 0, the log on 1 and 2, the agent's listening socket on
@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
 use crate::landlock::Enforced;
-use crate::rootfs::{self, RootfsPlan};
+use crate::rootfs::{self, RootfsPlan, SysfsMount};
 use crate::seccomp::Filters;
 use crate::sys::{self, check, SysError};
 use crate::{caps, landlock, seccomp, AGENT_LISTEN_FD};
@@ -70,7 +70,9 @@ pub(crate) fn run(plan: &ChildPlan) -> ! {
         sys::exit_now(0);
     }
     drop(sync);
-    let err = setup_and_exec(plan);
+    // A panic must not unwind into the parent's code paths of this forked copy.
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| setup_and_exec(plan)))
+        .unwrap_or_else(|_| SysError::new("panic during sandbox setup", libc::EIO));
     // SAFETY: err_wr is this child's inherited copy of the error pipe's write end.
     let pipe = unsafe { OwnedFd::from_raw_fd(plan.err_wr) };
     let mut msg = err.errno.to_le_bytes().to_vec();
@@ -105,10 +107,14 @@ fn setup_and_exec(plan: &ChildPlan) -> SysError {
 }
 
 fn setup(plan: &ChildPlan) -> Result<(), SysError> {
+    // Born inside the sandbox's cgroups: a new cgroup namespace is rooted there.
+    // SAFETY: unshare takes an integer only.
+    let ret = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    check(ret.into(), || "unshare(CLONE_NEWCGROUP)".into())?;
     // SAFETY: setsid takes no arguments.
     check(unsafe { libc::setsid() }.into(), || "setsid".into())?;
     become_root()?;
-    rootfs::assemble(&RootfsPlan {
+    let sysfs = rootfs::assemble(&RootfsPlan {
         merged: &plan.merged,
         agent_binary: &plan.agent_binary,
         tmp_bytes: plan.tmp_bytes,
@@ -129,6 +135,9 @@ fn setup(plan: &ChildPlan) -> Result<(), SysError> {
     unsafe { libc::umask(0o022) };
     reset_signals()?;
     arrange_fds(plan)?;
+    if sysfs == SysfsMount::EmptyTmpfs {
+        note("hutch-jail: the kernel refused a sysfs mount; /sys is empty\n");
+    }
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
     let ret = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     check(ret.into(), || "prctl(PR_SET_NO_NEW_PRIVS)".into())?;

@@ -2,8 +2,10 @@
 //!
 //! Wire format (one exchange per helper process):
 //! - stdin: one [`JailSpec`] as JSON (unknown fields rejected);
-//! - stdout: one [`SpawnedJail`] as JSON and exit status 0, or `{"error": "…"}` and exit
-//!   status 1.
+//! - stdout: one [`SpawnedJail`] as JSON and exit status 0, or
+//!   `{"error": "<full message>", "kind": "setup|invalid_spec|…", "detail": "<message>"}` and
+//!   exit status 1 (`kind` and `detail` let [`spawn_with_helper`] rebuild the same
+//!   [`JailError`] variant).
 //!
 //! The helper exits right after answering; the sandbox's init is re-parented to the nearest
 //! subreaper (the server).
@@ -24,7 +26,46 @@ pub const HELPER_ARG: &str = "__jail-spawn";
 #[serde(untagged)]
 enum Reply {
     Ok(SpawnedJail),
-    Err { error: String },
+    Err {
+        error: String,
+        #[serde(default)]
+        kind: String,
+        #[serde(default)]
+        detail: String,
+    },
+}
+
+impl Reply {
+    fn from_error(e: &JailError) -> Self {
+        let (kind, detail) = match e {
+            JailError::Setup(d) => ("setup", d.clone()),
+            JailError::InvalidSpec(d) => ("invalid_spec", d.clone()),
+            JailError::Unsupported(d) => ("unsupported", d.clone()),
+            JailError::Protocol(d) => ("protocol", d.clone()),
+            JailError::Refused(d) => ("refused", d.clone()),
+            JailError::Timeout(d) => ("timeout", d.clone()),
+            JailError::Sys { .. } => ("sys", e.to_string()),
+        };
+        Reply::Err {
+            error: e.to_string(),
+            kind: kind.into(),
+            detail,
+        }
+    }
+}
+
+/// The error a helper reported, as the variant it had in the helper (a failed syscall, whose
+/// `io::Error` does not cross the pipe, becomes [`JailError::Setup`] with the full message).
+fn rebuild_error(error: String, kind: &str, detail: String) -> JailError {
+    match kind {
+        "invalid_spec" => JailError::InvalidSpec(detail),
+        "unsupported" => JailError::Unsupported(detail),
+        "protocol" => JailError::Protocol(detail),
+        "refused" => JailError::Refused(detail),
+        "timeout" => JailError::Timeout(detail),
+        "setup" => JailError::Setup(detail),
+        _ => JailError::Setup(error),
+    }
 }
 
 fn answer(reply: &Reply) -> i32 {
@@ -46,23 +87,21 @@ fn answer(reply: &Reply) -> i32 {
 pub fn helper_main() -> i32 {
     let mut input = String::new();
     if let Err(e) = std::io::stdin().read_to_string(&mut input) {
-        return answer(&Reply::Err {
-            error: JailError::Protocol(format!("reading stdin: {e}")).to_string(),
-        });
+        return answer(&Reply::from_error(&JailError::Protocol(format!(
+            "reading stdin: {e}"
+        ))));
     }
     let spec: JailSpec = match serde_json::from_str(&input) {
         Ok(s) => s,
         Err(e) => {
-            return answer(&Reply::Err {
-                error: JailError::Protocol(format!("jail spec: {e}")).to_string(),
-            })
+            return answer(&Reply::from_error(&JailError::Protocol(format!(
+                "jail spec: {e}"
+            ))))
         }
     };
     match spawn(&spec) {
         Ok(s) => answer(&Reply::Ok(s)),
-        Err(e) => answer(&Reply::Err {
-            error: e.to_string(),
-        }),
+        Err(e) => answer(&Reply::from_error(&e)),
     }
 }
 
@@ -70,8 +109,8 @@ pub fn helper_main() -> i32 {
 /// `hutch` binary, `std::env::current_exe()`), pass `spec`, and decode the answer. Blocking,
 /// safe from a multi-threaded process.
 ///
-/// A failure inside the helper comes back as [`JailError::Setup`] carrying the helper's
-/// message (which names the failing step).
+/// A failure inside the helper comes back as the same [`JailError`] variant (see
+/// [`rebuild_error`]); its message names the failing step.
 pub fn spawn_with_helper(program: &Path, spec: &JailSpec) -> Result<SpawnedJail, JailError> {
     let input = serde_json::to_vec(spec).map_err(|e| JailError::Protocol(e.to_string()))?;
     let mut child = Command::new(program)
@@ -96,7 +135,11 @@ pub fn spawn_with_helper(program: &Path, spec: &JailSpec) -> Result<SpawnedJail,
     })?;
     match serde_json::from_slice::<Reply>(&out.stdout) {
         Ok(Reply::Ok(s)) if out.status.success() => Ok(s),
-        Ok(Reply::Err { error }) => Err(JailError::Setup(error)),
+        Ok(Reply::Err {
+            error,
+            kind,
+            detail,
+        }) => Err(rebuild_error(error, &kind, detail)),
         _ => Err(JailError::Protocol(format!(
             "jail helper exited with {}: stdout {:?}, stderr {:?}",
             out.status,
@@ -123,7 +166,22 @@ mod tests {
             matches!(serde_json::from_str::<Reply>(&text).unwrap(), Reply::Ok(s) if s.init_pid == 42)
         );
         let err: Reply = serde_json::from_str(r#"{"error": "boom"}"#).unwrap();
-        assert!(matches!(err, Reply::Err { error } if error == "boom"));
+        assert!(matches!(err, Reply::Err { ref error, .. } if error == "boom"));
+        let e = JailError::Setup("mount proc: EPERM (Operation not permitted)".into());
+        let Reply::Err {
+            error,
+            kind,
+            detail,
+        } = Reply::from_error(&e)
+        else {
+            panic!("expected an error reply");
+        };
+        assert_eq!(
+            error,
+            "sandbox setup failed: mount proc: EPERM (Operation not permitted)"
+        );
+        let back = rebuild_error(error, &kind, detail);
+        assert_eq!(back.to_string(), e.to_string());
     }
 
     #[test]

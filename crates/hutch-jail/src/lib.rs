@@ -79,7 +79,8 @@ pub struct JailSpec {
     pub template_rootfs: PathBuf,
     /// Per-sandbox directory owned by Hutch; `upper/`, `work/`, `lower/`, `merged/` and
     /// `agent.log` are created inside it. An existing `upper/` (e.g. restored from a snapshot)
-    /// is used as is. Must not contain `,`, `:`, `\\` or whitespace (overlayfs options).
+    /// is used as is (it must already be owned by `uid_base`). Must not contain `,`, `:`, `\\`
+    /// or whitespace (overlayfs options).
     pub sandbox_dir: PathBuf,
     /// First host uid/gid of the sandbox's range; root inside maps to it. At least 65536.
     pub uid_base: u32,
@@ -90,8 +91,9 @@ pub struct JailSpec {
     pub agent_binary: PathBuf,
     /// Arguments passed to the agent after its path.
     pub agent_args: Vec<String>,
-    /// Host path where the agent's unix socket is bound; the listening socket is passed to
-    /// the agent as fd [`AGENT_LISTEN_FD`].
+    /// Host path where the agent's unix socket is bound (mode 0600; a stale socket is
+    /// replaced); the listening socket is passed to the agent as fd [`AGENT_LISTEN_FD`]. Keep
+    /// it inside `sandbox_dir`: [`destroy`] deletes that directory, not the socket separately.
     pub agent_socket: PathBuf,
     /// Hostname inside the sandbox.
     pub hostname: String,

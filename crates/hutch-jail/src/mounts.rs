@@ -34,9 +34,19 @@ pub(crate) fn write_id_maps(pid: libc::pid_t, base: u32, count: u32) -> Result<(
 /// # Safety
 /// The caller must be single-threaded (see [`sys::clone_process`]).
 pub(crate) unsafe fn userns_fd(base: u32, count: u32) -> Result<OwnedFd, SysError> {
+    // SAFETY: getpid cannot fail.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: single-threadedness is the caller's promise.
     let pid = unsafe { sys::clone_process(libc::CLONE_NEWUSER)? };
     if pid == 0 {
+        // SAFETY: prctl and getppid take and return integers only.
+        unsafe {
+            // Never outlive a parent that dies before killing us.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(0);
+            }
+        }
         loop {
             // SAFETY: pause only waits for a signal; the parent ends this child with SIGKILL.
             unsafe { libc::pause() };

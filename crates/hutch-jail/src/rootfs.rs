@@ -10,7 +10,9 @@
 //!    …), kernel-wide directories hidden under empty read-only tmpfs, and the writable
 //!    kernel knobs (`sys`, `sysrq-trigger`, `irq`, `bus`, `fs`) bound read-only.
 //! 4. `/sys` is a read-only sysfs of the sandbox's network namespace (so `class/net` shows only
-//!    its own interfaces) with firmware and power-capping counters hidden.
+//!    its own interfaces) with firmware and power-capping counters hidden. Where the kernel
+//!    refuses a new sysfs (locked mounts over non-empty directories of the host's `/sys`), an
+//!    empty read-only tmpfs takes its place and the agent log says so.
 //! 5. `/dev` is a small tmpfs with binds of the harmless host devices (`null zero full random
 //!    urandom tty`), a private devpts instance, `ptmx`/`fd`/`std*` links and a `/dev/shm`
 //!    tmpfs; `/tmp` is a tmpfs of the sandbox's size.
@@ -177,23 +179,40 @@ fn mount_proc(proc: &Path) -> Result<(), SysError> {
     Ok(())
 }
 
-fn mount_sys(sysfs: &Path) -> Result<(), SysError> {
+/// What became of `/sys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SysfsMount {
+    /// A read-only sysfs of the sandbox's network namespace.
+    Sysfs,
+    /// The kernel refused sysfs (a host whose `/sys` has locked mounts over non-empty
+    /// directories): an empty read-only tmpfs instead.
+    EmptyTmpfs,
+}
+
+fn mount_sys(sysfs: &Path) -> Result<SysfsMount, SysError> {
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    sys::mount(
+    match sys::mount(
         Some(c"sysfs"),
         sysfs,
         Some(c"sysfs"),
         flags,
         None,
         "mount sysfs",
-    )?;
+    ) {
+        Ok(()) => {}
+        Err(e) if e.errno == libc::EPERM || e.errno == libc::EACCES => {
+            tmpfs(sysfs, flags, "size=0,mode=555", "mount empty /sys")?;
+            return Ok(SysfsMount::EmptyTmpfs);
+        }
+        Err(e) => return Err(e),
+    }
     for d in SYS_MASKED_DIRS {
         let p = sysfs.join(d);
         if p.is_dir() {
             tmpfs(&p, flags, "size=0", "mask /sys dir")?;
         }
     }
-    Ok(())
+    Ok(SysfsMount::Sysfs)
 }
 
 fn size_option(base: &str, bytes: u64) -> String {
@@ -259,7 +278,7 @@ fn pivot(merged: &Path) -> Result<(), SysError> {
 }
 
 /// Build the root described by `plan` and pivot into it.
-pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<(), SysError> {
+pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<SysfsMount, SysError> {
     let m = plan.merged;
     sys::mount(
         None,
@@ -282,7 +301,7 @@ pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<(), SysError> {
         ensure_dir(&m.join(dir), *mode)?;
     }
     mount_proc(&m.join("proc"))?;
-    mount_sys(&m.join("sys"))?;
+    let sysfs = mount_sys(&m.join("sys"))?;
     mount_dev(&m.join("dev"), plan.tmp_bytes)?;
     tmpfs(
         &m.join("tmp"),
@@ -291,7 +310,8 @@ pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<(), SysError> {
         "mount /tmp",
     )?;
     mount_agent(&m.join(".hutch"), plan.agent_binary)?;
-    pivot(m)
+    pivot(m)?;
+    Ok(sysfs)
 }
 
 #[cfg(test)]

@@ -4,10 +4,13 @@
 //! Order: validate; directories (upper and work owned by the sandbox's root uid); a user
 //! namespace fd carrying the uid mapping; the idmapped read-only bind of the template at
 //! `lower`; the overlay at `merged`; the agent's listening socket; the cgroups with their
-//! limits, which this process then joins so that the child is **born** inside them (and its
-//! cgroup namespace is rooted there); `clone` into new user, pid, mount, net, ipc, uts and
-//! cgroup namespaces; uid/gid maps and `oom_score_adj = -999` written from outside; release;
-//! wait for `execve` (end of file on the error pipe) or an error report.
+//! limits; then the child is **born** inside them: this process joins the v1 cgroups (through
+//! `tasks`, which avoids the kernel's global migration lock) and clones with
+//! `CLONE_INTO_CGROUP` into the v2 one; new user, pid, mount, net, ipc and uts namespaces (the
+//! child unshares its cgroup namespace once released, so it is rooted at the sandbox's
+//! cgroups); uid/gid maps and `oom_score_adj = -999` written from outside; release; wait for
+//! `execve` (end of file on the error pipe) or an error report. This process then moves back
+//! out of the v1 cgroups.
 
 use std::io::ErrorKind;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -25,13 +28,13 @@ use crate::{mountinfo, mounts, procstat, seccomp, teardown, JailError, JailSpec,
 /// How long the child may take from release to `execve`.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Namespaces of every sandbox.
+/// (The cgroup namespace is unshared by the child once it sits in its cgroups.)
 const NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS
-    | libc::CLONE_NEWCGROUP;
+    | libc::CLONE_NEWUTS;
 /// `oom_score_adj` of the agent: the last process of its sandbox the OOM killer picks.
 const AGENT_OOM_SCORE_ADJ: &str = "-999";
 
@@ -40,8 +43,10 @@ const AGENT_OOM_SCORE_ADJ: &str = "-999";
 struct Undo {
     /// The cloned child, not yet known to have exec'd.
     child: Option<libc::pid_t>,
-    /// This process sits in the sandbox's cgroups.
+    /// This process sits in the sandbox's v1 cgroups.
     joined: bool,
+    /// This process sits in the sandbox's v2 cgroup too (fallback without `clone3`).
+    joined_v2: bool,
     /// The sandbox's cgroups.
     cgroups: Vec<Created>,
     /// The agent socket's path.
@@ -55,22 +60,24 @@ struct Undo {
 }
 
 impl Undo {
-    fn rollback(self) {
+    /// Undo everything; returns what could not be undone.
+    fn rollback(self) -> Vec<String> {
+        let mut left = Vec::new();
         if let Some(pid) = self.child {
             let _ = sys::kill(pid, libc::SIGKILL);
             let _ = sys::waitpid(pid, 0);
         }
         if self.joined {
             // SAFETY: getpid cannot fail.
-            cgroup::leave_all(&self.cgroups, unsafe { libc::getpid() });
+            cgroup::leave(&self.cgroups, unsafe { libc::getpid() }, self.joined_v2);
         }
         let dirs: Vec<PathBuf> = self.cgroups.iter().map(|c| c.dir.clone()).collect();
         if let Err(e) = cgroup::remove_dirs(&dirs) {
-            tracing::warn!(error = %e, "rollback: cgroups left behind");
+            left.push(e.to_string());
         }
         for m in self.mounts.iter().rev() {
             if let Err(e) = mounts::detach(m) {
-                tracing::warn!(error = %e, "rollback: mount left behind");
+                left.push(e.to_string());
             }
         }
         for f in self.socket.iter().chain(self.files.iter()) {
@@ -78,9 +85,10 @@ impl Undo {
         }
         for d in self.dirs.iter().rev() {
             if let Err(e) = teardown::remove_tree_safely(d) {
-                tracing::warn!(error = %e, "rollback: directory left behind");
+                left.push(e.to_string());
             }
         }
+        left
     }
 }
 
@@ -98,8 +106,15 @@ pub fn spawn(spec: &JailSpec) -> Result<SpawnedJail, JailError> {
     match build(spec, filters, &mut undo, t0) {
         Ok(spawned) => Ok(spawned),
         Err(e) => {
-            std::mem::take(&mut undo).rollback();
-            Err(e)
+            let left = std::mem::take(&mut undo).rollback();
+            if left.is_empty() {
+                Err(e)
+            } else {
+                Err(JailError::Setup(format!(
+                    "{e}; cleanup incomplete: {}",
+                    left.join("; ")
+                )))
+            }
         }
     }
 }
@@ -271,10 +286,14 @@ fn build(
         &spec.limits,
         &mut undo.cgroups,
     )?;
-    undo.joined = true;
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
-    cgroup::join_all(&undo.cgroups, me)?;
+    undo.joined = true;
+    cgroup::join_v1(&undo.cgroups)?;
+    let v2_dir = match cgroup::v2_dir(&undo.cgroups) {
+        Some(d) => Some(open_cgroup_dir(d)?),
+        None => None,
+    };
 
     // The child.
     let (sync_rd, sync_wr) = sys::pipe()?;
@@ -295,8 +314,7 @@ fn build(
         listen: listen.as_raw_fd(),
         parent_ends: [sync_wr.as_raw_fd(), err_rd.as_raw_fd()],
     };
-    // SAFETY: `spawn` verified this process is single-threaded.
-    let pid = unsafe { sys::clone_process(NAMESPACES)? };
+    let pid = clone_child(v2_dir.as_ref(), undo, me)?;
     if pid == 0 {
         child::run(&plan);
     }
@@ -318,7 +336,7 @@ fn build(
     let stat = procstat::read(pid)
         .ok_or_else(|| JailError::Setup("the agent exited immediately after exec".into()))?;
     undo.child = None;
-    cgroup::leave_all(&undo.cgroups, me);
+    cgroup::leave(&undo.cgroups, me, undo.joined_v2);
     undo.joined = false;
     let cgroups = undo.cgroups.iter().map(|c| c.dir.clone()).collect();
     *undo = Undo::default();
@@ -328,6 +346,38 @@ fn build(
         cgroups,
         setup_ms: t0.elapsed().as_secs_f64() * 1000.0,
     })
+}
+
+fn open_cgroup_dir(dir: &Path) -> Result<OwnedFd, JailError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map(OwnedFd::from)
+        .map_err(io_err(format!("open {}", dir.display())))
+}
+
+/// Clone the sandbox's first process into new namespaces and, when there is a v2 cgroup,
+/// straight into it (`clone3(CLONE_INTO_CGROUP)`: no migration). Kernels without it get the
+/// slow path: this process joins the v2 cgroup and a plain `clone` inherits it.
+fn clone_child(
+    v2_dir: Option<&OwnedFd>,
+    undo: &mut Undo,
+    me: libc::pid_t,
+) -> Result<libc::pid_t, JailError> {
+    if let Some(dir) = v2_dir {
+        // SAFETY: `spawn` verified this process is single-threaded.
+        match unsafe { sys::clone_into_cgroup(NAMESPACES, dir) } {
+            Ok(pid) => return Ok(pid),
+            Err(e) if matches!(e.errno, libc::ENOSYS | libc::E2BIG | libc::EINVAL) => {
+                undo.joined_v2 = true;
+                cgroup::join_v2(&undo.cgroups, me)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // SAFETY: `spawn` verified this process is single-threaded.
+    Ok(unsafe { sys::clone_process(NAMESPACES)? })
 }
 
 /// Make the agent the OOM killer's last choice in its sandbox. Lowering `oom_score_adj` needs

@@ -305,6 +305,55 @@ pub(crate) unsafe fn clone_process(flags: libc::c_int) -> Result<libc::pid_t, Sy
     check(ret, || "clone".to_string()).map(|p| p as libc::pid_t)
 }
 
+/// `struct clone_args` of `clone3(2)` (version 2, with `cgroup`).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `clone3(2)` flag: start the child in the cgroup given by `clone_args.cgroup`.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Raw `clone3(2)` with fork semantics and `CLONE_INTO_CGROUP`: the child is born in the v2
+/// cgroup `cgroup` (an open directory of it) without migrating anything. Returns 0 in the
+/// child and the child's pid in the parent.
+///
+/// # Safety
+/// As [`clone_process`]: the caller must be single-threaded.
+pub(crate) unsafe fn clone_into_cgroup(
+    flags: libc::c_int,
+    cgroup: &OwnedFd,
+) -> Result<libc::pid_t, SysError> {
+    let args = CloneArgs {
+        flags: (flags as u32 as u64) | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: `args` is a valid clone_args of the size passed; stack 0 and stack_size 0 give
+    // fork semantics (the child continues on a copy of this stack); no tid/pidfd pointers are
+    // requested. Single-threadedness is the caller's promise.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    check(ret, || "clone3(CLONE_INTO_CGROUP)".to_string()).map(|p| p as libc::pid_t)
+}
+
 /// `pipe2(O_CLOEXEC)`: (read end, write end).
 pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), SysError> {
     let mut fds = [-1 as RawFd; 2];
@@ -432,6 +481,31 @@ pub(crate) fn kill(pid: libc::pid_t, sig: libc::c_int) -> Result<(), SysError> {
     // SAFETY: kill takes no pointers.
     let ret = unsafe { libc::kill(pid, sig) };
     check(ret.into(), || format!("kill {pid}")).map(drop)
+}
+
+/// `pidfd_open(pid, 0)`: a descriptor that keeps naming this process even after its pid is
+/// reused, and becomes readable when it exits.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> Result<OwnedFd, SysError> {
+    // SAFETY: pidfd_open takes integers only.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = check(ret, || format!("pidfd_open {pid}"))?;
+    // SAFETY: pidfd_open returned a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_send_signal(fd, sig, NULL, 0)`.
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: libc::c_int) -> Result<(), SysError> {
+    // SAFETY: a null siginfo pointer is allowed (the kernel fills in a default).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    check(ret, || "pidfd_send_signal".into()).map(drop)
 }
 
 /// `chown(2)`.

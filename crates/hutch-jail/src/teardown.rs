@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::{self, poll_until, Layout, CGROUP_TIMEOUT};
+use crate::cgroup::{self, Layout, CGROUP_TIMEOUT};
 use crate::sys::{self, SysError};
 use crate::{mountinfo, mounts, procstat, JailError, JailSpec, SpawnedJail};
 
@@ -66,14 +66,6 @@ impl Teardown {
             }
         }
         all
-    }
-
-    /// Whether the init is still the recorded, running process.
-    fn init_alive(&self) -> bool {
-        match (self.init_pid, self.init_start_time) {
-            (Some(pid), Some(start)) => procstat::init_alive(pid, start),
-            _ => false,
-        }
     }
 
     /// Refuse records that could make teardown act outside the sandbox.
@@ -136,13 +128,15 @@ impl Teardown {
 pub fn destroy(t: &Teardown) -> Result<(), JailError> {
     t.check()?;
     let cgroups = t.all_cgroups();
+    let init = init_handle(t);
     let used_cgroup_kill = cgroup::kill_all(&cgroups);
-    if let (Some(pid), true) = (t.init_pid, t.init_alive()) {
+    if let Some(pidfd) = &init {
         // Killing PID 1 of the sandbox's pid namespace kills every task in it.
-        let _ = sys::kill(pid, libc::SIGKILL);
-    }
-    if !poll_until(CGROUP_TIMEOUT, || !t.init_alive()) {
-        return Err(JailError::Timeout(format!("init {:?} to exit", t.init_pid)));
+        let _ = sys::pidfd_send_signal(pidfd, libc::SIGKILL);
+        let ms = i32::try_from(CGROUP_TIMEOUT.as_millis()).unwrap_or(i32::MAX);
+        if !sys::poll_readable(pidfd, ms)? {
+            return Err(JailError::Timeout(format!("init {:?} to exit", t.init_pid)));
+        }
     }
     if let (Some(pid), Some(start)) = (t.init_pid, t.init_start_time) {
         if procstat::is_our_zombie(pid, start) {
@@ -152,7 +146,41 @@ pub fn destroy(t: &Teardown) -> Result<(), JailError> {
     cgroup::wait_empty(&cgroups, !used_cgroup_kill)?;
     unmount_all_under(&t.sandbox_dir)?;
     cgroup::remove_dirs(&cgroups)?;
+    if !looks_like_a_sandbox_dir(&t.sandbox_dir) {
+        return Err(JailError::Refused(format!(
+            "delete {}: it does not look like a sandbox directory (no upper/work/lower/merged/agent.log)",
+            t.sandbox_dir.display()
+        )));
+    }
     remove_tree_safely(&t.sandbox_dir)
+}
+
+/// A guard against a corrupt record naming an unrelated directory: a sandbox directory is
+/// missing, empty, holds only sockets, or holds one of the entries `spawn` creates.
+fn looks_like_a_sandbox_dir(dir: &Path) -> bool {
+    const OURS: [&str; 5] = ["upper", "work", "lower", "merged", "agent.log"];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    let mut only_sockets = true;
+    for e in entries.flatten() {
+        if OURS.iter().any(|o| e.file_name() == *o) {
+            return true;
+        }
+        let socket = e
+            .file_type()
+            .is_ok_and(|t| std::os::unix::fs::FileTypeExt::is_socket(&t));
+        only_sockets &= socket;
+    }
+    only_sockets
+}
+
+/// A pidfd on the recorded init if it still exists (running or zombie). The start time is
+/// checked *after* the pidfd pins the process, so a reused pid is never signalled.
+fn init_handle(t: &Teardown) -> Option<OwnedFd> {
+    let (pid, start) = (t.init_pid?, t.init_start_time?);
+    let pidfd = sys::pidfd_open(pid).ok()?;
+    (procstat::read(pid)?.start_time == start).then_some(pidfd)
 }
 
 /// Detach every mount at or beneath `dir` (deepest first), then check none is left.
@@ -319,6 +347,7 @@ mod tests {
             std::fs::write(w.join("f"), "x").unwrap();
             std::os::unix::fs::symlink("/etc/passwd", w.join("link")).unwrap();
         }
+        std::fs::write(dir.join("agent.log"), "").unwrap();
         // A symlink to a directory outside must be unlinked, not followed.
         let outside = tmp.path().join("outside");
         std::fs::create_dir(&outside).unwrap();
@@ -329,6 +358,24 @@ mod tests {
         assert!(outside.join("keep").exists());
         // Idempotent.
         destroy(&teardown(&dir)).unwrap();
+    }
+
+    #[test]
+    fn refuses_to_delete_a_directory_that_is_not_a_sandbox() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("precious");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("data"), "x").unwrap();
+        let err = destroy(&teardown(&dir)).unwrap_err();
+        assert!(
+            err.to_string().contains("does not look like a sandbox"),
+            "{err}"
+        );
+        assert!(dir.join("data").exists());
+        // Empty or missing directories are fine.
+        std::fs::remove_file(dir.join("data")).unwrap();
+        destroy(&teardown(&dir)).unwrap();
+        assert!(!dir.exists());
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub(crate) struct TemplateFile {
     pub format: u32,
     /// The built-in recipe that produced the template.
     pub recipe: String,
+    /// The recipe's revision when it was built; an older one means the template is stale
+    /// (not ready) and the next build replaces it.
+    #[serde(default)]
+    pub revision: u32,
     /// Everything the API shows.
     #[serde(flatten)]
     pub info: TemplateInfo,
@@ -155,6 +159,7 @@ mod tests {
         let file = TemplateFile {
             format: FORMAT_VERSION,
             recipe: "minimal".into(),
+            revision: 2,
             info: TemplateInfo {
                 name: "minimal".into(),
                 ready: true,

@@ -191,6 +191,7 @@ impl TemplateStore {
         let file = TemplateFile {
             format: FORMAT_VERSION,
             recipe: recipe.name().to_owned(),
+            revision: recipe.revision(),
             info: info.clone(),
         };
         let path = build_dir.join(METADATA_FILE);
@@ -256,6 +257,8 @@ impl TemplateStore {
             Ok(file)
                 if file.format == FORMAT_VERSION
                     && file.info.ready
+                    && Recipe::from_name(&file.recipe)
+                        .is_none_or(|r| r.revision() == file.revision)
                     && dir.join("rootfs").is_dir() =>
             {
                 TemplateInfo {

@@ -49,6 +49,15 @@ impl Recipe {
         }
     }
 
+    /// Bumped whenever the recipe's output or defaults change, so cached builds are redone.
+    pub(crate) fn revision(self) -> u32 {
+        match self {
+            // 2: PATH includes /usr/local.
+            Self::Minimal => 2,
+            Self::Base => 1,
+        }
+    }
+
     /// One-line description shown by the API.
     pub(crate) fn description(self) -> String {
         match self {
@@ -74,7 +83,10 @@ impl Recipe {
                 memory_mib: 256,
                 disk_mib: 512,
                 pids_max: 256,
-                env: env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")]),
+                env: env(&[(
+                    "PATH",
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                )]),
             },
             Self::Base => ResourceDefaults {
                 cpus: 1.0,
