@@ -11,3 +11,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
+
+# Python packages the tests use: the MCP client that drives `hutch mcp`.
+if ! python3 -c 'import mcp' 2>/dev/null; then
+    python3 -m pip install -q "mcp>=2,<3"
+fi

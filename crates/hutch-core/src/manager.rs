@@ -326,9 +326,11 @@ impl Manager {
     /// Load a record and refresh its TTL (every call on a sandbox does).
     fn touch(&self, id: &str) -> CoreResult<SandboxRecord> {
         let mut r = self.load(id)?;
-        let new_expiry = now_ms() + (r.ttl_seconds as i64) * 1000;
-        // Skip the write when the expiry would move by less than a second.
-        if !r.persistent && new_expiry - r.expires_at_ms >= 1000 {
+        let now = now_ms();
+        let new_expiry = now + (r.ttl_seconds as i64) * 1000;
+        // Skip the write when the expiry would move by less than a second, and never revive
+        // a sandbox whose TTL already ran out: the reaper owns it now.
+        if !r.persistent && r.expires_at_ms > now && new_expiry - r.expires_at_ms >= 1000 {
             r.expires_at_ms = new_expiry;
             self.store.update(&r)?;
         }

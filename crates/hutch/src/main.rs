@@ -5,6 +5,7 @@
 mod bench;
 mod cli;
 mod client;
+mod mcp;
 mod paths;
 mod serve;
 

@@ -37,7 +37,7 @@ fn time_command(name: &str, argv: &[&str], n: usize) -> Result<Summary, String> 
         }
         samples.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
-    Ok(summarize(name, &samples))
+    Ok(summarize(name, "ms", &samples))
 }
 
 /// Run every available baseline `n` times.

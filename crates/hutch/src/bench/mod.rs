@@ -2,6 +2,7 @@
 //! and report every figure next to its baseline as a ratio (these machines are noisy).
 
 mod baselines;
+mod density;
 mod server;
 mod stats;
 
@@ -22,6 +23,9 @@ pub struct BenchArgs {
     /// Sandboxes created at once in the concurrency series.
     #[arg(long, default_value_t = 50)]
     pub concurrent: usize,
+    /// Idle sandboxes for the density series.
+    #[arg(long, default_value_t = 100)]
+    pub idle: usize,
     /// Warm exec round trips.
     #[arg(long, default_value_t = 1000)]
     pub execs: usize,
@@ -62,11 +66,11 @@ fn machine_info() -> Value {
 
 fn row(s: &Summary, baseline: Option<&Summary>) -> String {
     let ratio = baseline
-        .map(|b| format!("{:>7.2}x {}", s.p50_ms / b.p50_ms, b.name))
+        .map(|b| format!("{:>7.2}x {}", s.p50 / b.p50, b.name))
         .unwrap_or_default();
     format!(
         "{:<34} {:>5} {:>9.2} {:>9.2} {:>9.2}   {}",
-        s.name, s.n, s.p50_ms, s.p95_ms, s.p99_ms, ratio
+        s.name, s.n, s.p50, s.p95, s.p99, ratio
     )
 }
 
@@ -150,12 +154,30 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
     let (write_mb_s, read_mb_s) = srv.file_throughput(&id, 100).await?;
     srv.kill(&id).await?;
 
+    eprintln!("density: {} idle sandboxes…", args.idle);
+    let avail_before = density::mem_available_kib();
+    for _ in 0..args.idle {
+        let id = srv.create().await?;
+        srv.exec_true(&id).await?;
+        ids.push(id);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let pss: Vec<f64> = ids
+        .iter()
+        .map(|id| density::sandbox_pss_kib(id) as f64 / 1024.0)
+        .collect();
+    let growth_mib = avail_before.saturating_sub(density::mem_available_kib()) as f64 / 1024.0;
+    for id in ids.drain(..) {
+        srv.kill(&id).await?;
+    }
+    let pss_summary = summarize("ns_idle_pss", "MiB", &pss);
+
     let series = vec![
-        summarize("ns_create_to_first_exec", &c2e),
-        summarize("ns_create", &create_only),
-        summarize("ns_kill", &kill_ms),
-        summarize("ns_concurrent_create_to_first_exec", &conc),
-        summarize("ns_exec_round_trip_warm", &rt),
+        summarize("ns_create_to_first_exec", "ms", &c2e),
+        summarize("ns_create", "ms", &create_only),
+        summarize("ns_kill", "ms", &kill_ms),
+        summarize("ns_concurrent_create_to_first_exec", "ms", &conc),
+        summarize("ns_exec_round_trip_warm", "ms", &rt),
     ];
     let bwrap = find("bwrap_unshare_all_true");
     let forkexec = find("fork_exec_true");
@@ -187,6 +209,14 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
         write_mb_s,
         read_mb_s
     );
+    println!(
+        "{} idle sandboxes: PSS per sandbox p50 {:.2} MiB, max {:.2} MiB; host memory growth {:.1} MiB ({:.2} MiB per sandbox)",
+        args.idle,
+        pss_summary.p50,
+        pss_summary.max,
+        growth_mib,
+        growth_mib / args.idle.max(1) as f64
+    );
     for s in &skipped {
         println!("skipped baseline {}: {}", s.name, s.reason);
     }
@@ -197,6 +227,12 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
             "skipped": skipped,
             "series": series,
             "concurrent": {"count": args.concurrent, "all_ready_ms": total_concurrent_ms},
+            "density": {
+                "idle_sandboxes": args.idle,
+                "pss_mib_p50": pss_summary.p50,
+                "pss_mib_max": pss_summary.max,
+                "host_growth_mib": growth_mib,
+            },
             "throughput": {
                 "sequential_execs_per_s": args.execs as f64 / seq_total_s,
                 "stream_stdout_mb_s": stream_mb_s,

@@ -63,6 +63,8 @@ enum Command {
     Template(template::TemplateCommand),
     /// Explain what isolation this host supports and why.
     Doctor,
+    /// Serve the Model Context Protocol on stdio (sandboxes as tools for an agent).
+    Mcp,
     /// Measure Hutch against baselines on this machine (starts its own server).
     Bench(crate::bench::BenchArgs),
 }
@@ -86,6 +88,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Cp(args) => files::cp(args, &state_dir, json).await.map(|()| 0),
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
+        Command::Mcp => crate::mcp::serve(&state_dir).await.map(|()| 0),
         Command::Bench(args) => crate::bench::bench(args, state_dir).await.map(|()| 0),
     };
     match result {

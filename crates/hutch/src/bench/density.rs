@@ -1,0 +1,54 @@
+//! Density: memory of idle sandboxes, as the proportional set size (PSS) of their processes,
+//! and the host's memory growth while they exist.
+
+use std::path::Path;
+
+/// PSS in KiB of every process in the sandbox's cgroup (v1 `pids` or v2 hierarchy).
+pub fn sandbox_pss_kib(id: &str) -> u64 {
+    let candidates = [
+        format!("/sys/fs/cgroup/pids/hutch/{id}/cgroup.procs"),
+        format!("/sys/fs/cgroup/hutch/{id}/cgroup.procs"),
+    ];
+    let Some(procs) = candidates
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+    else {
+        return 0;
+    };
+    procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .map(|pid| {
+            process_pss_kib(
+                &Path::new("/proc")
+                    .join(pid.to_string())
+                    .join("smaps_rollup"),
+            )
+        })
+        .sum()
+}
+
+fn process_pss_kib(smaps_rollup: &Path) -> u64 {
+    std::fs::read_to_string(smaps_rollup)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Pss:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// `MemAvailable` in KiB.
+pub fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
