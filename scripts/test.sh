@@ -22,3 +22,6 @@ echo "== templates (cached in ${HUTCH_TEST_TEMPLATES:-/var/cache/hutch-test/temp
 
 echo "== tests"
 cargo nextest run --workspace --no-fail-fast --test-threads 4
+
+echo "== SDKs (Python, TypeScript) and examples"
+scripts/test-sdk.sh

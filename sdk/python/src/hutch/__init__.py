@@ -1,0 +1,85 @@
+"""Python client for Hutch, a self-hosted sandbox runtime for AI agents.
+
+    from hutch import Sandbox
+
+    with Sandbox.create() as sb:
+        result = sb.exec(["echo", "hello"])
+        print(result.stdout)
+
+Configuration comes from ``HUTCH_URL`` (default ``http://127.0.0.1:7700``) and
+``HUTCH_API_KEY`` (default: the server's ``<state dir>/admin.key``). :mod:`hutch.aio` has the
+asyncio flavour (:class:`AsyncSandbox`), also exported here.
+"""
+
+from ._config import DEFAULT_URL, Config, default_state_dir, resolve
+from ._version import __version__
+from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
+from .errors import (
+    AuthError,
+    ConflictError,
+    ConnectionError,
+    FileNotFound,
+    HutchError,
+    InvalidRequest,
+    NotFoundError,
+    PermissionDenied,
+    QuotaExceeded,
+    SandboxFailed,
+    SandboxNotFound,
+    ServerError,
+    TimeoutError,
+    Unsupported,
+)
+from .models import (
+    ExecResult,
+    ExploreOutcome,
+    ExploreResult,
+    FileEntry,
+    LifecycleEvent,
+    SandboxInfo,
+    Snapshot,
+    Template,
+    Usage,
+)
+from .sandbox import Client, EventStream, Files, PtySession, Sandbox
+
+__all__ = [
+    "__version__",
+    "DEFAULT_URL",
+    "Config",
+    "default_state_dir",
+    "resolve",
+    "Client",
+    "Sandbox",
+    "Files",
+    "PtySession",
+    "EventStream",
+    "AsyncClient",
+    "AsyncSandbox",
+    "AsyncFiles",
+    "AsyncPtySession",
+    "AsyncEventStream",
+    "ExecResult",
+    "ExploreOutcome",
+    "ExploreResult",
+    "FileEntry",
+    "LifecycleEvent",
+    "SandboxInfo",
+    "Snapshot",
+    "Template",
+    "Usage",
+    "HutchError",
+    "AuthError",
+    "PermissionDenied",
+    "NotFoundError",
+    "SandboxNotFound",
+    "FileNotFound",
+    "Unsupported",
+    "InvalidRequest",
+    "ConflictError",
+    "SandboxFailed",
+    "QuotaExceeded",
+    "ServerError",
+    "TimeoutError",
+    "ConnectionError",
+]

@@ -1,0 +1,281 @@
+"""What the sync and async clients share: request shapes, SSE parsing, stream decoding."""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from urllib.parse import quote, urlencode
+
+from . import errors
+from ._config import Config
+from .models import SandboxInfo
+
+Command = Union[str, Sequence[str]]
+"""A command: a string runs under ``/bin/sh -c``; a list runs that program without a shell."""
+
+_UNSET: Any = object()
+
+
+@dataclass
+class Request:
+    """One HTTP request, independent of the transport."""
+
+    method: str
+    path: str
+    params: Optional[List[Tuple[str, str]]] = None
+    json: Any = None
+    content: Optional[bytes] = None
+    timeout: Any = _UNSET
+    """Read timeout in seconds; ``None`` waits forever; unset uses the client's default."""
+    kind: str = ""
+    """Error-mapping hint, see :func:`hutch.errors.from_response`."""
+
+
+def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{suffix}"
+
+
+def drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def create_body(
+    *,
+    template: Optional[str],
+    isolation: Optional[str],
+    ttl_seconds: Optional[int],
+    persistent: Optional[bool],
+    metadata: Optional[Mapping[str, str]],
+    env: Optional[Mapping[str, str]],
+    cpus: Optional[float],
+    memory_mib: Optional[int],
+    disk_mib: Optional[int],
+    pids_max: Optional[int],
+    network: Optional[Mapping[str, Any]],
+    volumes: Optional[Sequence[Mapping[str, Any]]],
+    snapshot: Optional[str],
+) -> Dict[str, Any]:
+    return drop_none(
+        {
+            "template": template,
+            "isolation": isolation,
+            "ttl_seconds": ttl_seconds,
+            "persistent": persistent,
+            "metadata": dict(metadata) if metadata is not None else None,
+            "env": dict(env) if env is not None else None,
+            "cpus": cpus,
+            "memory_mib": memory_mib,
+            "disk_mib": disk_mib,
+            "pids_max": pids_max,
+            "network": dict(network) if network is not None else None,
+            "volumes": [dict(v) for v in volumes] if volumes is not None else None,
+            "snapshot": snapshot,
+        }
+    )
+
+
+def list_params(
+    metadata: Optional[Mapping[str, str]], state: Optional[str]
+) -> List[Tuple[str, str]]:
+    params: List[Tuple[str, str]] = []
+    if state is not None:
+        params.append(("state", state))
+    for k, v in (metadata or {}).items():
+        params.append((f"metadata.{k}", str(v)))
+    return params
+
+
+def parse_sandboxes(doc: Any) -> List[SandboxInfo]:
+    return [SandboxInfo.from_json(s) for s in (doc or {}).get("sandboxes", [])]
+
+
+def exec_body(
+    cmd: Command,
+    *,
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    stdin: Union[str, bytes, None],
+    timeout: Optional[float],
+    user: Optional[str],
+) -> Dict[str, Any]:
+    if isinstance(cmd, (bytes, bytearray)):
+        raise TypeError("cmd must be a str (shell command line) or a sequence of str (argv)")
+    body: Dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else [str(a) for a in cmd]}
+    if env is not None:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
+    if isinstance(stdin, str):
+        body["stdin"] = stdin
+    elif stdin is not None:
+        body["stdin_b64"] = base64.b64encode(bytes(stdin)).decode("ascii")
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    return body
+
+
+def exec_read_timeout(timeout: Optional[float]) -> Optional[float]:
+    """How long to wait for a collected exec's answer: the command's timeout plus slack.
+
+    ``None`` (the server's default, 60 s unless configured otherwise) and ``0`` (no limit)
+    wait forever: the server always answers once the command ends.
+    """
+    if not timeout:
+        return None
+    return float(timeout) + 30.0
+
+
+def file_params(path: str, **extra: Any) -> List[Tuple[str, str]]:
+    params = [("path", path)]
+    for k, v in extra.items():
+        if v is None:
+            continue
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        params.append((k, str(v)))
+    return params
+
+
+def mode_text(mode: Union[int, str, None]) -> Optional[str]:
+    """``0o644`` or ``"0644"`` → ``"0644"``."""
+    if mode is None:
+        return None
+    if isinstance(mode, int):
+        return format(mode, "04o")
+    return str(mode)
+
+
+def pty_url(
+    base_url: str,
+    sandbox_id: str,
+    *,
+    cmd: Optional[str],
+    cols: int,
+    rows: int,
+    user: Optional[str],
+    cwd: Optional[str],
+) -> str:
+    if base_url.startswith("https://"):
+        ws_base = "wss://" + base_url[len("https://") :]
+    elif base_url.startswith("http://"):
+        ws_base = "ws://" + base_url[len("http://") :]
+    else:
+        ws_base = base_url
+    query = drop_none({"cols": cols, "rows": rows, "cmd": cmd, "user": user, "cwd": cwd})
+    return f"{ws_base}{sandbox_path(sandbox_id, '/pty')}?{urlencode(query)}"
+
+
+def ws_headers(api_key: Optional[str]) -> Dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def to_bytes(data: Union[str, bytes, bytearray, memoryview]) -> bytes:
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    return bytes(data)
+
+
+class SSEParser:
+    """Incremental parser of ``text/event-stream`` lines into ``(event, data)`` pairs."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: List[str] = []
+
+    def feed(self, line: str) -> Optional[Tuple[str, str]]:
+        """Feed one line (without its newline); returns an event when a blank line ends one."""
+        if line == "":
+            if not self._data and not self._event:
+                return None
+            out = (self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return out
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+
+class ExecStreamState:
+    """Turns the events of ``/exec/stream`` into callback calls and a final exit code.
+
+    Output chunks are decoded incrementally as UTF-8 (a character split across two chunks
+    is delivered whole; invalid bytes become U+FFFD), so callbacks always receive ``str``.
+    """
+
+    def __init__(self) -> None:
+        self._decoders = {
+            "stdout": codecs.getincrementaldecoder("utf-8")("replace"),
+            "stderr": codecs.getincrementaldecoder("utf-8")("replace"),
+        }
+        self.pid: Optional[int] = None
+        self.exit: Optional[Dict[str, Any]] = None
+
+    def handle(self, event: str, data: str) -> List[Tuple[str, Any]]:
+        """Process one event; returns ``(kind, value)`` actions for the caller to dispatch.
+
+        Kinds: ``"start"`` (pid), ``"stdout"`` / ``"stderr"`` (text), ``"exit"`` (payload).
+        Raises :class:`~hutch.errors.HutchError` on an ``error`` event.
+        """
+        try:
+            payload = json.loads(data) if data else {}
+        except ValueError:
+            payload = {}
+        if event == "start":
+            self.pid = payload.get("pid")
+            return [("start", self.pid)]
+        if event in ("stdout", "stderr"):
+            if isinstance(payload.get("data"), str):
+                raw = payload["data"].encode("utf-8")
+            elif isinstance(payload.get("data_b64"), str):
+                raw = base64.b64decode(payload["data_b64"])
+            else:
+                return []
+            text = self._decoders[event].decode(raw)
+            return [(event, text)] if text else []
+        if event == "exit":
+            actions: List[Tuple[str, Any]] = []
+            for name, dec in self._decoders.items():
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    actions.append((name, tail))
+            self.exit = payload
+            actions.append(("exit", payload))
+            return actions
+        if event == "error":
+            raise errors.from_event(payload)
+        return []
+
+
+OutputCallback = Callable[[str], Any]
+
+
+def auth_hint(err: errors.HutchError, config: Config) -> errors.HutchError:
+    if isinstance(err, errors.AuthError):
+        err.message = f"{err.message} (API key from {config.key_source})"
+    return err
+
+
+def ws_error(e: Exception, config: Config) -> errors.HutchError:
+    """Map a failed WebSocket handshake to the same exceptions as HTTP calls."""
+    response = getattr(e, "response", None)
+    status = getattr(response, "status_code", None) or getattr(e, "status_code", None)
+    if status is not None:
+        body = getattr(response, "body", b"") or b""
+        return auth_hint(errors.from_response(int(status), bytes(body)), config)
+    if isinstance(e, (TimeoutError, errors.TimeoutError)):
+        return errors.TimeoutError(f"opening the terminal timed out: {e}")
+    if isinstance(e, OSError):
+        return errors.ConnectionError(f"cannot reach the Hutch server at {config.url}: {e}")
+    return errors.HutchError(f"could not open the terminal: {e}")

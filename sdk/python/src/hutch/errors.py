@@ -1,0 +1,157 @@
+"""Exceptions raised by the SDK. Every one derives from :class:`HutchError`."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from typing import Any, Dict, Optional, Type
+
+
+class HutchError(Exception):
+    """Base class of every error raised by this SDK.
+
+    Attributes:
+        message: Human-readable explanation (the server's ``error.message`` when there is one).
+        status: HTTP status of the answer, or ``None`` when the error did not come from one.
+        code: The server's machine-readable ``error.code`` (e.g. ``"not_found"``), if any.
+    """
+
+    def __init__(
+        self, message: str, *, status: Optional[int] = None, code: Optional[str] = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+    def __str__(self) -> str:
+        parts = []
+        if self.status is not None:
+            parts.append(str(self.status))
+        if self.code:
+            parts.append(self.code)
+        prefix = f"[{' '.join(parts)}] " if parts else ""
+        return f"{prefix}{self.message}"
+
+
+class AuthError(HutchError):
+    """401: the API key is missing or wrong."""
+
+
+class PermissionDenied(HutchError):
+    """403: the sandbox's filesystem refused the operation."""
+
+
+class NotFoundError(HutchError):
+    """404: something does not exist (a sandbox, a file, or a route this server lacks)."""
+
+
+class SandboxNotFound(NotFoundError):
+    """404: no such sandbox (never existed, killed, expired, or another tenant's)."""
+
+
+class FileNotFound(NotFoundError):
+    """404: no such file or directory inside the sandbox."""
+
+
+class Unsupported(NotFoundError):
+    """404 for a route this server does not have (a feature that has not landed yet)."""
+
+
+class InvalidRequest(HutchError):
+    """400 or 422: malformed input, or a valid value the server does not accept.
+
+    A 422 is also how the server refuses features it does not support yet (for example
+    ``snapshot=`` or a ``network`` other than ``{"egress": "none"}``).
+    """
+
+
+class ConflictError(HutchError):
+    """409: wrong state (the sandbox is not running or has failed, a directory is not empty, …)."""
+
+
+class SandboxFailed(ConflictError):
+    """The sandbox died or could not start (``sandbox_failed``)."""
+
+
+class QuotaExceeded(HutchError):
+    """429: a quota or limit was reached."""
+
+
+class ServerError(HutchError):
+    """5xx: a bug or an unexpected failure on the server."""
+
+
+class TimeoutError(HutchError, builtins.TimeoutError):  # noqa: A001 - part of the public API
+    """A request or a read took longer than allowed (client side).
+
+    Also an instance of the built-in :class:`TimeoutError`. A *command* that hits its own
+    ``timeout`` is not an error: :attr:`ExecResult.timed_out` is set instead.
+    """
+
+
+class ConnectionError(HutchError):  # noqa: A001 - part of the public API
+    """The server could not be reached."""
+
+
+_BY_CODE: Dict[str, Type[HutchError]] = {
+    "sandbox_failed": SandboxFailed,
+}
+
+
+def _class_for(status: int, code: Optional[str], message: str, kind: str) -> Type[HutchError]:
+    if code and code in _BY_CODE:
+        return _BY_CODE[code]
+    if status == 401:
+        return AuthError
+    if status == 403:
+        return PermissionDenied
+    if status == 404:
+        if message.startswith("sandbox "):
+            return SandboxNotFound
+        if message.startswith("no such route"):
+            return Unsupported
+        if kind == "files":
+            return FileNotFound
+        return NotFoundError
+    if status in (400, 422):
+        return InvalidRequest
+    if status == 409:
+        return ConflictError
+    if status == 429:
+        return QuotaExceeded
+    if status >= 500:
+        return ServerError
+    return HutchError
+
+
+def from_response(status: int, body: bytes, *, kind: str = "") -> HutchError:
+    """Build the exception for a non-2xx answer.
+
+    ``kind`` says what the request was about: ``"files"`` when a 404 that is not about the
+    sandbox itself means a missing file, else ``""``.
+    """
+    code: Optional[str] = None
+    message = ""
+    try:
+        doc: Any = json.loads(body.decode("utf-8"))
+        err = doc.get("error") if isinstance(doc, dict) else None
+        if isinstance(err, dict):
+            c, m = err.get("code"), err.get("message")
+            code = c if isinstance(c, str) else None
+            message = m if isinstance(m, str) else ""
+    except (ValueError, UnicodeDecodeError):
+        pass
+    if not message:
+        text = body.decode("utf-8", "replace").strip()
+        message = text[:500] if text else f"HTTP {status}"
+    cls = _class_for(status, code, message, kind)
+    return cls(message, status=status, code=code)
+
+
+def from_event(payload: Dict[str, Any]) -> HutchError:
+    """Build the exception for an ``error`` event ending an exec stream."""
+    code = payload.get("code") if isinstance(payload.get("code"), str) else None
+    message = str(payload.get("message") or "the command could not be run to completion")
+    cls = _BY_CODE.get(code or "", HutchError)
+    return cls(message, code=code)

@@ -1,0 +1,1041 @@
+"""The synchronous client: `Client`, `Sandbox`, `Files`, `PtySession` and `EventStream`."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from types import TracebackType
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Type,
+    Union,
+)
+
+import httpx
+
+from . import _protocol as p
+from . import errors
+from ._config import resolve
+from ._version import USER_AGENT
+from .models import (
+    ExecResult,
+    ExploreResult,
+    FileEntry,
+    LifecycleEvent,
+    SandboxInfo,
+    Snapshot,
+    Template,
+    Usage,
+)
+
+__all__ = ["Client", "Sandbox", "Files", "PtySession", "EventStream"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Client:
+    """A connection to a Hutch server, shared by the sandboxes created through it.
+
+    Most code never builds one: :meth:`Sandbox.create` and friends make their own from
+    ``HUTCH_URL`` / ``HUTCH_API_KEY`` (or ``<state dir>/admin.key``). Build one to share a
+    connection pool between many sandboxes, or to reach server-wide calls such as
+    :meth:`templates` and :meth:`events`.
+
+    Args:
+        url: Server base URL. Default ``$HUTCH_URL``, else ``http://127.0.0.1:7700``.
+        api_key: Bearer key. Default ``$HUTCH_API_KEY``, else ``<state dir>/admin.key``.
+        timeout: Default per-request timeout in seconds (commands get their own, see
+            :meth:`Sandbox.exec`).
+        state_dir: Where to look for ``admin.key`` (default: as ``hutch serve`` picks it).
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: float = 30.0,
+        state_dir: Optional[PathLike] = None,
+    ) -> None:
+        self.config = resolve(url, api_key, state_dir)
+        headers = {"User-Agent": USER_AGENT}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        self._timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.config.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+        self._implicit = False
+        self._refs = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return self.config.url
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _timeout_for(self, req: p.Request) -> Any:
+        if req.timeout is p._UNSET:
+            return httpx.USE_CLIENT_DEFAULT
+        return httpx.Timeout(self._timeout, connect=10.0, read=req.timeout)
+
+    def _build(self, req: p.Request) -> httpx.Request:
+        return self._http.build_request(
+            req.method,
+            req.path,
+            params=tuple(req.params) if req.params is not None else None,
+            json=req.json,
+            content=req.content,
+            timeout=self._timeout_for(req),
+        )
+
+    def _raise_for(self, resp: httpx.Response, req: p.Request) -> None:
+        if resp.status_code >= 400:
+            err = errors.from_response(resp.status_code, resp.read(), kind=req.kind)
+            raise p.auth_hint(err, self.config)
+
+    @contextmanager
+    def _transport_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except httpx.TimeoutException as e:
+            raise errors.TimeoutError(f"request to {self.url} timed out: {e}") from e
+        except httpx.TransportError as e:
+            raise errors.ConnectionError(f"cannot reach the Hutch server at {self.url}: {e}") from e
+
+    def request(self, req: p.Request) -> httpx.Response:
+        """Send ``req``; raise the mapped :class:`~hutch.errors.HutchError` on a non-2xx answer."""
+        if self._closed:
+            raise errors.HutchError("this client is closed")
+        with self._transport_errors():
+            resp = self._http.send(self._build(req))
+        self._raise_for(resp, req)
+        return resp
+
+    def request_json(self, req: p.Request) -> Any:
+        """Send ``req`` and decode its JSON answer."""
+        return self.request(req).json()
+
+    @contextmanager
+    def stream(self, req: p.Request) -> Iterator[httpx.Response]:
+        """Send ``req`` and yield the response with its body unread (for SSE)."""
+        if self._closed:
+            raise errors.HutchError("this client is closed")
+        with self._transport_errors():
+            resp = self._http.send(self._build(req), stream=True)
+            try:
+                self._raise_for(resp, req)
+                yield resp
+            finally:
+                resp.close()
+
+    def _retain(self) -> None:
+        with self._lock:
+            self._refs += 1
+
+    def _release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            last = self._refs <= 0
+        if last and self._implicit:
+            self.close()
+
+    def close(self) -> None:
+        """Close the connection pool. Sandboxes using this client stop working."""
+        if not self._closed:
+            self._closed = True
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- server-wide calls --------------------------------------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        """``GET /healthz``: ``{"status": "ok", "version": …}``. Needs no key."""
+        return dict(self.request_json(p.Request("GET", "/healthz")))
+
+    def templates(self) -> List[Template]:
+        """The templates sandboxes can be created from."""
+        doc = self.request_json(p.Request("GET", "/v1/templates"))
+        return [Template.from_json(t) for t in doc.get("templates", [])]
+
+    def events(self, *, timeout: Optional[float] = None) -> EventStream:
+        """Subscribe to lifecycle events (``sandbox.created``, ``sandbox.killed``, …).
+
+        Use as a context manager; the subscription is live once the ``with`` block starts::
+
+            with client.events() as events:
+                for ev in events:
+                    print(ev.type, ev.sandbox_id)
+
+        Args:
+            timeout: Longest wait for the next event in seconds (``None``: forever);
+                exceeding it raises :class:`~hutch.errors.TimeoutError`.
+        """
+        return EventStream(self, timeout)
+
+    def snapshots(self) -> List[Snapshot]:
+        """List snapshots.
+
+        Not implemented by the server yet: until snapshots land it answers 404
+        (:class:`~hutch.errors.Unsupported`).
+        """
+        doc = self.request_json(p.Request("GET", "/v1/snapshots"))
+        return [Snapshot.from_json(s) for s in doc.get("snapshots", [])]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot.
+
+        Not implemented by the server yet: until snapshots land it answers 404.
+        """
+        self.request(p.Request("DELETE", f"/v1/snapshots/{snapshot_id}"))
+
+
+def _client_for(client: Optional[Client], url: Optional[str], api_key: Optional[str]) -> Client:
+    if client is not None:
+        return client
+    c = Client(url, api_key)
+    c._implicit = True
+    return c
+
+
+class EventStream:
+    """An open ``GET /v1/events`` subscription; iterate it for :class:`LifecycleEvent` s."""
+
+    def __init__(self, client: Client, timeout: Optional[float]) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._cm: Any = None
+        self._resp: Optional[httpx.Response] = None
+
+    def open(self) -> EventStream:
+        """Start the subscription (done by ``with`` or the first iteration)."""
+        if self._resp is None:
+            self._cm = self._client.stream(p.Request("GET", "/v1/events", timeout=self._timeout))
+            self._resp = self._cm.__enter__()
+        return self
+
+    def __enter__(self) -> EventStream:
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[LifecycleEvent]:
+        resp = self.open()._resp
+        assert resp is not None
+        parser = p.SSEParser()
+        with self._client._transport_errors():
+            for line in resp.iter_lines():
+                ev = parser.feed(line)
+                if ev is None:
+                    continue
+                try:
+                    doc = json.loads(ev[1])
+                except ValueError:
+                    continue
+                yield LifecycleEvent.from_json(doc, ev[0])
+
+    def close(self) -> None:
+        """End the subscription."""
+        if self._cm is not None:
+            cm, self._cm, self._resp = self._cm, None, None
+            try:
+                cm.__exit__(None, None, None)
+            except errors.HutchError:
+                pass
+
+
+class Sandbox:
+    """A sandbox on a Hutch server.
+
+    Create one with :meth:`create` (best as a context manager, which kills it when the block
+    ends unless it is persistent), attach to an existing one with :meth:`connect`, or find
+    them with :meth:`list`::
+
+        with Sandbox.create(template="base") as sb:
+            print(sb.exec(["python3", "-c", "print(6*7)"]).stdout)   # 42
+    """
+
+    def __init__(self, info: SandboxInfo, client: Client) -> None:
+        """Wrap an existing sandbox; prefer :meth:`create`, :meth:`connect` or :meth:`list`."""
+        self._info = info
+        self._client = client
+        self._released = False
+        client._retain()
+        self.files = Files(self)
+        """File operations inside the sandbox: see :class:`Files`."""
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        template: Optional[str] = None,
+        *,
+        isolation: Optional[str] = None,
+        ttl_seconds: Optional[int] = None,
+        persistent: Optional[bool] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cpus: Optional[float] = None,
+        memory_mib: Optional[int] = None,
+        disk_mib: Optional[int] = None,
+        pids_max: Optional[int] = None,
+        network: Optional[Mapping[str, Any]] = None,
+        volumes: Optional[Sequence[Mapping[str, Any]]] = None,
+        snapshot: Optional[str] = None,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+    ) -> Sandbox:
+        """Create a sandbox; it is ``running`` when this returns.
+
+        Every argument is optional; the server fills in the template's defaults.
+
+        Args:
+            template: Template name (see :meth:`Client.templates`); the server's default if unset.
+            isolation: ``"auto"``, ``"ns"`` or ``"vm"``.
+            ttl_seconds: Idle lifetime: the sandbox is reaped after this long without a call.
+            persistent: Never reap the sandbox (and do not kill it when a ``with`` block ends).
+            metadata: String labels, filterable with :meth:`list`.
+            env: Environment for every command.
+            cpus: CPU bandwidth in cores (may be fractional).
+            memory_mib: Memory limit.
+            disk_mib: Disk size.
+            pids_max: Process limit.
+            network: ``{"egress": …, "allow": […], "deny": […]}``. The server accepts only
+                ``{"egress": "none"}`` for now and answers 422 to anything else.
+            volumes: ``[{"volume": "vol_…", "path": "/data", "read_only": False}]``. Not
+                supported by the server yet (422 when non-empty).
+            snapshot: Start from this snapshot instead of a template. Not supported by the
+                server yet (422).
+            client: Use this :class:`Client` (else one is made from ``url`` / ``api_key`` /
+                the environment and closed with the sandbox).
+            url: Server URL, when no ``client`` is given.
+            api_key: API key, when no ``client`` is given.
+
+        Raises:
+            InvalidRequest: A value the server refuses.
+            NotFoundError: No such template.
+            ConflictError: The template is not ready.
+        """
+        c = _client_for(client, url, api_key)
+        body = p.create_body(
+            template=template,
+            isolation=isolation,
+            ttl_seconds=ttl_seconds,
+            persistent=persistent,
+            metadata=metadata,
+            env=env,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+            pids_max=pids_max,
+            network=network,
+            volumes=volumes,
+            snapshot=snapshot,
+        )
+        try:
+            doc = c.request_json(p.Request("POST", "/v1/sandboxes", json=body, timeout=None))
+        except BaseException:
+            if c._implicit:
+                c.close()
+            raise
+        return cls(SandboxInfo.from_json(doc), c)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+    ) -> Sandbox:
+        """Attach to an existing sandbox by id.
+
+        Raises:
+            SandboxNotFound: No such sandbox.
+        """
+        c = _client_for(client, url, api_key)
+        try:
+            doc = c.request_json(p.Request("GET", p.sandbox_path(sandbox_id)))
+        except BaseException:
+            if c._implicit:
+                c.close()
+            raise
+        return cls(SandboxInfo.from_json(doc), c)
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        metadata: Optional[Mapping[str, str]] = None,
+        state: Optional[str] = None,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+    ) -> List[Sandbox]:
+        """List the sandboxes visible to this key.
+
+        Args:
+            metadata: Keep only sandboxes whose metadata has all these key/value pairs.
+            state: Keep only sandboxes in this state (e.g. ``"running"``).
+        """
+        c = _client_for(client, url, api_key)
+        try:
+            doc = c.request_json(
+                p.Request("GET", "/v1/sandboxes", params=p.list_params(metadata, state))
+            )
+            sandboxes = [cls(info, c) for info in p.parse_sandboxes(doc)]
+        finally:
+            if c._implicit and c._refs == 0:
+                c.close()
+        return sandboxes
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The sandbox id, ``sbx_…``."""
+        return self._info.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox as last seen (see :meth:`refresh`)."""
+        return self._info
+
+    @property
+    def state(self) -> str:
+        """The state as last seen (see :meth:`refresh`)."""
+        return self._info.state
+
+    @property
+    def client(self) -> Client:
+        """The client this sandbox talks through."""
+        return self._client
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, template={self._info.template!r}, state={self.state!r})"
+
+    def _set(self, doc: Any) -> SandboxInfo:
+        self._info = SandboxInfo.from_json(doc)
+        return self._info
+
+    def refresh(self) -> SandboxInfo:
+        """Fetch the sandbox's current state (this also refreshes its TTL).
+
+        Raises:
+            SandboxNotFound: It was killed or expired.
+        """
+        return self._set(self._client.request_json(p.Request("GET", p.sandbox_path(self.id))))
+
+    def update(
+        self,
+        *,
+        ttl_seconds: Optional[int] = None,
+        persistent: Optional[bool] = None,
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> SandboxInfo:
+        """Change the TTL, persistence or metadata (``metadata`` replaces the whole map)."""
+        body = p.drop_none(
+            {
+                "ttl_seconds": ttl_seconds,
+                "persistent": persistent,
+                "metadata": dict(metadata) if metadata is not None else None,
+            }
+        )
+        return self._set(
+            self._client.request_json(p.Request("PATCH", p.sandbox_path(self.id), json=body))
+        )
+
+    def set_ttl(self, ttl_seconds: int) -> SandboxInfo:
+        """Set the idle lifetime; the expiry moves to now + ``ttl_seconds``."""
+        return self.update(ttl_seconds=ttl_seconds)
+
+    def set_persistent(self, persistent: bool = True) -> SandboxInfo:
+        """Make the sandbox persistent (never reaped, kept after a ``with`` block) or not."""
+        return self.update(persistent=persistent)
+
+    def set_metadata(self, metadata: Mapping[str, str]) -> SandboxInfo:
+        """Replace the sandbox's metadata."""
+        return self.update(metadata=metadata)
+
+    def usage(self) -> Optional[Usage]:
+        """Memory, CPU and process counts right now (``None`` if the server cannot read them)."""
+        doc = self._client.request_json(p.Request("GET", p.sandbox_path(self.id, "/usage")))
+        u = doc.get("usage")
+        return Usage.from_json(u) if isinstance(u, dict) else None
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: p.Command,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout: Optional[float] = None,
+        user: Optional[str] = None,
+    ) -> ExecResult:
+        """Run a command to completion and collect its output.
+
+        Args:
+            cmd: A list runs that program directly with no shell, so arguments (even ones a
+                model wrote) reach it verbatim; a string runs under ``/bin/sh -c``.
+            env: Extra environment variables.
+            cwd: Absolute working directory (default: the user's home, else ``/``).
+            stdin: Text or bytes fed to the command's standard input.
+            timeout: Seconds before the command is killed (``exit_code`` 124 and ``timed_out``
+                set); ``0`` means no limit; default the server's (60 s).
+            user: User to run as (default ``root``).
+
+        Returns:
+            The :class:`ExecResult`. A non-zero exit is not an exception.
+
+        Raises:
+            InvalidRequest: Empty ``cmd``, relative ``cwd``, bad ``env`` or ``timeout``.
+            SandboxNotFound: The sandbox is gone.
+            ConflictError: The sandbox is not running.
+        """
+        body = p.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
+        doc = self._client.request_json(
+            p.Request(
+                "POST",
+                p.sandbox_path(self.id, "/exec"),
+                json=body,
+                timeout=p.exec_read_timeout(timeout),
+            )
+        )
+        return ExecResult.from_json(doc)
+
+    def exec_stream(
+        self,
+        cmd: p.Command,
+        *,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        on_start: Optional[Callable[[int], Any]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Union[str, bytes, None] = None,
+        timeout: Optional[float] = None,
+        user: Optional[str] = None,
+    ) -> int:
+        """Run a command, calling back with its output as it is produced.
+
+        Callbacks run in this thread, in the order the output arrived, and all of them have
+        run before this returns. Output is decoded as UTF-8 incrementally (invalid bytes
+        become U+FFFD). If a callback raises, the stream is dropped, which kills the command.
+
+        Args:
+            cmd, env, cwd, stdin, timeout, user: As for :meth:`exec`.
+            on_stdout: Called with each chunk of standard output.
+            on_stderr: Called with each chunk of standard error.
+            on_start: Called with the process id once it has started.
+
+        Returns:
+            The exit code (124 on timeout, ``128+N`` for signal N).
+
+        Raises:
+            SandboxFailed: The sandbox died before the command finished.
+        """
+        body = p.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
+        req = p.Request("POST", p.sandbox_path(self.id, "/exec/stream"), json=body, timeout=None)
+        state = p.ExecStreamState()
+        parser = p.SSEParser()
+        callbacks: Dict[str, Optional[Callable[[Any], Any]]] = {
+            "stdout": on_stdout,
+            "stderr": on_stderr,
+            "start": on_start,
+        }
+        with self._client.stream(req) as resp, self._client._transport_errors():
+            for line in resp.iter_lines():
+                ev = parser.feed(line)
+                if ev is None:
+                    continue
+                for kind, value in state.handle(*ev):
+                    if kind == "exit":
+                        return int(value.get("exit_code", -1))
+                    cb = callbacks.get(kind)
+                    if cb is not None:
+                        cb(value)
+        raise errors.HutchError("the exec stream ended without an exit event")
+
+    def pty(
+        self,
+        cmd: Optional[str] = None,
+        *,
+        cols: int = 80,
+        rows: int = 24,
+        user: Optional[str] = None,
+        cwd: Optional[str] = None,
+        open_timeout: float = 10.0,
+    ) -> PtySession:
+        """Open an interactive terminal (a WebSocket).
+
+        Args:
+            cmd: Program to run with its arguments (default: a login shell). The server
+                runs it as ``exec <cmd>`` under ``/bin/sh``, so give one command; wrap
+                compound lines as ``"sh -c '…; …'"``.
+            cols: Terminal width.
+            rows: Terminal height.
+            user: User to run as.
+            cwd: Working directory.
+            open_timeout: Seconds allowed for the handshake.
+
+        Returns:
+            A :class:`PtySession`; use it as a context manager so it is closed.
+        """
+        from websockets.sync.client import connect
+
+        url = p.pty_url(
+            self._client.url, self.id, cmd=cmd, cols=cols, rows=rows, user=user, cwd=cwd
+        )
+        try:
+            # `.__enter__()` gives the open connection on every websockets version >= 13.
+            ws = connect(
+                url,
+                additional_headers=p.ws_headers(self._client.config.api_key),
+                open_timeout=open_timeout,
+                max_size=16 * 1024 * 1024,
+                user_agent_header=USER_AGENT,
+            ).__enter__()
+        except Exception as e:  # noqa: BLE001 - mapped below
+            raise p.ws_error(e, self._client.config) from e
+        return PtySession(ws)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """Destroy the sandbox and everything in it. Killing a sandbox twice is not an error."""
+        try:
+            self._client.request(p.Request("DELETE", p.sandbox_path(self.id)))
+        except errors.SandboxNotFound:
+            pass
+        self._info.state = "stopped"
+
+    def _lifecycle(self, action: str, body: Any = None) -> SandboxInfo:
+        doc = self._client.request_json(
+            p.Request("POST", p.sandbox_path(self.id, f"/{action}"), json=body, timeout=None)
+        )
+        return self._set(doc)
+
+    def pause(self) -> SandboxInfo:
+        """Freeze every process; a paused sandbox uses no CPU.
+
+        Not implemented by the server yet: until it lands the server answers 404
+        (:class:`~hutch.errors.Unsupported`) or 422.
+        """
+        return self._lifecycle("pause")
+
+    def resume(self) -> SandboxInfo:
+        """Resume a paused sandbox.
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        return self._lifecycle("resume")
+
+    def hibernate(self) -> SandboxInfo:
+        """Save the sandbox to disk and stop its processes; any later call wakes it.
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        return self._lifecycle("hibernate")
+
+    def wake(self) -> SandboxInfo:
+        """Wake a hibernated sandbox explicitly.
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        return self._lifecycle("wake")
+
+    def snapshot(self, name: Optional[str] = None) -> Snapshot:
+        """Save the sandbox's state; new sandboxes can start from it (``create(snapshot=…)``).
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        doc = self._client.request_json(
+            p.Request(
+                "POST",
+                p.sandbox_path(self.id, "/snapshots"),
+                json=p.drop_none({"name": name}),
+                timeout=None,
+            )
+        )
+        return Snapshot.from_json(doc)
+
+    def fork(self, count: int = 1, *, mode: str = "disk") -> List[Sandbox]:
+        """Clone the sandbox ``count`` times.
+
+        Args:
+            count: How many copies.
+            mode: ``"disk"`` copies the filesystem; ``"live"`` also carries memory and
+                running processes (microVM sandboxes only).
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        doc = self._client.request_json(
+            p.Request(
+                "POST",
+                p.sandbox_path(self.id, "/fork"),
+                json={"count": count, "mode": mode},
+                timeout=None,
+            )
+        )
+        return [Sandbox(info, self._client) for info in p.parse_sandboxes(doc)]
+
+    def explore(
+        self,
+        commands: Sequence[str],
+        *,
+        timeout: Optional[float] = None,
+        keep: str = "winner",
+    ) -> ExploreResult:
+        """Run each command in its own live fork and keep the best (exit 0 scores 1.0).
+
+        Args:
+            commands: At most 16 shell command lines.
+            timeout: Seconds each branch may run.
+            keep: Which forks survive: ``"winner"`` (the losers are destroyed).
+
+        Returns:
+            An :class:`ExploreResult`; ``winner.sandbox_id`` names the surviving fork
+            (attach with :meth:`connect`).
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        body = p.drop_none({"commands": list(commands), "timeout_seconds": timeout, "keep": keep})
+        doc = self._client.request_json(
+            p.Request(
+                "POST",
+                p.sandbox_path(self.id, "/explore"),
+                json=body,
+                timeout=p.exec_read_timeout(timeout),
+            )
+        )
+        return ExploreResult.from_json(doc)
+
+    def update_network(
+        self,
+        egress: Optional[str] = None,
+        *,
+        allow: Optional[Sequence[str]] = None,
+        deny: Optional[Sequence[str]] = None,
+    ) -> None:
+        """Change the egress policy at once, including for open connections.
+
+        Args:
+            egress: ``"allow"``, ``"deny"`` or ``"none"``.
+            allow: Hosts, wildcards (``*.github.com``) or CIDRs to allow.
+            deny: Hosts or CIDRs to deny.
+
+        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        """
+        body = p.drop_none(
+            {
+                "egress": egress,
+                "allow": list(allow) if allow is not None else None,
+                "deny": list(deny) if deny is not None else None,
+            }
+        )
+        resp = self._client.request(
+            p.Request("PUT", p.sandbox_path(self.id, "/network"), json=body)
+        )
+        if resp.content:
+            doc = resp.json()
+            if isinstance(doc, dict) and "id" in doc:
+                self._set(doc)
+
+    # -- cleanup ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the connection (the sandbox keeps running). Idempotent."""
+        if not self._released:
+            self._released = True
+            self._client._release()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        """Kill the sandbox unless it is persistent, even when the block raised."""
+        try:
+            if not self._info.persistent:
+                try:
+                    self.kill()
+                except errors.HutchError:
+                    if exc_type is None:
+                        raise
+                    # The block's own exception is the one to report.
+        finally:
+            self.close()
+
+
+class Files:
+    """File operations inside a sandbox (``sb.files``). Every path is absolute."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def _path(self, suffix: str = "") -> str:
+        return p.sandbox_path(self._sb.id, "/files" + suffix)
+
+    def read_bytes(self, path: str) -> bytes:
+        """Read a whole file as bytes.
+
+        Raises:
+            FileNotFound: No such file.
+            InvalidRequest: ``path`` is a directory or not absolute.
+        """
+        return self._sb._client.request(
+            p.Request("GET", self._path(), params=p.file_params(path), kind="files", timeout=None)
+        ).content
+
+    def read(self, path: str, *, encoding: str = "utf-8", errors: str = "strict") -> str:
+        """Read a whole file as text."""
+        return self.read_bytes(path).decode(encoding, errors)
+
+    def write(
+        self,
+        path: str,
+        data: Union[str, bytes, bytearray, memoryview],
+        *,
+        mode: Union[int, str, None] = None,
+    ) -> None:
+        """Create or replace a file; parent directories are created.
+
+        Args:
+            path: Absolute path.
+            data: Text (written as UTF-8) or bytes.
+            mode: Permission bits, e.g. ``0o755`` or ``"0755"``.
+        """
+        self._sb._client.request(
+            p.Request(
+                "PUT",
+                self._path(),
+                params=p.file_params(path, mode=p.mode_text(mode)),
+                content=p.to_bytes(data),
+                kind="files",
+                timeout=None,
+            )
+        )
+
+    def list(self, path: str = "/", *, depth: int = 1) -> List[FileEntry]:
+        """List a directory, depth-first and sorted by path.
+
+        Args:
+            path: Absolute directory path.
+            depth: How many levels to descend (1–32).
+        """
+        doc = self._sb._client.request_json(
+            p.Request(
+                "GET", self._path("/list"), params=p.file_params(path, depth=depth), kind="files"
+            )
+        )
+        return [FileEntry.from_json(e) for e in doc.get("entries", [])]
+
+    def stat(self, path: str) -> FileEntry:
+        """Describe one path (symlinks are not followed).
+
+        Raises:
+            FileNotFound: No such path.
+        """
+        doc = self._sb._client.request_json(
+            p.Request("GET", self._path("/stat"), params=p.file_params(path), kind="files")
+        )
+        return FileEntry.from_json(doc)
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        try:
+            self.stat(path)
+        except errors.FileNotFound:
+            return False
+        return True
+
+    def mkdir(self, path: str) -> None:
+        """Create a directory and its parents (like ``mkdir -p``)."""
+        self._sb._client.request(
+            p.Request("POST", self._path("/mkdir"), json={"path": path}, kind="files")
+        )
+
+    def move(self, src: str, dst: str) -> None:
+        """Move or rename ``src`` to ``dst`` (the destination's parents are created)."""
+        self._sb._client.request(
+            p.Request("POST", self._path("/move"), json={"from": src, "to": dst}, kind="files")
+        )
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, or a directory (non-empty ones need ``recursive=True``).
+
+        Raises:
+            FileNotFound: No such path.
+            ConflictError: A non-empty directory without ``recursive``.
+        """
+        self._sb._client.request(
+            p.Request(
+                "DELETE",
+                self._path(),
+                params=p.file_params(path, recursive=recursive or None),
+                kind="files",
+                timeout=None,
+            )
+        )
+
+
+class PtySession:
+    """An interactive terminal in a sandbox (from :meth:`Sandbox.pty`).
+
+    ``read`` returns raw terminal bytes (with echo, prompts and escape sequences) as the
+    program writes them; ``send`` types into it::
+
+        with sb.pty() as term:
+            term.send("echo hi-$((1+1))\\n")
+            term.read_until("hi-2")
+    """
+
+    def __init__(self, ws: Any) -> None:
+        self._ws = ws
+        self._pending = b""
+        self._done = False
+        self.exit_code: Optional[int] = None
+        """The program's exit status, once it has exited."""
+        self.error: Optional[str] = None
+        """The server's message if the session failed."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the program exited or the socket closed."""
+        return self._done
+
+    def send(self, data: Union[str, bytes]) -> None:
+        """Type ``data`` (text is sent as UTF-8)."""
+        self._ws.send(p.to_bytes(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Change the terminal size."""
+        self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+
+    def _recv(self, timeout: Optional[float]) -> bytes:
+        from websockets.exceptions import ConnectionClosed
+
+        while not self._done:
+            try:
+                msg = self._ws.recv(timeout=timeout)
+            except TimeoutError as e:
+                raise errors.TimeoutError("no terminal output in time") from e
+            except ConnectionClosed:
+                self._done = True
+                break
+            if isinstance(msg, bytes):
+                return msg
+            try:
+                ctl = json.loads(msg)
+            except ValueError:
+                continue
+            if ctl.get("type") == "exit":
+                self.exit_code = int(ctl.get("exit_code", -1))
+            elif ctl.get("type") == "error":
+                self.error = str(ctl.get("message", "terminal session failed"))
+        return b""
+
+    def read(self, timeout: Optional[float] = None) -> bytes:
+        """The next chunk of output; ``b""`` once the program has exited.
+
+        Args:
+            timeout: Seconds to wait (``None``: forever).
+
+        Raises:
+            TimeoutError: Nothing arrived in time.
+        """
+        if self._pending:
+            out, self._pending = self._pending, b""
+            return out
+        return self._recv(timeout)
+
+    def read_until(self, pattern: Union[str, bytes], timeout: Optional[float] = 10.0) -> bytes:
+        """Read until ``pattern`` appears; returns everything up to and including it.
+
+        Output after the pattern is kept for the next read.
+
+        Raises:
+            TimeoutError: The pattern did not appear within ``timeout`` seconds.
+            HutchError: The program exited first.
+        """
+        import time
+
+        needle = p.to_bytes(pattern)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        buf, self._pending = self._pending, b""
+        while needle not in buf:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self._pending = buf
+                raise errors.TimeoutError(f"{pattern!r} did not appear in the terminal in time")
+            try:
+                chunk = self._recv(left)
+            except errors.TimeoutError:
+                self._pending = buf
+                raise errors.TimeoutError(
+                    f"{pattern!r} did not appear in the terminal in time"
+                ) from None
+            if not chunk:
+                self._pending = buf
+                raise errors.HutchError(
+                    f"the terminal closed (exit code {self.exit_code}) before {pattern!r} appeared"
+                )
+            buf += chunk
+        end = buf.index(needle) + len(needle)
+        self._pending = buf[end:]
+        return buf[:end]
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Discard output until the program exits; returns its exit code."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._pending = b""
+        while not self._done:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._recv(left)
+        return self.exit_code
+
+    def close(self) -> None:
+        """Close the terminal; the program is killed if still running."""
+        self._done = True
+        try:
+            self._ws.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+
+    def __enter__(self) -> PtySession:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

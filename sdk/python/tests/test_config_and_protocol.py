@@ -1,0 +1,136 @@
+"""Configuration and the pure parts of the protocol (no server needed, except the last test)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Server
+
+import hutch
+from hutch import _protocol as p
+from hutch._config import default_state_dir, resolve
+
+
+def test_resolve_prefers_arguments_then_env(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HUTCH_URL", "http://10.9.8.7:1234/")
+    monkeypatch.setenv("HUTCH_API_KEY", "env-key")
+    c = resolve()
+    assert (c.url, c.api_key) == ("http://10.9.8.7:1234", "env-key")
+    c = resolve("http://127.0.0.1:1", "arg-key")
+    assert (c.url, c.api_key) == ("http://127.0.0.1:1", "arg-key")
+
+
+def test_resolve_reads_admin_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("HUTCH_URL", raising=False)
+    monkeypatch.delenv("HUTCH_API_KEY", raising=False)
+    monkeypatch.setenv("HUTCH_STATE_DIR", str(tmp_path))
+    (tmp_path / "admin.key").write_text("file-key\n")
+    c = resolve()
+    assert (c.url, c.api_key) == (hutch.DEFAULT_URL, "file-key")
+    assert c.key_source.endswith("admin.key")
+    (tmp_path / "admin.key").unlink()
+    assert resolve().api_key is None
+
+
+def test_default_state_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HUTCH_STATE_DIR", "/somewhere")
+    assert default_state_dir() == Path("/somewhere")
+    monkeypatch.delenv("HUTCH_STATE_DIR")
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    assert default_state_dir() == Path("/var/lib/hutch")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_DATA_HOME", "/xdg")
+    assert default_state_dir() == Path("/xdg/hutch")
+
+
+def test_key_file_used_by_sandbox(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HUTCH_API_KEY", raising=False)
+    monkeypatch.setenv("HUTCH_STATE_DIR", str(server.state_dir))
+    with hutch.Sandbox.create() as sb:
+        assert sb.exec("echo ok").stdout == "ok\n"
+    monkeypatch.setenv("HUTCH_STATE_DIR", "/nonexistent-hutch-dir")
+    with pytest.raises(hutch.AuthError, match="unreadable"):
+        hutch.Sandbox.list()
+
+
+def test_sse_parser() -> None:
+    parser = p.SSEParser()
+    lines = [
+        ": keep-alive",
+        "",
+        "event: stdout",
+        'data: {"data":"a"}',
+        "",
+        "data: x",
+        "data: y",
+        "",
+    ]
+    out = [ev for ev in map(parser.feed, lines) if ev]
+    assert out == [("stdout", '{"data":"a"}'), ("message", "x\ny")]
+
+
+def test_stream_state_joins_split_utf8_and_flushes() -> None:
+    st = p.ExecStreamState()
+    euro = "€".encode()  # 3 bytes, split across two chunks
+
+    def b64(b: bytes) -> str:
+        return json.dumps({"data_b64": base64.b64encode(b).decode()})
+
+    assert st.handle("start", '{"pid": 3}') == [("start", 3)]
+    assert st.handle("stdout", b64(b"x" + euro[:2])) == [("stdout", "x")]
+    assert st.handle("stdout", b64(euro[2:])) == [("stdout", "€")]
+    assert st.handle("stderr", b64(b"\xe2")) == []
+    acts = st.handle("exit", '{"exit_code": 1, "timed_out": false, "duration_ms": 1}')
+    assert acts[0] == ("stderr", "\ufffd") and acts[-1][0] == "exit"
+    with pytest.raises(hutch.SandboxFailed):
+        p.ExecStreamState().handle("error", '{"code": "sandbox_failed", "message": "gone"}')
+
+
+def test_error_classes() -> None:
+    from hutch.errors import from_response
+
+    assert isinstance(
+        from_response(
+            404,
+            b'{"error":{"code":"not_found","message":"sandbox sbx_x does not exist"}}',
+            kind="files",
+        ),
+        hutch.SandboxNotFound,
+    )
+    assert isinstance(
+        from_response(
+            404, b'{"error":{"code":"not_found","message":"open /x: No such file"}}', kind="files"
+        ),
+        hutch.FileNotFound,
+    )
+    assert isinstance(
+        from_response(404, b'{"error":{"code":"not_found","message":"no such route"}}'),
+        hutch.Unsupported,
+    )
+    assert isinstance(
+        from_response(409, b'{"error":{"code":"sandbox_failed","message":"x"}}'),
+        hutch.ConflictError,
+    )
+    assert isinstance(from_response(429, b""), hutch.QuotaExceeded)
+    assert isinstance(from_response(502, b"bad gateway"), hutch.ServerError)
+    assert isinstance(hutch.TimeoutError("t"), TimeoutError)
+    e = from_response(422, b'{"error":{"code":"invalid_argument","message":"nope"}}')
+    assert isinstance(e, hutch.InvalidRequest) and str(e) == "[422 invalid_argument] nope"
+
+
+def test_exec_body() -> None:
+    assert p.exec_body(["a", 1], env=None, cwd=None, stdin=b"\x00", timeout=None, user=None) == {
+        "cmd": ["a", "1"],
+        "stdin_b64": "AA==",
+    }
+    with pytest.raises(TypeError):
+        p.exec_body(b"ls", env=None, cwd=None, stdin=None, timeout=None, user=None)  # type: ignore[arg-type]
+    assert p.mode_text(0o755) == "0755" and p.mode_text("644") == "644"
+    assert p.pty_url(
+        "https://h:1", "sbx_1", cmd="top -b", cols=80, rows=24, user=None, cwd=None
+    ) == ("wss://h:1/v1/sandboxes/sbx_1/pty?cols=80&rows=24&cmd=top+-b")

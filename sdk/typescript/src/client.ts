@@ -1,0 +1,254 @@
+import "./polyfill.js";
+import { resolveConfig, type ResolvedConfig } from "./config.js";
+import {
+  AuthError,
+  ConnectionError,
+  HutchError,
+  TimeoutError,
+  errorFromResponse,
+} from "./errors.js";
+import {
+  lifecycleEvent,
+  snapshot,
+  template,
+  type LifecycleEvent,
+  type Snapshot,
+  type Template,
+} from "./models.js";
+import { sseEvents } from "./sse.js";
+import { VERSION } from "./version.js";
+
+/** How to reach the server. Every field is optional. */
+export interface ClientOptions {
+  /** Server base URL. Default `$HUTCH_URL`, else `http://127.0.0.1:7700`. */
+  url?: string;
+  /** Bearer key. Default `$HUTCH_API_KEY`, else `<state dir>/admin.key`. */
+  apiKey?: string;
+  /** Where to look for `admin.key` (default: as `hutch serve` picks it). */
+  stateDir?: string;
+  /** Default per-request timeout in milliseconds (default 30000). */
+  timeoutMs?: number;
+}
+
+/** Query parameters: pairs, or a record whose undefined values are skipped. */
+export type Query = Array<[string, string]> | Record<string, string | number | boolean | undefined>;
+
+/** Options of {@link Client.request}. */
+export interface RequestOptions {
+  query?: Query;
+  /** JSON body. */
+  json?: unknown;
+  /** Raw body. */
+  body?: Uint8Array | string;
+  /** Overall timeout in milliseconds; `null` waits forever; default the client's. */
+  timeoutMs?: number | null;
+  /** Error-mapping hint: `"files"` when a 404 may mean a missing file. */
+  kind?: string;
+  /** Abort the request. */
+  signal?: AbortSignal;
+}
+
+/** Map a `fetch` failure to the SDK's errors. */
+export function mapFetchError(e: unknown, url: string): unknown {
+  if (e instanceof HutchError) return e;
+  const err = e as { name?: string; message?: string; cause?: { message?: string } };
+  if (err?.name === "TimeoutError") {
+    return new TimeoutError(`request to ${url} timed out`, { cause: e });
+  }
+  if (err?.name === "AbortError") return e;
+  const why = err?.cause?.message ?? err?.message ?? String(e);
+  return new ConnectionError(`cannot reach the Hutch server at ${url}: ${why}`, { cause: e });
+}
+
+/** A signal aborted when any of `signals` is (`AbortSignal.any` arrived in Node 20.3). */
+export function anySignal(signals: AbortSignal[]): AbortSignal {
+  if (typeof AbortSignal.any === "function") return AbortSignal.any(signals);
+  const controller = new AbortController();
+  for (const s of signals) {
+    if (s.aborted) {
+      controller.abort(s.reason);
+      break;
+    }
+    s.addEventListener("abort", () => controller.abort(s.reason), { once: true });
+  }
+  return controller.signal;
+}
+
+function signalFor(timeoutMs: number | null, user?: AbortSignal): AbortSignal | undefined {
+  const signals: AbortSignal[] = [];
+  if (timeoutMs !== null) signals.push(AbortSignal.timeout(timeoutMs));
+  if (user) signals.push(user);
+  if (signals.length <= 1) return signals[0];
+  return anySignal(signals);
+}
+
+/**
+ * A connection to a Hutch server. Most code never builds one: `Sandbox.create()` and friends
+ * make their own from the environment. Build one to pass around, or for server-wide calls
+ * such as {@link Client.templates} and {@link Client.events}.
+ */
+export class Client {
+  /** Resolved URL and key. */
+  readonly config: ResolvedConfig;
+  /** Default per-request timeout, milliseconds. */
+  readonly timeoutMs: number;
+
+  constructor(opts: ClientOptions = {}) {
+    this.config = resolveConfig(opts);
+    this.timeoutMs = opts.timeoutMs ?? 30_000;
+  }
+
+  /** The server's base URL. */
+  get url(): string {
+    return this.config.url;
+  }
+
+  /** Headers sent with every request (including the `Authorization` header). */
+  headers(): Record<string, string> {
+    const h: Record<string, string> = { "user-agent": `hutch-sdk-typescript/${VERSION}` };
+    if (this.config.apiKey) h.authorization = `Bearer ${this.config.apiKey}`;
+    return h;
+  }
+
+  private fail(err: HutchError): HutchError {
+    if (err instanceof AuthError) {
+      err.message = `${err.message} (API key from ${this.config.keySource})`;
+    }
+    return err;
+  }
+
+  /** Send a request; throws the mapped {@link HutchError} on a non-2xx answer. */
+  async request(method: string, path: string, opts: RequestOptions = {}): Promise<Response> {
+    const url = new URL(this.url + path);
+    if (opts.query) {
+      const pairs = Array.isArray(opts.query) ? opts.query : Object.entries(opts.query);
+      for (const [k, v] of pairs) if (v !== undefined) url.searchParams.append(k, String(v));
+    }
+    const headers = this.headers();
+    let body: string | Uint8Array | undefined = opts.body;
+    if (opts.json !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(opts.json);
+    }
+    const timeoutMs = opts.timeoutMs === undefined ? this.timeoutMs : opts.timeoutMs;
+    let resp: Response;
+    try {
+      resp = await fetch(url, {
+        method,
+        headers,
+        body,
+        signal: signalFor(timeoutMs, opts.signal),
+      });
+    } catch (e) {
+      throw mapFetchError(e, this.url);
+    }
+    if (!resp.ok) {
+      let text = "";
+      try {
+        text = await resp.text();
+      } catch {
+        // keep the status alone
+      }
+      throw this.fail(errorFromResponse(resp.status, text, opts.kind));
+    }
+    return resp;
+  }
+
+  /** Send a request and decode its JSON answer. */
+  async requestJson<T = Record<string, unknown>>(
+    method: string,
+    path: string,
+    opts: RequestOptions = {},
+  ): Promise<T> {
+    const resp = await this.request(method, path, opts);
+    try {
+      return (await resp.json()) as T;
+    } catch (e) {
+      throw mapFetchError(e, this.url);
+    }
+  }
+
+  /** `GET /healthz`: `{status: "ok", version}`. Needs no key. */
+  async health(): Promise<{ status: string; version: string }> {
+    return this.requestJson("GET", "/healthz");
+  }
+
+  /** The templates sandboxes can be created from. */
+  async templates(): Promise<Template[]> {
+    const doc = await this.requestJson<{ templates?: Record<string, unknown>[] }>("GET", "/v1/templates");
+    return (doc.templates ?? []).map((t) => template(t));
+  }
+
+  /**
+   * Subscribe to lifecycle events (`sandbox.created`, `sandbox.killed`, …). The subscription is
+   * live once the promise resolves:
+   *
+   * ```ts
+   * await using events = await client.events();
+   * for await (const ev of events) console.log(ev.type, ev.sandboxId);
+   * ```
+   *
+   * @param opts.idleTimeoutMs Longest wait for the next event; exceeding it throws {@link TimeoutError}.
+   */
+  async events(opts: { idleTimeoutMs?: number; signal?: AbortSignal } = {}): Promise<EventStream> {
+    const controller = new AbortController();
+    const signal = opts.signal ? anySignal([opts.signal, controller.signal]) : controller.signal;
+    const resp = await this.request("GET", "/v1/events", { timeoutMs: null, signal });
+    if (!resp.body) throw new HutchError("the events answer has no body");
+    return new EventStream(resp.body, controller, opts.idleTimeoutMs, this.url);
+  }
+
+  /** List snapshots. Not implemented by the server yet: it answers 404 until snapshots land. */
+  async snapshots(): Promise<Snapshot[]> {
+    const doc = await this.requestJson<{ snapshots?: Record<string, unknown>[] }>("GET", "/v1/snapshots");
+    return (doc.snapshots ?? []).map((s) => snapshot(s));
+  }
+
+  /** Delete a snapshot. Not implemented by the server yet: it answers 404 until snapshots land. */
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    await this.request("DELETE", `/v1/snapshots/${encodeURIComponent(snapshotId)}`);
+  }
+}
+
+/** An open `GET /v1/events` subscription: iterate it with `for await`. */
+export class EventStream implements AsyncIterable<LifecycleEvent>, AsyncDisposable {
+  private readonly iter: AsyncGenerator<LifecycleEvent>;
+
+  /** @internal */
+  constructor(
+    body: ReadableStream<Uint8Array>,
+    private readonly controller: AbortController,
+    idleTimeoutMs: number | undefined,
+    url: string,
+  ) {
+    this.iter = (async function* () {
+      try {
+        for await (const ev of sseEvents(body, idleTimeoutMs)) {
+          let doc: Record<string, unknown>;
+          try {
+            doc = JSON.parse(ev.data) as Record<string, unknown>;
+          } catch {
+            continue;
+          }
+          yield lifecycleEvent(doc, ev.event);
+        }
+      } catch (e) {
+        throw mapFetchError(e, url);
+      }
+    })();
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<LifecycleEvent> {
+    return this.iter;
+  }
+
+  /** End the subscription. */
+  async close(): Promise<void> {
+    this.controller.abort();
+    await this.iter.return(undefined).catch(() => undefined);
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}

@@ -1,0 +1,101 @@
+/** Options carried by every {@link HutchError}. */
+export interface HutchErrorOptions {
+  /** HTTP status of the answer, if the error came from one. */
+  status?: number;
+  /** The server's machine-readable `error.code`, e.g. `not_found`. */
+  code?: string;
+  cause?: unknown;
+}
+
+/** Base class of every error raised by this SDK. */
+export class HutchError extends Error {
+  /** HTTP status of the answer, if the error came from one. */
+  readonly status: number | undefined;
+  /** The server's machine-readable `error.code`, if any. */
+  readonly code: string | undefined;
+
+  constructor(message: string, opts: HutchErrorOptions = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = new.target.name;
+    this.status = opts.status;
+    this.code = opts.code;
+  }
+}
+
+/** 401: the API key is missing or wrong. */
+export class AuthError extends HutchError {}
+/** 403: the sandbox's filesystem refused the operation. */
+export class PermissionDenied extends HutchError {}
+/** 404: something does not exist. */
+export class NotFoundError extends HutchError {}
+/** 404: no such sandbox (never existed, killed, expired, or another tenant's). */
+export class SandboxNotFound extends NotFoundError {}
+/** 404: no such file or directory inside the sandbox. */
+export class FileNotFound extends NotFoundError {}
+/** 404 for a route this server does not have (a feature that has not landed yet). */
+export class Unsupported extends NotFoundError {}
+/** 400 or 422: malformed input, or a value (or feature) the server does not accept. */
+export class InvalidRequest extends HutchError {}
+/** 409: wrong state (sandbox not running or failed, directory not empty, …). */
+export class ConflictError extends HutchError {}
+/** The sandbox died or could not start (`sandbox_failed`). */
+export class SandboxFailed extends ConflictError {}
+/** 429: a quota or limit was reached. */
+export class QuotaExceeded extends HutchError {}
+/** 5xx: a bug or an unexpected failure on the server. */
+export class ServerError extends HutchError {}
+/**
+ * A request or read took longer than allowed (client side). A *command* hitting its own
+ * timeout is not an error: `ExecResult.timedOut` is set instead.
+ */
+export class TimeoutError extends HutchError {}
+/** The server could not be reached. */
+export class ConnectionError extends HutchError {}
+
+type ErrorClass = new (message: string, opts?: HutchErrorOptions) => HutchError;
+
+function classFor(status: number, code: string | undefined, message: string, kind: string): ErrorClass {
+  if (code === "sandbox_failed") return SandboxFailed;
+  if (status === 401) return AuthError;
+  if (status === 403) return PermissionDenied;
+  if (status === 404) {
+    if (message.startsWith("sandbox ")) return SandboxNotFound;
+    if (message.startsWith("no such route")) return Unsupported;
+    if (kind === "files") return FileNotFound;
+    return NotFoundError;
+  }
+  if (status === 400 || status === 422) return InvalidRequest;
+  if (status === 409) return ConflictError;
+  if (status === 429) return QuotaExceeded;
+  if (status >= 500) return ServerError;
+  return HutchError;
+}
+
+/**
+ * Build the error for a non-2xx answer. `kind` is `"files"` when a 404 that is not about the
+ * sandbox itself means a missing file.
+ */
+export function errorFromResponse(status: number, body: string, kind = ""): HutchError {
+  let code: string | undefined;
+  let message = "";
+  try {
+    const doc = JSON.parse(body) as { error?: { code?: unknown; message?: unknown } };
+    if (doc && typeof doc.error === "object" && doc.error) {
+      if (typeof doc.error.code === "string") code = doc.error.code;
+      if (typeof doc.error.message === "string") message = doc.error.message;
+    }
+  } catch {
+    // not JSON: use the text
+  }
+  if (!message) message = body.trim().slice(0, 500) || `HTTP ${status}`;
+  const Cls = classFor(status, code, message, kind);
+  return new Cls(message, { status, code });
+}
+
+/** Build the error for an `error` event ending an exec stream. */
+export function errorFromEvent(payload: { code?: unknown; message?: unknown }): HutchError {
+  const code = typeof payload.code === "string" ? payload.code : undefined;
+  const message =
+    typeof payload.message === "string" ? payload.message : "the command could not be run to completion";
+  return code === "sandbox_failed" ? new SandboxFailed(message, { code }) : new HutchError(message, { code });
+}

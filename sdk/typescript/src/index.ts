@@ -1,0 +1,60 @@
+/**
+ * TypeScript client for Hutch, a self-hosted sandbox runtime for AI agents.
+ *
+ * ```ts
+ * import { Sandbox } from "@hutch/sdk";
+ * await using sb = await Sandbox.create();
+ * console.log((await sb.exec(["echo", "hello"])).stdout);
+ * ```
+ *
+ * Configuration comes from `HUTCH_URL` (default `http://127.0.0.1:7700`) and `HUTCH_API_KEY`
+ * (default: the server's `<state dir>/admin.key`).
+ */
+import "./polyfill.js";
+
+export { Client, EventStream, type ClientOptions, type Query, type RequestOptions } from "./client.js";
+export { DEFAULT_URL, defaultStateDir, resolveConfig, type ResolvedConfig } from "./config.js";
+export {
+  AuthError,
+  ConflictError,
+  ConnectionError,
+  FileNotFound,
+  HutchError,
+  InvalidRequest,
+  NotFoundError,
+  PermissionDenied,
+  QuotaExceeded,
+  SandboxFailed,
+  SandboxNotFound,
+  ServerError,
+  TimeoutError,
+  Unsupported,
+  errorFromResponse,
+  type HutchErrorOptions,
+} from "./errors.js";
+export type {
+  ExecResult,
+  ExploreOutcome,
+  ExploreResult,
+  FileEntry,
+  LifecycleEvent,
+  SandboxInfo,
+  SandboxState,
+  Snapshot,
+  Template,
+  Usage,
+} from "./models.js";
+export { PtySession, type PtyOptions } from "./pty.js";
+export {
+  Files,
+  Sandbox,
+  type Command,
+  type ConnectOptions,
+  type CreateOptions,
+  type ExecOptions,
+  type ExecStreamOptions,
+  type NetworkPolicy,
+  type VolumeMount,
+} from "./sandbox.js";
+export { sseEvents, type SseEvent } from "./sse.js";
+export { VERSION } from "./version.js";

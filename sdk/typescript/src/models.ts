@@ -1,0 +1,273 @@
+/** Plain data returned by the SDK. Each keeps the server's JSON in `raw`. Times are RFC 3339 strings. */
+
+/** Lifecycle states. */
+export type SandboxState = "starting" | "running" | "paused" | "hibernated" | "stopped" | "failed";
+
+/** A sandbox as the server last described it. */
+export interface SandboxInfo {
+  id: string;
+  template: string;
+  /** `ns` or `vm`. */
+  isolation: string;
+  state: SandboxState | string;
+  metadata: Record<string, string>;
+  cpus: number;
+  memoryMib: number;
+  diskMib: number | undefined;
+  pidsMax: number | undefined;
+  createdAt: string;
+  /** When the sandbox will be reaped unless used again; null when persistent. */
+  expiresAt: string | null;
+  ttlSeconds: number | undefined;
+  persistent: boolean;
+  network: Record<string, unknown>;
+  /** Why the sandbox failed; only when `state === "failed"`. */
+  error: string | undefined;
+  raw: Record<string, unknown>;
+}
+
+/** The collected result of a command. A non-zero exit code is not an error. */
+export interface ExecResult {
+  /** Standard output as text (invalid UTF-8 replaced by U+FFFD; see `stdoutBytes`). */
+  stdout: string;
+  stderr: string;
+  /** The program's status; `128+N` if killed by signal N; 124 on timeout; 127 if not found. */
+  exitCode: number;
+  /** The command's own timeout killed it. */
+  timedOut: boolean;
+  durationMs: number;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  oomKilled: boolean;
+  /** The exact bytes of stdout. */
+  stdoutBytes: Uint8Array;
+  stderrBytes: Uint8Array;
+  /** True when the command exited 0 and did not time out. */
+  ok: boolean;
+  raw: Record<string, unknown>;
+}
+
+/** A file, directory or symlink inside a sandbox. */
+export interface FileEntry {
+  name: string;
+  path: string;
+  /** `file`, `dir`, `symlink` or `other`. */
+  type: "file" | "dir" | "symlink" | "other" | string;
+  size: number;
+  /** Permission bits as a number (`0o644 === 420`). */
+  mode: number;
+  modifiedAt: string;
+  symlinkTarget: string | undefined;
+  raw: Record<string, unknown>;
+}
+
+/** Resource usage of a sandbox right now. */
+export interface Usage {
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  oomKills: number;
+  cpuUsageNs: number;
+  pids: number;
+  raw: Record<string, unknown>;
+}
+
+/** A root filesystem sandboxes can be created from. */
+export interface Template {
+  name: string;
+  ready: boolean;
+  isolations: string[];
+  sizeBytes: number;
+  description: string;
+  createdAt: string | undefined;
+  defaults: Record<string, unknown>;
+  raw: Record<string, unknown>;
+}
+
+/** One event from `GET /v1/events`. */
+export interface LifecycleEvent {
+  /** `sandbox.created`, `sandbox.killed`, `sandbox.expired`, `sandbox.failed`, `sandbox.oom`, … */
+  type: string;
+  sandboxId: string;
+  tenantId: string | null;
+  at: string;
+  detail: string | undefined;
+  raw: Record<string, unknown>;
+}
+
+/** A saved sandbox state. */
+export interface Snapshot {
+  id: string;
+  name: string | undefined;
+  sandboxId: string;
+  /** `memory` or `filesystem`. */
+  kind: string;
+  sizeBytes: number;
+  createdAt: string;
+  raw: Record<string, unknown>;
+}
+
+/** How one command of an `explore` call did. */
+export interface ExploreOutcome {
+  sandboxId: string | undefined;
+  index: number;
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  score: number;
+  raw: Record<string, unknown>;
+}
+
+/** The answer of `explore`: the winning branch (kept alive) and every outcome. */
+export interface ExploreResult {
+  winner: ExploreOutcome | undefined;
+  outcomes: ExploreOutcome[];
+  raw: Record<string, unknown>;
+}
+
+type Json = Record<string, unknown>;
+
+const str = (v: unknown, d = ""): string => (typeof v === "string" ? v : d);
+const num = (v: unknown, d = 0): number => (typeof v === "number" ? v : d);
+const optNum = (v: unknown): number | undefined => (typeof v === "number" ? v : undefined);
+const optStr = (v: unknown): string | undefined => (typeof v === "string" ? v : undefined);
+const obj = (v: unknown): Json => (v && typeof v === "object" && !Array.isArray(v) ? (v as Json) : {});
+
+function strMap(v: unknown): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [k, x] of Object.entries(obj(v))) out[k] = String(x);
+  return out;
+}
+
+function b64(v: unknown): Uint8Array | undefined {
+  return typeof v === "string" ? new Uint8Array(Buffer.from(v, "base64")) : undefined;
+}
+
+/** @internal */
+export function sandboxInfo(d: Json): SandboxInfo {
+  return {
+    id: str(d.id),
+    template: str(d.template),
+    isolation: str(d.isolation),
+    state: str(d.state),
+    metadata: strMap(d.metadata),
+    cpus: num(d.cpus),
+    memoryMib: num(d.memory_mib),
+    diskMib: optNum(d.disk_mib),
+    pidsMax: optNum(d.pids_max),
+    createdAt: str(d.created_at),
+    expiresAt: typeof d.expires_at === "string" ? d.expires_at : null,
+    ttlSeconds: optNum(d.ttl_seconds),
+    persistent: d.persistent === true,
+    network: obj(d.network),
+    error: optStr(d.error),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function execResult(d: Json): ExecResult {
+  const enc = new TextEncoder();
+  const exitCode = num(d.exit_code, -1);
+  const timedOut = d.timed_out === true;
+  return {
+    stdout: str(d.stdout),
+    stderr: str(d.stderr),
+    exitCode,
+    timedOut,
+    durationMs: num(d.duration_ms),
+    stdoutTruncated: d.stdout_truncated === true,
+    stderrTruncated: d.stderr_truncated === true,
+    oomKilled: d.oom_killed === true,
+    stdoutBytes: b64(d.stdout_b64) ?? enc.encode(str(d.stdout)),
+    stderrBytes: b64(d.stderr_b64) ?? enc.encode(str(d.stderr)),
+    ok: exitCode === 0 && !timedOut,
+    raw: d,
+  };
+}
+
+/** @internal */
+export function fileEntry(d: Json): FileEntry {
+  return {
+    name: str(d.name),
+    path: str(d.path),
+    type: str(d.type),
+    size: num(d.size),
+    mode: num(d.mode),
+    modifiedAt: str(d.modified_at),
+    symlinkTarget: optStr(d.symlink_target),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function usage(d: Json): Usage {
+  return {
+    memoryBytes: num(d.memory_bytes),
+    memoryLimitBytes: num(d.memory_limit_bytes),
+    oomKills: num(d.oom_kills),
+    cpuUsageNs: num(d.cpu_usage_ns),
+    pids: num(d.pids),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function template(d: Json): Template {
+  return {
+    name: str(d.name),
+    ready: d.ready === true,
+    isolations: Array.isArray(d.isolations) ? d.isolations.map(String) : [],
+    sizeBytes: num(d.size_bytes),
+    description: str(d.description),
+    createdAt: optStr(d.created_at),
+    defaults: obj(d.defaults),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function lifecycleEvent(d: Json, event = ""): LifecycleEvent {
+  return {
+    type: str(d.type, event),
+    sandboxId: str(d.sandbox_id),
+    tenantId: typeof d.tenant_id === "string" ? d.tenant_id : null,
+    at: str(d.at),
+    detail: optStr(d.detail),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function snapshot(d: Json): Snapshot {
+  return {
+    id: str(d.id),
+    name: optStr(d.name),
+    sandboxId: str(d.sandbox_id),
+    kind: str(d.kind),
+    sizeBytes: num(d.size_bytes),
+    createdAt: str(d.created_at),
+    raw: d,
+  };
+}
+
+function exploreOutcome(d: Json): ExploreOutcome {
+  return {
+    sandboxId: optStr(d.sandbox_id),
+    index: num(d.index),
+    exitCode: num(d.exit_code, -1),
+    stdout: str(d.stdout),
+    stderr: str(d.stderr),
+    score: num(d.score),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function exploreResult(d: Json): ExploreResult {
+  const w = d.winner;
+  return {
+    winner: w && typeof w === "object" ? exploreOutcome(w as Json) : undefined,
+    outcomes: Array.isArray(d.outcomes) ? d.outcomes.map((o) => exploreOutcome(obj(o))) : [],
+    raw: d,
+  };
+}

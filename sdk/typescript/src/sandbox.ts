@@ -1,0 +1,547 @@
+import "./polyfill.js";
+import { Client, anySignal, mapFetchError, type ClientOptions } from "./client.js";
+import { HutchError, SandboxNotFound, FileNotFound, errorFromEvent } from "./errors.js";
+import {
+  execResult,
+  exploreResult,
+  fileEntry,
+  sandboxInfo,
+  snapshot,
+  usage,
+  type ExecResult,
+  type ExploreResult,
+  type FileEntry,
+  type SandboxInfo,
+  type Snapshot,
+  type Usage,
+} from "./models.js";
+import { PtySession, type PtyOptions } from "./pty.js";
+import { sseEvents } from "./sse.js";
+
+/** A command: a string runs under `/bin/sh -c`; an array runs that program without a shell. */
+export type Command = string | readonly string[];
+
+/** Where to find the server: an existing {@link Client}, or options to make one. */
+export interface ConnectOptions extends ClientOptions {
+  /** Use this client (else one is made from the other options and the environment). */
+  client?: Client;
+}
+
+/** Egress policy. The server accepts only `{egress: "none"}` for now (422 otherwise). */
+export interface NetworkPolicy {
+  egress?: "allow" | "deny" | "none" | string;
+  allow?: string[];
+  deny?: string[];
+}
+
+/** A volume to attach. Not supported by the server yet (422 when non-empty). */
+export interface VolumeMount {
+  volume: string;
+  path: string;
+  readOnly?: boolean;
+}
+
+/** Options of {@link Sandbox.create}. Every field is optional. */
+export interface CreateOptions extends ConnectOptions {
+  /** Template name; the server's default when unset. */
+  template?: string;
+  /** `auto`, `ns` or `vm`. */
+  isolation?: "auto" | "ns" | "vm";
+  /** Idle lifetime: the sandbox is reaped after this long without a call. */
+  ttlSeconds?: number;
+  /** Never reap the sandbox (and do not kill it on disposal). */
+  persistent?: boolean;
+  /** String labels, filterable with {@link Sandbox.list}. */
+  metadata?: Record<string, string>;
+  /** Environment for every command. */
+  env?: Record<string, string>;
+  /** CPU bandwidth in cores (may be fractional). */
+  cpus?: number;
+  memoryMib?: number;
+  diskMib?: number;
+  pidsMax?: number;
+  network?: NetworkPolicy;
+  volumes?: VolumeMount[];
+  /** Start from this snapshot instead of a template. Not supported by the server yet (422). */
+  snapshot?: string;
+}
+
+/** Options of {@link Sandbox.exec}. */
+export interface ExecOptions {
+  /** Extra environment variables. */
+  env?: Record<string, string>;
+  /** Absolute working directory (default: the user's home, else `/`). */
+  cwd?: string;
+  /** Text or bytes fed to standard input. */
+  stdin?: string | Uint8Array;
+  /**
+   * Seconds before the command is killed (`exitCode` 124, `timedOut` set); `0` means no limit;
+   * default the server's (60 s).
+   */
+  timeoutSeconds?: number;
+  /** User to run as (default `root`). */
+  user?: string;
+  /** Abort the call (for a stream this kills the command). */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link Sandbox.execStream}: {@link ExecOptions} plus callbacks. */
+export interface ExecStreamOptions extends ExecOptions {
+  /** Called with each chunk of standard output (may return a promise, which is awaited). */
+  onStdout?: (text: string) => unknown;
+  /** Called with each chunk of standard error. */
+  onStderr?: (text: string) => unknown;
+  /** Called with the process id once it started. */
+  onStart?: (pid: number) => unknown;
+}
+
+function execBody(cmd: Command, opts: ExecOptions): Record<string, unknown> {
+  if (typeof cmd !== "string" && !Array.isArray(cmd)) {
+    throw new TypeError("cmd must be a string (shell command line) or an array of strings (argv)");
+  }
+  const body: Record<string, unknown> = { cmd: typeof cmd === "string" ? cmd : cmd.map(String) };
+  if (opts.env !== undefined) body.env = opts.env;
+  if (opts.cwd !== undefined) body.cwd = opts.cwd;
+  if (opts.user !== undefined) body.user = opts.user;
+  if (typeof opts.stdin === "string") body.stdin = opts.stdin;
+  else if (opts.stdin !== undefined) body.stdin_b64 = Buffer.from(opts.stdin).toString("base64");
+  if (opts.timeoutSeconds !== undefined) body.timeout_seconds = opts.timeoutSeconds;
+  return body;
+}
+
+/** How long to wait for a collected answer: the command's timeout plus slack, or forever. */
+function execTimeoutMs(timeoutSeconds: number | undefined): number | null {
+  return timeoutSeconds ? (timeoutSeconds + 30) * 1000 : null;
+}
+
+function dropUndefined(o: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
+}
+
+function clientFor(opts: ConnectOptions): Client {
+  return opts.client ?? new Client(opts);
+}
+
+function sandboxPath(id: string, suffix = ""): string {
+  return `/v1/sandboxes/${encodeURIComponent(id)}${suffix}`;
+}
+
+type Json = Record<string, unknown>;
+
+/**
+ * A sandbox on a Hutch server. Create one with {@link Sandbox.create} (best with `await using`,
+ * which kills it when the scope ends unless it is persistent), attach with
+ * {@link Sandbox.connect}, or find them with {@link Sandbox.list}.
+ *
+ * ```ts
+ * await using sb = await Sandbox.create({ template: "base" });
+ * const r = await sb.exec(["python3", "-c", "print(6*7)"]);
+ * console.log(r.stdout); // 42
+ * ```
+ */
+export class Sandbox implements AsyncDisposable {
+  private _info: SandboxInfo;
+  /** The client this sandbox talks through. */
+  readonly client: Client;
+  /** File operations inside the sandbox. */
+  readonly files: Files;
+
+  /** Wrap an existing sandbox; prefer {@link Sandbox.create}, {@link Sandbox.connect} or {@link Sandbox.list}. */
+  constructor(info: SandboxInfo, client: Client) {
+    this._info = info;
+    this.client = client;
+    this.files = new Files(this);
+  }
+
+  /**
+   * Create a sandbox; it is `running` when the promise resolves.
+   * @throws {@link InvalidRequest} for a value the server refuses; {@link NotFoundError} for an
+   *   unknown template; {@link ConflictError} when the template is not ready.
+   */
+  static async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    const client = clientFor(opts);
+    const body = dropUndefined({
+      template: opts.template,
+      isolation: opts.isolation,
+      ttl_seconds: opts.ttlSeconds,
+      persistent: opts.persistent,
+      metadata: opts.metadata,
+      env: opts.env,
+      cpus: opts.cpus,
+      memory_mib: opts.memoryMib,
+      disk_mib: opts.diskMib,
+      pids_max: opts.pidsMax,
+      network: opts.network,
+      volumes: opts.volumes?.map((v) =>
+        dropUndefined({ volume: v.volume, path: v.path, read_only: v.readOnly }),
+      ),
+      snapshot: opts.snapshot,
+    });
+    const doc = await client.requestJson<Json>("POST", "/v1/sandboxes", { json: body, timeoutMs: null });
+    return new Sandbox(sandboxInfo(doc), client);
+  }
+
+  /**
+   * Attach to an existing sandbox by id.
+   * @throws {@link SandboxNotFound}
+   */
+  static async connect(sandboxId: string, opts: ConnectOptions = {}): Promise<Sandbox> {
+    const client = clientFor(opts);
+    const doc = await client.requestJson<Json>("GET", sandboxPath(sandboxId));
+    return new Sandbox(sandboxInfo(doc), client);
+  }
+
+  /** List the sandboxes visible to this key, optionally filtered by metadata and state. */
+  static async list(
+    opts: ConnectOptions & { metadata?: Record<string, string>; state?: string } = {},
+  ): Promise<Sandbox[]> {
+    const client = clientFor(opts);
+    const query: Array<[string, string]> = [];
+    if (opts.state !== undefined) query.push(["state", opts.state]);
+    for (const [k, v] of Object.entries(opts.metadata ?? {})) query.push([`metadata.${k}`, v]);
+    const doc = await client.requestJson<{ sandboxes?: Json[] }>("GET", "/v1/sandboxes", { query });
+    return (doc.sandboxes ?? []).map((s) => new Sandbox(sandboxInfo(s), client));
+  }
+
+  /** The sandbox id, `sbx_…`. */
+  get id(): string {
+    return this._info.id;
+  }
+
+  /** The sandbox as last seen (see {@link refresh}). */
+  get info(): SandboxInfo {
+    return this._info;
+  }
+
+  /** The state as last seen. */
+  get state(): string {
+    return this._info.state;
+  }
+
+  private set(doc: Json): SandboxInfo {
+    this._info = sandboxInfo(doc);
+    return this._info;
+  }
+
+  /** Fetch the current state (this also refreshes the TTL). */
+  async refresh(): Promise<SandboxInfo> {
+    return this.set(await this.client.requestJson<Json>("GET", sandboxPath(this.id)));
+  }
+
+  /** Change the TTL, persistence or metadata (`metadata` replaces the whole map). */
+  async update(changes: { ttlSeconds?: number; persistent?: boolean; metadata?: Record<string, string> }): Promise<SandboxInfo> {
+    const body = dropUndefined({
+      ttl_seconds: changes.ttlSeconds,
+      persistent: changes.persistent,
+      metadata: changes.metadata,
+    });
+    return this.set(await this.client.requestJson<Json>("PATCH", sandboxPath(this.id), { json: body }));
+  }
+
+  /** Set the idle lifetime; the expiry moves to now + `ttlSeconds`. */
+  setTtl(ttlSeconds: number): Promise<SandboxInfo> {
+    return this.update({ ttlSeconds });
+  }
+
+  /** Make the sandbox persistent (never reaped, kept on disposal) or not. */
+  setPersistent(persistent = true): Promise<SandboxInfo> {
+    return this.update({ persistent });
+  }
+
+  /** Replace the sandbox's metadata. */
+  setMetadata(metadata: Record<string, string>): Promise<SandboxInfo> {
+    return this.update({ metadata });
+  }
+
+  /** Memory, CPU and process counts right now (undefined if the server cannot read them). */
+  async usage(): Promise<Usage | undefined> {
+    const doc = await this.client.requestJson<{ usage?: Json | null }>("GET", sandboxPath(this.id, "/usage"));
+    return doc.usage ? usage(doc.usage) : undefined;
+  }
+
+  /**
+   * Run a command to completion and collect its output. An array runs the program directly
+   * without a shell, so arguments (even ones a model wrote) reach it verbatim; a string runs
+   * under `/bin/sh -c`. A non-zero exit is not an error.
+   * @throws {@link InvalidRequest} for an empty `cmd`, a relative `cwd`, bad `env` or timeout.
+   */
+  async exec(cmd: Command, opts: ExecOptions = {}): Promise<ExecResult> {
+    const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/exec"), {
+      json: execBody(cmd, opts),
+      timeoutMs: execTimeoutMs(opts.timeoutSeconds),
+      signal: opts.signal,
+    });
+    return execResult(doc);
+  }
+
+  /**
+   * Run a command, calling back with its output as it is produced; resolves to the exit code.
+   * Callbacks run in the order the output arrived, all before the promise resolves. Output is
+   * decoded as UTF-8 incrementally. If a callback throws, the stream is dropped, which kills
+   * the command.
+   * @throws {@link SandboxFailed} when the sandbox died before the command finished.
+   */
+  async execStream(cmd: Command, opts: ExecStreamOptions = {}): Promise<number> {
+    const controller = new AbortController();
+    const signal = opts.signal ? anySignal([opts.signal, controller.signal]) : controller.signal;
+    const resp = await this.client.request("POST", sandboxPath(this.id, "/exec/stream"), {
+      json: execBody(cmd, opts),
+      timeoutMs: null,
+      signal,
+    });
+    if (!resp.body) throw new HutchError("the exec stream has no body");
+    const decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+    const callbacks = { stdout: opts.onStdout, stderr: opts.onStderr };
+    try {
+      for await (const ev of sseEvents(resp.body)) {
+        let payload: Json = {};
+        try {
+          payload = ev.data ? (JSON.parse(ev.data) as Json) : {};
+        } catch {
+          // ignore malformed payloads
+        }
+        if (ev.event === "start") {
+          if (opts.onStart) await opts.onStart(Number(payload.pid));
+        } else if (ev.event === "stdout" || ev.event === "stderr") {
+          const raw =
+            typeof payload.data === "string"
+              ? Buffer.from(payload.data, "utf8")
+              : typeof payload.data_b64 === "string"
+                ? Buffer.from(payload.data_b64, "base64")
+                : undefined;
+          if (!raw) continue;
+          const text = decoders[ev.event].decode(raw, { stream: true });
+          const cb = callbacks[ev.event];
+          if (text && cb) await cb(text);
+        } else if (ev.event === "exit") {
+          for (const name of ["stdout", "stderr"] as const) {
+            const tail = decoders[name].decode();
+            const cb = callbacks[name];
+            if (tail && cb) await cb(tail);
+          }
+          return typeof payload.exit_code === "number" ? payload.exit_code : -1;
+        } else if (ev.event === "error") {
+          throw errorFromEvent(payload);
+        }
+      }
+    } catch (e) {
+      if (e instanceof HutchError) throw e;
+      const err = e as { name?: string };
+      if (err?.name === "AbortError" || err?.name === "TypeError" || err?.name === "TimeoutError") {
+        throw mapFetchError(e, this.client.url);
+      }
+      throw e;
+    } finally {
+      controller.abort();
+    }
+    throw new HutchError("the exec stream ended without an exit event");
+  }
+
+  /** Open an interactive terminal (a WebSocket). Close it (or use `await using`) when done. */
+  async pty(opts: PtyOptions = {}): Promise<PtySession> {
+    const u = new URL(this.client.url + sandboxPath(this.id, "/pty"));
+    u.protocol = u.protocol === "https:" ? "wss:" : "ws:";
+    u.searchParams.set("cols", String(opts.cols ?? 80));
+    u.searchParams.set("rows", String(opts.rows ?? 24));
+    if (opts.cmd !== undefined) u.searchParams.set("cmd", opts.cmd);
+    if (opts.user !== undefined) u.searchParams.set("user", opts.user);
+    if (opts.cwd !== undefined) u.searchParams.set("cwd", opts.cwd);
+    try {
+      return await PtySession.open(u.toString(), this.client.headers(), opts.openTimeoutMs);
+    } catch (e) {
+      if (e instanceof HutchError && e.status === 401) {
+        e.message = `${e.message} (API key from ${this.client.config.keySource})`;
+      }
+      throw e;
+    }
+  }
+
+  /** Destroy the sandbox and everything in it. Killing a sandbox twice is not an error. */
+  async kill(): Promise<void> {
+    try {
+      await this.client.request("DELETE", sandboxPath(this.id));
+    } catch (e) {
+      if (!(e instanceof SandboxNotFound)) throw e;
+    }
+    this._info = { ...this._info, state: "stopped" };
+  }
+
+  private async lifecycle(action: string): Promise<SandboxInfo> {
+    return this.set(
+      await this.client.requestJson<Json>("POST", sandboxPath(this.id, `/${action}`), { timeoutMs: null }),
+    );
+  }
+
+  /** Freeze every process. Not implemented by the server yet: it answers 404 or 422 until it lands. */
+  pause(): Promise<SandboxInfo> {
+    return this.lifecycle("pause");
+  }
+
+  /** Resume a paused sandbox. Not implemented by the server yet (404 or 422 until it lands). */
+  resume(): Promise<SandboxInfo> {
+    return this.lifecycle("resume");
+  }
+
+  /** Save to disk and stop; any later call wakes it. Not implemented by the server yet (404 or 422). */
+  hibernate(): Promise<SandboxInfo> {
+    return this.lifecycle("hibernate");
+  }
+
+  /** Wake a hibernated sandbox. Not implemented by the server yet (404 or 422 until it lands). */
+  wake(): Promise<SandboxInfo> {
+    return this.lifecycle("wake");
+  }
+
+  /**
+   * Save the sandbox's state; new sandboxes can start from it (`create({snapshot})`).
+   * Not implemented by the server yet (404 or 422 until it lands).
+   */
+  async snapshot(opts: { name?: string } = {}): Promise<Snapshot> {
+    const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/snapshots"), {
+      json: dropUndefined({ name: opts.name }),
+      timeoutMs: null,
+    });
+    return snapshot(doc);
+  }
+
+  /**
+   * Clone the sandbox `count` times (`mode` `"disk"` copies the filesystem, `"live"` also
+   * memory and processes). Not implemented by the server yet (404 or 422 until it lands).
+   */
+  async fork(opts: { count?: number; mode?: "disk" | "live" } = {}): Promise<Sandbox[]> {
+    const doc = await this.client.requestJson<{ sandboxes?: Json[] }>("POST", sandboxPath(this.id, "/fork"), {
+      json: { count: opts.count ?? 1, mode: opts.mode ?? "disk" },
+      timeoutMs: null,
+    });
+    return (doc.sandboxes ?? []).map((s) => new Sandbox(sandboxInfo(s), this.client));
+  }
+
+  /**
+   * Run each command (at most 16) in its own live fork and keep the best (exit 0 scores 1.0);
+   * `winner.sandboxId` names the surviving fork. Not implemented by the server yet (404 or 422).
+   */
+  async explore(
+    commands: string[],
+    opts: { timeoutSeconds?: number; keep?: string } = {},
+  ): Promise<ExploreResult> {
+    const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/explore"), {
+      json: dropUndefined({ commands, timeout_seconds: opts.timeoutSeconds, keep: opts.keep ?? "winner" }),
+      timeoutMs: execTimeoutMs(opts.timeoutSeconds),
+    });
+    return exploreResult(doc);
+  }
+
+  /**
+   * Change the egress policy at once, including for open connections.
+   * Not implemented by the server yet (404 or 422 until it lands).
+   */
+  async updateNetwork(policy: NetworkPolicy): Promise<void> {
+    const resp = await this.client.request("PUT", sandboxPath(this.id, "/network"), {
+      json: dropUndefined({ egress: policy.egress, allow: policy.allow, deny: policy.deny }),
+    });
+    const text = await resp.text();
+    if (text) {
+      try {
+        const doc = JSON.parse(text) as Json;
+        if (typeof doc.id === "string") this.set(doc);
+      } catch {
+        // not a sandbox
+      }
+    }
+  }
+
+  /** Kill the sandbox unless it is persistent (what `await using` calls). */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (!this._info.persistent) await this.kill();
+  }
+
+  toString(): string {
+    return `Sandbox(${this.id}, ${this._info.template}, ${this.state})`;
+  }
+}
+
+/** File operations inside a sandbox (`sandbox.files`). Every path is absolute. */
+export class Files {
+  /** @internal */
+  constructor(private readonly sb: Sandbox) {}
+
+  private path(suffix = ""): string {
+    return sandboxPath(this.sb.id, `/files${suffix}`);
+  }
+
+  /**
+   * Read a whole file as bytes.
+   * @throws {@link FileNotFound}; {@link InvalidRequest} for a directory or a relative path.
+   */
+  async readBytes(path: string): Promise<Uint8Array> {
+    const resp = await this.sb.client.request("GET", this.path(), { query: { path }, kind: "files", timeoutMs: null });
+    return new Uint8Array(await resp.arrayBuffer());
+  }
+
+  /** Read a whole file as UTF-8 text. */
+  async read(path: string): Promise<string> {
+    return new TextDecoder().decode(await this.readBytes(path));
+  }
+
+  /**
+   * Create or replace a file; parent directories are created.
+   * @param opts.mode Permission bits, e.g. `0o755` or `"0755"`.
+   */
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number | string } = {}): Promise<void> {
+    const mode =
+      typeof opts.mode === "number" ? opts.mode.toString(8).padStart(4, "0") : opts.mode;
+    await this.sb.client.request("PUT", this.path(), {
+      query: { path, mode },
+      body: typeof data === "string" ? new TextEncoder().encode(data) : data,
+      kind: "files",
+      timeoutMs: null,
+    });
+  }
+
+  /** List a directory, depth-first and sorted by path (`depth` 1–32, default 1). */
+  async list(path = "/", opts: { depth?: number } = {}): Promise<FileEntry[]> {
+    const doc = await this.sb.client.requestJson<{ entries?: Json[] }>("GET", this.path("/list"), {
+      query: { path, depth: opts.depth },
+      kind: "files",
+    });
+    return (doc.entries ?? []).map((e) => fileEntry(e));
+  }
+
+  /** Describe one path (symlinks are not followed). @throws {@link FileNotFound} */
+  async stat(path: string): Promise<FileEntry> {
+    return fileEntry(await this.sb.client.requestJson<Json>("GET", this.path("/stat"), { query: { path }, kind: "files" }));
+  }
+
+  /** Whether `path` exists. */
+  async exists(path: string): Promise<boolean> {
+    try {
+      await this.stat(path);
+      return true;
+    } catch (e) {
+      if (e instanceof FileNotFound) return false;
+      throw e;
+    }
+  }
+
+  /** Create a directory and its parents (like `mkdir -p`). */
+  async mkdir(path: string): Promise<void> {
+    await this.sb.client.request("POST", this.path("/mkdir"), { json: { path }, kind: "files" });
+  }
+
+  /** Move or rename `from` to `to` (the destination's parents are created). */
+  async move(from: string, to: string): Promise<void> {
+    await this.sb.client.request("POST", this.path("/move"), { json: { from, to }, kind: "files" });
+  }
+
+  /**
+   * Remove a file, or a directory (non-empty ones need `recursive: true`).
+   * @throws {@link FileNotFound}; {@link ConflictError} for a non-empty directory without `recursive`.
+   */
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.sb.client.request("DELETE", this.path(), {
+      query: { path, recursive: opts.recursive ? true : undefined },
+      kind: "files",
+      timeoutMs: null,
+    });
+  }
+}

@@ -1,0 +1,88 @@
+// Pure pieces: configuration, error mapping, SSE parsing (no server).
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import {
+  DEFAULT_URL,
+  FileNotFound,
+  InvalidRequest,
+  QuotaExceeded,
+  SandboxFailed,
+  SandboxNotFound,
+  ServerError,
+  Unsupported,
+  defaultStateDir,
+  errorFromResponse,
+  resolveConfig,
+  sseEvents,
+} from "../src/index.js";
+
+function withEnv(vars: Record<string, string | undefined>, fn: () => void): void {
+  const saved: Record<string, string | undefined> = {};
+  for (const [k, v] of Object.entries(vars)) {
+    saved[k] = process.env[k];
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  }
+  try {
+    fn();
+  } finally {
+    for (const [k, v] of Object.entries(saved)) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  }
+}
+
+test("config: arguments, then environment, then defaults", () => {
+  withEnv({ HUTCH_URL: "http://10.1.2.3:99/", HUTCH_API_KEY: "env-key" }, () => {
+    assert.deepEqual(
+      [resolveConfig().url, resolveConfig().apiKey],
+      ["http://10.1.2.3:99", "env-key"],
+    );
+    const c = resolveConfig({ url: "http://127.0.0.1:1", apiKey: "arg" });
+    assert.deepEqual([c.url, c.apiKey], ["http://127.0.0.1:1", "arg"]);
+  });
+  withEnv({ HUTCH_URL: undefined, HUTCH_API_KEY: undefined, HUTCH_STATE_DIR: "/nonexistent-x" }, () => {
+    const c = resolveConfig();
+    assert.equal(c.url, DEFAULT_URL);
+    assert.equal(c.apiKey, undefined);
+    assert.equal(defaultStateDir(), "/nonexistent-x");
+  });
+  withEnv({ HUTCH_STATE_DIR: undefined }, () => {
+    const euid = process.geteuid?.();
+    if (euid === 0) assert.equal(defaultStateDir(), "/var/lib/hutch");
+    else assert.match(defaultStateDir(), /hutch$/);
+  });
+});
+
+test("error mapping", () => {
+  const e = (status: number, code: string, message: string, kind = "") =>
+    errorFromResponse(status, JSON.stringify({ error: { code, message } }), kind);
+  assert.ok(e(404, "not_found", "sandbox sbx_1 does not exist", "files") instanceof SandboxNotFound);
+  assert.ok(e(404, "not_found", "open /x: No such file", "files") instanceof FileNotFound);
+  assert.ok(e(404, "not_found", "no such route; see GET /v1/openapi.json") instanceof Unsupported);
+  assert.ok(e(409, "sandbox_failed", "gone") instanceof SandboxFailed);
+  assert.ok(e(422, "invalid_argument", "no") instanceof InvalidRequest);
+  assert.ok(errorFromResponse(429, "") instanceof QuotaExceeded);
+  const s = errorFromResponse(502, "bad gateway");
+  assert.ok(s instanceof ServerError);
+  assert.equal(s.message, "bad gateway");
+  assert.equal(s.name, "ServerError");
+});
+
+test("SSE parsing across chunk boundaries", async () => {
+  const chunks = [": keep-alive\n\nevent: std", 'out\ndata: {"data":"a"}\n', "\ndata: x\ndata: y\r\n\r\n"];
+  const body = new ReadableStream<Uint8Array>({
+    start(c) {
+      for (const ch of chunks) c.enqueue(new TextEncoder().encode(ch));
+      c.close();
+    },
+  });
+  const out = [];
+  for await (const ev of sseEvents(body)) out.push(ev);
+  assert.deepEqual(out, [
+    { event: "stdout", data: '{"data":"a"}' },
+    { event: "message", data: "x\ny" },
+  ]);
+});
