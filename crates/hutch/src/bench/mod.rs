@@ -3,6 +3,7 @@
 
 mod baselines;
 mod density;
+mod lifecycle;
 mod server;
 mod stats;
 
@@ -26,6 +27,9 @@ pub struct BenchArgs {
     /// Idle sandboxes for the density series.
     #[arg(long, default_value_t = 100)]
     pub idle: usize,
+    /// Repetitions of each lifecycle series (pause/resume, hibernate/wake, snapshot, fork, explore).
+    #[arg(long, default_value_t = 20)]
+    pub lifecycle: usize,
     /// Warm exec round trips.
     #[arg(long, default_value_t = 1000)]
     pub execs: usize,
@@ -172,13 +176,19 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
     }
     let pss_summary = summarize("ns_idle_pss", "MiB", &pss);
 
-    let series = vec![
+    eprintln!("lifecycle ×{}…", args.lifecycle);
+    let (life, life_skipped) = lifecycle::run(srv, args.lifecycle).await?;
+
+    let mut series = vec![
         summarize("ns_create_to_first_exec", "ms", &c2e),
         summarize("ns_create", "ms", &create_only),
         summarize("ns_kill", "ms", &kill_ms),
         summarize("ns_concurrent_create_to_first_exec", "ms", &conc),
         summarize("ns_exec_round_trip_warm", "ms", &rt),
     ];
+    series.extend(life);
+    let mut skipped = skipped;
+    skipped.extend(life_skipped);
     let bwrap = find("bwrap_unshare_all_true");
     let forkexec = find("fork_exec_true");
     println!("{}", machine_info());
@@ -190,10 +200,14 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
         println!("{}", row(b, None));
     }
     for s in &series {
-        let baseline = if s.name == "ns_exec_round_trip_warm" {
-            forkexec
-        } else {
-            bwrap.or(forkexec)
+        let baseline = match s.name.as_str() {
+            "ns_exec_round_trip_warm" => forkexec,
+            "ns_create_to_first_exec"
+            | "ns_create"
+            | "ns_kill"
+            | "ns_concurrent_create_to_first_exec" => bwrap.or(forkexec),
+            // Lifecycle operations have no counterpart among the baselines.
+            _ => None,
         };
         println!("{}", row(s, baseline));
     }
@@ -218,7 +232,7 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
         growth_mib / args.idle.max(1) as f64
     );
     for s in &skipped {
-        println!("skipped baseline {}: {}", s.name, s.reason);
+        println!("skipped {}: {}", s.name, s.reason);
     }
     if let Some(path) = &args.json_out {
         let doc = json!({

@@ -76,7 +76,8 @@ impl BenchServer {
         })
     }
 
-    async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+    /// POST JSON; the answer's JSON (Null for 204).
+    pub async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
         let r = self
             .http
             .post(format!("{}{}", self.url, path))
@@ -91,7 +92,24 @@ impl BenchServer {
                 r.text().await.unwrap_or_default()
             );
         }
+        if r.status().as_u16() == 204 {
+            return Ok(Value::Null);
+        }
         Ok(r.json().await?)
+    }
+
+    /// DELETE a path.
+    pub async fn delete(&self, path: &str) -> anyhow::Result<()> {
+        let r = self
+            .http
+            .delete(format!("{}{}", self.url, path))
+            .bearer_auth(&self.key)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("DELETE {path}: {}", r.status());
+        }
+        Ok(())
     }
 
     /// Create a sandbox; its id.
