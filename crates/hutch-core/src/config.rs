@@ -6,7 +6,7 @@ use std::time::Duration;
 /// How the manager runs.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Root of Hutch's state: `state.db`, `sandboxes/`, `admin.key`.
+    /// Root of Hutch's state: `state.db`, `sandboxes/`, `snapshots/`, `admin.key`.
     pub state_dir: PathBuf,
     /// Where templates live (default `<state_dir>/templates`).
     pub templates_dir: PathBuf,
@@ -63,6 +63,17 @@ impl Config {
     /// Directory of one sandbox's files.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.state_dir.join("sandboxes").join(id)
+    }
+
+    /// Directory of every snapshot (mode 0700: snapshots hold files owned by host ids
+    /// 0-65535, setuid ones included).
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.state_dir.join("snapshots")
+    }
+
+    /// Directory of one snapshot.
+    pub fn snapshot_dir(&self, id: &str) -> PathBuf {
+        self.snapshots_dir().join(id)
     }
 }
 

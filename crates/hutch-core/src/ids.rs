@@ -1,4 +1,4 @@
-//! Identifiers and secrets: `sbx_…` ids and API keys, from the OS's random source.
+//! Identifiers and secrets: `sbx_…` and `snap_…` ids and API keys, from the OS's random source.
 
 const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
@@ -15,6 +15,11 @@ pub fn random_token(len: usize) -> String {
 /// A new sandbox id, `sbx_` and 16 characters (80 random bits).
 pub fn new_sandbox_id() -> String {
     format!("sbx_{}", random_token(16))
+}
+
+/// A new snapshot id, `snap_` and 16 characters (80 random bits).
+pub fn new_snapshot_id() -> String {
+    format!("snap_{}", random_token(16))
 }
 
 /// A new API key (`hk_` and 40 characters, 200 random bits).
@@ -36,6 +41,13 @@ pub fn is_sandbox_id(s: &str) -> bool {
     })
 }
 
+/// Whether `s` looks like a snapshot id we could have issued.
+pub fn is_snapshot_id(s: &str) -> bool {
+    s.strip_prefix("snap_").is_some_and(|r| {
+        !r.is_empty() && r.len() <= 64 && r.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,5 +61,8 @@ mod tests {
         assert!(!is_sandbox_id("sbx_../x"));
         assert!(!is_sandbox_id("snap_abc"));
         assert!(new_api_key().starts_with("hk_"));
+        assert!(is_snapshot_id(&new_snapshot_id()));
+        assert!(!is_snapshot_id("snap_../x"));
+        assert!(!is_snapshot_id(&a));
     }
 }

@@ -1,9 +1,10 @@
 //! The Hutch core: the sandbox manager and everything it owns.
 //!
-//! - [`manager`]: lifecycle, TTL reaper, re-adoption after a restart.
+//! - [`manager`]: lifecycle (create, pause, hibernate, snapshots, fork, explore), TTL and
+//!   idle reaper, re-adoption after a restart.
 //! - [`store`]: the SQLite state database.
 //! - [`backend`]: isolation backends (`ns` today).
-//! - [`model`], [`exec`]: typed commands and records.
+//! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
 //! - [`events`], [`metrics`]: observability.
 
 pub mod backend;
@@ -11,14 +12,16 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod exec;
+pub mod fork;
 pub mod ids;
 pub mod manager;
 pub mod metrics;
 pub mod model;
 mod pidwatch;
+pub mod snapshot;
 pub mod store;
 pub mod time;
 
 pub use config::Config;
 pub use error::{CoreError, CoreResult};
-pub use manager::Manager;
+pub use manager::{ActiveGuard, Manager};

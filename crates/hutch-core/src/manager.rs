@@ -4,12 +4,22 @@
 //! (`SandboxState::can_*`, else `Conflict`), act through the backend or the agent, save.
 //! Records live in SQLite, so a restarted server re-adopts running sandboxes
 //! ([`Manager::readopt`]); the in-memory map only caches agent connections.
+//!
+//! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
+//! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
+//! (named snapshots and their reference counting), `fork` (fork and explore). State
+//! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
+//! by a per-sandbox lock; exec and file calls take no lock.
+
+mod create;
+mod fork;
+mod lifecycle;
+mod snapshots;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use hutch_proto::client::{AgentClient, ClientError, ExecSession};
 use hutch_template::TemplateStore;
@@ -23,8 +33,8 @@ use crate::exec::{ExecCommand, ExecOutcome};
 use crate::ids;
 use crate::metrics::Metrics;
 use crate::model::{
-    CreateSandbox, Isolation, IsolationRequest, ListFilter, SandboxRecord, SandboxState,
-    SandboxView, UpdateSandbox,
+    Isolation, IsolationRequest, ListFilter, SandboxRecord, SandboxState, SandboxView,
+    UpdateSandbox,
 };
 use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
@@ -43,6 +53,68 @@ pub struct Manager {
     agents: Mutex<HashMap<String, AgentClient>>,
     events: EventBus,
     metrics: Metrics,
+    /// One lock per sandbox, held across a state transition.
+    ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Held while checking who uses a snapshot and deleting it, and while inserting a
+    /// sandbox that uses one.
+    snapshots_lock: Mutex<()>,
+    /// Per sandbox: CPU time at the last idle check, when that was, and when the sandbox was
+    /// last busy (ms since epoch).
+    cpu_seen: Mutex<HashMap<String, (u64, i64, i64)>>,
+    /// Per sandbox: clients connected right now (collected execs, streams, PTYs).
+    active: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
+/// sandbox is not hibernated for idleness meanwhile. Dropping it ends the connection's claim.
+#[derive(Debug)]
+pub struct ActiveGuard {
+    active: Arc<Mutex<HashMap<String, usize>>>,
+    id: String,
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = active.get_mut(&self.id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                active.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// Run blocking backend work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> CoreResult<T> + Send + 'static,
+) -> CoreResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))?
+}
+
+/// Why a call is refused in the sandbox's current state (409), and what to do instead.
+pub(crate) fn wrong_state(r: &SandboxRecord, op: Option<&str>) -> CoreError {
+    let reason = r
+        .error
+        .as_deref()
+        .map(|e| format!(" ({e})"))
+        .unwrap_or_default();
+    let hint = r.state.hint(&r.id);
+    let hint = if hint.is_empty() {
+        String::new()
+    } else {
+        format!(": {hint}")
+    };
+    CoreError::Conflict(match op {
+        Some(op) => format!(
+            "cannot {op} sandbox {}: it is {}{reason}{hint}",
+            r.id,
+            r.state.as_str()
+        ),
+        None => format!("sandbox {} is {}{reason}{hint}", r.id, r.state.as_str()),
+    })
 }
 
 fn client_error(e: ClientError) -> CoreError {
@@ -66,6 +138,7 @@ impl Manager {
         std::fs::create_dir_all(&cfg.templates_dir).map_err(|e| {
             CoreError::Internal(format!("create {}: {e}", cfg.templates_dir.display()))
         })?;
+        snapshots::prepare_dir(&cfg.snapshots_dir())?;
         let store = Store::open(&cfg.state_dir.join("state.db"))?;
         let templates = TemplateStore::open(&cfg.templates_dir)
             .map_err(|e| CoreError::Internal(format!("templates: {e}")))?;
@@ -77,8 +150,13 @@ impl Manager {
             agents: Mutex::new(HashMap::new()),
             events: EventBus::new(),
             metrics: Metrics::default(),
+            ops: Mutex::new(HashMap::new()),
+            snapshots_lock: Mutex::new(()),
+            cpu_seen: Mutex::new(HashMap::new()),
+            active: Arc::new(Mutex::new(HashMap::new())),
         });
         mgr.readopt().await?;
+        mgr.sweep_snapshots().await;
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.cfg.reaper_interval;
         tokio::spawn(async move {
@@ -86,6 +164,7 @@ impl Manager {
                 tokio::time::sleep(interval).await;
                 let Some(m) = weak.upgrade() else { break };
                 m.reap_expired().await;
+                m.hibernate_idle().await;
             }
         });
         Ok(mgr)
@@ -151,166 +230,49 @@ impl Manager {
         }
     }
 
-    /// Create and start a sandbox; returns once its agent answers.
-    pub async fn create(self: &Arc<Self>, cmd: CreateSandbox) -> CoreResult<SandboxView> {
-        let t0 = Instant::now();
-        let template = cmd
-            .template
-            .clone()
-            .unwrap_or_else(|| self.cfg.default_template.clone());
-        let info = self.templates.get(&template).ok_or_else(|| {
-            CoreError::NotFound(format!(
-                "template {template:?} does not exist or is not built (build it with `hutch template build {template}`)"
-            ))
-        })?;
-        if !info.ready {
-            return Err(CoreError::Conflict(format!(
-                "template {template:?} is not ready"
-            )));
-        }
-        let isolation = self.resolve_isolation(cmd.isolation)?;
-        let backend = self.backend(isolation)?;
-        let defaults = &info.defaults;
-        let cpus = cmd.cpus.unwrap_or(defaults.cpus);
-        if !(0.05..=self.cfg.max_cpus).contains(&cpus) {
-            return Err(CoreError::InvalidArgument(format!(
-                "cpus must be between 0.05 and {} on this host, got {cpus}",
-                self.cfg.max_cpus
-            )));
-        }
-        let memory_mib = cmd.memory_mib.unwrap_or(defaults.memory_mib);
-        if !(16..=self.cfg.max_memory_mib).contains(&memory_mib) {
-            return Err(CoreError::InvalidArgument(format!(
-                "memory_mib must be between 16 and {} on this host, got {memory_mib}",
-                self.cfg.max_memory_mib
-            )));
-        }
-        let pids_max = cmd.pids_max.unwrap_or(defaults.pids_max);
-        if !(8..=self.cfg.max_pids).contains(&pids_max) {
-            return Err(CoreError::InvalidArgument(format!(
-                "pids_max must be between 8 and {}, got {pids_max}",
-                self.cfg.max_pids
-            )));
-        }
-        let ttl_seconds = cmd.ttl_seconds.unwrap_or(self.cfg.default_ttl_seconds);
-        if ttl_seconds == 0 || ttl_seconds > self.cfg.max_ttl_seconds {
-            return Err(CoreError::InvalidArgument(format!(
-                "ttl_seconds must be between 1 and {}, got {ttl_seconds}",
-                self.cfg.max_ttl_seconds
-            )));
-        }
-        let mut env = defaults.env.clone();
-        env.extend(cmd.env.clone());
-        let now = now_ms();
-        let mut record = SandboxRecord {
-            id: ids::new_sandbox_id(),
-            template: template.clone(),
-            isolation,
-            state: SandboxState::Starting,
-            metadata: cmd.metadata.clone(),
-            env,
-            cpus,
-            memory_mib,
-            disk_mib: cmd.disk_mib.unwrap_or(defaults.disk_mib),
-            pids_max,
-            ttl_seconds,
-            persistent: cmd.persistent,
-            created_at_ms: now,
-            expires_at_ms: now + (ttl_seconds as i64) * 1000,
-            uid_slot: 0,
-            init_pid: None,
-            init_start_time: None,
-            cgroups: vec![],
-            error: None,
-            network: cmd.network.clone(),
-        };
-        self.insert_with_free_slot(&mut record)?;
-        let rootfs = self.templates.rootfs(&template);
-        let started = {
-            let backend = backend.clone();
-            let rec = record.clone();
-            tokio::task::spawn_blocking(move || backend.create(&rec, &rootfs))
-                .await
-                .map_err(|e| CoreError::Internal(e.to_string()))?
-        };
-        let started = match started {
-            Ok(s) => s,
-            Err(e) => {
-                self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
-                let _ = self.store.delete(&record.id);
-                return Err(e);
-            }
-        };
-        record.init_pid = Some(started.init_pid);
-        record.init_start_time = Some(started.init_start_time);
-        record.cgroups = started
-            .cgroups
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        self.store.update(&record)?;
-        // The listening socket exists before the agent runs, so connecting cannot race it;
-        // `info` returns once the agent serves.
-        let ready = async {
-            let client = AgentClient::connect_unix(&backend.agent_socket(&record.id))
-                .await
-                .map_err(client_error)?;
-            let info = client.info().await.map_err(client_error)?;
-            if info.protocol_version != hutch_proto::PROTOCOL_VERSION {
-                return Err(CoreError::SandboxFailed(format!(
-                    "agent speaks protocol {} but the server speaks {}",
-                    info.protocol_version,
-                    hutch_proto::PROTOCOL_VERSION
-                )));
-            }
-            Ok(client)
-        };
-        let client = match tokio::time::timeout(Duration::from_secs(30), ready).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(self.fail_create(record, e).await),
-            Err(_) => {
-                let e = CoreError::SandboxFailed("the agent did not answer within 30 s".into());
-                return Err(self.fail_create(record, e).await);
-            }
-        };
-        self.lock_agents().insert(record.id.clone(), client);
-        record.state = SandboxState::Running;
-        self.store.update(&record)?;
-        self.watch_init(&record);
-        self.metrics.observe_create(t0.elapsed().as_secs_f64());
-        self.events.publish(
-            "sandbox.created",
-            &record.id,
-            record.metadata.get("tenant_id").cloned(),
-            None,
-        );
-        tracing::info!(id = %record.id, template = %record.template, ms = t0.elapsed().as_millis() as u64, "sandbox created");
-        Ok(record.view())
-    }
-
-    async fn fail_create(&self, record: SandboxRecord, e: CoreError) -> CoreError {
-        self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
-        let _ = self.destroy_resources(&record).await;
-        let _ = self.store.delete(&record.id);
-        e
-    }
-
-    fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
-        for _ in 0..64 {
-            record.uid_slot = MIN_UID_SLOT + ids::random_u32() % UID_SLOTS;
-            match self.store.insert(record) {
-                Ok(()) => return Ok(()),
-                Err(CoreError::Conflict(_)) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(CoreError::Quota(
-            "no free uid range for a new sandbox".into(),
-        ))
-    }
-
     fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentClient>> {
         self.agents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_snapshots(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.snapshots_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep sandbox `id` from idle hibernation until the guard is dropped (handlers hold one
+    /// for the life of a stream or terminal).
+    pub fn session_guard(&self, id: &str) -> ActiveGuard {
+        *self
+            .active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_default() += 1;
+        ActiveGuard {
+            active: self.active.clone(),
+            id: id.to_string(),
+        }
+    }
+
+    /// Whether a client is connected to sandbox `id`.
+    fn has_sessions(&self, id: &str) -> bool {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id)
+    }
+
+    /// Wait for, then hold, the transition lock of sandbox `id`.
+    async fn op_lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
     }
 
     /// Load a record or fail with `NotFound`.
@@ -325,16 +287,36 @@ impl Manager {
 
     /// Load a record and refresh its TTL (every call on a sandbox does).
     fn touch(&self, id: &str) -> CoreResult<SandboxRecord> {
-        let mut r = self.load(id)?;
+        self.refresh(id, false)
+    }
+
+    /// [`Manager::touch`], and note the sandbox was used (exec, file and PTY calls): the clock
+    /// of idle hibernation restarts. Reading its state does not count as using it.
+    fn touch_used(&self, id: &str) -> CoreResult<SandboxRecord> {
+        self.refresh(id, true)
+    }
+
+    fn refresh(&self, id: &str, used: bool) -> CoreResult<SandboxRecord> {
+        let r = self.load(id)?;
         let now = now_ms();
         let new_expiry = now + (r.ttl_seconds as i64) * 1000;
-        // Skip the write when the expiry would move by less than a second, and never revive
-        // a sandbox whose TTL already ran out: the reaper owns it now.
-        if !r.persistent && r.expires_at_ms > now && new_expiry - r.expires_at_ms >= 1000 {
-            r.expires_at_ms = new_expiry;
-            self.store.update(&r)?;
+        // Skip the write when nothing would move by a second or more, and never revive a
+        // sandbox whose TTL already ran out: the reaper owns it now.
+        let expiry_moves =
+            !r.persistent && r.expires_at_ms > now && new_expiry - r.expires_at_ms >= 1000;
+        let use_moves = used && now - r.last_used() >= 1000;
+        if !expiry_moves && !use_moves {
+            return Ok(r);
         }
-        Ok(r)
+        self.store.modify(id, |r| {
+            if !r.persistent && r.expires_at_ms > now {
+                r.expires_at_ms = r.expires_at_ms.max(now + (r.ttl_seconds as i64) * 1000);
+            }
+            if used {
+                r.last_used_ms = r.last_used_ms.max(now);
+            }
+            Ok(())
+        })
     }
 
     /// One sandbox (refreshes its TTL).
@@ -353,9 +335,9 @@ impl Manager {
             .collect())
     }
 
-    /// Change TTL, persistence or metadata.
+    /// Change TTL, persistence, metadata or the idle-hibernation delay.
     pub fn update(&self, id: &str, u: UpdateSandbox) -> CoreResult<SandboxView> {
-        let mut r = self.load(id)?;
+        self.load(id)?;
         if let Some(ttl) = u.ttl_seconds {
             if ttl == 0 || ttl > self.cfg.max_ttl_seconds {
                 return Err(CoreError::InvalidArgument(format!(
@@ -363,21 +345,33 @@ impl Manager {
                     self.cfg.max_ttl_seconds
                 )));
             }
-            r.ttl_seconds = ttl;
         }
-        if let Some(p) = u.persistent {
-            r.persistent = p;
-        }
-        if let Some(m) = u.metadata {
-            r.metadata = m;
-        }
-        r.expires_at_ms = now_ms() + (r.ttl_seconds as i64) * 1000;
-        self.store.update(&r)?;
+        let idle = self.check_idle_seconds(u.idle_hibernate_seconds)?;
+        let r = self.store.modify(id, |r| {
+            if let Some(ttl) = u.ttl_seconds {
+                r.ttl_seconds = ttl;
+            }
+            if let Some(p) = u.persistent {
+                r.persistent = p;
+            }
+            if let Some(m) = u.metadata {
+                r.metadata = m;
+            }
+            if u.idle_hibernate_seconds.is_some() {
+                r.idle_hibernate_seconds = idle;
+            }
+            let now = now_ms();
+            r.expires_at_ms = now + (r.ttl_seconds as i64) * 1000;
+            r.last_used_ms = now;
+            Ok(())
+        })?;
         Ok(r.view())
     }
 
-    /// Destroy a sandbox and forget it.
+    /// Destroy a sandbox and forget it (whatever its state: paused and hibernated too).
     pub async fn kill(&self, id: &str) -> CoreResult<()> {
+        self.load(id)?;
+        let _op = self.op_lock(id).await;
         let r = self.load(id)?;
         self.remove(r, "sandbox.killed").await
     }
@@ -386,9 +380,18 @@ impl Manager {
         // Forget it first so the death watcher treats the exit as intended.
         self.store.delete(&r.id)?;
         self.lock_agents().remove(&r.id);
-        self.destroy_resources(&r).await?;
-        self.events
-            .publish(event, &r.id, r.metadata.get("tenant_id").cloned(), None);
+        self.ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&r.id);
+        self.cpu_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&r.id);
+        let destroyed = self.destroy_resources(&r).await;
+        self.release_layer(r.layer.as_deref()).await;
+        destroyed?;
+        self.events.publish(event, &r.id, r.tenant(), None);
         Ok(())
     }
 
@@ -400,18 +403,16 @@ impl Manager {
             .map_err(|e| CoreError::Internal(e.to_string()))?
     }
 
-    /// A connected agent client for a running sandbox (refreshes its TTL).
-    pub async fn agent(&self, id: &str) -> CoreResult<AgentClient> {
-        let r = self.touch(id)?;
+    /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
+    /// sandbox is woken first.
+    pub async fn agent(self: &Arc<Self>, id: &str) -> CoreResult<AgentClient> {
+        let mut r = self.touch_used(id)?;
+        if r.state == SandboxState::Hibernated {
+            self.wake_if_hibernated(id).await?;
+            r = self.load(id)?;
+        }
         if !r.state.can_use() {
-            return Err(CoreError::Conflict(format!(
-                "sandbox {id} is {}{}",
-                r.state.as_str(),
-                r.error
-                    .as_deref()
-                    .map(|e| format!(": {e}"))
-                    .unwrap_or_default()
-            )));
+            return Err(wrong_state(&r, None));
         }
         if let Some(c) = self.lock_agents().get(id) {
             if !c.is_closed() {
@@ -448,15 +449,26 @@ impl Manager {
     }
 
     /// Run a command and collect its output.
-    pub async fn exec(&self, id: &str, cmd: ExecCommand) -> CoreResult<ExecOutcome> {
+    pub async fn exec(self: &Arc<Self>, id: &str, cmd: ExecCommand) -> CoreResult<ExecOutcome> {
+        self.exec_capped(id, cmd, self.cfg.output_cap_bytes).await
+    }
+
+    /// Run a command and collect at most `cap` bytes of each stream.
+    async fn exec_capped(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: ExecCommand,
+        cap: usize,
+    ) -> CoreResult<ExecOutcome> {
         let client = self.agent(id).await?;
+        let _active = self.session_guard(id);
         let r = self.load(id)?;
         let backend = self.backend(r.isolation)?;
         let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
         let req = cmd.to_agent_request(None);
         let collected = client
-            .exec_collect(req, cmd.stdin.clone(), self.cfg.output_cap_bytes)
+            .exec_collect(req, cmd.stdin.clone(), cap)
             .await
             .map_err(|e| self.on_transport_error(&r, e))?;
         let exit = collected.exit;
@@ -492,7 +504,7 @@ impl Manager {
 
     /// Start a streaming (or PTY) exec; the caller drives the session.
     pub async fn exec_session(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         cmd: &ExecCommand,
         pty: Option<hutch_proto::PtySize>,
@@ -530,9 +542,22 @@ impl Manager {
         Ok(self.metrics.render(&states))
     }
 
-    /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed.
+    /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed. Paused
+    /// sandboxes stay paused; hibernated ones stay hibernated (after removing whatever a wake
+    /// interrupted by the restart left running).
     pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
         for r in self.store.all()? {
+            if r.state == SandboxState::Hibernated {
+                let backend = self.backend(r.isolation)?;
+                let rec = r.clone();
+                let cleaned = tokio::task::spawn_blocking(move || backend.hibernate(&rec))
+                    .await
+                    .map_err(|e| CoreError::Internal(e.to_string()))?;
+                if let Err(e) = cleaned {
+                    tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
+                }
+                continue;
+            }
             if !r.state.holds_resources() {
                 continue;
             }
@@ -549,25 +574,25 @@ impl Manager {
     }
 
     /// Record a death: state `failed` with a reason, host resources released.
-    async fn mark_failed(&self, mut r: SandboxRecord, reason: String) {
+    async fn mark_failed(&self, r: SandboxRecord, reason: String) {
         tracing::warn!(id = %r.id, %reason, "sandbox failed");
         self.lock_agents().remove(&r.id);
         if let Err(e) = self.destroy_resources(&r).await {
             tracing::error!(id = %r.id, error = %e, "teardown of a failed sandbox");
         }
-        r.state = SandboxState::Failed;
-        r.error = Some(reason.clone());
-        r.init_pid = None;
-        r.init_start_time = None;
         self.metrics.failures.fetch_add(1, Ordering::Relaxed);
-        if self.store.update(&r).is_ok() {
-            self.events.publish(
-                "sandbox.failed",
-                &r.id,
-                r.metadata.get("tenant_id").cloned(),
-                Some(reason),
-            );
+        let saved = self.store.modify(&r.id, |rec| {
+            rec.state = SandboxState::Failed;
+            rec.error = Some(reason.clone());
+            rec.init_pid = None;
+            rec.init_start_time = None;
+            Ok(())
+        });
+        if saved.is_ok() {
+            self.events
+                .publish("sandbox.failed", &r.id, r.tenant(), Some(reason));
         }
+        self.release_layer(r.layer.as_deref()).await;
     }
 
     /// Watch the sandbox's init; when it dies unexpectedly, mark the sandbox failed.
@@ -615,6 +640,12 @@ impl Manager {
         for r in all {
             if !r.persistent && r.expires_at_ms <= now {
                 let id = r.id.clone();
+                // Not in the middle of a transition (a wake, a snapshot being read).
+                let _op = self.op_lock(&id).await;
+                let Ok(r) = self.load(&id) else { continue };
+                if r.persistent || r.expires_at_ms > now {
+                    continue;
+                }
                 match self.remove(r, "sandbox.expired").await {
                     Ok(()) => {
                         self.metrics.expired.fetch_add(1, Ordering::Relaxed);

@@ -50,14 +50,61 @@ impl SandboxState {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
-    /// Exec, PTY and file calls.
+    /// Exec, PTY and file calls (a hibernated sandbox is woken first).
     pub fn can_use(self) -> bool {
         self == Self::Running
+    }
+
+    /// Freezing it.
+    pub fn can_pause(self) -> bool {
+        self == Self::Running
+    }
+
+    /// Thawing it.
+    pub fn can_resume(self) -> bool {
+        self == Self::Paused
+    }
+
+    /// Stopping its processes and keeping its state on disk.
+    pub fn can_hibernate(self) -> bool {
+        self == Self::Running
+    }
+
+    /// Starting it again from its state on disk (explicitly or by the next exec/file call).
+    pub fn can_wake(self) -> bool {
+        self == Self::Hibernated
+    }
+
+    /// Taking a snapshot of it, forking it, exploring from it. A hibernated sandbox's state is
+    /// on disk and needs no waking for that.
+    pub fn can_snapshot(self) -> bool {
+        matches!(self, Self::Running | Self::Hibernated)
     }
 
     /// Whether the sandbox holds host resources (processes, mounts, cgroups).
     pub fn holds_resources(self) -> bool {
         matches!(self, Self::Starting | Self::Running | Self::Paused)
+    }
+
+    /// Whether the sandbox keeps files on disk (its upper layer, and so the snapshot it was
+    /// created from).
+    pub fn holds_disk(self) -> bool {
+        self.holds_resources() || self == Self::Hibernated
+    }
+
+    /// What a client should do instead, for the 409 of a call this state refuses.
+    pub fn hint(self, id: &str) -> String {
+        match self {
+            Self::Paused => format!(
+                "only resume, kill, get and list are allowed on a paused sandbox (POST /v1/sandboxes/{id}/resume)"
+            ),
+            Self::Hibernated => format!(
+                "wake it first (POST /v1/sandboxes/{id}/wake; exec and file calls wake it by themselves)"
+            ),
+            Self::Starting => "wait until it is running".into(),
+            Self::Failed | Self::Stopped => "it cannot run again: create a new sandbox".into(),
+            Self::Running => String::new(),
+        }
     }
 }
 
@@ -119,6 +166,10 @@ pub struct CreateSandbox {
     pub pids_max: Option<u32>,
     /// Network settings as given (stored and echoed; loopback only for now).
     pub network: Option<serde_json::Value>,
+    /// Start from this snapshot's files instead of the bare template (`snap_…`).
+    pub snapshot: Option<String>,
+    /// Hibernate after this many seconds without API calls or CPU use (0 or `None`: never).
+    pub idle_hibernate_seconds: Option<u64>,
 }
 
 /// A validated update (`PATCH`).
@@ -130,6 +181,8 @@ pub struct UpdateSandbox {
     pub persistent: Option<bool>,
     /// Metadata keys to set (replaces the whole map when given).
     pub metadata: Option<BTreeMap<String, String>>,
+    /// New idle-hibernation delay (0 turns it off).
+    pub idle_hibernate_seconds: Option<u64>,
 }
 
 /// One sandbox's row in the state database.
@@ -175,6 +228,22 @@ pub struct SandboxRecord {
     pub error: Option<String>,
     /// Network settings as requested.
     pub network: Option<serde_json::Value>,
+    /// The snapshot whose files sit between this sandbox's upper layer and its template
+    /// (named, or the hidden one of a fork); it is kept while this sandbox holds disk.
+    #[serde(default)]
+    pub layer: Option<String>,
+    /// The named snapshot it was created from.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// The sandbox it was forked from.
+    #[serde(default)]
+    pub forked_from: Option<String>,
+    /// Hibernate after this many seconds of inactivity.
+    #[serde(default)]
+    pub idle_hibernate_seconds: Option<u64>,
+    /// Last API call on it (ms since epoch; 0 for records written before this field).
+    #[serde(default)]
+    pub last_used_ms: i64,
 }
 
 /// The sandbox object of the API.
@@ -211,6 +280,15 @@ pub struct SandboxView {
     /// Why it failed, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The named snapshot it was created from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The sandbox it was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+    /// Seconds of inactivity after which it hibernates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_hibernate_seconds: Option<u64>,
 }
 
 impl SandboxRecord {
@@ -235,7 +313,20 @@ impl SandboxRecord {
                 .clone()
                 .unwrap_or_else(|| serde_json::json!({"egress": "none"})),
             error: self.error.clone(),
+            snapshot: self.snapshot.clone(),
+            forked_from: self.forked_from.clone(),
+            idle_hibernate_seconds: self.idle_hibernate_seconds,
         }
+    }
+
+    /// The tenant it belongs to (its `tenant_id` metadata).
+    pub fn tenant(&self) -> Option<String> {
+        self.metadata.get("tenant_id").cloned()
+    }
+
+    /// When it was last used (ms since epoch).
+    pub fn last_used(&self) -> i64 {
+        self.last_used_ms.max(self.created_at_ms)
     }
 }
 
@@ -271,5 +362,27 @@ mod tests {
         assert!(SandboxState::Running.can_use());
         assert!(!SandboxState::Paused.can_use());
         assert!(!SandboxState::Failed.holds_resources());
+        let allowed = |f: fn(SandboxState) -> bool| {
+            SandboxState::ALL
+                .into_iter()
+                .filter(|s| f(*s))
+                .map(SandboxState::as_str)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(allowed(SandboxState::can_pause), ["running"]);
+        assert_eq!(allowed(SandboxState::can_resume), ["paused"]);
+        assert_eq!(allowed(SandboxState::can_hibernate), ["running"]);
+        assert_eq!(allowed(SandboxState::can_wake), ["hibernated"]);
+        assert_eq!(
+            allowed(SandboxState::can_snapshot),
+            ["running", "hibernated"]
+        );
+        assert_eq!(
+            allowed(SandboxState::holds_disk),
+            ["starting", "running", "paused", "hibernated"]
+        );
+        assert!(SandboxState::Paused
+            .hint("sbx_a")
+            .contains("/v1/sandboxes/sbx_a/resume"));
     }
 }

@@ -1,13 +1,20 @@
 //! The state database (embedded SQLite).
 //!
-//! Schema version 1 (`PRAGMA user_version`):
+//! Schema version 2 (`PRAGMA user_version`):
 //! - `sandboxes(id PRIMARY KEY, state, uid_slot UNIQUE, record JSON)`: one row per sandbox;
 //!   `record` is a serialized [`SandboxRecord`]; `state` and `uid_slot` are copied out so
 //!   they can be indexed and constrained.
 //! - `api_keys(key_hash PRIMARY KEY, tenant, admin, created_at_ms)`: SHA-256 of each key.
+//! - `snapshots(id PRIMARY KEY, record JSON)` (since version 2): one row per snapshot, a
+//!   serialized [`SnapshotRecord`].
+//!
+//! Migrations run in order inside one transaction when the database is opened: 0 → 1 creates
+//! the first two tables, 1 → 2 adds `snapshots`. A database newer than this binary is refused.
 //!
 //! The database is opened in WAL mode; every call is a short transaction, so the one
-//! connection behind a mutex is never held across an `.await`.
+//! connection behind a mutex is never held across an `.await`. [`Store::modify`] reads,
+//! changes and writes one record under that mutex, so concurrent changes to different fields
+//! of a sandbox (its TTL and its state, say) never undo each other.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -17,8 +24,29 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState};
+use crate::snapshot::SnapshotRecord;
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
+
+/// The statements that bring a database from version `i` to `i + 1`.
+const MIGRATIONS: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS sandboxes (
+        id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        uid_slot INTEGER NOT NULL UNIQUE,
+        record TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS api_keys (
+        key_hash TEXT PRIMARY KEY,
+        tenant TEXT NOT NULL,
+        admin INTEGER NOT NULL,
+        created_at_ms INTEGER NOT NULL
+    );",
+    "CREATE TABLE IF NOT EXISTS snapshots (
+        id TEXT PRIMARY KEY,
+        record TEXT NOT NULL
+    );",
+];
 
 /// The state database.
 pub struct Store {
@@ -40,7 +68,7 @@ fn hash_key(key: &str) -> String {
 }
 
 fn corrupt(e: serde_json::Error) -> CoreError {
-    CoreError::Database(format!("corrupt sandbox record: {e}"))
+    CoreError::Database(format!("corrupt record: {e}"))
 }
 
 impl Store {
@@ -56,21 +84,14 @@ impl Store {
                 "state database schema {version} is newer than this hutch ({SCHEMA_VERSION})"
             )));
         }
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS sandboxes (
-                id TEXT PRIMARY KEY,
-                state TEXT NOT NULL,
-                uid_slot INTEGER NOT NULL UNIQUE,
-                record TEXT NOT NULL
-            );
-            CREATE TABLE IF NOT EXISTS api_keys (
-                key_hash TEXT PRIMARY KEY,
-                tenant TEXT NOT NULL,
-                admin INTEGER NOT NULL,
-                created_at_ms INTEGER NOT NULL
-            );",
-        )?;
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        if version < SCHEMA_VERSION {
+            let tx = conn.unchecked_transaction()?;
+            for step in &MIGRATIONS[usize::try_from(version.max(0)).unwrap_or(0)..] {
+                tx.execute_batch(step)?;
+            }
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tx.commit()?;
+        }
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -117,6 +138,74 @@ impl Store {
             )));
         }
         Ok(())
+    }
+
+    /// Change one record atomically: `change` sees the current record and edits it; the result
+    /// is written back unless `change` fails. `NotFound` when there is no such sandbox.
+    pub fn modify(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut SandboxRecord) -> CoreResult<()>,
+    ) -> CoreResult<SandboxRecord> {
+        let conn = self.lock();
+        let json: Option<String> = conn
+            .query_row("SELECT record FROM sandboxes WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let Some(json) = json else {
+            return Err(CoreError::NotFound(format!("sandbox {id} does not exist")));
+        };
+        let mut record: SandboxRecord = serde_json::from_str(&json).map_err(corrupt)?;
+        change(&mut record)?;
+        let json = serde_json::to_string(&record).map_err(corrupt)?;
+        conn.execute(
+            "UPDATE sandboxes SET state = ?2, record = ?3 WHERE id = ?1",
+            params![record.id, record.state.as_str(), json],
+        )?;
+        Ok(record)
+    }
+
+    /// Insert a snapshot record.
+    pub fn insert_snapshot(&self, r: &SnapshotRecord) -> CoreResult<()> {
+        let json = serde_json::to_string(r).map_err(corrupt)?;
+        self.lock().execute(
+            "INSERT INTO snapshots (id, record) VALUES (?1, ?2)",
+            params![r.id, json],
+        )?;
+        Ok(())
+    }
+
+    /// Fetch one snapshot record.
+    pub fn get_snapshot(&self, id: &str) -> CoreResult<Option<SnapshotRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row("SELECT record FROM snapshots WHERE id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).map_err(corrupt))
+            .transpose()
+    }
+
+    /// Every snapshot record, oldest first.
+    pub fn snapshots(&self) -> CoreResult<Vec<SnapshotRecord>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT record FROM snapshots ORDER BY rowid")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?).map_err(corrupt)?);
+        }
+        Ok(out)
+    }
+
+    /// Delete a snapshot record; returns whether it existed.
+    pub fn delete_snapshot(&self, id: &str) -> CoreResult<bool> {
+        Ok(self
+            .lock()
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id])?
+            > 0)
     }
 
     /// Fetch one record.
@@ -222,6 +311,11 @@ mod tests {
             cgroups: vec![],
             error: None,
             network: None,
+            layer: None,
+            snapshot: None,
+            forked_from: None,
+            idle_hibernate_seconds: None,
+            last_used_ms: 0,
         }
     }
 
@@ -263,5 +357,68 @@ mod tests {
         assert!(s.delete("sbx_a").expect("delete"));
         assert!(!s.delete("sbx_a").expect("delete again"));
         assert!(s.get("sbx_a").expect("get").is_none());
+    }
+
+    #[test]
+    fn modify_changes_one_record_and_can_refuse() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Store::open(&dir.path().join("state.db")).expect("open");
+        s.insert(&record("sbx_a", 20)).expect("insert");
+        let r = s
+            .modify("sbx_a", |r| {
+                r.state = SandboxState::Paused;
+                Ok(())
+            })
+            .expect("modify");
+        assert_eq!(r.state, SandboxState::Paused);
+        assert_eq!(
+            s.count_by_state().expect("count"),
+            vec![(SandboxState::Paused, 1)]
+        );
+        let refused = s.modify("sbx_a", |r| {
+            r.state = SandboxState::Failed;
+            Err(CoreError::Conflict("no".into()))
+        });
+        assert!(matches!(refused, Err(CoreError::Conflict(_))));
+        assert_eq!(
+            s.get("sbx_a").expect("get").expect("row").state,
+            SandboxState::Paused
+        );
+        assert!(matches!(
+            s.modify("sbx_zz", |_| Ok(())),
+            Err(CoreError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn a_version_1_database_is_migrated_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.db");
+        {
+            let conn = Connection::open(&path).expect("open raw");
+            conn.execute_batch(MIGRATIONS[0]).expect("v1 schema");
+            let json = serde_json::to_string(&record("sbx_old", 21)).expect("json");
+            conn.execute(
+                "INSERT INTO sandboxes (id, state, uid_slot, record) VALUES ('sbx_old', 'running', 21, ?1)",
+                [json],
+            )
+            .expect("row");
+            conn.pragma_update(None, "user_version", 1)
+                .expect("version");
+        }
+        let s = Store::open(&path).expect("migrate");
+        let version: i64 = s
+            .lock()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("version");
+        assert_eq!(version, 2);
+        assert!(s.get("sbx_old").expect("get").is_some());
+        assert!(s.snapshots().expect("snapshots").is_empty());
+        // A database from a newer hutch is refused.
+        s.lock()
+            .pragma_update(None, "user_version", 3)
+            .expect("bump");
+        drop(s);
+        assert!(matches!(Store::open(&path), Err(CoreError::Database(_))));
     }
 }

@@ -11,7 +11,8 @@
 //! on stdin and prints a [`SpawnedJail`] as JSON on stdout. The sandbox's init outlives the
 //! helper (it is re-parented to the nearest subreaper, the server).
 //!
-//! [`destroy`] and the cgroup readers do not fork and are safe to call from the server.
+//! [`destroy`], [`stop`], [`export_layer`] and the cgroup readers do not fork and are safe to
+//! call from the server.
 //!
 //! Layers, what each stops and how it is proven: `docs/isolation.md`.
 
@@ -20,9 +21,11 @@
 mod caps;
 mod cgroup;
 mod child;
+mod fsat;
 mod helper;
 mod host;
 mod landlock;
+mod layer;
 mod mountinfo;
 mod mounts;
 mod procstat;
@@ -40,9 +43,13 @@ use serde::{Deserialize, Serialize};
 pub use cgroup::{cgroup_stats, freeze, thaw, CgroupStats};
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
 pub use host::{host_report, HostCheck, HostReport};
+pub use layer::{export_layer, layer_usage, remove_layer, LayerExport, LayerStats};
 pub use procstat::init_alive;
 pub use spawn::spawn;
-pub use teardown::{destroy, Teardown};
+pub use teardown::{destroy, stop, Teardown};
+
+/// Most read-only layers a sandbox may stack between its upper directory and its template.
+pub const MAX_LAYERS: usize = 8;
 
 pub use hutch_proto_consts::AGENT_LISTEN_FD;
 
@@ -95,6 +102,12 @@ pub struct JailSpec {
     /// replaced); the listening socket is passed to the agent as fd [`AGENT_LISTEN_FD`]. Keep
     /// it inside `sandbox_dir`: [`destroy`] deletes that directory, not the socket separately.
     pub agent_socket: PathBuf,
+    /// Read-only layers stacked between `upper/` and the template, topmost first (a
+    /// snapshot's files, see [`export_layer`]). Each holds 0-based ids like a template and is
+    /// bound idmapped and read-only the same way, at `sandbox_dir/layer-N`. At most
+    /// [`MAX_LAYERS`].
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
     /// Hostname inside the sandbox.
     pub hostname: String,
     /// Environment of the agent (and so the default of every exec).

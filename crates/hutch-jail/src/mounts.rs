@@ -66,7 +66,8 @@ pub(crate) unsafe fn userns_fd(base: u32, count: u32) -> Result<OwnedFd, SysErro
     result
 }
 
-/// Bind `template` read-only, idmapped through `userns` and without device files, at `lower`.
+/// Bind `template` (or a read-only layer) read-only, idmapped through `userns` and without
+/// device files, at `lower`.
 pub(crate) fn idmapped_bind(
     template: &Path,
     lower: &Path,
@@ -82,10 +83,17 @@ pub(crate) fn idmapped_bind(
 }
 
 /// The overlay's option string (paths were validated free of `,`, `:` and `\`).
+///
+/// The lower layers are the read-only layers (topmost first) and then the template. Redirects,
+/// the inode index and metadata-only copy-up are turned off explicitly, whatever the module
+/// defaults: an upper directory then holds nothing but files, directories, symlinks, whiteouts
+/// and `trusted.overlay.opaque` markers, which is what [`crate::export_layer`] understands.
 pub(crate) fn overlay_options(p: &SandboxPaths) -> String {
+    let mut lower: Vec<String> = p.layers.iter().map(|l| l.display().to_string()).collect();
+    lower.push(p.lower.display().to_string());
     format!(
-        "lowerdir={},upperdir={},workdir={}",
-        p.lower.display(),
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off",
+        lower.join(":"),
         p.upper.display(),
         p.work.display()
     )
@@ -121,7 +129,11 @@ mod tests {
         let p = SandboxPaths::new(Path::new("/srv/sbx/a"));
         assert_eq!(
             overlay_options(&p),
-            "lowerdir=/srv/sbx/a/lower,upperdir=/srv/sbx/a/upper,workdir=/srv/sbx/a/work"
+            "lowerdir=/srv/sbx/a/lower,upperdir=/srv/sbx/a/upper,workdir=/srv/sbx/a/work,\
+             redirect_dir=off,index=off,metacopy=off"
         );
+        let p = SandboxPaths::with_layers(Path::new("/srv/sbx/a"), 1);
+        assert!(overlay_options(&p)
+            .starts_with("lowerdir=/srv/sbx/a/layer-0:/srv/sbx/a/lower,upperdir="));
     }
 }

@@ -1,16 +1,17 @@
 //! Building a sandbox (the parent side of DESIGN.md §3), with an undo journal so a failure at
 //! any step leaves no directory, mount, cgroup or process behind.
 //!
-//! Order: validate; directories (upper and work owned by the sandbox's root uid); a user
-//! namespace fd carrying the uid mapping; the idmapped read-only bind of the template at
-//! `lower`; the overlay at `merged`; the agent's listening socket; the cgroups with their
-//! limits; then the child is **born** inside them: this process joins the v1 cgroups (through
-//! `tasks`, which avoids the kernel's global migration lock) and clones with
-//! `CLONE_INTO_CGROUP` into the v2 one; new user, pid, mount, net, ipc and uts namespaces (the
-//! child unshares its cgroup namespace once released, so it is rooted at the sandbox's
-//! cgroups); uid/gid maps and `oom_score_adj = -999` written from outside; release; wait for
-//! `execve` (end of file on the error pipe) or an error report. This process then moves back
-//! out of the v1 cgroups.
+//! Order: validate; directories (upper and work owned by the sandbox's root uid; an existing
+//! upper, e.g. of a hibernated sandbox, is used as it is); a user namespace fd carrying the uid
+//! mapping; the idmapped read-only binds of the template at `lower` and of each extra layer
+//! (a snapshot's files) at `layer-N`; the overlay at `merged`; the agent's listening socket;
+//! the cgroups with their limits; then the child is **born** inside them: this process joins
+//! the v1 cgroups (through `tasks`, which avoids the kernel's global migration lock) and
+//! clones with `CLONE_INTO_CGROUP` into the v2 one; new user, pid, mount, net, ipc and uts
+//! namespaces (the child unshares its cgroup namespace once released, so it is rooted at the
+//! sandbox's cgroups); uid/gid maps and `oom_score_adj = -999` written from outside; release;
+//! wait for `execve` (end of file on the error pipe) or an error report. This process then
+//! moves back out of the v1 cgroups.
 
 use std::io::ErrorKind;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -209,20 +210,24 @@ fn build(
     undo: &mut Undo,
     t0: Instant,
 ) -> Result<SpawnedJail, JailError> {
-    let paths = SandboxPaths::new(&spec.sandbox_dir);
-    match std::fs::metadata(&spec.template_rootfs) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(JailError::InvalidSpec(format!(
-                "template_rootfs {} is not a directory",
-                spec.template_rootfs.display()
-            )))
-        }
-        Err(e) => {
-            return Err(JailError::InvalidSpec(format!(
-                "template_rootfs {}: {e}",
-                spec.template_rootfs.display()
-            )))
+    let paths = SandboxPaths::with_layers(&spec.sandbox_dir, spec.layers.len());
+    let sources = std::iter::once(("template_rootfs", &spec.template_rootfs))
+        .chain(spec.layers.iter().map(|l| ("layer", l)));
+    for (what, dir) in sources {
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(JailError::InvalidSpec(format!(
+                    "{what} {} is not a directory",
+                    dir.display()
+                )))
+            }
+            Err(e) => {
+                return Err(JailError::InvalidSpec(format!(
+                    "{what} {}: {e}",
+                    dir.display()
+                )))
+            }
         }
     }
     spec::check_agent_binary(&spec.agent_binary)?;
@@ -246,7 +251,10 @@ fn build(
         (&paths.work, true),
         (&paths.lower, false),
         (&paths.merged, false),
-    ] {
+    ]
+    .into_iter()
+    .chain(paths.layers.iter().map(|l| (l, false)))
+    {
         if create_dir_journaled(dir, undo)? && owned_by_sandbox {
             sys::chown(dir, spec.uid_base, spec.uid_base)?;
         }
@@ -271,6 +279,10 @@ fn build(
         let userns = unsafe { mounts::userns_fd(spec.uid_base, spec.uid_count)? };
         mounts::idmapped_bind(&spec.template_rootfs, &paths.lower, &userns)?;
         undo.mounts.push(paths.lower.clone());
+        for (layer, at) in spec.layers.iter().zip(&paths.layers) {
+            mounts::idmapped_bind(layer, at, &userns)?;
+            undo.mounts.push(at.clone());
+        }
     }
     mounts::overlay(&paths)?;
     undo.mounts.push(paths.merged.clone());

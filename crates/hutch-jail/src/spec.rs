@@ -30,12 +30,26 @@ pub(crate) struct SandboxPaths {
     pub merged: PathBuf,
     /// The agent's stdout and stderr.
     pub log: PathBuf,
+    /// Mount points of the read-only layers between `upper` and `lower`, topmost first.
+    pub layers: Vec<PathBuf>,
 }
 
 impl SandboxPaths {
-    /// The layout inside `sandbox_dir`.
+    /// The layout inside `sandbox_dir`, for a sandbox with `layers` read-only layers above its
+    /// template.
+    pub fn with_layers(sandbox_dir: &Path, layers: usize) -> Self {
+        Self {
+            layers: (0..layers)
+                .map(|i| sandbox_dir.join(format!("layer-{i}")))
+                .collect(),
+            ..Self::new(sandbox_dir)
+        }
+    }
+
+    /// The layout inside `sandbox_dir` (no layers between upper and template).
     pub fn new(sandbox_dir: &Path) -> Self {
         Self {
+            layers: Vec::new(),
             root: sandbox_dir.to_path_buf(),
             upper: sandbox_dir.join("upper"),
             work: sandbox_dir.join("work"),
@@ -101,6 +115,16 @@ pub(crate) fn validate(spec: &JailSpec) -> Result<(), JailError> {
     check_absolute("sandbox_dir", &spec.sandbox_dir)?;
     check_absolute("agent_binary", &spec.agent_binary)?;
     check_absolute("agent_socket", &spec.agent_socket)?;
+    if spec.layers.len() > crate::MAX_LAYERS {
+        return Err(invalid(format!(
+            "at most {} layers may sit between upper and template, got {}",
+            crate::MAX_LAYERS,
+            spec.layers.len()
+        )));
+    }
+    for layer in &spec.layers {
+        check_absolute("layer", layer)?;
+    }
     if spec.sandbox_dir.parent().is_none() {
         return Err(invalid("sandbox_dir must not be /"));
     }
@@ -208,6 +232,7 @@ mod tests {
             agent_binary: "/usr/lib/hutch/hutch-agent".into(),
             agent_args: vec![],
             agent_socket: "/srv/s/sbx_abc.sock".into(),
+            layers: vec![],
             hostname: "sbx-abc".into(),
             env: vec![("PATH".into(), "/bin".into())],
             limits: Limits {
@@ -273,7 +298,25 @@ mod tests {
     }
 
     #[test]
+    fn rejects_too_many_or_relative_layers() {
+        let mut s = spec();
+        s.layers = vec![PathBuf::from("/srv/snap/upper"); crate::MAX_LAYERS + 1];
+        assert!(err(s).contains("at most 8 layers"));
+        let mut s = spec();
+        s.layers = vec![PathBuf::from("snap")];
+        assert_eq!(
+            err(s),
+            "invalid jail spec: layer snap must be an absolute path"
+        );
+    }
+
+    #[test]
     fn derives_paths_inside_the_sandbox_dir() {
+        let p = SandboxPaths::with_layers(Path::new("/s/x"), 2);
+        assert_eq!(
+            p.layers,
+            [PathBuf::from("/s/x/layer-0"), PathBuf::from("/s/x/layer-1")]
+        );
         let p = SandboxPaths::new(Path::new("/s/x"));
         assert_eq!(p.upper, PathBuf::from("/s/x/upper"));
         assert_eq!(p.merged, PathBuf::from("/s/x/merged"));

@@ -1,5 +1,6 @@
 //! Destroying a sandbox: kill every task, wait until its cgroups are empty, detach its mounts,
 //! remove its cgroups, delete its directory — without ever deleting through a mount point.
+//! [`stop`] does the same but keeps the sandbox's upper layer (hibernation).
 //!
 //! A recursive delete that crossed the idmapped bind at `lower` would delete the shared
 //! template, so deletion happens only after `/proc/self/mountinfo` shows nothing mounted at or
@@ -126,6 +127,63 @@ impl Teardown {
 /// The init, once dead, stays a zombie until its parent reaps it; when that parent is the
 /// calling process (the server is the sandboxes' subreaper), it is reaped here.
 pub fn destroy(t: &Teardown) -> Result<(), JailError> {
+    release(t)?;
+    if !looks_like_a_sandbox_dir(&t.sandbox_dir) {
+        return Err(JailError::Refused(format!(
+            "delete {}: it does not look like a sandbox directory (no upper/work/lower/merged/agent.log)",
+            t.sandbox_dir.display()
+        )));
+    }
+    remove_tree_safely(&t.sandbox_dir)
+}
+
+/// Stop the sandbox but keep its files: kill every task, detach its mounts, remove its cgroups
+/// and every entry of `sandbox_dir` except `upper/` (the sandbox's writes) and `agent.log`.
+/// [`crate::spawn`] over the same `sandbox_dir` and uid range starts it again on the kept
+/// upper layer (hibernate/wake on `ns`: the filesystem survives, processes do not).
+/// Idempotent; also cleans up after a spawn that was interrupted.
+pub fn stop(t: &Teardown) -> Result<(), JailError> {
+    release(t)?;
+    if !looks_like_a_sandbox_dir(&t.sandbox_dir) {
+        return Err(JailError::Refused(format!(
+            "clean {}: it does not look like a sandbox directory (no upper/work/lower/merged/agent.log)",
+            t.sandbox_dir.display()
+        )));
+    }
+    let entries = match std::fs::read_dir(&t.sandbox_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(JailError::Sys {
+                op: format!("list {}", t.sandbox_dir.display()),
+                source: e,
+            })
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name == "upper" || name == "agent.log" {
+            continue;
+        }
+        let path = entry.path();
+        let is_dir = entry.file_type().is_ok_and(|ft| ft.is_dir());
+        if is_dir {
+            remove_tree_safely(&path)?;
+        } else if let Err(e) = std::fs::remove_file(&path) {
+            if e.kind() != ErrorKind::NotFound {
+                return Err(JailError::Sys {
+                    op: format!("remove {}", path.display()),
+                    source: e,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Kill every task, wait for them, detach every mount beneath `sandbox_dir` and remove the
+/// cgroups: everything but the files.
+fn release(t: &Teardown) -> Result<(), JailError> {
     t.check()?;
     let cgroups = t.all_cgroups();
     let init = init_handle(t);
@@ -145,14 +203,7 @@ pub fn destroy(t: &Teardown) -> Result<(), JailError> {
     }
     cgroup::wait_empty(&cgroups, !used_cgroup_kill)?;
     unmount_all_under(&t.sandbox_dir)?;
-    cgroup::remove_dirs(&cgroups)?;
-    if !looks_like_a_sandbox_dir(&t.sandbox_dir) {
-        return Err(JailError::Refused(format!(
-            "delete {}: it does not look like a sandbox directory (no upper/work/lower/merged/agent.log)",
-            t.sandbox_dir.display()
-        )));
-    }
-    remove_tree_safely(&t.sandbox_dir)
+    cgroup::remove_dirs(&cgroups)
 }
 
 /// A guard against a corrupt record naming an unrelated directory: a sandbox directory is
@@ -286,7 +337,14 @@ fn scan(dir: &OwnedFd) -> Result<Vec<OsString>, JailError> {
 
 /// Empty `root` (which stays), depth-first, one directory descriptor open at a time.
 fn remove_tree(root: &Path) -> Result<(), JailError> {
-    let mut cur = sys::open_dir_at(None, &sys::cpath(root)?)?;
+    empty_dir(sys::open_dir_at(None, &sys::cpath(root)?)?, root)
+}
+
+/// Empty the directory open as `dir` (which stays), depth-first, one directory descriptor open
+/// at a time, never entering another filesystem. `label` names it in errors.
+pub(crate) fn empty_dir(dir: OwnedFd, label: &Path) -> Result<(), JailError> {
+    let root = label;
+    let mut cur = dir;
     let dev = sys::fstat_dev(&cur)?;
     // (name in parent, subdirectories still to delete) for every level from `root` down.
     let mut stack: Vec<(OsString, Vec<OsString>)> = vec![(OsString::new(), scan(&cur)?)];
@@ -358,6 +416,36 @@ mod tests {
         assert!(outside.join("keep").exists());
         // Idempotent.
         destroy(&teardown(&dir)).unwrap();
+    }
+
+    #[test]
+    fn stop_keeps_only_the_upper_layer_and_the_log() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("sbx");
+        for d in ["upper/root", "work/work", "lower", "merged", "layer-0"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("upper/root/kept"), "x").unwrap();
+        std::fs::write(dir.join("agent.log"), "log").unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(dir.join("agent.sock")).unwrap();
+        stop(&teardown(&dir)).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["agent.log", "upper"]);
+        assert!(dir.join("upper/root/kept").exists());
+        // Idempotent; and a directory that is not a sandbox's is left alone.
+        stop(&teardown(&dir)).unwrap();
+        let other = tmp.path().join("precious");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("data"), "x").unwrap();
+        assert!(matches!(
+            stop(&teardown(&other)),
+            Err(JailError::Refused(_))
+        ));
+        assert!(other.join("data").exists());
     }
 
     #[test]

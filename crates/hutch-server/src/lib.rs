@@ -55,7 +55,7 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, misc, pty, sandboxes};
+    use routes::{exec, files, lifecycle, misc, pty, sandboxes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/templates", get(misc::templates))
@@ -71,6 +71,18 @@ pub fn app(state: AppState) -> Router {
                 .patch(sandboxes::update),
         )
         .route("/v1/sandboxes/{id}/usage", get(sandboxes::usage))
+        .route("/v1/sandboxes/{id}/pause", post(lifecycle::pause))
+        .route("/v1/sandboxes/{id}/resume", post(lifecycle::resume))
+        .route("/v1/sandboxes/{id}/hibernate", post(lifecycle::hibernate))
+        .route("/v1/sandboxes/{id}/wake", post(lifecycle::wake))
+        .route("/v1/sandboxes/{id}/snapshots", post(lifecycle::snapshot))
+        .route("/v1/sandboxes/{id}/fork", post(lifecycle::fork))
+        .route("/v1/sandboxes/{id}/explore", post(lifecycle::explore))
+        .route("/v1/snapshots", get(lifecycle::list_snapshots))
+        .route(
+            "/v1/snapshots/{id}",
+            get(lifecycle::get_snapshot).delete(lifecycle::delete_snapshot),
+        )
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))

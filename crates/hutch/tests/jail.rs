@@ -310,6 +310,7 @@ impl Template {
             agent_binary: self.agent.clone(),
             agent_args: vec!["/bin/sh".into(), "-c".into(), script.into()],
             agent_socket: self.base().join(format!("{name}.sock")),
+            layers: vec![],
             hostname: format!("sbx-{name}"),
             env: vec![("PATH".into(), "/bin".into())],
             limits: Limits {

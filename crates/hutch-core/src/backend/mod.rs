@@ -4,8 +4,12 @@
 //! byte stream is. Everything above the stream (exec, PTY, files) is backend-independent:
 //! it is the agent protocol.
 //!
-//! Backend calls block (they mount, fork helpers, wait for cgroups to empty); the manager
-//! runs them on the blocking pool.
+//! Backend calls block (they mount, fork helpers, wait for cgroups to empty, copy files); the
+//! manager runs them on the blocking pool.
+//!
+//! Lifecycle operations beyond create/destroy (pause, hibernate, snapshot) go through the same
+//! trait, so the `vm` backend can give them their full meaning (memory saved with the disk)
+//! while `ns` gives the filesystem-level one (see `docs/lifecycle.md`).
 
 pub mod ns;
 
@@ -13,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::CoreResult;
 use crate::model::{Isolation, SandboxRecord};
+use crate::snapshot::SnapshotKind;
 
 /// What a backend reports after building a sandbox.
 #[derive(Debug, Clone)]
@@ -40,6 +45,17 @@ pub struct Usage {
     pub pids: u64,
 }
 
+/// What [`Backend::snapshot`] wrote.
+#[derive(Debug, Clone)]
+pub struct SnapshotTaken {
+    /// Filesystem only (`ns`) or memory too (`vm`).
+    pub kind: SnapshotKind,
+    /// Bytes of file data in it.
+    pub size_bytes: u64,
+    /// Regular files in it.
+    pub files: u64,
+}
+
 /// One isolation backend.
 pub trait Backend: Send + Sync {
     /// Which isolation this backend provides.
@@ -54,4 +70,20 @@ pub trait Backend: Send + Sync {
     fn alive(&self, record: &SandboxRecord) -> bool;
     /// Current resource usage.
     fn usage(&self, record: &SandboxRecord) -> Option<Usage>;
+    /// Stop every process of the sandbox from running (no CPU) without losing anything.
+    fn pause(&self, record: &SandboxRecord) -> CoreResult<()>;
+    /// Let a paused sandbox run again.
+    fn resume(&self, record: &SandboxRecord) -> CoreResult<()>;
+    /// Give back the sandbox's CPU and memory and keep its state on disk (`ns`: processes are
+    /// stopped, files kept). Idempotent: also cleans up after an interrupted [`Backend::wake`].
+    fn hibernate(&self, record: &SandboxRecord) -> CoreResult<()>;
+    /// Start a hibernated sandbox again from its state on disk.
+    fn wake(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
+    /// Write a snapshot of the sandbox into `dir` (a new, empty directory). A running sandbox
+    /// is frozen while its state is read, so the snapshot is consistent.
+    fn snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken>;
+    /// Delete a snapshot's directory.
+    fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
+    /// Whether forks can carry memory and running processes (`live`), not only files.
+    fn live_fork(&self) -> bool;
 }

@@ -1,22 +1,34 @@
 //! The `ns` backend: the namespace jail of `hutch-jail`, built by the `hutch __jail-spawn`
 //! helper (the jail forks, and the server is multi-threaded, so the fork happens in a fresh
 //! single-threaded process).
+//!
+//! Lifecycle on `ns`: pause is the cgroup freezer; hibernate stops every process and keeps the
+//! upper layer (`hutch_jail::stop`), wake spawns the jail again over it; a snapshot is the
+//! upper layer exported as a 0-based read-only layer (`hutch_jail::export_layer`, the sandbox
+//! frozen meanwhile), which sandboxes created from it stack under their own upper layer.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use hutch_jail::{JailSpec, Limits, SpawnedJail, Teardown};
+use hutch_jail::{JailError, JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
 
-use super::{Backend, Started, Usage};
+use super::{Backend, SnapshotTaken, Started, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
-use crate::model::{Isolation, SandboxRecord};
+use crate::model::{Isolation, SandboxRecord, SandboxState};
+use crate::snapshot::SnapshotKind;
 
 /// Size of every sandbox's uid/gid range.
 pub const UID_RANGE: u32 = 65_536;
 /// Longest unix socket path the kernel accepts (sun_path minus the NUL).
 const MAX_SOCKET_PATH: usize = 107;
+/// Where a snapshot's files are, inside its directory.
+const SNAPSHOT_LAYER: &str = "upper";
+
+fn internal(e: JailError) -> CoreError {
+    CoreError::Internal(e.to_string())
+}
 
 /// The namespace backend.
 pub struct NsBackend {
@@ -53,6 +65,7 @@ impl NsBackend {
                 hutch_proto::AGENT_LISTEN_FD.to_string(),
             ],
             agent_socket: self.agent_socket(&r.id),
+            layers: r.layer.iter().map(|s| self.layer_dir(s)).collect(),
             hostname: r.id.replace('_', "-"),
             env,
             limits: Limits {
@@ -63,6 +76,11 @@ impl NsBackend {
             },
             cgroup_parent: self.cfg.cgroup_parent.clone(),
         }
+    }
+
+    /// The read-only layer of snapshot `id`.
+    fn layer_dir(&self, id: &str) -> PathBuf {
+        self.cfg.snapshot_dir(id).join(SNAPSHOT_LAYER)
     }
 
     fn teardown(&self, r: &SandboxRecord) -> Teardown {
@@ -135,7 +153,7 @@ impl Backend for NsBackend {
     }
 
     fn destroy(&self, record: &SandboxRecord) -> CoreResult<()> {
-        hutch_jail::destroy(&self.teardown(record)).map_err(|e| CoreError::Internal(e.to_string()))
+        hutch_jail::destroy(&self.teardown(record)).map_err(internal)
     }
 
     fn agent_socket(&self, id: &str) -> PathBuf {
@@ -153,8 +171,7 @@ impl Backend for NsBackend {
         if r.cgroups.is_empty() {
             return None;
         }
-        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
-        let s = hutch_jail::cgroup_stats(&cgroups);
+        let s = hutch_jail::cgroup_stats(&cgroup_paths(r));
         Some(Usage {
             memory_bytes: s.memory_bytes,
             memory_limit_bytes: s.memory_limit_bytes,
@@ -163,4 +180,61 @@ impl Backend for NsBackend {
             pids: s.pids_current,
         })
     }
+
+    fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
+        hutch_jail::freeze(&cgroup_paths(r)).map_err(internal)
+    }
+
+    fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
+        hutch_jail::thaw(&cgroup_paths(r)).map_err(internal)
+    }
+
+    fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
+        hutch_jail::stop(&self.teardown(r)).map_err(internal)
+    }
+
+    fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        // Whatever an interrupted wake left (a process, mounts) goes first; the upper stays.
+        self.hibernate(r)?;
+        self.create(r, rootfs)
+    }
+
+    fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        let cgroups = cgroup_paths(r);
+        let freeze = r.state == SandboxState::Running && !cgroups.is_empty();
+        if freeze {
+            hutch_jail::freeze(&cgroups).map_err(internal)?;
+        }
+        let exported = hutch_jail::export_layer(&LayerExport {
+            upper: self.cfg.sandbox_dir(&r.id).join("upper"),
+            base: r.layer.as_deref().map(|s| self.layer_dir(s)),
+            dst: dir.join(SNAPSHOT_LAYER),
+            uid_base: r.uid_slot * UID_RANGE,
+            uid_count: UID_RANGE,
+        });
+        let thawed = if freeze {
+            hutch_jail::thaw(&cgroups).map_err(internal)
+        } else {
+            Ok(())
+        };
+        let stats = exported.map_err(internal)?;
+        thawed?;
+        Ok(SnapshotTaken {
+            kind: SnapshotKind::Filesystem,
+            size_bytes: stats.bytes,
+            files: stats.files,
+        })
+    }
+
+    fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
+        hutch_jail::remove_layer(dir).map_err(internal)
+    }
+
+    fn live_fork(&self) -> bool {
+        false
+    }
+}
+
+fn cgroup_paths(r: &SandboxRecord) -> Vec<PathBuf> {
+    r.cgroups.iter().map(PathBuf::from).collect()
 }

@@ -171,7 +171,12 @@ pub async fn exec_stream(
             .await
             .map_err(|e| state.manager.agent_error(&id, e))?;
     }
-    let stream = async_stream(session);
+    // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
+    let guard = state.manager.session_guard(&id);
+    let stream = futures_util::StreamExt::map(async_stream(session), move |event| {
+        let _ = &guard;
+        event
+    });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 

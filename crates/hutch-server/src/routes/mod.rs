@@ -2,6 +2,7 @@
 
 pub mod exec;
 pub mod files;
+pub mod lifecycle;
 pub mod misc;
 pub mod pty;
 pub mod sandboxes;

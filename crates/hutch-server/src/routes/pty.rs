@@ -70,7 +70,12 @@ pub async fn pty(
     };
     // Start the process before upgrading so errors are ordinary HTTP errors.
     let session = state.manager.exec_session(&id, &cmd, Some(size)).await?;
-    Ok(ws.on_upgrade(move |socket| bridge(socket, session)))
+    // An open terminal keeps an idle-hibernating sandbox up.
+    let guard = state.manager.session_guard(&id);
+    Ok(ws.on_upgrade(move |socket| async move {
+        bridge(socket, session).await;
+        drop(guard);
+    }))
 }
 
 async fn bridge(mut socket: WebSocket, session: hutch_proto::client::ExecSession) {

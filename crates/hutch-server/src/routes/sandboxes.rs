@@ -30,6 +30,7 @@ pub struct CreateBody {
     snapshot: Option<String>,
     network: Option<serde_json::Value>,
     volumes: Option<Vec<serde_json::Value>>,
+    idle_hibernate_seconds: Option<u64>,
 }
 
 /// Validate an environment map: names are non-empty, without `=` or NUL; values without NUL.
@@ -78,10 +79,10 @@ fn validate_template_name(t: &str) -> ApiResult<()> {
 
 impl CreateBody {
     fn into_command(self, caller: &Caller) -> ApiResult<CreateSandbox> {
-        if self.snapshot.is_some() {
-            return Err(ApiError::invalid(
-                "creating from a snapshot is not supported by this server yet",
-            ));
+        if let Some(s) = &self.snapshot {
+            if !hutch_core::ids::is_snapshot_id(s) {
+                return Err(ApiError::not_found(format!("snapshot {s} does not exist")));
+            }
         }
         if self.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
             return Err(ApiError::invalid(
@@ -121,6 +122,8 @@ impl CreateBody {
             disk_mib: self.disk_mib,
             pids_max: self.pids_max,
             network: self.network,
+            snapshot: self.snapshot,
+            idle_hibernate_seconds: self.idle_hibernate_seconds,
         })
     }
 }
@@ -155,6 +158,9 @@ pub async fn create(
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateBody = json_or_default(&body)?;
     let cmd = body.into_command(&caller)?;
+    if let Some(s) = &cmd.snapshot {
+        super::lifecycle::check_snapshot_visible(&state, &caller, s)?;
+    }
     let view = state.manager.create(cmd).await?;
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -243,6 +249,7 @@ pub struct UpdateBody {
     ttl_seconds: Option<u64>,
     persistent: Option<bool>,
     metadata: Option<BTreeMap<String, String>>,
+    idle_hibernate_seconds: Option<u64>,
 }
 
 /// `PATCH /v1/sandboxes/{id}`.
@@ -266,6 +273,7 @@ pub async fn update(
             ttl_seconds: body.ttl_seconds,
             persistent: body.persistent,
             metadata,
+            idle_hibernate_seconds: body.idle_hibernate_seconds,
         },
     )?))
 }

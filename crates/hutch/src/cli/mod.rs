@@ -2,6 +2,7 @@
 
 mod doctor;
 mod files;
+mod lifecycle;
 mod output;
 mod sandbox;
 mod shell;
@@ -65,6 +66,20 @@ enum Command {
     Doctor,
     /// Serve the Model Context Protocol on stdio (sandboxes as tools for an agent).
     Mcp,
+    /// Freeze a sandbox: it uses no CPU until `resume`.
+    Pause(lifecycle::IdArgs),
+    /// Let a paused sandbox run again.
+    Resume(lifecycle::IdArgs),
+    /// Stop a sandbox and keep its state on disk (ns: files kept, processes end).
+    Hibernate(lifecycle::IdArgs),
+    /// Start a hibernated sandbox again (exec and file calls also do).
+    Wake(lifecycle::IdArgs),
+    /// Take a snapshot (`snapshot ID --name N`), list (`snapshot ls`) or delete (`snapshot rm`).
+    Snapshot(lifecycle::SnapshotArgs),
+    /// Create children of a sandbox (ns: files copied-on-write, fresh processes).
+    Fork(lifecycle::ForkArgs),
+    /// Run candidate commands each in a fork, keep the best: `explore ID -- CMD1 ::: CMD2`.
+    Explore(lifecycle::ExploreArgs),
     /// Measure Hutch against baselines on this machine (starts its own server).
     Bench(crate::bench::BenchArgs),
 }
@@ -89,6 +104,21 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp => crate::mcp::serve(&state_dir).await.map(|()| 0),
+        Command::Pause(a) => lifecycle::action("pause", &a, &state_dir, json)
+            .await
+            .map(|()| 0),
+        Command::Resume(a) => lifecycle::action("resume", &a, &state_dir, json)
+            .await
+            .map(|()| 0),
+        Command::Hibernate(a) => lifecycle::action("hibernate", &a, &state_dir, json)
+            .await
+            .map(|()| 0),
+        Command::Wake(a) => lifecycle::action("wake", &a, &state_dir, json)
+            .await
+            .map(|()| 0),
+        Command::Snapshot(a) => lifecycle::snapshot(a, &state_dir, json).await.map(|()| 0),
+        Command::Fork(a) => lifecycle::fork(a, &state_dir, json).await.map(|()| 0),
+        Command::Explore(a) => lifecycle::explore(a, &state_dir, json).await.map(|()| 0),
         Command::Bench(args) => crate::bench::bench(args, state_dir).await.map(|()| 0),
     };
     match result {

@@ -37,6 +37,9 @@ pub struct SandboxOpts {
     /// Metadata `KEY=VALUE` (repeatable).
     #[arg(long = "meta")]
     meta: Vec<String>,
+    /// Start from this snapshot's files (`snap_…`) instead of the bare template.
+    #[arg(long)]
+    snapshot: Option<String>,
 }
 
 fn pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -76,6 +79,9 @@ impl SandboxOpts {
         }
         if !self.meta.is_empty() {
             b.insert("metadata".into(), json!(pairs(&self.meta, "--meta")?));
+        }
+        if let Some(s) = &self.snapshot {
+            b.insert("snapshot".into(), json!(s));
         }
         Ok(Value::Object(b))
     }

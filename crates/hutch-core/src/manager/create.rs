@@ -1,0 +1,279 @@
+//! Creating a sandbox: from a template, or from a snapshot (its files stacked under the new
+//! sandbox's upper layer), or as a fork child.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hutch_proto::client::AgentClient;
+
+use super::{client_error, Manager, MIN_UID_SLOT, UID_SLOTS};
+use crate::backend::Backend;
+use crate::error::{CoreError, CoreResult};
+use crate::ids;
+use crate::model::{CreateSandbox, IsolationRequest, SandboxRecord, SandboxState, SandboxView};
+use crate::snapshot::{SnapshotDefaults, SnapshotRecord};
+use crate::time::now_ms;
+
+/// How long a new (or woken) sandbox's agent may take to answer.
+const AGENT_READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Manager {
+    /// Create and start a sandbox; returns once its agent answers.
+    pub async fn create(self: &Arc<Self>, cmd: CreateSandbox) -> CoreResult<SandboxView> {
+        self.create_sandbox(cmd, None).await
+    }
+
+    /// Create a sandbox, recording `forked_from` for fork children.
+    pub(super) async fn create_sandbox(
+        self: &Arc<Self>,
+        cmd: CreateSandbox,
+        forked_from: Option<String>,
+    ) -> CoreResult<SandboxView> {
+        let t0 = Instant::now();
+        let source = match &cmd.snapshot {
+            // A fork's hidden snapshot is only usable by the fork itself.
+            Some(sid) => Some(self.snapshot_record(sid, None, forked_from.is_some())?),
+            None => None,
+        };
+        let mut record = self.new_record(&cmd, source.as_ref())?;
+        record.forked_from = forked_from;
+        let backend = self.backend(record.isolation)?;
+        {
+            // A snapshot in use cannot be deleted: check it still exists and insert the
+            // sandbox that uses it under one lock.
+            let _snapshots = self.lock_snapshots();
+            if let Some(s) = &source {
+                if self.store.get_snapshot(&s.id)?.is_none() {
+                    return Err(CoreError::NotFound(format!(
+                        "snapshot {} does not exist",
+                        s.id
+                    )));
+                }
+            }
+            self.insert_with_free_slot(&mut record)?;
+        }
+        let rootfs = self.templates.rootfs(&record.template);
+        let started = {
+            let backend = backend.clone();
+            let rec = record.clone();
+            tokio::task::spawn_blocking(move || backend.create(&rec, &rootfs))
+                .await
+                .map_err(|e| CoreError::Internal(e.to_string()))?
+        };
+        let started = match started {
+            Ok(s) => s,
+            Err(e) => {
+                self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
+                let _ = self.store.delete(&record.id);
+                self.release_layer(record.layer.as_deref()).await;
+                return Err(e);
+            }
+        };
+        record.init_pid = Some(started.init_pid);
+        record.init_start_time = Some(started.init_start_time);
+        record.cgroups = started
+            .cgroups
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        self.store.update(&record)?;
+        let client = match self.connect_agent(backend.as_ref(), &record.id).await {
+            Ok(c) => c,
+            Err(e) => return Err(self.fail_create(record, e).await),
+        };
+        self.lock_agents().insert(record.id.clone(), client);
+        record.state = SandboxState::Running;
+        self.store.update(&record)?;
+        self.watch_init(&record);
+        self.metrics.observe_create(t0.elapsed().as_secs_f64());
+        self.events
+            .publish("sandbox.created", &record.id, record.tenant(), None);
+        tracing::info!(id = %record.id, template = %record.template, snapshot = ?record.layer, ms = t0.elapsed().as_millis() as u64, "sandbox created");
+        Ok(record.view())
+    }
+
+    /// Validate `cmd` (against the template's or the snapshot's defaults) into a new record in
+    /// state `starting`.
+    fn new_record(
+        &self,
+        cmd: &CreateSandbox,
+        source: Option<&SnapshotRecord>,
+    ) -> CoreResult<SandboxRecord> {
+        let template = match (source, &cmd.template) {
+            (Some(s), Some(t)) if *t != s.template => {
+                return Err(CoreError::InvalidArgument(format!(
+                    "snapshot {} was taken over template {:?}, not {t:?}: leave template out",
+                    s.id, s.template
+                )))
+            }
+            (Some(s), _) => s.template.clone(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => self.cfg.default_template.clone(),
+        };
+        let info = self.templates.get(&template).ok_or_else(|| {
+            CoreError::NotFound(format!(
+                "template {template:?} does not exist or is not built (build it with `hutch template build {template}`)"
+            ))
+        })?;
+        if !info.ready {
+            return Err(CoreError::Conflict(format!(
+                "template {template:?} is not ready"
+            )));
+        }
+        let isolation = match source {
+            Some(s) => {
+                let explicit = match cmd.isolation {
+                    IsolationRequest::Auto => None,
+                    IsolationRequest::Ns => Some(crate::model::Isolation::Ns),
+                    IsolationRequest::Vm => Some(crate::model::Isolation::Vm),
+                };
+                if explicit.is_some_and(|i| i != s.isolation) {
+                    return Err(CoreError::InvalidArgument(format!(
+                        "snapshot {} is a {} snapshot: sandboxes created from it are {} too",
+                        s.id,
+                        s.isolation.as_str(),
+                        s.isolation.as_str()
+                    )));
+                }
+                s.isolation
+            }
+            None => self.resolve_isolation(cmd.isolation)?,
+        };
+        let defaults = match source {
+            Some(s) => s.defaults.clone(),
+            None => SnapshotDefaults {
+                cpus: info.defaults.cpus,
+                memory_mib: info.defaults.memory_mib,
+                disk_mib: info.defaults.disk_mib,
+                pids_max: info.defaults.pids_max,
+                env: info.defaults.env.clone(),
+            },
+        };
+        let cpus = cmd.cpus.unwrap_or(defaults.cpus);
+        if !(0.05..=self.cfg.max_cpus).contains(&cpus) {
+            return Err(CoreError::InvalidArgument(format!(
+                "cpus must be between 0.05 and {} on this host, got {cpus}",
+                self.cfg.max_cpus
+            )));
+        }
+        let memory_mib = cmd.memory_mib.unwrap_or(defaults.memory_mib);
+        if !(16..=self.cfg.max_memory_mib).contains(&memory_mib) {
+            return Err(CoreError::InvalidArgument(format!(
+                "memory_mib must be between 16 and {} on this host, got {memory_mib}",
+                self.cfg.max_memory_mib
+            )));
+        }
+        let pids_max = cmd.pids_max.unwrap_or(defaults.pids_max);
+        if !(8..=self.cfg.max_pids).contains(&pids_max) {
+            return Err(CoreError::InvalidArgument(format!(
+                "pids_max must be between 8 and {}, got {pids_max}",
+                self.cfg.max_pids
+            )));
+        }
+        let ttl_seconds = cmd.ttl_seconds.unwrap_or(self.cfg.default_ttl_seconds);
+        if ttl_seconds == 0 || ttl_seconds > self.cfg.max_ttl_seconds {
+            return Err(CoreError::InvalidArgument(format!(
+                "ttl_seconds must be between 1 and {}, got {ttl_seconds}",
+                self.cfg.max_ttl_seconds
+            )));
+        }
+        let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
+        let mut env = defaults.env;
+        env.extend(cmd.env.clone());
+        let now = now_ms();
+        Ok(SandboxRecord {
+            id: ids::new_sandbox_id(),
+            template,
+            isolation,
+            state: SandboxState::Starting,
+            metadata: cmd.metadata.clone(),
+            env,
+            cpus,
+            memory_mib,
+            disk_mib: cmd.disk_mib.unwrap_or(defaults.disk_mib),
+            pids_max,
+            ttl_seconds,
+            persistent: cmd.persistent,
+            created_at_ms: now,
+            expires_at_ms: now + (ttl_seconds as i64) * 1000,
+            uid_slot: 0,
+            init_pid: None,
+            init_start_time: None,
+            cgroups: vec![],
+            error: None,
+            network: cmd.network.clone(),
+            layer: source.map(|s| s.id.clone()),
+            snapshot: source.filter(|s| !s.hidden).map(|s| s.id.clone()),
+            forked_from: None,
+            idle_hibernate_seconds,
+            last_used_ms: now,
+        })
+    }
+
+    /// `Some(n)` for a positive idle-hibernation delay, `None` for 0 or none; bounded by the
+    /// longest TTL.
+    pub(super) fn check_idle_seconds(&self, secs: Option<u64>) -> CoreResult<Option<u64>> {
+        match secs {
+            None | Some(0) => Ok(None),
+            Some(s) if s <= self.cfg.max_ttl_seconds => Ok(Some(s)),
+            Some(s) => Err(CoreError::InvalidArgument(format!(
+                "idle_hibernate_seconds must be between 0 (never) and {}, got {s}",
+                self.cfg.max_ttl_seconds
+            ))),
+        }
+    }
+
+    /// Connect to a freshly started agent and check its protocol version. The listening
+    /// socket exists before the agent runs, so connecting cannot race it; `info` returns once
+    /// the agent serves.
+    pub(super) async fn connect_agent(
+        &self,
+        backend: &dyn Backend,
+        id: &str,
+    ) -> CoreResult<AgentClient> {
+        let ready = async {
+            let client = AgentClient::connect_unix(&backend.agent_socket(id))
+                .await
+                .map_err(client_error)?;
+            let info = client.info().await.map_err(client_error)?;
+            if info.protocol_version != hutch_proto::PROTOCOL_VERSION {
+                return Err(CoreError::SandboxFailed(format!(
+                    "agent speaks protocol {} but the server speaks {}",
+                    info.protocol_version,
+                    hutch_proto::PROTOCOL_VERSION
+                )));
+            }
+            Ok(client)
+        };
+        match tokio::time::timeout(AGENT_READY_TIMEOUT, ready).await {
+            Ok(r) => r,
+            Err(_) => Err(CoreError::SandboxFailed(format!(
+                "the agent did not answer within {} s",
+                AGENT_READY_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    async fn fail_create(&self, record: SandboxRecord, e: CoreError) -> CoreError {
+        self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
+        let _ = self.destroy_resources(&record).await;
+        let _ = self.store.delete(&record.id);
+        self.release_layer(record.layer.as_deref()).await;
+        e
+    }
+
+    fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
+        for _ in 0..64 {
+            record.uid_slot = MIN_UID_SLOT + ids::random_u32() % UID_SLOTS;
+            match self.store.insert(record) {
+                Ok(()) => return Ok(()),
+                Err(CoreError::Conflict(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CoreError::Quota(
+            "no free uid range for a new sandbox".into(),
+        ))
+    }
+}

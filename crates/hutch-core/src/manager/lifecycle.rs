@@ -1,0 +1,248 @@
+//! Pause, resume, hibernate, wake, and hibernation of idle sandboxes.
+//!
+//! Each operation takes the sandbox's transition lock, refreshes its record, checks the state
+//! allows it (`SandboxState::can_*`, else 409 with what to do instead), acts through the
+//! backend on the blocking pool, and saves the new state.
+//!
+//! Hibernation saves the new state *before* stopping the processes, so the death watcher sees
+//! an intended stop; wake saves `running` only once the agent answers, so a server that
+//! crashes mid-wake finds the sandbox still hibernated (and cleans up what the wake started).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{blocking, wrong_state, Manager};
+use crate::error::CoreResult;
+use crate::model::{SandboxRecord, SandboxState, SandboxView};
+use crate::time::now_ms;
+
+/// CPU time per second of wall time above which a sandbox counts as busy for idle
+/// hibernation (1 %: an idle agent uses far less).
+const BUSY_NS_PER_SEC: u64 = 10_000_000;
+
+/// The result of an explicit wake.
+#[derive(Debug, Clone)]
+pub struct Woken {
+    /// The sandbox, running again.
+    pub sandbox: SandboxView,
+    /// Milliseconds from the start of the wake until its agent answered.
+    pub woke_in_ms: u64,
+}
+
+impl Manager {
+    /// Freeze every process of a running sandbox: it uses no CPU until resumed.
+    pub async fn pause(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+        self.load(id)?;
+        let _op = self.op_lock(id).await;
+        let r = self.touch(id)?;
+        if !r.state.can_pause() {
+            return Err(wrong_state(&r, Some("pause")));
+        }
+        let backend = self.backend(r.isolation)?;
+        let rec = r.clone();
+        blocking(move || backend.pause(&rec)).await?;
+        let r = self.store.modify(id, |r| {
+            r.state = SandboxState::Paused;
+            Ok(())
+        })?;
+        self.events.publish("sandbox.paused", id, r.tenant(), None);
+        Ok(r.view())
+    }
+
+    /// Let a paused sandbox run again.
+    pub async fn resume(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+        self.load(id)?;
+        let _op = self.op_lock(id).await;
+        let r = self.touch(id)?;
+        if !r.state.can_resume() {
+            return Err(wrong_state(&r, Some("resume")));
+        }
+        let backend = self.backend(r.isolation)?;
+        let rec = r.clone();
+        blocking(move || backend.resume(&rec)).await?;
+        let r = self.store.modify(id, |r| {
+            r.state = SandboxState::Running;
+            // The idle clock starts again: a paused sandbox was not idle by choice.
+            r.last_used_ms = now_ms();
+            Ok(())
+        })?;
+        self.events.publish("sandbox.resumed", id, r.tenant(), None);
+        Ok(r.view())
+    }
+
+    /// Stop a running sandbox and keep its state on disk (on `ns`: its files; its processes
+    /// end). The next exec or file call, or [`Manager::wake`], starts it again.
+    pub async fn hibernate(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+        self.load(id)?;
+        let _op = self.op_lock(id).await;
+        let r = self.touch(id)?;
+        if !r.state.can_hibernate() {
+            return Err(wrong_state(&r, Some("hibernate")));
+        }
+        Ok(self.hibernate_locked(r, None).await?.view())
+    }
+
+    /// Hibernate `r` (its transition lock held and its state checked).
+    async fn hibernate_locked(
+        &self,
+        r: SandboxRecord,
+        why: Option<String>,
+    ) -> CoreResult<SandboxRecord> {
+        let t0 = Instant::now();
+        let r = self.store.modify(&r.id, |r| {
+            r.state = SandboxState::Hibernated;
+            Ok(())
+        })?;
+        self.lock_agents().remove(&r.id);
+        let backend = self.backend(r.isolation)?;
+        let rec = r.clone();
+        if let Err(e) = blocking(move || backend.hibernate(&rec)).await {
+            // The files are intact; the next wake cleans up whatever is left and retries.
+            tracing::error!(id = %r.id, error = %e, "hibernating");
+            return Err(e);
+        }
+        let r = self.store.modify(&r.id, |r| {
+            r.init_pid = None;
+            r.init_start_time = None;
+            r.cgroups.clear();
+            Ok(())
+        })?;
+        let ms = t0.elapsed().as_millis() as u64;
+        tracing::info!(id = %r.id, ms, reason = why.as_deref().unwrap_or("requested"), "sandbox hibernated");
+        self.events
+            .publish("sandbox.hibernated", &r.id, r.tenant(), why);
+        Ok(r)
+    }
+
+    /// Start a hibernated sandbox again; reports how long it took.
+    pub async fn wake(self: &Arc<Self>, id: &str) -> CoreResult<Woken> {
+        self.load(id)?;
+        let _op = self.op_lock(id).await;
+        let r = self.touch(id)?;
+        if !r.state.can_wake() {
+            return Err(wrong_state(&r, Some("wake")));
+        }
+        let (r, woke_in_ms) = self.wake_locked(r).await?;
+        Ok(Woken {
+            sandbox: r.view(),
+            woke_in_ms,
+        })
+    }
+
+    /// Wake `id` if it is (still) hibernated: the transparent wake of exec and file calls.
+    pub(super) async fn wake_if_hibernated(self: &Arc<Self>, id: &str) -> CoreResult<()> {
+        let _op = self.op_lock(id).await;
+        let r = self.load(id)?;
+        if r.state == SandboxState::Hibernated {
+            self.wake_locked(r).await?;
+        }
+        Ok(())
+    }
+
+    /// Wake `r` (its transition lock held and its state checked).
+    async fn wake_locked(self: &Arc<Self>, r: SandboxRecord) -> CoreResult<(SandboxRecord, u64)> {
+        let t0 = Instant::now();
+        let backend = self.backend(r.isolation)?;
+        let rootfs = self.templates.rootfs(&r.template);
+        let started = {
+            let backend = backend.clone();
+            let rec = r.clone();
+            blocking(move || backend.wake(&rec, &rootfs)).await?
+        };
+        let r = self.store.modify(&r.id, |r| {
+            r.init_pid = Some(started.init_pid);
+            r.init_start_time = Some(started.init_start_time);
+            r.cgroups = started
+                .cgroups
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            Ok(())
+        })?;
+        let client = match self.connect_agent(backend.as_ref(), &r.id).await {
+            Ok(c) => c,
+            Err(e) => {
+                // Back to hibernated, files kept.
+                let rec = r.clone();
+                let stopped = blocking(move || backend.hibernate(&rec)).await;
+                if let Err(s) = stopped {
+                    tracing::error!(id = %r.id, error = %s, "stopping after a failed wake");
+                }
+                let _ = self.store.modify(&r.id, |r| {
+                    r.init_pid = None;
+                    r.init_start_time = None;
+                    r.cgroups.clear();
+                    Ok(())
+                });
+                return Err(e);
+            }
+        };
+        self.lock_agents().insert(r.id.clone(), client);
+        let r = self.store.modify(&r.id, |r| {
+            r.state = SandboxState::Running;
+            r.last_used_ms = now_ms();
+            Ok(())
+        })?;
+        self.watch_init(&r);
+        let ms = t0.elapsed().as_millis() as u64;
+        tracing::info!(id = %r.id, ms, "sandbox woke");
+        self.events.publish(
+            "sandbox.woken",
+            &r.id,
+            r.tenant(),
+            Some(format!("woke in {ms} ms")),
+        );
+        Ok((r, ms))
+    }
+
+    /// Hibernate running sandboxes that have `idle_hibernate_seconds` and have been idle that
+    /// long: no exec, file or PTY call, no client connected (running exec, stream or
+    /// terminal) and less than 1 % CPU since then.
+    pub(super) async fn hibernate_idle(self: &Arc<Self>) {
+        let Ok(all) = self.store.all() else { return };
+        let now = now_ms();
+        for r in all {
+            let Some(idle) = r.idle_hibernate_seconds else {
+                continue;
+            };
+            if r.state != SandboxState::Running {
+                continue;
+            }
+            let cpu = self
+                .backend(r.isolation)
+                .ok()
+                .and_then(|b| b.usage(&r))
+                .map(|u| u.cpu_usage_ns)
+                .unwrap_or(0);
+            let busy_at = {
+                let mut seen = self.cpu_seen.lock().unwrap_or_else(|p| p.into_inner());
+                let (last_cpu, checked_at, busy_at) =
+                    seen.entry(r.id.clone()).or_insert((cpu, now, 0));
+                let elapsed_ms = u64::try_from(now - *checked_at).unwrap_or(0).max(1);
+                let used_ns = cpu.saturating_sub(*last_cpu);
+                if self.has_sessions(&r.id)
+                    || used_ns.saturating_mul(1000) > BUSY_NS_PER_SEC.saturating_mul(elapsed_ms)
+                {
+                    *busy_at = now;
+                }
+                (*last_cpu, *checked_at) = (cpu, now);
+                *busy_at
+            };
+            let idle_since = r.last_used().max(busy_at);
+            if now - idle_since < (idle as i64) * 1000 {
+                continue;
+            }
+            let _op = self.op_lock(&r.id).await;
+            let Ok(fresh) = self.load(&r.id) else {
+                continue;
+            };
+            if fresh.state != SandboxState::Running || fresh.last_used() > idle_since {
+                continue;
+            }
+            let why = format!("idle for {idle} s");
+            if let Err(e) = self.hibernate_locked(fresh, Some(why)).await {
+                tracing::error!(id = %r.id, error = %e, "idle hibernation");
+            }
+        }
+    }
+}

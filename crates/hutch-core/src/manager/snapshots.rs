@@ -1,0 +1,259 @@
+//! Named snapshots: take, list, get, delete; and the reference counting that keeps a
+//! snapshot while sandboxes created from it hold disk.
+//!
+//! A snapshot is written into `<state>/snapshots/.tmp-<id>/` and renamed to `<id>/` once
+//! complete, then recorded; a crash leaves only `.tmp-*` directories, which the next start
+//! removes together with directories no record names and hidden (fork) snapshots no sandbox
+//! uses any more.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{blocking, wrong_state, Manager};
+use crate::error::{CoreError, CoreResult};
+use crate::ids;
+use crate::model::SandboxRecord;
+use crate::snapshot::{valid_name, SnapshotDefaults, SnapshotRecord, SnapshotView};
+use crate::time::now_ms;
+
+/// Prefix of snapshots being written.
+const TMP_PREFIX: &str = ".tmp-";
+
+/// Create the snapshots directory, readable by root only: snapshots hold files owned by host
+/// ids 0-65535, setuid ones included.
+pub(super) fn prepare_dir(dir: &Path) -> CoreResult<()> {
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| CoreError::Internal(format!("create {}: {e}", dir.display())))
+}
+
+fn visible(s: &SnapshotRecord, tenant: Option<&str>, include_hidden: bool) -> bool {
+    (include_hidden || !s.hidden) && tenant.is_none_or(|t| s.tenant_id.as_deref() == Some(t))
+}
+
+impl Manager {
+    /// Take a named snapshot of a running or hibernated sandbox.
+    pub async fn snapshot(self: &Arc<Self>, id: &str, name: &str) -> CoreResult<SnapshotView> {
+        if !valid_name(name) {
+            return Err(CoreError::InvalidArgument(format!(
+                "snapshot name {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
+            )));
+        }
+        self.load(id)?;
+        let _op = self.op_lock(id).await;
+        let r = self.touch(id)?;
+        if !r.state.can_snapshot() {
+            return Err(wrong_state(&r, Some("snapshot")));
+        }
+        let s = self.take_snapshot(&r, name, false).await?;
+        Ok(s.view(Vec::new()))
+    }
+
+    /// Snapshot `r` (its transition lock held and its state checked) and record it.
+    pub(super) async fn take_snapshot(
+        &self,
+        r: &SandboxRecord,
+        name: &str,
+        hidden: bool,
+    ) -> CoreResult<SnapshotRecord> {
+        let t0 = std::time::Instant::now();
+        let sid = ids::new_snapshot_id();
+        let tmp = self.cfg.snapshots_dir().join(format!("{TMP_PREFIX}{sid}"));
+        let dir = self.cfg.snapshot_dir(&sid);
+        let backend = self.backend(r.isolation)?;
+        std::fs::create_dir(&tmp)
+            .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
+        let taken = {
+            let (backend, rec, tmp) = (backend.clone(), r.clone(), tmp.clone());
+            blocking(move || backend.snapshot(&rec, &tmp)).await
+        };
+        let record = taken.and_then(|taken| {
+            let record = SnapshotRecord {
+                id: sid.clone(),
+                name: name.to_string(),
+                sandbox_id: r.id.clone(),
+                kind: taken.kind,
+                isolation: r.isolation,
+                template: r.template.clone(),
+                template_created_at: self.templates.get(&r.template).and_then(|t| t.created_at),
+                size_bytes: taken.size_bytes,
+                files: taken.files,
+                created_at_ms: now_ms(),
+                tenant_id: r.tenant(),
+                hidden,
+                defaults: SnapshotDefaults {
+                    cpus: r.cpus,
+                    memory_mib: r.memory_mib,
+                    disk_mib: r.disk_mib,
+                    pids_max: r.pids_max,
+                    env: r.env.clone(),
+                },
+            };
+            let manifest = serde_json::to_vec_pretty(&record.manifest())
+                .map_err(|e| CoreError::Internal(e.to_string()))?;
+            std::fs::write(tmp.join("snapshot.json"), manifest)
+                .and_then(|()| std::fs::rename(&tmp, &dir))
+                .map_err(|e| CoreError::Internal(format!("store snapshot {sid}: {e}")))?;
+            self.store.insert_snapshot(&record)?;
+            Ok(record)
+        });
+        let record = match record {
+            Ok(rec) => rec,
+            Err(e) => {
+                for d in [tmp, dir] {
+                    let (backend, d2) = (backend.clone(), d.clone());
+                    if let Err(c) = blocking(move || backend.remove_snapshot(&d2)).await {
+                        tracing::error!(dir = %d.display(), error = %c, "removing a failed snapshot");
+                    }
+                }
+                return Err(e);
+            }
+        };
+        tracing::info!(id = %r.id, snapshot = %sid, hidden, bytes = record.size_bytes, ms = t0.elapsed().as_millis() as u64, "snapshot taken");
+        self.events.publish(
+            "sandbox.snapshotted",
+            &r.id,
+            r.tenant(),
+            Some(if hidden {
+                format!("{sid} (for a fork)")
+            } else {
+                sid.clone()
+            }),
+        );
+        Ok(record)
+    }
+
+    /// The record of snapshot `id` if `tenant` (`None`: any) may see it.
+    pub(super) fn snapshot_record(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        include_hidden: bool,
+    ) -> CoreResult<SnapshotRecord> {
+        let missing = || CoreError::NotFound(format!("snapshot {id} does not exist"));
+        if !ids::is_snapshot_id(id) {
+            return Err(missing());
+        }
+        self.store
+            .get_snapshot(id)?
+            .filter(|s| visible(s, tenant, include_hidden))
+            .ok_or_else(missing)
+    }
+
+    /// Sandboxes that hold disk and were created from snapshot `id`.
+    fn users_of(&self, id: &str) -> CoreResult<Vec<String>> {
+        Ok(self
+            .store
+            .all()?
+            .into_iter()
+            .filter(|r| r.layer.as_deref() == Some(id) && r.state.holds_disk())
+            .map(|r| r.id)
+            .collect())
+    }
+
+    /// One snapshot, if `tenant` (`None`: any) may see it.
+    pub fn get_snapshot(&self, id: &str, tenant: Option<&str>) -> CoreResult<SnapshotView> {
+        let s = self.snapshot_record(id, tenant, false)?;
+        Ok(s.view(self.users_of(id)?))
+    }
+
+    /// The snapshots `tenant` (`None`: any) may see, oldest first (fork snapshots are not
+    /// listed).
+    pub fn list_snapshots(&self, tenant: Option<&str>) -> CoreResult<Vec<SnapshotView>> {
+        let sandboxes = self.store.all()?;
+        Ok(self
+            .store
+            .snapshots()?
+            .into_iter()
+            .filter(|s| visible(s, tenant, false))
+            .map(|s| {
+                let users = sandboxes
+                    .iter()
+                    .filter(|r| r.layer.as_deref() == Some(s.id.as_str()) && r.state.holds_disk())
+                    .map(|r| r.id.clone())
+                    .collect();
+                s.view(users)
+            })
+            .collect())
+    }
+
+    /// Delete a snapshot; refused (409) while sandboxes created from it hold disk.
+    pub async fn delete_snapshot(&self, id: &str, tenant: Option<&str>) -> CoreResult<()> {
+        let s = self.snapshot_record(id, tenant, false)?;
+        {
+            let _snapshots = self.lock_snapshots();
+            let users = self.users_of(id)?;
+            if !users.is_empty() {
+                return Err(CoreError::Conflict(format!(
+                    "snapshot {id} is used by sandbox{} {}: delete {} first",
+                    if users.len() == 1 { "" } else { "es" },
+                    users.join(", "),
+                    if users.len() == 1 { "it" } else { "them" },
+                )));
+            }
+            self.store.delete_snapshot(id)?;
+        }
+        self.remove_snapshot_dir(&s).await
+    }
+
+    async fn remove_snapshot_dir(&self, s: &SnapshotRecord) -> CoreResult<()> {
+        let backend = self.backend(s.isolation)?;
+        let dir = self.cfg.snapshot_dir(&s.id);
+        blocking(move || backend.remove_snapshot(&dir)).await
+    }
+
+    /// A sandbox stopped holding disk: delete its snapshot if that was a fork's hidden one and
+    /// nothing else uses it.
+    pub(super) async fn release_layer(&self, layer: Option<&str>) {
+        let Some(id) = layer else { return };
+        let s = {
+            let _snapshots = self.lock_snapshots();
+            let s = match self.store.get_snapshot(id) {
+                Ok(Some(s)) if s.hidden => s,
+                _ => return,
+            };
+            match self.users_of(id) {
+                Ok(users) if users.is_empty() => {}
+                _ => return,
+            }
+            if let Err(e) = self.store.delete_snapshot(id) {
+                tracing::error!(snapshot = %id, error = %e, "forgetting a fork's snapshot");
+                return;
+            }
+            s
+        };
+        if let Err(e) = self.remove_snapshot_dir(&s).await {
+            tracing::error!(snapshot = %id, error = %e, "removing a fork's snapshot");
+        }
+    }
+
+    /// After a start: remove unfinished snapshot directories, directories no record names, and
+    /// fork snapshots nothing uses.
+    pub(super) async fn sweep_snapshots(&self) {
+        let Ok(records) = self.store.snapshots() else {
+            return;
+        };
+        for s in records.iter().filter(|s| s.hidden) {
+            self.release_layer(Some(&s.id)).await;
+        }
+        let Ok(entries) = std::fs::read_dir(self.cfg.snapshots_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let known = records.iter().any(|s| s.id == name);
+            if known || !(name.starts_with(TMP_PREFIX) || ids::is_snapshot_id(&name)) {
+                continue;
+            }
+            let path = entry.path();
+            tracing::warn!(dir = %path.display(), "removing an unfinished or unrecorded snapshot");
+            let Ok(backend) = self.backend(crate::model::Isolation::Ns) else {
+                continue;
+            };
+            if let Err(e) = blocking(move || backend.remove_snapshot(&path)).await {
+                tracing::error!(error = %e, "removing a stray snapshot directory");
+            }
+        }
+    }
+}
