@@ -85,7 +85,33 @@ async fn a_real_mcp_client_lists_tools_runs_commands_and_moves_files() {
         "{seen}"
     );
     let id = seen["sandbox_id"].as_str().expect("id").to_string();
-    assert_eq!(seen["session_sandboxes"], serde_json::json!([id]));
+    assert_eq!(seen["snapshot"]["name"], "mcp-snap", "{seen}");
+    assert_eq!(
+        seen["fork_children"].as_array().map(Vec::len),
+        Some(2),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["child_read"], "from mcp\n",
+        "a fork carries the parent's files"
+    );
+    assert_eq!(seen["kill_is_error"], false);
+    let mut listed: Vec<String> = seen["session_sandboxes"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|s| s.as_str().map(String::from))
+        .collect();
+    listed.sort();
+    let mut expected = vec![
+        id.clone(),
+        seen["fork_children"][0]
+            .as_str()
+            .expect("child")
+            .to_string(),
+    ];
+    expected.sort();
+    assert_eq!(listed, expected, "the session lists its own live sandboxes");
 
     // The session ended: its ephemeral sandbox is gone.
     let gone = wait_until(Duration::from_secs(10), async || {

@@ -57,6 +57,16 @@ async def main():
             seen["missing_is_error"] = bool(attr(bad, "is_error", "isError"))
             seen["missing_text"] = text_of(bad)
 
+            snap = await session.call_tool("snapshot_sandbox", {"sandbox_id": sandbox["id"], "name": "mcp-snap"})
+            seen["snapshot"] = json.loads(text_of(snap))
+            forked = await session.call_tool("fork_sandbox", {"sandbox_id": sandbox["id"], "count": 2})
+            children = [c["id"] for c in json.loads(text_of(forked))["sandboxes"]]
+            seen["fork_children"] = children
+            child_read = await session.call_tool("read_file", {"sandbox_id": children[0], "path": "/root/note.txt"})
+            seen["child_read"] = text_of(child_read)
+            killed = await session.call_tool("kill_sandbox", {"sandbox_id": children[1]})
+            seen["kill_is_error"] = bool(attr(killed, "is_error", "isError"))
+
             mine = await session.call_tool("list_sandboxes", {})
             seen["session_sandboxes"] = [s["id"] for s in json.loads(text_of(mine))["sandboxes"]]
     print(json.dumps(seen))
