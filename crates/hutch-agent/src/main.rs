@@ -21,7 +21,6 @@ mod reaper;
 mod server;
 mod state;
 mod sys;
-mod time;
 
 use std::process::ExitCode;
 use std::sync::Arc;

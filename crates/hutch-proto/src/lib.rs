@@ -34,6 +34,7 @@
 pub mod client;
 pub mod frame;
 pub mod query;
+pub mod time;
 mod types;
 
 pub use frame::{

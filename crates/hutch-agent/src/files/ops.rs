@@ -12,7 +12,7 @@ use std::path::Path;
 use hutch_proto::{FileEntry, FileType};
 
 use crate::error::{Failure, Result};
-use crate::time::rfc3339_utc;
+use hutch_proto::time::rfc3339_utc;
 
 /// Most entries one listing returns.
 pub const MAX_LIST_ENTRIES: usize = 100_000;

@@ -1,4 +1,5 @@
-//! RFC 3339 timestamps from Unix seconds, without a date library.
+//! RFC 3339 timestamps without a date library, shared by the agent (file times), the
+//! manager (sandbox times) and the template store (build times).
 
 /// Format Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
 pub fn rfc3339_utc(unix_seconds: i64) -> String {
@@ -13,9 +14,17 @@ pub fn rfc3339_utc(unix_seconds: i64) -> String {
     )
 }
 
+/// Format milliseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+pub fn rfc3339_utc_millis(unix_millis: i64) -> String {
+    let secs = unix_millis.div_euclid(1000);
+    let millis = unix_millis.rem_euclid(1000);
+    let whole = rfc3339_utc(secs);
+    format!("{}.{millis:03}Z", whole.trim_end_matches('Z'))
+}
+
 /// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
 /// `civil_from_days`, exact for every `i64` day count we can meet).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097); // day of era, [0, 146096]
@@ -39,6 +48,11 @@ mod tests {
         assert_eq!(rfc3339_utc(1_700_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(rfc3339_utc(4_107_542_399), "2100-02-28T23:59:59Z");
         assert_eq!(rfc3339_utc(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(
+            rfc3339_utc_millis(951_782_400_123),
+            "2000-02-29T00:00:00.123Z"
+        );
+        assert_eq!(rfc3339_utc_millis(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]
