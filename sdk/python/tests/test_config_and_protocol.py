@@ -134,3 +134,42 @@ def test_exec_body() -> None:
     assert p.pty_url(
         "https://h:1", "sbx_1", cmd="top -b", cols=80, rows=24, user=None, cwd=None
     ) == ("wss://h:1/v1/sandboxes/sbx_1/pty?cols=80&rows=24&cmd=top+-b")
+
+
+def test_lifecycle_models_and_bodies() -> None:
+    from hutch.models import ExploreResult, SandboxInfo, Snapshot
+
+    outcome = {
+        "index": 0,
+        "sandbox_id": "sbx_a",
+        "exit_code": None,
+        "timed_out": False,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_ms": 3,
+        "score": 0.0,
+        "kept": True,
+        "error": "could not start",
+    }
+    r = ExploreResult.from_json({"winner": outcome, "outcomes": [outcome]})
+    assert r.winner.exit_code is None and not r.winner.ok and r.winner.error == "could not start"
+    assert r.outcomes[0].kept and r.outcomes[0].sandbox_id == "sbx_a"
+    # A winner missing from the answer is recovered from the kept outcome.
+    assert ExploreResult.from_json({"outcomes": [outcome]}).winner.sandbox_id == "sbx_a"
+    with pytest.raises(hutch.HutchError):
+        ExploreResult.from_json({"outcomes": []})
+
+    snap = Snapshot.from_json({"id": "snap_x", "name": "n", "used_by": ["sbx_b"]})
+    assert snap.used_by == ["sbx_b"] and snap.name == "n"
+    info = SandboxInfo.from_json({"id": "sbx_c", "woke_in_ms": 6, "forked_from": "sbx_p"})
+    assert info.woke_in_ms == 6 and info.forked_from == "sbx_p" and info.snapshot is None
+
+    assert p.explore_body(
+        ["true", ["sh", "-c", "exit 1"]], timeout=None, keep="winner", score_regex=None
+    ) == {"commands": ["true", ["sh", "-c", "exit 1"]], "keep": "winner"}
+    with pytest.raises(TypeError):
+        p.explore_body("true", timeout=None, keep="winner", score_regex=None)
+    assert p.explore_read_timeout(None) is None and p.explore_read_timeout(10) == 70.0
+    assert p.snapshot_path("snap_1") == "/v1/snapshots/snap_1"

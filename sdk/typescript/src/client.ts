@@ -198,15 +198,35 @@ export class Client {
     return new EventStream(resp.body, controller, opts.idleTimeoutMs, this.url);
   }
 
-  /** List snapshots. Not implemented by the server yet: it answers 404 until snapshots land. */
+  /**
+   * The named snapshots this key's tenant may see, oldest first. Take one with
+   * `Sandbox.snapshot(name)`. The hidden snapshots behind forks are not listed.
+   */
   async snapshots(): Promise<Snapshot[]> {
     const doc = await this.requestJson<{ snapshots?: Record<string, unknown>[] }>("GET", "/v1/snapshots");
     return (doc.snapshots ?? []).map((s) => snapshot(s));
   }
 
-  /** Delete a snapshot. Not implemented by the server yet: it answers 404 until snapshots land. */
+  /**
+   * One snapshot, with the sandboxes that currently use it (`usedBy`).
+   * @throws {@link NotFoundError} when there is no such snapshot (or it is another tenant's).
+   */
+  async getSnapshot(snapshotId: string): Promise<Snapshot> {
+    return snapshot(
+      await this.requestJson<Record<string, unknown>>("GET", `/v1/snapshots/${encodeURIComponent(snapshotId)}`),
+    );
+  }
+
+  /**
+   * Delete a snapshot and its files. Sandboxes created from a snapshot use its files in place
+   * (they are not copied), so the server refuses while any of them still exists, running,
+   * paused or hibernated: kill them first (`usedBy` from {@link getSnapshot} lists them). The
+   * sandbox the snapshot was taken of does not count.
+   * @throws {@link ConflictError} (409) while sandboxes created from it exist;
+   *   {@link NotFoundError} when there is no such snapshot.
+   */
   async deleteSnapshot(snapshotId: string): Promise<void> {
-    await this.request("DELETE", `/v1/snapshots/${encodeURIComponent(snapshotId)}`);
+    await this.request("DELETE", `/v1/snapshots/${encodeURIComponent(snapshotId)}`, { timeoutMs: null });
   }
 }
 

@@ -34,9 +34,16 @@ export class SandboxNotFound extends NotFoundError {}
 export class FileNotFound extends NotFoundError {}
 /** 404 for a route this server does not have (a feature that has not landed yet). */
 export class Unsupported extends NotFoundError {}
-/** 400 or 422: malformed input, or a value (or feature) the server does not accept. */
+/**
+ * 400 or 422: malformed input, or a value (or feature) the server does not accept, e.g.
+ * `fork({ mode: "live" })` on an `ns` sandbox (live forks need the `vm` backend).
+ */
 export class InvalidRequest extends HutchError {}
-/** 409: wrong state (sandbox not running or failed, directory not empty, …). */
+/**
+ * 409: wrong state, e.g. exec or file calls on a paused sandbox (resume it first), resume of a
+ * sandbox that is not paused, deleting a snapshot that sandboxes still use, a failed sandbox,
+ * or a directory that is not empty.
+ */
 export class ConflictError extends HutchError {}
 /** The sandbox died or could not start (`sandbox_failed`). */
 export class SandboxFailed extends ConflictError {}

@@ -53,6 +53,7 @@ export {
   type CreateOptions,
   type ExecOptions,
   type ExecStreamOptions,
+  type ExploreOptions,
   type NetworkPolicy,
   type VolumeMount,
 } from "./sandbox.js";

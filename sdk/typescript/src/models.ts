@@ -1,4 +1,5 @@
 /** Plain data returned by the SDK. Each keeps the server's JSON in `raw`. Times are RFC 3339 strings. */
+import { HutchError } from "./errors.js";
 
 /** Lifecycle states. */
 export type SandboxState = "starting" | "running" | "paused" | "hibernated" | "stopped" | "failed";
@@ -23,6 +24,17 @@ export interface SandboxInfo {
   network: Record<string, unknown>;
   /** Why the sandbox failed; only when `state === "failed"`. */
   error: string | undefined;
+  /** The named snapshot (`snap_…`) this sandbox was created from, if any. */
+  snapshot: string | undefined;
+  /** The sandbox this one was forked from (by `fork` or `explore`), if any. */
+  forkedFrom: string | undefined;
+  /** Hibernate after this many idle seconds; undefined when idle hibernation is off. */
+  idleHibernateSeconds: number | undefined;
+  /**
+   * Only in the answer of `Sandbox.wake()`: milliseconds from the start of the wake until
+   * the sandbox's agent answered. Undefined everywhere else.
+   */
+  wokeInMs: number | undefined;
   raw: Record<string, unknown>;
 }
 
@@ -94,32 +106,72 @@ export interface LifecycleEvent {
   raw: Record<string, unknown>;
 }
 
-/** A saved sandbox state. */
+/**
+ * A named snapshot that new sandboxes can start from (`Sandbox.create({ snapshot })`).
+ *
+ * On `ns` a snapshot is `kind: "filesystem"`: the sandbox's files (its writes, merged with the
+ * snapshot it was itself created from), not its processes, memory, `/tmp` or `/dev/shm`.
+ * Sandboxes created from it use its files in place (copy-on-write), so it cannot be deleted
+ * while any of them exists: see `usedBy`.
+ */
 export interface Snapshot {
+  /** `snap_…`. */
   id: string;
-  name: string | undefined;
+  /** The name given when it was taken (names need not be unique; the id is). */
+  name: string;
+  /** The sandbox it was taken of (which may be gone since). */
   sandboxId: string;
-  /** `memory` or `filesystem`. */
-  kind: string;
+  /** `filesystem` (`ns`: files only) or `memory` (`vm`, later). */
+  kind: "filesystem" | "memory" | string;
+  /** `ns` or `vm`; sandboxes created from it use the same. */
+  isolation: string;
+  /** The template under its files; sandboxes created from it use it too. */
+  template: string;
   sizeBytes: number;
   createdAt: string;
+  /** Sandboxes created from it that still exist; deleting it is a 409 while this is not empty. */
+  usedBy: string[];
   raw: Record<string, unknown>;
 }
 
-/** How one command of an `explore` call did. */
+/** How one command of an `explore` call did, in the child sandbox it ran in. */
 export interface ExploreOutcome {
-  sandboxId: string | undefined;
+  /** Position of the command in the `commands` given to `explore`. */
   index: number;
-  exitCode: number;
+  /** The child it ran in: destroyed unless `kept`. */
+  sandboxId: string;
+  /**
+   * Exit status (124 after the timeout, `128+N` for signal N); null when the command could not
+   * run at all (see `error`).
+   */
+  exitCode: number | null;
+  timedOut: boolean;
+  /** Its stdout (lossy UTF-8, at most 1 MiB; see `stdoutTruncated`). */
   stdout: string;
   stderr: string;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  durationMs: number;
+  /** 1 for exit status 0 and 0 otherwise, or the number `scoreRegex` captured. */
   score: number;
+  /** Whether this is the winner, kept as an independent sandbox. */
+  kept: boolean;
+  /** True when the command exited 0 and did not time out. */
+  ok: boolean;
+  /** Why the command could not run; only then. */
+  error: string | undefined;
   raw: Record<string, unknown>;
 }
 
-/** The answer of `explore`: the winning branch (kept alive) and every outcome. */
+/**
+ * The answer of `explore`: the winner (kept as a sandbox) and every outcome. The best score
+ * wins, ties going to the lowest index, so there is always a winner, even when every command
+ * failed: check `winner.score` (or `winner.ok`).
+ */
 export interface ExploreResult {
-  winner: ExploreOutcome | undefined;
+  /** The winning outcome; `winner.sandboxId` is the surviving child. */
+  winner: ExploreOutcome;
+  /** Every outcome, in the order of the commands. */
   outcomes: ExploreOutcome[];
   raw: Record<string, unknown>;
 }
@@ -160,6 +212,10 @@ export function sandboxInfo(d: Json): SandboxInfo {
     persistent: d.persistent === true,
     network: obj(d.network),
     error: optStr(d.error),
+    snapshot: optStr(d.snapshot),
+    forkedFrom: optStr(d.forked_from),
+    idleHibernateSeconds: optNum(d.idle_hibernate_seconds),
+    wokeInMs: optNum(d.woke_in_ms),
     raw: d,
   };
 }
@@ -241,33 +297,44 @@ export function lifecycleEvent(d: Json, event = ""): LifecycleEvent {
 export function snapshot(d: Json): Snapshot {
   return {
     id: str(d.id),
-    name: optStr(d.name),
+    name: str(d.name),
     sandboxId: str(d.sandbox_id),
     kind: str(d.kind),
+    isolation: str(d.isolation),
+    template: str(d.template),
     sizeBytes: num(d.size_bytes),
     createdAt: str(d.created_at),
+    usedBy: Array.isArray(d.used_by) ? d.used_by.map(String) : [],
     raw: d,
   };
 }
 
 function exploreOutcome(d: Json): ExploreOutcome {
+  const exitCode = typeof d.exit_code === "number" ? d.exit_code : null;
+  const timedOut = d.timed_out === true;
   return {
-    sandboxId: optStr(d.sandbox_id),
     index: num(d.index),
-    exitCode: num(d.exit_code, -1),
+    sandboxId: str(d.sandbox_id),
+    exitCode,
+    timedOut,
     stdout: str(d.stdout),
     stderr: str(d.stderr),
+    stdoutTruncated: d.stdout_truncated === true,
+    stderrTruncated: d.stderr_truncated === true,
+    durationMs: num(d.duration_ms),
     score: num(d.score),
+    kept: d.kept === true,
+    ok: exitCode === 0 && !timedOut,
+    error: optStr(d.error),
     raw: d,
   };
 }
 
 /** @internal */
 export function exploreResult(d: Json): ExploreResult {
+  const outcomes = Array.isArray(d.outcomes) ? d.outcomes.map((o) => exploreOutcome(obj(o))) : [];
   const w = d.winner;
-  return {
-    winner: w && typeof w === "object" ? exploreOutcome(w as Json) : undefined,
-    outcomes: Array.isArray(d.outcomes) ? d.outcomes.map((o) => exploreOutcome(obj(o))) : [],
-    raw: d,
-  };
+  const winner = w && typeof w === "object" ? exploreOutcome(w as Json) : outcomes.find((o) => o.kept);
+  if (!winner) throw new HutchError("the explore answer names no winner");
+  return { winner, outcomes, raw: d };
 }

@@ -62,8 +62,37 @@ export interface CreateOptions extends ConnectOptions {
   pidsMax?: number;
   network?: NetworkPolicy;
   volumes?: VolumeMount[];
-  /** Start from this snapshot instead of a template. Not supported by the server yet (422). */
+  /**
+   * Start from this snapshot (`snap_…`, from {@link Sandbox.snapshot}) instead of the bare
+   * template: the sandbox gets the snapshot's files, copy-on-write (nothing is copied), over the
+   * snapshot's template, and the resources and environment of the snapshot's source sandbox as
+   * defaults (other options override them). `template` may be left out (a different one is
+   * 422). On `ns` no process is restored: the sandbox starts with a fresh agent. While the
+   * sandbox exists the snapshot cannot be deleted.
+   */
   snapshot?: string;
+  /**
+   * Hibernate the sandbox after this many seconds without exec, file or PTY calls, with no
+   * client connected and under 1 % CPU use (0/unset: never). Meant for persistent sandboxes; the
+   * next call wakes it. On `ns` its processes end with the hibernation (see {@link Sandbox.hibernate}).
+   */
+  idleHibernateSeconds?: number;
+}
+
+/** Options of {@link Sandbox.explore}. */
+export interface ExploreOptions {
+  /**
+   * Seconds each command may run before it is killed (exit code 124, `timedOut`); the server's
+   * default is 60, at most 3600.
+   */
+  timeoutSeconds?: number;
+  /** Which child survives; only `"winner"` is accepted. */
+  keep?: "winner";
+  /**
+   * Score each command by the number the first capture group of this regex captures in its
+   * stdout (0 without a match). Default: 1 for exit status 0, else 0.
+   */
+  scoreRegex?: string;
 }
 
 /** Options of {@link Sandbox.exec}. */
@@ -156,7 +185,7 @@ export class Sandbox implements AsyncDisposable {
   /**
    * Create a sandbox; it is `running` when the promise resolves.
    * @throws {@link InvalidRequest} for a value the server refuses; {@link NotFoundError} for an
-   *   unknown template; {@link ConflictError} when the template is not ready.
+   *   unknown template or snapshot; {@link ConflictError} when the template is not ready.
    */
   static async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const client = clientFor(opts);
@@ -176,6 +205,7 @@ export class Sandbox implements AsyncDisposable {
         dropUndefined({ volume: v.volume, path: v.path, read_only: v.readOnly }),
       ),
       snapshot: opts.snapshot,
+      idle_hibernate_seconds: opts.idleHibernateSeconds,
     });
     const doc = await client.requestJson<Json>("POST", "/v1/sandboxes", { json: body, timeoutMs: null });
     return new Sandbox(sandboxInfo(doc), client);
@@ -228,12 +258,21 @@ export class Sandbox implements AsyncDisposable {
     return this.set(await this.client.requestJson<Json>("GET", sandboxPath(this.id)));
   }
 
-  /** Change the TTL, persistence or metadata (`metadata` replaces the whole map). */
-  async update(changes: { ttlSeconds?: number; persistent?: boolean; metadata?: Record<string, string> }): Promise<SandboxInfo> {
+  /**
+   * Change the TTL, persistence, metadata (which replaces the whole map) or idle hibernation
+   * delay (`0` turns it off; see {@link CreateOptions.idleHibernateSeconds}).
+   */
+  async update(changes: {
+    ttlSeconds?: number;
+    persistent?: boolean;
+    metadata?: Record<string, string>;
+    idleHibernateSeconds?: number;
+  }): Promise<SandboxInfo> {
     const body = dropUndefined({
       ttl_seconds: changes.ttlSeconds,
       persistent: changes.persistent,
       metadata: changes.metadata,
+      idle_hibernate_seconds: changes.idleHibernateSeconds,
     });
     return this.set(await this.client.requestJson<Json>("PATCH", sandboxPath(this.id), { json: body }));
   }
@@ -372,41 +411,99 @@ export class Sandbox implements AsyncDisposable {
     );
   }
 
-  /** Freeze every process. Not implemented by the server yet: it answers 404 or 422 until it lands. */
+  /**
+   * Freeze every process of a running sandbox; it keeps everything but uses no CPU.
+   *
+   * On `ns` this is the cgroup freezer: memory, processes, open connections and mounts are kept
+   * as they are. Until {@link resume}, every call on the sandbox except resume, kill, get
+   * ({@link refresh}) and list is refused with 409 ({@link ConflictError}), exec and file calls
+   * included. A paused sandbox still expires by its TTL unless it is persistent.
+   * @returns The sandbox, `state: "paused"`.
+   * @throws {@link ConflictError} when the sandbox is not running.
+   */
   pause(): Promise<SandboxInfo> {
     return this.lifecycle("pause");
   }
 
-  /** Resume a paused sandbox. Not implemented by the server yet (404 or 422 until it lands). */
+  /**
+   * Let a paused sandbox run again, exactly where it was.
+   * @returns The sandbox, `state: "running"`.
+   * @throws {@link ConflictError} when the sandbox is not paused.
+   */
   resume(): Promise<SandboxInfo> {
     return this.lifecycle("resume");
   }
 
-  /** Save to disk and stop; any later call wakes it. Not implemented by the server yet (404 or 422). */
+  /**
+   * Stop a running sandbox but keep it on disk: it holds no CPU and no memory.
+   *
+   * On `ns` **files survive and processes do not**: every process is killed, mounts and cgroups
+   * are released, and what the sandbox wrote is kept, except `/tmp` and `/dev/shm`, which are
+   * memory-backed and go with the processes. (Keeping processes across hibernation needs the
+   * `vm` backend.)
+   *
+   * The next exec, file or PTY call wakes it transparently (on `ns`: a fresh agent over the kept
+   * files); {@link wake} does it explicitly. {@link refresh} and {@link Sandbox.list} do not wake
+   * it. It stays hibernated across server restarts and still expires by its TTL unless
+   * persistent.
+   * @returns The sandbox, `state: "hibernated"`.
+   * @throws {@link ConflictError} when the sandbox is not running.
+   */
   hibernate(): Promise<SandboxInfo> {
     return this.lifecycle("hibernate");
   }
 
-  /** Wake a hibernated sandbox. Not implemented by the server yet (404 or 422 until it lands). */
+  /**
+   * Start a hibernated sandbox again from its state on disk.
+   *
+   * Not needed before exec, file or PTY calls, which wake the sandbox themselves; use it to pay
+   * the wake-up cost up front. On `ns` the sandbox gets a fresh agent over its kept files (no
+   * process from before the hibernation is running).
+   * @returns The sandbox, `state: "running"`, with `wokeInMs` set to how long the wake took.
+   * @throws {@link ConflictError} when the sandbox is not hibernated; {@link SandboxFailed} when
+   *   it could not be started (it stays hibernated with its files).
+   */
   wake(): Promise<SandboxInfo> {
     return this.lifecycle("wake");
   }
 
   /**
-   * Save the sandbox's state; new sandboxes can start from it (`create({snapshot})`).
-   * Not implemented by the server yet (404 or 422 until it lands).
+   * Take a named snapshot that new sandboxes can start from (`Sandbox.create({ snapshot: snap.id })`).
+   *
+   * On `ns` a snapshot is filesystem-level (`kind: "filesystem"`): the sandbox's files, not its
+   * processes, memory, `/tmp` or `/dev/shm`. A running sandbox is frozen while its files are
+   * read (so the snapshot is consistent) and then keeps running; a hibernated one is read from
+   * disk without being woken. The snapshot does not depend on this sandbox, which can be killed
+   * at any time; delete it with {@link Client.deleteSnapshot}.
+   * @param name 1–64 characters of `[A-Za-z0-9._-]`; names need not be unique.
+   * @throws {@link InvalidRequest} for a bad name; {@link ConflictError} when the sandbox is
+   *   paused (or otherwise not running or hibernated).
    */
-  async snapshot(opts: { name?: string } = {}): Promise<Snapshot> {
+  async snapshot(name: string): Promise<Snapshot> {
     const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/snapshots"), {
-      json: dropUndefined({ name: opts.name }),
+      json: { name },
       timeoutMs: null,
     });
     return snapshot(doc);
   }
 
   /**
-   * Clone the sandbox `count` times (`mode` `"disk"` copies the filesystem, `"live"` also
-   * memory and processes). Not implemented by the server yet (404 or 422 until it lands).
+   * Create `count` (1–16, default 1) children of this sandbox, each a sandbox of its own.
+   *
+   * With `mode: "disk"` (the default, and the only mode on `ns`) the children start from a
+   * snapshot of this sandbox's files taken once (a running sandbox is frozen meanwhile and then
+   * keeps running), stacked copy-on-write under each child's own writes: files are carried,
+   * processes are not (each child starts with a fresh agent). Children get their own id,
+   * hostname and uid range and this sandbox's template, resources, environment, metadata, TTL,
+   * persistence and idle setting; `info.forkedFrom` names this sandbox. Parent and children
+   * never see each other's later writes.
+   *
+   * `mode: "live"` (memory and running processes too) needs the `vm` backend: on `ns` it is
+   * refused with 422 ({@link InvalidRequest}).
+   * @returns The children, `running`. Kill them (or dispose of them) when done.
+   * @throws {@link InvalidRequest} for a `count` out of range or `mode: "live"` on `ns`;
+   *   {@link ConflictError} when the sandbox is paused; {@link QuotaExceeded} when the children
+   *   would together need more memory than the host has.
    */
   async fork(opts: { count?: number; mode?: "disk" | "live" } = {}): Promise<Sandbox[]> {
     const doc = await this.client.requestJson<{ sandboxes?: Json[] }>("POST", sandboxPath(this.id, "/fork"), {
@@ -417,16 +514,36 @@ export class Sandbox implements AsyncDisposable {
   }
 
   /**
-   * Run each command (at most 16) in its own live fork and keep the best (exit 0 scores 1.0);
-   * `winner.sandboxId` names the surviving fork. Not implemented by the server yet (404 or 422).
+   * Try several commands side by side, each in its own fork, and keep the best fork.
+   *
+   * The server disk-forks this sandbox once per command (see {@link fork}: files are carried,
+   * processes are not), runs every command in its own child in parallel, scores each outcome
+   * (exit status 0 scores 1, else 0, unless `scoreRegex` is given), keeps the winner's child as
+   * an independent sandbox (`forkedFrom` this one) and destroys the others. The best score wins,
+   * ties going to the lowest index. This sandbox is unchanged.
+   *
+   * Node's `fetch` gives up on an answer that takes more than 300 s to start, so keep
+   * `timeoutSeconds` well below that.
+   * @param commands 1–16 commands; a string runs under `/bin/sh -c`, an array runs that program
+   *   directly.
+   * @returns The outcomes; `winner.sandboxId` is the surviving child: attach with
+   *   `Sandbox.connect(result.winner.sandboxId, { client: sb.client })` and kill it when done.
+   *   There is always a winner, even if every command failed.
+   * @throws {@link InvalidRequest} for no or too many commands, a bad timeout or a regex without
+   *   a capture group; {@link ConflictError} when the sandbox is paused.
    */
-  async explore(
-    commands: string[],
-    opts: { timeoutSeconds?: number; keep?: string } = {},
-  ): Promise<ExploreResult> {
+  async explore(commands: readonly Command[], opts: ExploreOptions = {}): Promise<ExploreResult> {
+    if (typeof commands === "string") {
+      throw new TypeError("commands must be an array of commands, not a single string");
+    }
     const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/explore"), {
-      json: dropUndefined({ commands, timeout_seconds: opts.timeoutSeconds, keep: opts.keep ?? "winner" }),
-      timeoutMs: execTimeoutMs(opts.timeoutSeconds),
+      json: dropUndefined({
+        commands: commands.map((c) => (typeof c === "string" ? c : c.map(String))),
+        timeout_seconds: opts.timeoutSeconds,
+        keep: opts.keep ?? "winner",
+        score_regex: opts.scoreRegex,
+      }),
+      timeoutMs: opts.timeoutSeconds === undefined ? null : (opts.timeoutSeconds + 60) * 1000,
     });
     return exploreResult(doc);
   }

@@ -5,6 +5,7 @@ import { test } from "node:test";
 import {
   DEFAULT_URL,
   FileNotFound,
+  HutchError,
   InvalidRequest,
   QuotaExceeded,
   SandboxFailed,
@@ -16,6 +17,7 @@ import {
   resolveConfig,
   sseEvents,
 } from "../src/index.js";
+import { exploreResult, sandboxInfo, snapshot } from "../src/models.js";
 
 function withEnv(vars: Record<string, string | undefined>, fn: () => void): void {
   const saved: Record<string, string | undefined> = {};
@@ -85,4 +87,36 @@ test("SSE parsing across chunk boundaries", async () => {
     { event: "stdout", data: '{"data":"a"}' },
     { event: "message", data: "x\ny" },
   ]);
+});
+
+test("lifecycle models: explore outcomes, snapshots, wake", () => {
+  const outcome = {
+    index: 0,
+    sandbox_id: "sbx_a",
+    exit_code: null,
+    timed_out: false,
+    stdout: "",
+    stderr: "",
+    stdout_truncated: false,
+    stderr_truncated: false,
+    duration_ms: 3,
+    score: 0,
+    kept: true,
+    error: "could not start",
+  };
+  const r = exploreResult({ winner: outcome, outcomes: [outcome] });
+  assert.equal(r.winner.exitCode, null);
+  assert.equal(r.winner.ok, false);
+  assert.equal(r.winner.error, "could not start");
+  assert.equal(r.outcomes[0]!.kept, true);
+  // A winner missing from the answer is recovered from the kept outcome.
+  assert.equal(exploreResult({ outcomes: [outcome] }).winner.sandboxId, "sbx_a");
+  assert.throws(() => exploreResult({ outcomes: [] }), HutchError);
+
+  const snap = snapshot({ id: "snap_x", name: "n", used_by: ["sbx_b"] });
+  assert.deepEqual(snap.usedBy, ["sbx_b"]);
+  const info = sandboxInfo({ id: "sbx_c", woke_in_ms: 6, forked_from: "sbx_p" });
+  assert.equal(info.wokeInMs, 6);
+  assert.equal(info.forkedFrom, "sbx_p");
+  assert.equal(info.snapshot, undefined);
 });

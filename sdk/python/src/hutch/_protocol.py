@@ -57,6 +57,7 @@ def create_body(
     network: Optional[Mapping[str, Any]],
     volumes: Optional[Sequence[Mapping[str, Any]]],
     snapshot: Optional[str],
+    idle_hibernate_seconds: Optional[int] = None,
 ) -> Dict[str, Any]:
     return drop_none(
         {
@@ -73,8 +74,52 @@ def create_body(
             "network": dict(network) if network is not None else None,
             "volumes": [dict(v) for v in volumes] if volumes is not None else None,
             "snapshot": snapshot,
+            "idle_hibernate_seconds": idle_hibernate_seconds,
         }
     )
+
+
+def command_json(cmd: Command) -> Union[str, List[str]]:
+    """A command as the API takes it: a string for ``/bin/sh -c``, else a list of str."""
+    if isinstance(cmd, (bytes, bytearray)):
+        raise TypeError("a command must be a str (shell command line) or a sequence of str (argv)")
+    return cmd if isinstance(cmd, str) else [str(a) for a in cmd]
+
+
+def fork_body(count: int, mode: str) -> Dict[str, Any]:
+    return {"count": count, "mode": mode}
+
+
+def explore_body(
+    commands: Sequence[Command],
+    *,
+    timeout: Optional[float],
+    keep: str,
+    score_regex: Optional[str],
+) -> Dict[str, Any]:
+    if isinstance(commands, (str, bytes, bytearray)):
+        raise TypeError("commands must be a sequence of commands, not a single string")
+    return drop_none(
+        {
+            "commands": [command_json(c) for c in commands],
+            "timeout_seconds": timeout,
+            "keep": keep,
+            "score_regex": score_regex,
+        }
+    )
+
+
+def explore_read_timeout(timeout: Optional[float]) -> Optional[float]:
+    """How long to wait for an explore answer: the commands run in parallel, so their
+    timeout plus slack for forking and cleaning up. ``None`` (the server's default, 60 s)
+    waits forever: the server always answers once every command has ended or been killed."""
+    if timeout is None:
+        return None
+    return float(timeout) + 60.0
+
+
+def snapshot_path(snapshot_id: str) -> str:
+    return f"/v1/snapshots/{quote(snapshot_id, safe='')}"
 
 
 def list_params(
@@ -103,7 +148,7 @@ def exec_body(
 ) -> Dict[str, Any]:
     if isinstance(cmd, (bytes, bytearray)):
         raise TypeError("cmd must be a str (shell command line) or a sequence of str (argv)")
-    body: Dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else [str(a) for a in cmd]}
+    body: Dict[str, Any] = {"cmd": command_json(cmd)}
     if env is not None:
         body["env"] = {str(k): str(v) for k, v in env.items()}
     if cwd is not None:

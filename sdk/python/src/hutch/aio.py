@@ -181,13 +181,24 @@ class AsyncClient:
         return AsyncEventStream(self, timeout)
 
     async def snapshots(self) -> List[Snapshot]:
-        """List snapshots. Not implemented by the server yet (404 until snapshots land)."""
+        """The named snapshots this key's tenant may see, oldest first (see
+        :meth:`hutch.Client.snapshots`)."""
         doc = await self.request_json(p.Request("GET", "/v1/snapshots"))
         return [Snapshot.from_json(s) for s in doc.get("snapshots", [])]
 
+    async def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """One snapshot, with the sandboxes that use it (``used_by``); ``NotFoundError`` if
+        there is none."""
+        doc = await self.request_json(p.Request("GET", p.snapshot_path(snapshot_id)))
+        return Snapshot.from_json(doc)
+
     async def delete_snapshot(self, snapshot_id: str) -> None:
-        """Delete a snapshot. Not implemented by the server yet (404 until snapshots land)."""
-        await self.request(p.Request("DELETE", f"/v1/snapshots/{snapshot_id}"))
+        """Delete a snapshot and its files.
+
+        Refused with :class:`~hutch.errors.ConflictError` (409) while sandboxes created from
+        it still exist (they use its files in place; ``used_by`` lists them): kill them first.
+        """
+        await self.request(p.Request("DELETE", p.snapshot_path(snapshot_id), timeout=None))
 
 
 def _client_for(
@@ -308,6 +319,7 @@ class AsyncSandbox:
         network: Optional[Mapping[str, Any]] = None,
         volumes: Optional[Sequence[Mapping[str, Any]]] = None,
         snapshot: Optional[str] = None,
+        idle_hibernate_seconds: Optional[int] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -331,6 +343,7 @@ class AsyncSandbox:
             network=network,
             volumes=volumes,
             snapshot=snapshot,
+            idle_hibernate_seconds=idle_hibernate_seconds,
         )
 
         async def make() -> AsyncSandbox:
@@ -427,13 +440,16 @@ class AsyncSandbox:
         ttl_seconds: Optional[int] = None,
         persistent: Optional[bool] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        idle_hibernate_seconds: Optional[int] = None,
     ) -> SandboxInfo:
-        """Change the TTL, persistence or metadata (``metadata`` replaces the whole map)."""
+        """Change the TTL, persistence, metadata (which replaces the whole map) or idle
+        hibernation delay (``0`` turns it off)."""
         body = p.drop_none(
             {
                 "ttl_seconds": ttl_seconds,
                 "persistent": persistent,
                 "metadata": dict(metadata) if metadata is not None else None,
+                "idle_hibernate_seconds": idle_hibernate_seconds,
             }
         )
         return self._set(
@@ -563,43 +579,65 @@ class AsyncSandbox:
         return self._set(doc)
 
     async def pause(self) -> SandboxInfo:
-        """Freeze every process. Not implemented by the server yet (404 or 422 until it lands)."""
+        """Freeze every process (cgroup freezer on ``ns``): no CPU, everything kept in memory.
+
+        Until :meth:`resume`, every call but resume, kill, get and list, exec and file calls
+        included, raises :class:`~hutch.errors.ConflictError` (409). See
+        :meth:`hutch.Sandbox.pause`.
+        """
         return await self._lifecycle("pause")
 
     async def resume(self) -> SandboxInfo:
-        """Resume a paused sandbox. Not implemented by the server yet (404 or 422)."""
+        """Let a paused sandbox run again (:class:`~hutch.errors.ConflictError` if it is not
+        paused)."""
         return await self._lifecycle("resume")
 
     async def hibernate(self) -> SandboxInfo:
-        """Save to disk and stop. Not implemented by the server yet (404 or 422)."""
+        """Stop the sandbox and keep it on disk; the next exec, file or PTY call wakes it.
+
+        On ``ns`` **files survive and processes do not** (nor do ``/tmp`` and ``/dev/shm``,
+        which are memory-backed). See :meth:`hutch.Sandbox.hibernate`.
+        """
         return await self._lifecycle("hibernate")
 
     async def wake(self) -> SandboxInfo:
-        """Wake a hibernated sandbox. Not implemented by the server yet (404 or 422)."""
+        """Start a hibernated sandbox again (on ``ns``: a fresh agent over its kept files).
+
+        Returns the sandbox with :attr:`~hutch.SandboxInfo.woke_in_ms` set.
+        :class:`~hutch.errors.ConflictError` if it is not hibernated.
+        """
         return await self._lifecycle("wake")
 
-    async def snapshot(self, name: Optional[str] = None) -> Snapshot:
-        """Save the sandbox's state. Not implemented by the server yet (404 or 422)."""
+    async def snapshot(self, name: str) -> Snapshot:
+        """Take a named snapshot; start sandboxes from it with ``create(snapshot=snap.id)``.
+
+        On ``ns`` it is filesystem-level (``kind == "filesystem"``): files, not processes,
+        memory, ``/tmp`` or ``/dev/shm``. ``name``: 1–64 characters of ``[A-Za-z0-9._-]``.
+        See :meth:`hutch.Sandbox.snapshot`.
+        """
         doc = await self._client.request_json(
             p.Request(
                 "POST",
                 p.sandbox_path(self.id, "/snapshots"),
-                json=p.drop_none({"name": name}),
+                json={"name": name},
                 timeout=None,
             )
         )
         return Snapshot.from_json(doc)
 
     async def fork(self, count: int = 1, *, mode: str = "disk") -> List[AsyncSandbox]:
-        """Clone the sandbox ``count`` times (``mode`` ``"disk"`` or ``"live"``).
+        """Create ``count`` (1–16) children of this sandbox.
 
-        Not implemented by the server yet (404 or 422 until it lands).
+        ``mode="disk"``: each child gets a copy-on-write view of this sandbox's files and a
+        fresh agent (processes are not carried); ``"live"`` needs the ``vm`` backend and is
+        refused on ``ns`` with :class:`~hutch.errors.InvalidRequest` (422). See
+        :meth:`hutch.Sandbox.fork`.
         """
         doc = await self._client.request_json(
             p.Request(
                 "POST",
                 p.sandbox_path(self.id, "/fork"),
-                json={"count": count, "mode": mode},
+                json=p.fork_body(count, mode),
                 timeout=None,
             )
         )
@@ -607,22 +645,25 @@ class AsyncSandbox:
 
     async def explore(
         self,
-        commands: Sequence[str],
+        commands: Sequence[p.Command],
         *,
         timeout: Optional[float] = None,
         keep: str = "winner",
+        score_regex: Optional[str] = None,
     ) -> ExploreResult:
-        """Run each command in its own live fork and keep the best.
+        """Run each command (1–16) in its own disk fork, in parallel, and keep the best fork.
 
-        Not implemented by the server yet (404 or 422 until it lands).
+        Exit status 0 scores 1.0 (or ``score_regex``'s first capture group on stdout); ties go
+        to the lowest index. The winner's child survives (``winner.sandbox_id``), the others
+        are destroyed, this sandbox is unchanged. See :meth:`hutch.Sandbox.explore`.
         """
-        body = p.drop_none({"commands": list(commands), "timeout_seconds": timeout, "keep": keep})
+        body = p.explore_body(commands, timeout=timeout, keep=keep, score_regex=score_regex)
         doc = await self._client.request_json(
             p.Request(
                 "POST",
                 p.sandbox_path(self.id, "/explore"),
                 json=body,
-                timeout=p.exec_read_timeout(timeout),
+                timeout=p.explore_read_timeout(timeout),
             )
         )
         return ExploreResult.from_json(doc)

@@ -61,13 +61,19 @@ class Unsupported(NotFoundError):
 class InvalidRequest(HutchError):
     """400 or 422: malformed input, or a valid value the server does not accept.
 
-    A 422 is also how the server refuses features it does not support yet (for example
-    ``snapshot=`` or a ``network`` other than ``{"egress": "none"}``).
+    A 422 is also how the server refuses features it does not support (yet), for example a
+    ``network`` other than ``{"egress": "none"}``, or ``fork(mode="live")`` on an ``ns``
+    sandbox (live forks need the ``vm`` backend).
     """
 
 
 class ConflictError(HutchError):
-    """409: wrong state (the sandbox is not running or has failed, a directory is not empty, …)."""
+    """409: wrong state.
+
+    For example: exec or file calls on a paused sandbox (resume it first), resume of a
+    sandbox that is not paused, deleting a snapshot that sandboxes still use, a sandbox that
+    has failed, or a directory that is not empty.
+    """
 
 
 class SandboxFailed(ConflictError):

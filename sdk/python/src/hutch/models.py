@@ -10,9 +10,15 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .errors import HutchError
+
 
 def _str_map(v: Any) -> Dict[str, str]:
     return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 @dataclass
@@ -38,6 +44,15 @@ class SandboxInfo:
     network: Dict[str, Any]
     error: Optional[str] = None
     """Why the sandbox failed; only when ``state == "failed"``."""
+    snapshot: Optional[str] = None
+    """The named snapshot (``snap_…``) this sandbox was created from, if any."""
+    forked_from: Optional[str] = None
+    """The sandbox this one was forked from (by ``fork`` or ``explore``), if any."""
+    idle_hibernate_seconds: Optional[int] = None
+    """Hibernate after this many idle seconds; ``None`` when idle hibernation is off."""
+    woke_in_ms: Optional[int] = None
+    """Only in the answer of :meth:`~hutch.Sandbox.wake`: milliseconds from the start of the
+    wake until the sandbox's agent answered. ``None`` everywhere else."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -58,6 +73,10 @@ class SandboxInfo:
             persistent=bool(d.get("persistent", False)),
             network=dict(d.get("network") or {}),
             error=d.get("error"),
+            snapshot=d.get("snapshot"),
+            forked_from=d.get("forked_from"),
+            idle_hibernate_seconds=_opt_int(d.get("idle_hibernate_seconds")),
+            woke_in_ms=_opt_int(d.get("woke_in_ms")),
             raw=dict(d),
         )
 
@@ -224,68 +243,122 @@ class LifecycleEvent:
 
 @dataclass
 class Snapshot:
-    """A saved sandbox state (memory or filesystem) that new sandboxes can start from."""
+    """A named snapshot that new sandboxes can start from (``Sandbox.create(snapshot=…)``).
+
+    On ``ns`` a snapshot is ``kind == "filesystem"``: the sandbox's files (its writes, merged
+    with the snapshot it was itself created from), not its processes, memory, ``/tmp`` or
+    ``/dev/shm``. Sandboxes created from it use its files in place (copy-on-write), so it
+    cannot be deleted while any of them exists: see :attr:`used_by`.
+    """
 
     id: str
-    name: Optional[str]
+    """``snap_…``."""
+    name: str
+    """The name given when it was taken (names need not be unique; the id is)."""
     sandbox_id: str
+    """The sandbox it was taken of (which may be gone since)."""
     kind: str
-    """``memory`` or ``filesystem``."""
+    """``filesystem`` (``ns``: files only) or ``memory`` (``vm``, later)."""
+    isolation: str
+    """``ns`` or ``vm``; sandboxes created from it use the same."""
+    template: str
+    """The template under its files; sandboxes created from it use it too."""
     size_bytes: int
     created_at: str
+    used_by: List[str] = field(default_factory=list)
+    """Sandboxes created from it that still exist; deleting it is a 409 while this is not
+    empty."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> Snapshot:
         return cls(
             id=str(d.get("id", "")),
-            name=d.get("name"),
+            name=str(d.get("name") or ""),
             sandbox_id=str(d.get("sandbox_id", "")),
             kind=str(d.get("kind", "")),
+            isolation=str(d.get("isolation", "")),
+            template=str(d.get("template", "")),
             size_bytes=int(d.get("size_bytes") or 0),
             created_at=str(d.get("created_at", "")),
+            used_by=[str(x) for x in d.get("used_by") or []],
             raw=dict(d),
         )
 
 
 @dataclass
 class ExploreOutcome:
-    """How one command of an ``explore`` call did."""
+    """How one command of an ``explore`` call did, in the child sandbox it ran in."""
 
-    sandbox_id: Optional[str]
     index: int
-    exit_code: int
+    """Position of the command in the ``commands`` given to ``explore``."""
+    sandbox_id: str
+    """The child it ran in: destroyed unless :attr:`kept`."""
+    exit_code: Optional[int]
+    """Exit status (124 after the timeout, ``128+N`` for signal N); ``None`` when the command
+    could not run at all (see :attr:`error`)."""
+    timed_out: bool
     stdout: str
+    """Its stdout (lossy UTF-8, at most 1 MiB; see :attr:`stdout_truncated`)."""
     stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_ms: int
     score: float
+    """1.0 for exit status 0 and 0.0 otherwise, or the number ``score_regex`` captured."""
+    kept: bool
+    """Whether this is the winner, kept as an independent sandbox."""
+    error: Optional[str] = None
+    """Why the command could not run; only then."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        """``True`` when the command exited with status 0."""
+        return self.exit_code == 0 and not self.timed_out
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> ExploreOutcome:
         return cls(
-            sandbox_id=d.get("sandbox_id"),
             index=int(d.get("index") or 0),
-            exit_code=int(d.get("exit_code", -1)),
+            sandbox_id=str(d.get("sandbox_id", "")),
+            exit_code=_opt_int(d.get("exit_code")),
+            timed_out=bool(d.get("timed_out", False)),
             stdout=str(d.get("stdout", "")),
             stderr=str(d.get("stderr", "")),
+            stdout_truncated=bool(d.get("stdout_truncated", False)),
+            stderr_truncated=bool(d.get("stderr_truncated", False)),
+            duration_ms=int(d.get("duration_ms") or 0),
             score=float(d.get("score") or 0.0),
+            kept=bool(d.get("kept", False)),
+            error=d.get("error"),
             raw=dict(d),
         )
 
 
 @dataclass
 class ExploreResult:
-    """The answer of ``explore``: the winning branch (kept alive) and every outcome."""
+    """The answer of ``explore``: the winner (kept as a sandbox) and every outcome.
 
-    winner: Optional[ExploreOutcome]
+    The best score wins, ties going to the lowest index, so there is always a winner, even
+    when every command failed: check ``winner.score`` (or ``winner.ok``).
+    """
+
+    winner: ExploreOutcome
+    """The winning outcome; ``winner.sandbox_id`` is the surviving child."""
     outcomes: List[ExploreOutcome]
+    """Every outcome, in the order of the commands."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> ExploreResult:
+        outcomes = [ExploreOutcome.from_json(o) for o in d.get("outcomes") or []]
         w = d.get("winner")
-        return cls(
-            winner=ExploreOutcome.from_json(w) if isinstance(w, dict) else None,
-            outcomes=[ExploreOutcome.from_json(o) for o in d.get("outcomes") or []],
-            raw=dict(d),
-        )
+        if isinstance(w, dict):
+            winner = ExploreOutcome.from_json(w)
+        else:
+            kept = [o for o in outcomes if o.kept]
+            if not kept:
+                raise HutchError("the explore answer names no winner")
+            winner = kept[0]
+        return cls(winner=winner, outcomes=outcomes, raw=dict(d))

@@ -193,20 +193,35 @@ class Client:
         return EventStream(self, timeout)
 
     def snapshots(self) -> List[Snapshot]:
-        """List snapshots.
+        """The named snapshots this key's tenant may see, oldest first.
 
-        Not implemented by the server yet: until snapshots land it answers 404
-        (:class:`~hutch.errors.Unsupported`).
+        Take one with :meth:`Sandbox.snapshot`. The hidden snapshots behind forks are not
+        listed.
         """
         doc = self.request_json(p.Request("GET", "/v1/snapshots"))
         return [Snapshot.from_json(s) for s in doc.get("snapshots", [])]
 
-    def delete_snapshot(self, snapshot_id: str) -> None:
-        """Delete a snapshot.
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """One snapshot, with the sandboxes that currently use it (:attr:`Snapshot.used_by`).
 
-        Not implemented by the server yet: until snapshots land it answers 404.
+        Raises:
+            NotFoundError: No such snapshot (or another tenant's).
         """
-        self.request(p.Request("DELETE", f"/v1/snapshots/{snapshot_id}"))
+        return Snapshot.from_json(self.request_json(p.Request("GET", p.snapshot_path(snapshot_id))))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete a snapshot and its files.
+
+        Sandboxes created from a snapshot use its files in place (they are not copied), so
+        the server refuses while any of them still exists, running, paused or hibernated:
+        kill them first (:attr:`Snapshot.used_by` from :meth:`get_snapshot` lists them). The
+        sandbox the snapshot was taken of does not count.
+
+        Raises:
+            ConflictError: Sandboxes created from it still exist (409).
+            NotFoundError: No such snapshot.
+        """
+        self.request(p.Request("DELETE", p.snapshot_path(snapshot_id), timeout=None))
 
 
 def _client_for(client: Optional[Client], url: Optional[str], api_key: Optional[str]) -> Client:
@@ -303,6 +318,7 @@ class Sandbox:
         network: Optional[Mapping[str, Any]] = None,
         volumes: Optional[Sequence[Mapping[str, Any]]] = None,
         snapshot: Optional[str] = None,
+        idle_hibernate_seconds: Optional[int] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         api_key: Optional[str] = None,
@@ -326,8 +342,17 @@ class Sandbox:
                 ``{"egress": "none"}`` for now and answers 422 to anything else.
             volumes: ``[{"volume": "vol_…", "path": "/data", "read_only": False}]``. Not
                 supported by the server yet (422 when non-empty).
-            snapshot: Start from this snapshot instead of a template. Not supported by the
-                server yet (422).
+            snapshot: Start from this snapshot (``snap_…``, from :meth:`snapshot`) instead of
+                the bare template: the sandbox gets the snapshot's files, copy-on-write (nothing
+                is copied), over the snapshot's template, and the resources and environment of
+                the snapshot's source sandbox as defaults (other arguments override them).
+                ``template`` may be left out (a different one is 422). On ``ns`` no process is
+                restored: the sandbox starts with a fresh agent. While the sandbox exists the
+                snapshot cannot be deleted.
+            idle_hibernate_seconds: Hibernate the sandbox after this many seconds without
+                exec, file or PTY calls, with no client connected and under 1 % CPU use
+                (``0``/unset: never). Meant for persistent sandboxes; the next call wakes it.
+                On ``ns`` its processes end with the hibernation (see :meth:`hibernate`).
             client: Use this :class:`Client` (else one is made from ``url`` / ``api_key`` /
                 the environment and closed with the sandbox).
             url: Server URL, when no ``client`` is given.
@@ -335,7 +360,7 @@ class Sandbox:
 
         Raises:
             InvalidRequest: A value the server refuses.
-            NotFoundError: No such template.
+            NotFoundError: No such template or snapshot.
             ConflictError: The template is not ready.
         """
         c = _client_for(client, url, api_key)
@@ -353,6 +378,7 @@ class Sandbox:
             network=network,
             volumes=volumes,
             snapshot=snapshot,
+            idle_hibernate_seconds=idle_hibernate_seconds,
         )
         try:
             doc = c.request_json(p.Request("POST", "/v1/sandboxes", json=body, timeout=None))
@@ -455,13 +481,16 @@ class Sandbox:
         ttl_seconds: Optional[int] = None,
         persistent: Optional[bool] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        idle_hibernate_seconds: Optional[int] = None,
     ) -> SandboxInfo:
-        """Change the TTL, persistence or metadata (``metadata`` replaces the whole map)."""
+        """Change the TTL, persistence, metadata (which replaces the whole map) or idle
+        hibernation delay (``0`` turns it off; see :meth:`create`)."""
         body = p.drop_none(
             {
                 "ttl_seconds": ttl_seconds,
                 "persistent": persistent,
                 "metadata": dict(metadata) if metadata is not None else None,
+                "idle_hibernate_seconds": idle_hibernate_seconds,
             }
         )
         return self._set(
@@ -642,64 +671,127 @@ class Sandbox:
         return self._set(doc)
 
     def pause(self) -> SandboxInfo:
-        """Freeze every process; a paused sandbox uses no CPU.
+        """Freeze every process of a running sandbox; it keeps everything but uses no CPU.
 
-        Not implemented by the server yet: until it lands the server answers 404
-        (:class:`~hutch.errors.Unsupported`) or 422.
+        On ``ns`` this is the cgroup freezer: memory, processes, open connections and mounts
+        are kept as they are. Until :meth:`resume`, every call on the sandbox except resume,
+        kill, get (:meth:`refresh`) and list is refused with 409 (:class:`ConflictError`),
+        exec and file calls included. A paused sandbox still expires by its TTL unless it is
+        persistent.
+
+        Returns:
+            The sandbox, ``state == "paused"``.
+
+        Raises:
+            ConflictError: The sandbox is not running.
         """
         return self._lifecycle("pause")
 
     def resume(self) -> SandboxInfo:
-        """Resume a paused sandbox.
+        """Let a paused sandbox run again, exactly where it was.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        Returns:
+            The sandbox, ``state == "running"``.
+
+        Raises:
+            ConflictError: The sandbox is not paused.
         """
         return self._lifecycle("resume")
 
     def hibernate(self) -> SandboxInfo:
-        """Save the sandbox to disk and stop its processes; any later call wakes it.
+        """Stop a running sandbox but keep it on disk: it holds no CPU and no memory.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        On ``ns`` **files survive and processes do not**: every process is killed, mounts
+        and cgroups are released, and what the sandbox wrote is kept, except ``/tmp`` and
+        ``/dev/shm``, which are memory-backed and go with the processes. (Keeping processes
+        across hibernation needs the ``vm`` backend.)
+
+        The next exec, file or PTY call wakes it transparently (on ``ns``: a fresh agent over
+        the kept files); :meth:`wake` does it explicitly. :meth:`refresh` and :meth:`list`
+        do not wake it. It stays hibernated across server restarts and still expires by its
+        TTL unless persistent.
+
+        Returns:
+            The sandbox, ``state == "hibernated"``.
+
+        Raises:
+            ConflictError: The sandbox is not running.
         """
         return self._lifecycle("hibernate")
 
     def wake(self) -> SandboxInfo:
-        """Wake a hibernated sandbox explicitly.
+        """Start a hibernated sandbox again from its state on disk.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        Not needed before exec, file or PTY calls, which wake the sandbox themselves; use it
+        to pay the wake-up cost up front. On ``ns`` the sandbox gets a fresh agent over its
+        kept files (no process from before the hibernation is running).
+
+        Returns:
+            The sandbox, ``state == "running"``, with :attr:`~SandboxInfo.woke_in_ms` set to
+            how long the wake took.
+
+        Raises:
+            ConflictError: The sandbox is not hibernated.
+            SandboxFailed: It could not be started (it stays hibernated with its files).
         """
         return self._lifecycle("wake")
 
-    def snapshot(self, name: Optional[str] = None) -> Snapshot:
-        """Save the sandbox's state; new sandboxes can start from it (``create(snapshot=…)``).
+    def snapshot(self, name: str) -> Snapshot:
+        """Take a named snapshot that new sandboxes can start from.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        Start one with ``Sandbox.create(snapshot=snap.id)``. On ``ns`` a snapshot is
+        filesystem-level (``kind == "filesystem"``): the sandbox's files, not its processes,
+        memory, ``/tmp`` or ``/dev/shm``. A running sandbox is frozen while its files are read
+        (so the snapshot is consistent) and then keeps running; a hibernated one is read from
+        disk without being woken. The snapshot does not depend on this sandbox, which can be
+        killed at any time; delete it with :meth:`Client.delete_snapshot`.
+
+        Args:
+            name: 1–64 characters of ``[A-Za-z0-9._-]``; names need not be unique.
+
+        Raises:
+            InvalidRequest: A bad name.
+            ConflictError: The sandbox is paused (or otherwise not running or hibernated).
         """
         doc = self._client.request_json(
             p.Request(
                 "POST",
                 p.sandbox_path(self.id, "/snapshots"),
-                json=p.drop_none({"name": name}),
+                json={"name": name},
                 timeout=None,
             )
         )
         return Snapshot.from_json(doc)
 
     def fork(self, count: int = 1, *, mode: str = "disk") -> List[Sandbox]:
-        """Clone the sandbox ``count`` times.
+        """Create ``count`` children of this sandbox, each a sandbox of its own.
+
+        With ``mode="disk"`` (the only mode on ``ns``) the children start from a snapshot of
+        this sandbox's files taken once (a running sandbox is frozen meanwhile and then keeps
+        running), stacked copy-on-write under each child's own writes: files are carried,
+        processes are not (each child starts with a fresh agent). Children get their own id,
+        hostname and uid range and this sandbox's template, resources, environment,
+        metadata, TTL, persistence and idle setting; :attr:`SandboxInfo.forked_from` names
+        this sandbox. Parent and children never see each other's later writes.
 
         Args:
-            count: How many copies.
-            mode: ``"disk"`` copies the filesystem; ``"live"`` also carries memory and
-                running processes (microVM sandboxes only).
+            count: How many children, 1–16.
+            mode: ``"disk"``, or ``"live"`` (memory and running processes too), which needs
+                the ``vm`` backend: on ``ns`` it is refused with 422.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        Returns:
+            The children, ``running``. Kill them (or use them as context managers) when done.
+
+        Raises:
+            InvalidRequest: ``count`` out of range, or ``mode="live"`` on ``ns``.
+            ConflictError: The sandbox is paused (or otherwise not running or hibernated).
+            QuotaExceeded: The children would together need more memory than the host has.
         """
         doc = self._client.request_json(
             p.Request(
                 "POST",
                 p.sandbox_path(self.id, "/fork"),
-                json={"count": count, "mode": mode},
+                json=p.fork_body(count, mode),
                 timeout=None,
             )
         )
@@ -707,31 +799,46 @@ class Sandbox:
 
     def explore(
         self,
-        commands: Sequence[str],
+        commands: Sequence[p.Command],
         *,
         timeout: Optional[float] = None,
         keep: str = "winner",
+        score_regex: Optional[str] = None,
     ) -> ExploreResult:
-        """Run each command in its own live fork and keep the best (exit 0 scores 1.0).
+        """Try several commands side by side, each in its own fork, and keep the best fork.
+
+        The server disk-forks this sandbox once per command (see :meth:`fork`: files are
+        carried, processes are not), runs every command in its own child in parallel, scores
+        each outcome, keeps the winner's child as an independent sandbox (``forked_from``
+        this one) and destroys the others. This sandbox is unchanged.
 
         Args:
-            commands: At most 16 shell command lines.
-            timeout: Seconds each branch may run.
-            keep: Which forks survive: ``"winner"`` (the losers are destroyed).
+            commands: 1–16 commands; a string runs under ``/bin/sh -c``, a list runs that
+                program directly.
+            timeout: Seconds each command may run before it is killed (exit code 124,
+                ``timed_out``); the server's default is 60, at most 3600.
+            keep: Which child survives; only ``"winner"`` is accepted.
+            score_regex: Score each command by the number the first capture group of this
+                regex captures in its stdout (0 without a match). Default: 1.0 for exit
+                status 0, else 0.0. The best score wins, ties going to the lowest index.
 
         Returns:
-            An :class:`ExploreResult`; ``winner.sandbox_id`` names the surviving fork
-            (attach with :meth:`connect`).
+            An :class:`ExploreResult`. ``winner.sandbox_id`` is the surviving child: attach
+            with ``Sandbox.connect(result.winner.sandbox_id, client=sb.client)`` and kill it
+            when done. There is always a winner, even if every command failed.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        Raises:
+            InvalidRequest: No or too many commands, a bad timeout, or a regex without a
+                capture group.
+            ConflictError: The sandbox is paused (or otherwise not running or hibernated).
         """
-        body = p.drop_none({"commands": list(commands), "timeout_seconds": timeout, "keep": keep})
+        body = p.explore_body(commands, timeout=timeout, keep=keep, score_regex=score_regex)
         doc = self._client.request_json(
             p.Request(
                 "POST",
                 p.sandbox_path(self.id, "/explore"),
                 json=body,
-                timeout=p.exec_read_timeout(timeout),
+                timeout=p.explore_read_timeout(timeout),
             )
         )
         return ExploreResult.from_json(doc)
