@@ -55,7 +55,7 @@ pub async fn run(srv: &BenchServer, n: usize) -> anyhow::Result<(Vec<Summary>, V
         }),
     };
 
-    let r = series("ns_pause", n, || async move {
+    let r = series("ns_pause_then_resume", n, || async move {
         srv.post(&format!("/v1/sandboxes/{id}/pause"), json!({}))
             .await?;
         srv.post(&format!("/v1/sandboxes/{id}/resume"), json!({}))
@@ -63,7 +63,7 @@ pub async fn run(srv: &BenchServer, n: usize) -> anyhow::Result<(Vec<Summary>, V
             .map(|_| ())
     })
     .await;
-    record(r, "ns_pause_resume");
+    record(r, "ns_pause_then_resume");
 
     let r = series("ns_hibernate_then_wake", n, || async move {
         srv.post(&format!("/v1/sandboxes/{id}/hibernate"), json!({}))
