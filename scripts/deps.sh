@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages Hutch and its tests need (idempotent).
 set -euo pipefail
-pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 python3 python3-pip python3-venv tmux nodejs npm)
+pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 python3 python3-pip python3-venv tmux)
+# Node.js for the TypeScript SDK: the machine's own if present, else Debian's.
+command -v node >/dev/null || pkgs+=(nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
