@@ -26,7 +26,7 @@ mod helper;
 mod host;
 mod landlock;
 mod layer;
-mod mountinfo;
+pub mod mountinfo;
 mod mounts;
 mod procstat;
 mod rootfs;

@@ -21,7 +21,7 @@ pub(crate) struct MountEntry {
 
 /// Decode the octal escapes (`\040` space, `\011` tab, `\012` newline, `\134` backslash) the
 /// kernel uses in mountinfo paths.
-pub(crate) fn unescape(field: &str) -> String {
+pub fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

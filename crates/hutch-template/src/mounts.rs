@@ -8,6 +8,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, Result, TemplateError};
+use hutch_jail::mountinfo::unescape;
+
 use crate::sys;
 
 /// How many passes over `/proc/self/mountinfo` are made before giving up; each pass
@@ -32,31 +34,6 @@ fn mounts_under_in(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
         .collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found
-}
-
-/// Undoes the octal escapes (`\040` for a space) the kernel writes in `mountinfo` paths.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() {
-            let digits = &bytes[i + 1..i + 4];
-            if digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
-                let value = digits
-                    .iter()
-                    .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-                if let Ok(byte) = u8::try_from(value) {
-                    out.push(byte);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Unmounts everything mounted at or below `dir`, deepest first, lazily if a mount is
