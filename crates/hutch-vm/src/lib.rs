@@ -1,0 +1,64 @@
+//! `hutch-vm`: the building blocks of the `vm` isolation backend.
+//!
+//! * [`kernel`]: extract the ELF `vmlinux` from Debian's LZ4 bzImage (booted PVH).
+//! * [`modules`]: find virtio modules in an unpacked kernel package, dependency-ordered.
+//! * [`initramfs`]: a reproducible newc cpio with busybox, the static agent and an `/init`.
+//! * [`qemu`]: the QEMU `microvm` command line and a process handle killed on drop.
+//! * [`qmp`]: an async QMP client, including `getfd` with `SCM_RIGHTS`.
+//! * [`snapshot`]: bake a template snapshot (cold boot, device state with RAM in a memory
+//!   file) and restore it copy-on-write until the agent answers `GET /v1/info`.
+//!
+//! See `docs/vm.md` for what was measured on the development machine.
+
+pub mod initramfs;
+pub mod kernel;
+pub mod modules;
+pub mod qemu;
+pub mod qmp;
+pub mod snapshot;
+
+/// Any failure of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// Kernel extraction.
+    #[error(transparent)]
+    Kernel(#[from] kernel::KernelError),
+    /// Module resolution.
+    #[error(transparent)]
+    Modules(#[from] modules::ModuleError),
+    /// Initramfs building.
+    #[error(transparent)]
+    Initramfs(#[from] initramfs::InitramfsError),
+    /// Starting QEMU.
+    #[error(transparent)]
+    Qemu(#[from] qemu::QemuError),
+    /// Talking to QEMU.
+    #[error(transparent)]
+    Qmp(#[from] qmp::QmpError),
+    /// Filesystem work around snapshots.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// QEMU exited while it was expected to run.
+    #[error("QEMU exited ({status}): {log}")]
+    Exited {
+        /// Its exit status.
+        status: String,
+        /// The tail of its output and the guest console.
+        log: String,
+    },
+    /// The agent did not answer in time.
+    #[error("agent did not answer within {seconds:.1} s (last error: {last}); console: {console}")]
+    AgentTimeout {
+        /// How long we waited.
+        seconds: f64,
+        /// The last client error.
+        last: String,
+        /// The tail of the guest console, if logged.
+        console: String,
+    },
+}

@@ -1,0 +1,383 @@
+//! An async QMP client over QEMU's unix socket.
+//!
+//! One command at a time: send `{"execute": ...}`, skip asynchronous events, return the
+//! `return` value or a typed error. [`Qmp::getfd`] passes a file descriptor with
+//! `SCM_RIGHTS`, which is how migration streams reach a QEMU that runs with
+//! `-sandbox ...,spawn=deny` (no `exec:` URIs).
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+/// Why a QMP exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    /// The socket could not be reached in time.
+    #[error("connect to QMP socket {path}: {source}")]
+    Connect {
+        /// The socket.
+        path: String,
+        /// The last cause.
+        source: std::io::Error,
+    },
+    /// Reading or writing the socket failed.
+    #[error("QMP socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// QEMU closed the connection.
+    #[error("QMP connection closed by QEMU")]
+    Closed,
+    /// A line that is not valid JSON.
+    #[error("QMP sent invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// QEMU answered with an error.
+    #[error("QMP {command} failed: {class}: {desc}")]
+    Command {
+        /// The command.
+        command: String,
+        /// QEMU's error class.
+        class: String,
+        /// QEMU's description.
+        desc: String,
+    },
+    /// A migration ended in a state other than `completed`.
+    #[error("migration {status}: {detail}")]
+    Migration {
+        /// The final status.
+        status: String,
+        /// QEMU's error description, if any.
+        detail: String,
+    },
+    /// Waiting for a state took too long.
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+}
+
+/// A connected QMP session in command mode.
+#[derive(Debug)]
+pub struct Qmp {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Qmp {
+    /// Connect to `path`, retrying until `timeout` (QEMU creates the socket shortly after
+    /// it starts), read the greeting and enter command mode.
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<Self, QmpError> {
+        let deadline = Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path).await {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(QmpError::Connect {
+                        path: path.display().to_string(),
+                        source: e,
+                    })
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        };
+        let mut qmp = Self {
+            stream,
+            buf: Vec::new(),
+        };
+        let greeting = qmp.read_message().await?;
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::Command {
+                command: "greeting".into(),
+                class: "Protocol".into(),
+                desc: greeting.to_string(),
+            });
+        }
+        qmp.execute("qmp_capabilities", None).await?;
+        Ok(qmp)
+    }
+
+    async fn read_message(&mut self) -> Result<Value, QmpError> {
+        loop {
+            if let Some(n) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=n).collect();
+                return Ok(serde_json::from_slice(&line)?);
+            }
+            let mut chunk = [0u8; 4096];
+            let n = self.stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(QmpError::Closed);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    async fn read_reply(&mut self, command: &str) -> Result<Value, QmpError> {
+        loop {
+            let msg = self.read_message().await?;
+            if let Some(ret) = msg.get("return") {
+                return Ok(ret.clone());
+            }
+            if let Some(err) = msg.get("error") {
+                let field = |k: &str| err.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                return Err(QmpError::Command {
+                    command: command.into(),
+                    class: field("class"),
+                    desc: field("desc"),
+                });
+            }
+            tracing::debug!(event = %msg, "QMP event");
+        }
+    }
+
+    fn encode(command: &str, arguments: Option<Value>) -> Vec<u8> {
+        let mut line = match arguments {
+            Some(a) => json!({"execute": command, "arguments": a}),
+            None => json!({"execute": command}),
+        }
+        .to_string()
+        .into_bytes();
+        line.push(b'\n');
+        line
+    }
+
+    /// Run `command` and return its `return` value.
+    pub async fn execute(
+        &mut self,
+        command: &str,
+        arguments: Option<Value>,
+    ) -> Result<Value, QmpError> {
+        self.stream
+            .write_all(&Self::encode(command, arguments))
+            .await?;
+        self.read_reply(command).await
+    }
+
+    /// `getfd`: hand `fd` to QEMU under `name` (for `fd:NAME` migration URIs).
+    pub async fn getfd(&mut self, name: &str, fd: BorrowedFd<'_>) -> Result<(), QmpError> {
+        let line = Self::encode("getfd", Some(json!({"fdname": name})));
+        let mut sent = 0;
+        while sent == 0 {
+            self.stream.writable().await?;
+            match self
+                .stream
+                .try_io(Interest::WRITABLE, || send_with_fd(&self.stream, &line, fd))
+            {
+                Ok(n) => sent = n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The descriptor went with the first bytes; the rest is plain data.
+        self.stream.write_all(&line[sent..]).await?;
+        self.read_reply("getfd").await.map(drop)
+    }
+
+    /// `stop`: pause the vCPUs.
+    pub async fn stop(&mut self) -> Result<(), QmpError> {
+        self.execute("stop", None).await.map(drop)
+    }
+
+    /// `cont`: resume the vCPUs.
+    pub async fn cont(&mut self) -> Result<(), QmpError> {
+        self.execute("cont", None).await.map(drop)
+    }
+
+    /// The run state (`running`, `paused`, `inmigrate`, ...).
+    pub async fn status(&mut self) -> Result<String, QmpError> {
+        let r = self.execute("query-status", None).await?;
+        Ok(r.get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string())
+    }
+
+    /// Enable `x-ignore-shared`: RAM in a shared memory backend is not migrated.
+    pub async fn set_ignore_shared(&mut self) -> Result<(), QmpError> {
+        let caps = json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]});
+        self.execute("migrate-set-capabilities", Some(caps))
+            .await
+            .map(drop)
+    }
+
+    /// Start an outgoing migration to `uri` (e.g. `fd:NAME`).
+    pub async fn migrate(&mut self, uri: &str) -> Result<(), QmpError> {
+        self.execute("migrate", Some(json!({"uri": uri})))
+            .await
+            .map(drop)
+    }
+
+    /// Start an incoming migration from `uri` (QEMU must run with `-incoming defer`).
+    pub async fn migrate_incoming(&mut self, uri: &str) -> Result<(), QmpError> {
+        self.execute("migrate-incoming", Some(json!({"uri": uri})))
+            .await
+            .map(drop)
+    }
+
+    /// Poll `query-migrate` until the outgoing migration completes.
+    pub async fn wait_migration(&mut self, timeout: Duration) -> Result<(), QmpError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let r = self.execute("query-migrate", None).await?;
+            let status = r.get("status").and_then(Value::as_str).unwrap_or("none");
+            match status {
+                "completed" => return Ok(()),
+                "failed" | "cancelled" => {
+                    let detail = r.get("error-desc").and_then(Value::as_str).unwrap_or("");
+                    return Err(QmpError::Migration {
+                        status: status.into(),
+                        detail: detail.into(),
+                    });
+                }
+                _ if Instant::now() >= deadline => return Err(QmpError::Timeout("migration")),
+                _ => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+
+    /// Poll `query-status` until the VM has left `inmigrate`; returns the new state.
+    pub async fn wait_incoming(&mut self, timeout: Duration) -> Result<String, QmpError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status().await?;
+            match status.as_str() {
+                "inmigrate" | "prelaunch" => {}
+                "paused" | "running" | "postmigrate" => return Ok(status),
+                _ => {
+                    return Err(QmpError::Migration {
+                        status,
+                        detail: "incoming".into(),
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(QmpError::Timeout("incoming migration"));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// `quit`: QEMU exits (the connection then closes).
+    pub async fn quit(&mut self) -> Result<(), QmpError> {
+        match self.execute("quit", None).await {
+            Ok(_) | Err(QmpError::Closed) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// One `sendmsg` of `data` carrying `fd` as `SCM_RIGHTS`; returns the bytes sent.
+fn send_with_fd(stream: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> std::io::Result<usize> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    // u64 words keep the control buffer aligned for cmsghdr.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr is plain data; all-zero is a valid empty value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points at `space` bytes, enough for one cmsghdr with an int, so
+    // CMSG_FIRSTHDR is non-null and CMSG_DATA points inside the buffer; the int write is
+    // unaligned-safe via write_unaligned. `iov` and `control` outlive the sendmsg call,
+    // which only reads `data` (never writes through iov_base).
+    let n = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), raw);
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake QEMU on the other end of a socket pair: greeting, an event, replies.
+    #[tokio::test]
+    async fn commands_events_errors_and_fd_passing() {
+        let (ours, theirs) = UnixStream::pair().expect("pair");
+        let theirs = theirs.into_std().expect("std");
+        let server = std::thread::spawn(move || {
+            theirs.set_nonblocking(false).expect("blocking");
+            let mut w = theirs.try_clone().expect("clone");
+            let mut r = std::io::BufReader::new(theirs.try_clone().expect("clone"));
+            use std::io::{BufRead, Write};
+            let mut line = String::new();
+            w.write_all(b"{\"QMP\": {\"version\": {}}}\n")
+                .expect("greet");
+            let mut seen = Vec::new();
+            for reply in [
+                "{\"return\": {}}\n",
+                "{\"event\": \"STOP\"}\n{\"return\": {}}\n",
+                "{\"error\": {\"class\": \"GenericError\", \"desc\": \"nope\"}}\n",
+            ] {
+                line.clear();
+                r.read_line(&mut line).expect("read");
+                seen.push(line.trim().to_string());
+                w.write_all(reply.as_bytes()).expect("reply");
+            }
+            seen
+        });
+        let mut qmp = Qmp {
+            stream: ours,
+            buf: Vec::new(),
+        };
+        let greeting = qmp.read_message().await.expect("greeting");
+        assert!(greeting.get("QMP").is_some());
+        qmp.execute("qmp_capabilities", None).await.expect("caps");
+        qmp.stop()
+            .await
+            .expect("stop with an event before the reply");
+        let err = qmp.cont().await.expect_err("error reply");
+        assert!(
+            matches!(err, QmpError::Command { ref desc, .. } if desc == "nope"),
+            "{err}"
+        );
+        let seen = server.join().expect("server");
+        assert_eq!(seen[1], r#"{"execute":"stop"}"#);
+    }
+
+    #[tokio::test]
+    async fn getfd_passes_a_descriptor() {
+        use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+        let (ours, theirs) = UnixStream::pair().expect("pair");
+        let file = tempfile::tempfile().expect("tempfile");
+        let sent = send_with_fd(&ours, b"x", file.as_fd()).expect("send");
+        assert_eq!(sent, 1);
+        theirs.readable().await.expect("readable");
+        let mut byte = [0u8; 1];
+        let mut space = vec![0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: test-only recvmsg into local buffers that outlive the call.
+        let received = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = space.as_mut_ptr().cast();
+            msg.msg_controllen = 64;
+            assert_eq!(libc::recvmsg(theirs.as_raw_fd(), &mut msg, 0), 1);
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            assert!(!cmsg.is_null());
+            assert_eq!((*cmsg).cmsg_type, libc::SCM_RIGHTS);
+            OwnedFd::from_raw_fd(std::ptr::read_unaligned(
+                libc::CMSG_DATA(cmsg).cast::<i32>(),
+            ))
+        };
+        assert_ne!(received.as_raw_fd(), file.as_raw_fd());
+    }
+}

@@ -1,0 +1,324 @@
+//! Snapshot bake and restore.
+//!
+//! **Bake**: cold boot with guest RAM in a `memory-backend-file` (`share=on`, so the RAM
+//! lands in the file), wait until the agent answers `GET /v1/info` on its virtio-serial
+//! port, disconnect (so the agent is idle, waiting for a new host, in the snapshot),
+//! `stop`, enable `x-ignore-shared` and migrate the device state to a file passed with
+//! `getfd` (`fd:` URI; `exec:` is forbidden by `-sandbox ...,spawn=deny`).
+//!
+//! **Restore**: a new QEMU with the identical device set, the same memory file mapped
+//! `share=off` (private copy-on-write: the file is never modified and pages are shared
+//! between every restored guest), `-incoming defer`, `x-ignore-shared`,
+//! `migrate-incoming fd:NAME`, `cont`, then connect to the agent.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hutch_proto::client::AgentClient;
+use hutch_proto::AgentInfo;
+use tokio::net::UnixStream;
+
+use crate::qemu::{QemuProcess, VmConfig};
+use crate::qmp::Qmp;
+use crate::VmError;
+
+/// How long QEMU gets to create its QMP socket.
+const QMP_CONNECT: Duration = Duration::from_secs(10);
+/// How long one attempt to reach the agent may take before reconnecting.
+const AGENT_ATTEMPT: Duration = Duration::from_secs(2);
+/// Budget of the first attempt to reach the agent; later ones double up to
+/// [`AGENT_ATTEMPT`].
+const FIRST_ATTEMPT: Duration = Duration::from_millis(100);
+/// Time for the agent to notice the host went away before the bake snapshot.
+const SETTLE: Duration = Duration::from_millis(300);
+/// Bound on saving or loading device state.
+const MIGRATION: Duration = Duration::from_secs(30);
+
+/// A running guest: its QEMU (killed on drop), QMP session and agent client.
+#[derive(Debug)]
+pub struct Guest {
+    /// The command line it runs with.
+    pub config: VmConfig,
+    /// QMP, in command mode.
+    pub qmp: Qmp,
+    process: QemuProcess,
+}
+
+/// A baked template snapshot: memory file plus device state plus the config to match.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The bake-time config (restores derive theirs from it).
+    pub config: VmConfig,
+    /// The device-state file.
+    pub state: PathBuf,
+}
+
+/// What a bake measured.
+#[derive(Debug, Clone)]
+pub struct BakeReport {
+    /// QEMU start to the agent's first `/v1/info` reply.
+    pub cold_boot: Duration,
+    /// `stop` to migration completed.
+    pub save: Duration,
+    /// Size of the device-state file.
+    pub state_bytes: u64,
+    /// The agent's answer during the bake.
+    pub info: AgentInfo,
+}
+
+/// What a restore measured.
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    /// QEMU start to the agent's first `/v1/info` reply.
+    pub to_first_reply: Duration,
+    /// QEMU start to a connection that has answered twice (see the reconnect trap).
+    pub stable: Duration,
+    /// QEMU start to QMP ready.
+    pub qmp_ready: Duration,
+    /// QEMU start to `cont` done.
+    pub resumed: Duration,
+    /// The agent's answer.
+    pub info: AgentInfo,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
+    let what = what.into();
+    move |source| VmError::Io { what, source }
+}
+
+impl Guest {
+    /// Start QEMU for `config` and open QMP. Output goes to `log`.
+    pub async fn start(config: VmConfig, log: &Path) -> Result<Self, VmError> {
+        let mut process = QemuProcess::spawn(&config, log)?;
+        let qmp = match Qmp::connect(&config.qmp_socket, QMP_CONNECT).await {
+            Ok(qmp) => qmp,
+            Err(e) => {
+                return Err(match process.try_exit() {
+                    Some(status) => VmError::Exited {
+                        status: status.to_string(),
+                        log: process.log_tail(),
+                    },
+                    None => e.into(),
+                })
+            }
+        };
+        Ok(Self {
+            config,
+            qmp,
+            process,
+        })
+    }
+
+    /// QEMU's pid.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    fn console_tail(&self) -> String {
+        let Some(path) = &self.config.console_log else {
+            return String::new();
+        };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let start = text.len().saturating_sub(1500);
+        text.get(start..).unwrap_or_default().trim().to_string()
+    }
+
+    /// Connect to the agent's socket and wait until `GET /v1/info` answers, reconnecting
+    /// after each failed attempt, for at most `timeout`.
+    pub async fn agent(&mut self, timeout: Duration) -> Result<(AgentClient, AgentInfo), VmError> {
+        self.agent_on(None, timeout).await
+    }
+
+    /// Connect QEMU's agent chardev socket (retrying while QEMU creates it) without
+    /// speaking to the agent yet.
+    pub async fn agent_socket(&self, timeout: Duration) -> Result<UnixStream, VmError> {
+        let started = Instant::now();
+        loop {
+            match UnixStream::connect(&self.config.agent_socket).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) if started.elapsed() >= timeout => {
+                    return Err(io_err(format!(
+                        "connect {}",
+                        self.config.agent_socket.display()
+                    ))(e))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    }
+
+    /// Like [`Guest::agent`], trying the already-connected `first` stream first.
+    pub async fn agent_on(
+        &mut self,
+        mut first: Option<UnixStream>,
+        timeout: Duration,
+    ) -> Result<(AgentClient, AgentInfo), VmError> {
+        let started = Instant::now();
+        let mut last = String::from("no attempt");
+        let mut attempts = 0u32;
+        while started.elapsed() < timeout {
+            if let Some(status) = self.process.try_exit() {
+                let log = format!(
+                    "{}\n--- console ---\n{}",
+                    self.process.log_tail(),
+                    self.console_tail()
+                );
+                return Err(VmError::Exited {
+                    status: status.to_string(),
+                    log,
+                });
+            }
+            let given = first.take();
+            let attempt = async {
+                let stream = match given {
+                    Some(stream) => stream,
+                    None => UnixStream::connect(&self.config.agent_socket)
+                        .await
+                        .map_err(|e| format!("connect: {e}"))?,
+                };
+                let client = AgentClient::handshake(stream)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let info = client.info().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>((client, info))
+            };
+            // Short first attempts, doubling: a connection that lands on a stale agent
+            // session never answers (see docs/vm.md), so give up on it quickly.
+            let budget = FIRST_ATTEMPT
+                .saturating_mul(1 << attempts.min(8))
+                .min(AGENT_ATTEMPT);
+            attempts += 1;
+            let left = timeout.saturating_sub(started.elapsed()).min(budget);
+            match tokio::time::timeout(left, attempt).await {
+                Ok(Ok(ready)) => return Ok(ready),
+                Ok(Err(e)) => {
+                    last = e;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(_) => last = format!("no reply within {left:?}"),
+            }
+        }
+        Err(VmError::AgentTimeout {
+            seconds: timeout.as_secs_f64(),
+            last,
+            console: self.console_tail(),
+        })
+    }
+
+    /// Ask QEMU to exit, then reap it (it is killed if it does not go).
+    pub async fn shutdown(mut self) -> Result<(), VmError> {
+        self.qmp.quit().await?;
+        Ok(())
+    }
+}
+
+/// Bake: cold boot `config` (its memory file must be `share=on`), wait for the agent,
+/// and save the device state to `state`.
+pub async fn bake(
+    config: VmConfig,
+    state: &Path,
+    log: &Path,
+    boot_timeout: Duration,
+) -> Result<(Snapshot, BakeReport), VmError> {
+    let config = VmConfig {
+        share_memory: true,
+        incoming: false,
+        ..config
+    };
+    let started = Instant::now();
+    let mut guest = Guest::start(config.clone(), log).await?;
+    let (client, info) = guest.agent(boot_timeout).await?;
+    let cold_boot = started.elapsed();
+    // Hang up so the agent's session ends before the snapshot.
+    drop(client);
+    tokio::time::sleep(SETTLE).await;
+
+    let saving = Instant::now();
+    guest.qmp.stop().await?;
+    guest.qmp.set_ignore_shared().await?;
+    let file =
+        std::fs::File::create(state).map_err(io_err(format!("create {}", state.display())))?;
+    guest.qmp.getfd("state", file.as_fd()).await?;
+    drop(file);
+    guest.qmp.migrate("fd:state").await?;
+    guest.qmp.wait_migration(MIGRATION).await?;
+    let save = saving.elapsed();
+    guest.shutdown().await?;
+
+    let state_bytes = std::fs::metadata(state)
+        .map_err(io_err(format!("stat {}", state.display())))?
+        .len();
+    let snapshot = Snapshot {
+        config,
+        state: state.to_path_buf(),
+    };
+    Ok((
+        snapshot,
+        BakeReport {
+            cold_boot,
+            save,
+            state_bytes,
+            info,
+        },
+    ))
+}
+
+/// Restore `snapshot` into a new guest whose sockets and logs live in `dir`.
+pub async fn restore(
+    snapshot: &Snapshot,
+    dir: &Path,
+    timeout: Duration,
+) -> Result<(Guest, AgentClient, RestoreReport), VmError> {
+    let config = VmConfig {
+        share_memory: false,
+        incoming: true,
+        qmp_socket: dir.join("qmp.sock"),
+        agent_socket: dir.join("agent.sock"),
+        console_log: snapshot
+            .config
+            .console_log
+            .as_ref()
+            .map(|_| dir.join("console.log")),
+        ..snapshot.config.clone()
+    };
+    let started = Instant::now();
+    let mut guest = Guest::start(config, &dir.join("qemu.log")).await?;
+    let qmp_ready = started.elapsed();
+    // Connect the host side before loading, so the port's "host connected" state matches
+    // the snapshot and the guest sees no close/open events.
+    let host = guest.agent_socket(QMP_CONNECT).await?;
+    guest.qmp.set_ignore_shared().await?;
+    let file = std::fs::File::open(&snapshot.state)
+        .map_err(io_err(format!("open {}", snapshot.state.display())))?;
+    guest.qmp.getfd("state", file.as_fd()).await?;
+    drop(file);
+    guest.qmp.migrate_incoming("fd:state").await?;
+    if guest.qmp.wait_incoming(MIGRATION).await? != "running" {
+        guest.qmp.cont().await?;
+    }
+    let resumed = started.elapsed();
+    let (client, info) = guest.agent_on(Some(host), timeout).await?;
+    let to_first_reply = started.elapsed();
+    // Trap (see docs/vm.md): a connection that follows a stale agent session answers once
+    // and is then closed by the guest; the next one is stable. Probe and reconnect.
+    let client = match client.info().await {
+        Ok(_) => client,
+        Err(e) => {
+            tracing::debug!(error = %e, "first agent connection after restore dropped; reconnecting");
+            guest.agent(timeout).await?.0
+        }
+    };
+    let stable = started.elapsed();
+    Ok((
+        guest,
+        client,
+        RestoreReport {
+            to_first_reply,
+            stable,
+            qmp_ready,
+            resumed,
+            info,
+        },
+    ))
+}
