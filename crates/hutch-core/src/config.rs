@@ -77,16 +77,35 @@ impl Config {
     }
 }
 
+/// The number after `key` in a `/proc` file of `Key:  value kB` lines (`/proc/meminfo`,
+/// `/proc/PID/smaps_rollup`, …), if the file and the key are there.
+pub fn proc_kib(path: &std::path::Path, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    })
+}
+
 /// Total memory of the host in MiB (from /proc/meminfo), 0 if unknown.
 pub fn host_memory_mib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb / 1024)
-        .unwrap_or(0)
+    proc_kib(std::path::Path::new("/proc/meminfo"), "MemTotal").unwrap_or(0) / 1024
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_kib_reads_the_exact_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("smaps_rollup");
+        std::fs::write(&path, "Rss:   900 kB\nPss_Anon:  7 kB\nPss:   321 kB\n").expect("write");
+        assert_eq!(proc_kib(&path, "Pss"), Some(321));
+        assert_eq!(proc_kib(&path, "Rss"), Some(900));
+        assert_eq!(proc_kib(&path, "Swap"), None);
+        assert_eq!(proc_kib(&dir.path().join("missing"), "Pss"), None);
+        assert!(host_memory_mib() > 0);
+    }
 }

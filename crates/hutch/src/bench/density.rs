@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use hutch_core::config::proc_kib;
+
 /// PSS in KiB of every process in the sandbox's cgroup (v1 `pids` or v2 hierarchy).
 pub fn sandbox_pss_kib(id: &str) -> u64 {
     let candidates = [
@@ -29,26 +31,10 @@ pub fn sandbox_pss_kib(id: &str) -> u64 {
 }
 
 fn process_pss_kib(smaps_rollup: &Path) -> u64 {
-    std::fs::read_to_string(smaps_rollup)
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Pss:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_kib(smaps_rollup, "Pss").unwrap_or(0)
 }
 
 /// `MemAvailable` in KiB.
 pub fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    proc_kib(Path::new("/proc/meminfo"), "MemAvailable").unwrap_or(0)
 }
