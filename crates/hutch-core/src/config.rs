@@ -34,6 +34,8 @@ pub struct Config {
     pub max_pids: u32,
     /// Default exec timeout when the request gives none.
     pub default_exec_timeout: Duration,
+    /// Sandbox networking (`None`: every sandbox has loopback only).
+    pub network: Option<hutch_net::NetConfig>,
 }
 
 impl Config {
@@ -57,6 +59,7 @@ impl Config {
             max_memory_mib: host_memory_mib().max(64),
             max_pids: 32_768,
             default_exec_timeout: Duration::from_secs(60),
+            network: None,
         }
     }
 

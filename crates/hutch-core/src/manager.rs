@@ -14,6 +14,7 @@
 mod create;
 mod fork;
 mod lifecycle;
+mod network;
 mod snapshots;
 
 use std::collections::HashMap;
@@ -50,6 +51,8 @@ pub struct Manager {
     store: Store,
     templates: TemplateStore,
     ns: Arc<NsBackend>,
+    /// Sandbox networking (`None`: loopback only).
+    network: Option<hutch_net::Network>,
     agents: Mutex<HashMap<String, AgentClient>>,
     events: EventBus,
     metrics: Metrics,
@@ -142,8 +145,17 @@ impl Manager {
         let store = Store::open(&cfg.state_dir.join("state.db"))?;
         let templates = TemplateStore::open(&cfg.templates_dir)
             .map_err(|e| CoreError::Internal(format!("templates: {e}")))?;
+        let network = match &cfg.network {
+            Some(nc) => Some(
+                hutch_net::Network::start(nc.clone())
+                    .await
+                    .map_err(|e| CoreError::Internal(format!("sandbox networking: {e}")))?,
+            ),
+            None => None,
+        };
         let mgr = Arc::new(Self {
-            ns: Arc::new(NsBackend::new(cfg.clone())),
+            ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
+            network,
             cfg,
             store,
             templates,
@@ -156,6 +168,15 @@ impl Manager {
             active: Arc::new(Mutex::new(HashMap::new())),
         });
         mgr.readopt().await?;
+        if let Some(net) = &mgr.network {
+            let net = net.clone();
+            match blocking(move || net.prune().map_err(network::net_error)).await {
+                Ok(n) if n > 0 => tracing::info!(links = n, "removed sandbox links left by an earlier server"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "pruning stale sandbox links"),
+            }
+            mgr.network.as_ref().map(hutch_net::Network::refill);
+        }
         mgr.sweep_snapshots().await;
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.cfg.reaper_interval;
@@ -321,7 +342,10 @@ impl Manager {
 
     /// One sandbox (refreshes its TTL).
     pub fn get(&self, id: &str) -> CoreResult<SandboxView> {
-        Ok(self.touch(id)?.view())
+        let r = self.touch(id)?;
+        let mut view = r.view();
+        self.add_traffic(&r, &mut view);
+        Ok(view)
     }
 
     /// Sandboxes matching `filter`.
@@ -398,9 +422,16 @@ impl Manager {
     async fn destroy_resources(&self, r: &SandboxRecord) -> CoreResult<()> {
         let backend = self.backend(r.isolation)?;
         let rec = r.clone();
-        tokio::task::spawn_blocking(move || backend.destroy(&rec))
-            .await
-            .map_err(|e| CoreError::Internal(e.to_string()))?
+        let net = self.network.clone();
+        tokio::task::spawn_blocking(move || {
+            let destroyed = backend.destroy(&rec);
+            if let (Some(net), Some(i)) = (net, rec.net_slot) {
+                net.release(i);
+            }
+            destroyed
+        })
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))?
     }
 
     /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
@@ -539,7 +570,22 @@ impl Manager {
                 )
             })
             .collect();
-        Ok(self.metrics.render(&states))
+        let mut text = self.metrics.render(&states);
+        let traffic = self.traffic_all();
+        if self.network.is_some() {
+            use std::fmt::Write as _;
+            let mut ids: Vec<_> = traffic.keys().collect();
+            ids.sort();
+            let _ = writeln!(text, "# HELP hutch_sandbox_network_bytes_out Bytes a sandbox sent out (IP packets leaving its interface).\n# TYPE hutch_sandbox_network_bytes_out counter");
+            for id in &ids {
+                let _ = writeln!(text, "hutch_sandbox_network_bytes_out{{sandbox=\"{id}\"}} {}", traffic[*id].bytes_out);
+            }
+            let _ = writeln!(text, "# HELP hutch_sandbox_network_connections_out Connections (and UDP flows) a sandbox opened out.\n# TYPE hutch_sandbox_network_connections_out counter");
+            for id in &ids {
+                let _ = writeln!(text, "hutch_sandbox_network_connections_out{{sandbox=\"{id}\"}} {}", traffic[*id].connections_out);
+            }
+        }
+        Ok(text)
     }
 
     /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed. Paused
@@ -563,6 +609,12 @@ impl Manager {
             }
             let backend = self.backend(r.isolation)?;
             if r.state != SandboxState::Starting && backend.alive(&r) {
+                if r.net_slot.is_some() && self.readopt_network(&r, true).is_none() {
+                    let _ = self.store.modify(&r.id, |rec| {
+                        rec.net_slot = None;
+                        Ok(())
+                    });
+                }
                 tracing::info!(id = %r.id, "re-adopted running sandbox");
                 self.watch_init(&r);
             } else {

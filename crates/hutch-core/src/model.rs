@@ -164,7 +164,7 @@ pub struct CreateSandbox {
     pub disk_mib: Option<u64>,
     /// Tasks limit.
     pub pids_max: Option<u32>,
-    /// Network settings as given (stored and echoed; loopback only for now).
+    /// Network policy as given (`{"egress", "allow", "deny"}`).
     pub network: Option<serde_json::Value>,
     /// Start from this snapshot's files instead of the bare template (`snap_…`).
     pub snapshot: Option<String>,
@@ -244,6 +244,9 @@ pub struct SandboxRecord {
     /// Last API call on it (ms since epoch; 0 for records written before this field).
     #[serde(default)]
     pub last_used_ms: i64,
+    /// The network slot it holds (`None`: loopback only, or none held right now).
+    #[serde(default)]
+    pub net_slot: Option<u32>,
 }
 
 /// The sandbox object of the API.

@@ -316,6 +316,7 @@ mod tests {
             forked_from: None,
             idle_hibernate_seconds: None,
             last_used_ms: 0,
+            net_slot: None,
         }
     }
 

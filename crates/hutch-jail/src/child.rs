@@ -38,6 +38,11 @@ pub(crate) struct ChildPlan {
     pub tmp_bytes: u64,
     /// Hostname inside.
     pub hostname: String,
+    /// Whether the sandbox has a network namespace of its own (then `lo` is brought up
+    /// here); otherwise it joined one prepared from outside.
+    pub own_netns: bool,
+    /// Host file bound read-only at `/etc/resolv.conf`.
+    pub resolv_conf: Option<PathBuf>,
     /// `argv` of the agent (first element: [`AGENT_PATH`]).
     pub argv: Vec<CString>,
     /// `envp` of the agent (`KEY=VALUE`).
@@ -118,11 +123,14 @@ fn setup(plan: &ChildPlan) -> Result<(), SysError> {
         merged: &plan.merged,
         agent_binary: &plan.agent_binary,
         tmp_bytes: plan.tmp_bytes,
+        resolv_conf: plan.resolv_conf.as_deref(),
     })?;
     // SAFETY: the pointer and length describe the hostname's bytes, valid for the call.
     let ret = unsafe { libc::sethostname(plan.hostname.as_ptr().cast(), plan.hostname.len()) };
     check(ret.into(), || "sethostname".into())?;
-    loopback_up()?;
+    if plan.own_netns {
+        loopback_up()?;
+    }
     caps::drop_to_kept()?;
     let no_core = libc::rlimit {
         rlim_cur: 0,

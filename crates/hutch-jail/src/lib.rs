@@ -116,6 +116,16 @@ pub struct JailSpec {
     pub limits: Limits,
     /// Name of the parent cgroup under each hierarchy (e.g. `hutch`).
     pub cgroup_parent: String,
+    /// A network namespace to join instead of creating a new one (a path such as
+    /// `/proc/<pid>/fd/<fd>`, opened by the jail before it clones). It belongs to the host's
+    /// user namespace, so root inside the sandbox holds no capability over it: its
+    /// interfaces, addresses, routes and firewall are set up from outside. `None`: a new,
+    /// empty namespace with only `lo`.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
+    /// A file bound read-only at `/etc/resolv.conf` inside the sandbox.
+    #[serde(default)]
+    pub resolv_conf: Option<PathBuf>,
 }
 
 /// What [`spawn`] reports back.

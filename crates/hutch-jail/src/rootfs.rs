@@ -73,6 +73,8 @@ pub(crate) struct RootfsPlan<'a> {
     pub agent_binary: &'a Path,
     /// Size of `/tmp` and `/dev/shm` in bytes (0: no size option).
     pub tmp_bytes: u64,
+    /// Host file bound read-only at `/etc/resolv.conf`.
+    pub resolv_conf: Option<&'a Path>,
 }
 
 fn bind(src: &Path, dst: &Path, what: &str) -> Result<(), SysError> {
@@ -278,6 +280,29 @@ fn pivot(merged: &Path) -> Result<(), SysError> {
 }
 
 /// Build the root described by `plan` and pivot into it.
+/// Bind `src` read-only over `etc/resolv.conf` of the new root. A symlink or anything but a
+/// regular file there is replaced by an empty file first (a symlink would be followed
+/// against the host's root before `pivot_root`).
+fn bind_resolv_conf(src: &Path, etc: &Path) -> Result<(), SysError> {
+    ensure_dir(etc, 0o755)?;
+    let dst = etc.join("resolv.conf");
+    match std::fs::symlink_metadata(&dst) {
+        Ok(m) if m.file_type().is_file() => {}
+        Ok(m) => {
+            let removed = if m.is_dir() {
+                std::fs::remove_dir(&dst)
+            } else {
+                std::fs::remove_file(&dst)
+            };
+            removed.map_err(|e| SysError::io("replace /etc/resolv.conf", &e))?;
+            touch(&dst, 0o644)?;
+        }
+        Err(_) => touch(&dst, 0o644)?,
+    }
+    bind(src, &dst, "bind /etc/resolv.conf")?;
+    remount_ro(&dst, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "resolv.conf read-only")
+}
+
 pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<SysfsMount, SysError> {
     let m = plan.merged;
     sys::mount(
@@ -310,6 +335,9 @@ pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<SysfsMount, SysError> {
         "mount /tmp",
     )?;
     mount_agent(&m.join(".hutch"), plan.agent_binary)?;
+    if let Some(src) = plan.resolv_conf {
+        bind_resolv_conf(src, &m.join("etc"))?;
+    }
     pivot(m)?;
     Ok(sysfs)
 }

@@ -312,7 +312,14 @@ fn build(
     let (err_rd, err_wr_low) = sys::pipe()?;
     let err_wr = sys::dup_at_least(err_wr_low.as_raw_fd(), HIGH_FD)?;
     drop(err_wr_low);
+    let mut namespaces = NAMESPACES;
+    if let Some(ns) = &spec.netns {
+        join_netns(ns)?;
+        namespaces &= !libc::CLONE_NEWNET;
+    }
     let plan = ChildPlan {
+        own_netns: spec.netns.is_none(),
+        resolv_conf: spec.resolv_conf.clone(),
         merged: paths.merged.clone(),
         agent_binary: spec.agent_binary.clone(),
         tmp_bytes: spec.limits.tmp_bytes,
@@ -326,7 +333,7 @@ fn build(
         listen: listen.as_raw_fd(),
         parent_ends: [sync_wr.as_raw_fd(), err_rd.as_raw_fd()],
     };
-    let pid = clone_child(v2_dir.as_ref(), undo, me)?;
+    let pid = clone_child(namespaces, v2_dir.as_ref(), undo, me)?;
     if pid == 0 {
         child::run(&plan);
     }
@@ -360,6 +367,20 @@ fn build(
     })
 }
 
+/// Move this (single-threaded helper) process into the network namespace at `path`, so the
+/// child is born in it.
+fn join_netns(path: &Path) -> Result<(), JailError> {
+    let ns = std::fs::File::open(path).map_err(io_err(format!("open netns {}", path.display())))?;
+    // SAFETY: setns takes an open descriptor (alive for the call) and a flag.
+    let ret = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+    if ret != 0 {
+        return Err(io_err(format!("setns {}", path.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
 fn open_cgroup_dir(dir: &Path) -> Result<OwnedFd, JailError> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -373,13 +394,14 @@ fn open_cgroup_dir(dir: &Path) -> Result<OwnedFd, JailError> {
 /// straight into it (`clone3(CLONE_INTO_CGROUP)`: no migration). Kernels without it get the
 /// slow path: this process joins the v2 cgroup and a plain `clone` inherits it.
 fn clone_child(
+    namespaces: libc::c_int,
     v2_dir: Option<&OwnedFd>,
     undo: &mut Undo,
     me: libc::pid_t,
 ) -> Result<libc::pid_t, JailError> {
     if let Some(dir) = v2_dir {
         // SAFETY: `spawn` verified this process is single-threaded.
-        match unsafe { sys::clone_into_cgroup(NAMESPACES, dir) } {
+        match unsafe { sys::clone_into_cgroup(namespaces, dir) } {
             Ok(pid) => return Ok(pid),
             Err(e) if matches!(e.errno, libc::ENOSYS | libc::E2BIG | libc::EINVAL) => {
                 undo.joined_v2 = true;
@@ -389,7 +411,7 @@ fn clone_child(
         }
     }
     // SAFETY: `spawn` verified this process is single-threaded.
-    Ok(unsafe { sys::clone_process(NAMESPACES)? })
+    Ok(unsafe { sys::clone_process(namespaces)? })
 }
 
 /// Make the agent the OOM killer's last choice in its sandbox. Lowering `oom_score_adj` needs

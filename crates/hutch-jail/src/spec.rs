@@ -242,6 +242,8 @@ mod tests {
                 tmp_bytes: 1 << 28,
             },
             cgroup_parent: "hutch".into(),
+            netns: None,
+            resolv_conf: None,
         }
     }
 

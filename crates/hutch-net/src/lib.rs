@@ -13,10 +13,21 @@
 //! ([`dns`]), which answers only allowed names and pins their addresses, and a transparent
 //! proxy ([`proxy`]) that checks the TLS SNI or HTTP Host on ports 443 and 80.
 
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
 pub mod addr;
+pub mod dnsmsg;
 pub mod link;
 pub mod netns;
+pub mod nft;
+pub mod policy;
+pub mod sni;
+
+mod network;
+mod proxy;
+mod resolver;
 
 mod error;
 
 pub use error::NetError;
+pub use network::{system_nameserver, NetConfig, Network, SlotLease, Traffic};

@@ -1,4 +1,5 @@
 //! Slots built for real, inside a private network namespace that stands in for the server's
+#![allow(clippy::unwrap_used)]
 //! (so nothing touches the machine's own network). Needs root.
 
 use std::io::{Read, Write};
@@ -52,4 +53,39 @@ fn a_slot_routes_between_sandbox_and_host_and_is_removed() {
     link::remove_host_link(&host, 5).expect("remove");
     assert!(link::list_host_links(&host).unwrap().is_empty());
     drop(again);
+}
+
+#[test]
+fn the_rulesets_load_and_unload_in_nft() {
+    use hutch_net::nft;
+    use hutch_net::policy::{Egress, Policy, PolicySpec};
+    let host = private_host_ns();
+    let base = nft::BaseRules {
+        pool: "10.213.0.0/16".parse().unwrap(),
+        resolver_port: 5353,
+        proxy_port: 3129,
+        mining_ports: nft::DEFAULT_MINING_PORTS.to_vec(),
+    };
+    let policy = Policy::from_spec(&PolicySpec {
+        egress: Egress::Deny,
+        allow: vec!["good.test".into(), "*.good.test".into(), "10.0.0.0/8".into()],
+        deny: vec!["192.0.2.0/24".into()],
+    })
+    .unwrap();
+    let counters = netns::run_in(&host, move || {
+        nft::run(&nft::base_ruleset(&base))?;
+        nft::run(&nft::base_ruleset(&base))?; // a reload replaces the table
+        nft::run(&nft::clear_policy(4))?; // clearing what does not exist is fine
+        nft::run(&nft::slot_objects(4))?;
+        nft::run(&nft::apply_policy(4, &policy, 1, &[]))?;
+        nft::run(&nft::add_pins(4, &[("203.0.113.20".parse().unwrap(), 30)]))?;
+        nft::run(&nft::apply_policy(4, &policy, 2, &[("203.0.113.20".parse().unwrap(), 20)]))?;
+        let c = nft::counters()?;
+        nft::run(&nft::remove_slot(4))?;
+        nft::run(&nft::remove_slot(4))?;
+        Ok((c, nft::counters()?))
+    })
+    .expect("nft scripts");
+    assert!(counters.0.contains_key("c4") && counters.0.contains_key("b4"));
+    assert!(counters.1.is_empty(), "slot counters removed: {:?}", counters.1);
 }

@@ -11,7 +11,7 @@ mod routes;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use hutch_core::Manager;
 
@@ -55,7 +55,7 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, lifecycle, misc, pty, sandboxes};
+    use routes::{exec, files, lifecycle, misc, network, pty, sandboxes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/templates", get(misc::templates))
@@ -71,6 +71,7 @@ pub fn app(state: AppState) -> Router {
                 .patch(sandboxes::update),
         )
         .route("/v1/sandboxes/{id}/usage", get(sandboxes::usage))
+        .route("/v1/sandboxes/{id}/network", put(network::put_network))
         .route("/v1/sandboxes/{id}/pause", post(lifecycle::pause))
         .route("/v1/sandboxes/{id}/resume", post(lifecycle::resume))
         .route("/v1/sandboxes/{id}/hibernate", post(lifecycle::hibernate))

@@ -33,6 +33,55 @@ pub struct ServeArgs {
     /// How often to look for expired sandboxes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub reaper_interval_ms: u64,
+    /// Give sandboxes a network (`on`: a namespace, a veth, NAT and the egress policy,
+    /// enforced in this server's network namespace with nftables; `off`: loopback only).
+    #[arg(long, value_enum, default_value_t = NetworkMode::On)]
+    pub network: NetworkMode,
+    /// Private IPv4 pool sandbox addresses come from (one /30 each).
+    #[arg(long, default_value = "10.213.0.0/16")]
+    pub net_pool: String,
+    /// Upstream DNS server for sandboxes' allowed queries (default: the first nameserver of
+    /// /etc/resolv.conf).
+    #[arg(long)]
+    pub net_upstream_dns: Option<String>,
+    /// TCP ports sandboxes may never connect to (comma-separated; default: Stratum mining
+    /// ports; empty to allow all).
+    #[arg(long, value_delimiter = ',')]
+    pub net_blocked_ports: Option<Vec<u16>>,
+}
+
+/// Whether sandboxes get a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetworkMode {
+    /// Networking with egress policy.
+    On,
+    /// Loopback only.
+    Off,
+}
+
+fn network_config(args: &ServeArgs) -> anyhow::Result<Option<hutch_core::net::NetConfig>> {
+    if args.network == NetworkMode::Off {
+        return Ok(None);
+    }
+    let mut nc = hutch_core::net::NetConfig::new();
+    nc.pool = args
+        .net_pool
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--net-pool: {e}"))?;
+    if let Some(dns) = &args.net_upstream_dns {
+        nc.upstream_dns = match dns.parse::<SocketAddr>() {
+            Ok(a) => a,
+            Err(_) => SocketAddr::new(
+                dns.parse()
+                    .with_context(|| format!("--net-upstream-dns {dns:?} is not an IP address"))?,
+                53,
+            ),
+        };
+    }
+    if let Some(ports) = &args.net_blocked_ports {
+        nc.mining_ports = ports.clone();
+    }
+    Ok(Some(nc))
 }
 
 /// Build a template, printing progress to stderr.
@@ -115,13 +164,15 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         &state_dir,
     )?;
     let exe = std::env::current_exe().context("locating the hutch executable")?;
+    let network = network_config(&args)?;
     let mut cfg = Config::new(state_dir.clone(), exe, agent);
     if let Some(t) = args.templates_dir {
         cfg.templates_dir = t;
     }
-    cfg.default_template = args.default_template;
+    cfg.default_template = args.default_template.clone();
     cfg.default_ttl_seconds = args.default_ttl;
     cfg.reaper_interval = Duration::from_millis(args.reaper_interval_ms.max(10));
+    cfg.network = network;
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

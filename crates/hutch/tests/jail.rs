@@ -320,6 +320,8 @@ impl Template {
                 tmp_bytes: 64 << 20,
             },
             cgroup_parent: CGROUP_PARENT.into(),
+            netns: None,
+            resolv_conf: None,
         }
     }
 

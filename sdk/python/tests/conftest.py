@@ -63,6 +63,8 @@ def server() -> Iterator[Server]:
             "serve",
             "--listen",
             "127.0.0.1:0",
+            "--network",
+            "off",
             "--state-dir",
             str(state),
             "--templates-dir",

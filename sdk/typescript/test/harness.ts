@@ -44,6 +44,8 @@ export async function startServer(): Promise<TestServer> {
       "serve",
       "--listen",
       "127.0.0.1:0",
+      "--network",
+      "off",
       "--state-dir",
       stateDir,
       "--templates-dir",

@@ -33,12 +33,39 @@ fn internal(e: JailError) -> CoreError {
 /// The namespace backend.
 pub struct NsBackend {
     cfg: Config,
+    network: Option<hutch_net::Network>,
 }
 
 impl NsBackend {
     /// A backend using `cfg`'s paths.
-    pub fn new(cfg: Config) -> Self {
-        Self { cfg }
+    pub fn new(cfg: Config, network: Option<hutch_net::Network>) -> Self {
+        Self { cfg, network }
+    }
+
+    /// The namespace to join and the `resolv.conf` to bind, for a sandbox holding a slot.
+    fn network_files(&self, r: &SandboxRecord) -> (Option<PathBuf>, Option<PathBuf>) {
+        let (Some(net), Some(index)) = (&self.network, r.net_slot) else {
+            return (None, None);
+        };
+        let Some(netns) = net.netns_path(index, &r.id) else {
+            return (None, None);
+        };
+        let dir = self.cfg.state_dir.join("net");
+        let file = dir.join(format!("resolv-{index}.conf"));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| {
+            let text = net.resolv_conf(index).unwrap_or_default();
+            if std::fs::read_to_string(&file).ok().as_deref() != Some(text.as_str()) {
+                std::fs::write(&file, text)?;
+            }
+            Ok(())
+        });
+        match written {
+            Ok(()) => (Some(netns), Some(file)),
+            Err(e) => {
+                tracing::warn!(id = %r.id, error = %e, "writing resolv.conf");
+                (Some(netns), None)
+            }
+        }
     }
 
     fn spec(&self, r: &SandboxRecord, rootfs: &Path) -> JailSpec {
@@ -52,6 +79,7 @@ impl NsBackend {
         ];
         env.extend(r.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let memory_bytes = r.memory_mib << 20;
+        let (netns, resolv_conf) = self.network_files(r);
         JailSpec {
             id: r.id.clone(),
             template_rootfs: rootfs.to_path_buf(),
@@ -75,6 +103,8 @@ impl NsBackend {
                 tmp_bytes: memory_bytes,
             },
             cgroup_parent: self.cfg.cgroup_parent.clone(),
+            netns,
+            resolv_conf,
         }
     }
 

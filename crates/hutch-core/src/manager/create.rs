@@ -56,11 +56,26 @@ impl Manager {
         let rootfs = self.templates.rootfs(&record.template);
         let started = {
             let backend = backend.clone();
-            let rec = record.clone();
-            tokio::task::spawn_blocking(move || backend.create(&rec, &rootfs))
-                .await
-                .map_err(|e| CoreError::Internal(e.to_string()))?
+            let mgr = self.clone();
+            let mut rec = record.clone();
+            tokio::task::spawn_blocking(move || {
+                mgr.attach_network(&mut rec)?;
+                match backend.create(&rec, &rootfs) {
+                    Ok(s) => Ok((s, rec)),
+                    Err(e) => {
+                        mgr.detach_network(&rec);
+                        Err(e)
+                    }
+                }
+            })
+            .await
+            .map_err(|e| CoreError::Internal(e.to_string()))?
         };
+        let started = started.map(|(s, rec)| {
+            record.net_slot = rec.net_slot;
+            record.network = rec.network;
+            s
+        });
         let started = match started {
             Ok(s) => s,
             Err(e) => {
@@ -202,12 +217,13 @@ impl Manager {
             init_start_time: None,
             cgroups: vec![],
             error: None,
-            network: cmd.network.clone(),
+            network: Some(self.requested_policy(cmd.network.as_ref())?),
             layer: source.map(|s| s.id.clone()),
             snapshot: source.filter(|s| !s.hidden).map(|s| s.id.clone()),
             forked_from: None,
             idle_hibernate_seconds,
             last_used_ms: now,
+            net_slot: None,
         })
     }
 

@@ -144,12 +144,20 @@ impl Manager {
         let t0 = Instant::now();
         let backend = self.backend(r.isolation)?;
         let rootfs = self.templates.rootfs(&r.template);
-        let started = {
+        let (started, net_slot, network) = {
             let backend = backend.clone();
-            let rec = r.clone();
-            blocking(move || backend.wake(&rec, &rootfs)).await?
+            let mgr = self.clone();
+            let mut rec = r.clone();
+            blocking(move || {
+                mgr.attach_network(&mut rec)?;
+                let s = backend.wake(&rec, &rootfs)?;
+                Ok((s, rec.net_slot, rec.network))
+            })
+            .await?
         };
         let r = self.store.modify(&r.id, |r| {
+            r.net_slot = net_slot;
+            r.network = network.clone();
             r.init_pid = Some(started.init_pid);
             r.init_start_time = Some(started.init_start_time);
             r.cgroups = started

@@ -28,7 +28,7 @@ pub struct CreateBody {
     disk_mib: Option<u64>,
     pids_max: Option<u32>,
     snapshot: Option<String>,
-    network: Option<serde_json::Value>,
+    network: Option<hutch_core::net::policy::PolicySpec>,
     volumes: Option<Vec<serde_json::Value>>,
     idle_hibernate_seconds: Option<u64>,
 }
@@ -89,14 +89,6 @@ impl CreateBody {
                 "volumes are not supported by this server yet",
             ));
         }
-        if let Some(n) = &self.network {
-            let egress = n.get("egress").and_then(|e| e.as_str());
-            if !n.is_object() || !matches!(egress, None | Some("none")) {
-                return Err(ApiError::invalid(
-                    "this server gives sandboxes loopback-only networking; only {\"egress\": \"none\"} is accepted",
-                ));
-            }
-        }
         if let Some(t) = &self.template {
             validate_template_name(t)?;
         }
@@ -121,7 +113,9 @@ impl CreateBody {
             memory_mib: self.memory_mib,
             disk_mib: self.disk_mib,
             pids_max: self.pids_max,
-            network: self.network,
+            network: self
+                .network
+                .map(|n| serde_json::to_value(n).unwrap_or_default()),
             snapshot: self.snapshot,
             idle_hibernate_seconds: self.idle_hibernate_seconds,
         })

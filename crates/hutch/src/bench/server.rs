@@ -34,6 +34,8 @@ impl BenchServer {
             .args([
                 "--listen",
                 "127.0.0.1:0",
+                "--network",
+                "off",
                 "--no-build-base",
                 "--default-template",
                 template,

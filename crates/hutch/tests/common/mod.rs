@@ -118,10 +118,15 @@ impl TestServer {
     /// (Re)start the server process on the same state directory.
     pub async fn spawn_server(&mut self) {
         let mut cmd = Command::new(hutch_bin());
-        cmd.arg("serve")
-            .args([
-                "--listen",
-                "127.0.0.1:0",
+        cmd.arg("serve");
+        // Tests run on the machine's own network: sandboxes get loopback only unless a test
+        // builds its own world of namespaces and asks for `--network on` inside it.
+        for (flag, default) in [("--listen", "127.0.0.1:0"), ("--network", "off")] {
+            if !self.extra_args.iter().any(|a| a == flag) {
+                cmd.args([flag, default]);
+            }
+        }
+        cmd.args([
                 "--no-build-base",
                 "--default-template",
                 "minimal",

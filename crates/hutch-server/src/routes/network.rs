@@ -1,0 +1,24 @@
+//! `PUT /v1/sandboxes/{id}/network`: replace a sandbox's egress policy at once.
+
+use axum::extract::{Path, State};
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+use hutch_core::net::policy::PolicySpec;
+
+use super::sandboxes::authorize;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, Caller};
+use crate::AppState;
+
+/// `PUT /v1/sandboxes/{id}/network {"egress", "allow", "deny"}` → the sandbox. Connections
+/// the new policy forbids are cut; a sandbox created with `egress: "none"` cannot gain a
+/// network (409).
+pub async fn put_network(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(spec): ApiJson<PolicySpec>,
+) -> ApiResult<impl IntoResponse> {
+    authorize(&state, &caller, &id)?;
+    Ok(Json(state.manager.set_network(&id, spec).await?))
+}
