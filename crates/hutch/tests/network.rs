@@ -201,6 +201,17 @@ fn default_allow_reaches_the_internet_and_nothing_forbidden() {
         let gw = gateway_of(&va);
         assert!(check(&s, &a, &format!("tcp {gw} {api_port}")).await.starts_with("err"), "the Hutch API is reachable from a sandbox");
 
+        // Spoofed sources are dropped: the same connection succeeds from the sandbox's own
+        // address and fails from another sandbox's (b's) or an outside one.
+        s.put_file(&a, "/tmp/probe", "755", common::static_c_binary("probe")).await;
+        let own = va["network"]["address"].as_str().expect("address");
+        let (out, _) = s.sh(&a, &format!("/tmp/probe connect {own} 203.0.113.10 3000")).await;
+        assert_eq!(out.trim(), "connect OK");
+        for src in [b_addr.as_str(), "203.0.113.77"] {
+            let (out, _) = s.sh(&a, &format!("/tmp/probe connect {src} 203.0.113.10 3000")).await;
+            assert_ne!(out.trim(), "connect OK", "spoofed source {src} got through");
+        }
+
         // Root inside cannot change its own network.
         let (out, code) = s.sh(&a, "ip link set eth0 down 2>&1 || echo denied; cat /proc/sys/net/ipv4/ip_forward").await;
         assert!(code == 0 && out.contains("denied") || out.contains("Operation not permitted") || out.contains("not found"), "{out}");

@@ -2,6 +2,9 @@
  *   probe syscalls     try privileged syscalls; print "<name> <result>" per line
  *   probe hog MIB      allocate and touch MIB mebibytes, then print "survived"
  *   probe spin SECS    burn CPU for SECS seconds of wall time
+ *   probe connect SRC DST PORT   TCP connect from source address SRC (bound with
+ *                      IP_FREEBIND, so any address is accepted locally) to DST:PORT within
+ *                      2 s; prints "connect OK" or "connect <errno name>"
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -14,6 +17,10 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <fcntl.h>
 
 static void report(const char *name, long rc) {
     if (rc < 0) {
@@ -83,6 +90,25 @@ static int inside_sandbox(void) {
     return n > 0 && strstr(buf, "hutch-agent") != NULL && getenv("HUTCH_SANDBOX_ID") != NULL;
 }
 
+static int connect_from(const char *src, const char *dst, int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET}, b = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (fd < 0 || setsockopt(fd, IPPROTO_IP, IP_FREEBIND, &one, sizeof one) < 0) { report("connect", -1); return 1; }
+    inet_pton(AF_INET, src, &a.sin_addr);
+    inet_pton(AF_INET, dst, &b.sin_addr);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) { report("connect", -1); return 1; }
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    if (connect(fd, (struct sockaddr *)&b, sizeof b) < 0 && errno != EINPROGRESS) { report("connect", -1); return 1; }
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
+    if (poll(&p, 1, 2000) <= 0) { errno = ETIMEDOUT; report("connect", -1); return 1; }
+    int err = 0; socklen_t len = sizeof err;
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    errno = err;
+    report("connect", err ? -1 : 0);
+    return err != 0;
+}
+
 int main(int argc, char **argv) {
     if (!inside_sandbox()) {
         fprintf(stderr, "probe: refusing to run outside a Hutch sandbox\n");
@@ -91,6 +117,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "syscalls")) return syscalls();
     if (argc >= 3 && !strcmp(argv[1], "hog")) return hog(atol(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "spin")) return spin(atof(argv[2]));
+    if (argc >= 5 && !strcmp(argv[1], "connect")) return connect_from(argv[2], argv[3], atoi(argv[4]));
     fprintf(stderr, "usage: probe syscalls | hog MIB | spin SECS\n");
     return 64;
 }
