@@ -4,6 +4,7 @@
 mod baselines;
 mod density;
 mod lifecycle;
+mod network;
 mod server;
 mod stats;
 
@@ -88,8 +89,12 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         "starting a private server (templates in {})…",
         templates_dir.display()
     );
-    let srv = server::BenchServer::start(&templates_dir, &args.template).await?;
-    let result = measure(&args, &srv).await;
+    let net = {
+        let (dir, tpl, n) = (templates_dir.clone(), args.template.clone(), args.lifecycle.max(20));
+        tokio::task::spawn_blocking(move || network::run(&dir, &tpl, n)).await?
+    };
+    let srv = server::BenchServer::start(&templates_dir, &args.template, false).await?;
+    let result = measure(&args, &srv, net).await;
     if result.is_err() {
         srv.destroy_all().await;
     }
@@ -97,7 +102,11 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     result
 }
 
-async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<()> {
+async fn measure(
+    args: &BenchArgs,
+    srv: &server::BenchServer,
+    net: network::NetSeries,
+) -> anyhow::Result<()> {
     // Baselines first, while nothing else runs.
     eprintln!("baselines…");
     let n_base = args.n;
@@ -187,8 +196,14 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
         summarize("ns_exec_round_trip_warm", "ms", &rt),
     ];
     series.extend(life);
+    series.extend(net.series);
     let mut skipped = skipped;
     skipped.extend(life_skipped);
+    skipped.extend(net.skipped);
+    let net_off = series
+        .iter()
+        .find(|s| s.name == "ns_create_to_first_exec_net_off")
+        .cloned();
     let bwrap = find("bwrap_unshare_all_true");
     let forkexec = find("fork_exec_true");
     println!("{}", machine_info());
@@ -206,6 +221,7 @@ async fn measure(args: &BenchArgs, srv: &server::BenchServer) -> anyhow::Result<
             | "ns_create"
             | "ns_kill"
             | "ns_concurrent_create_to_first_exec" => bwrap.or(forkexec),
+            "ns_create_to_first_exec_net_on" => net_off.as_ref(),
             // Lifecycle operations have no counterpart among the baselines.
             _ => None,
         };

@@ -22,7 +22,7 @@ pub struct BenchServer {
 
 impl BenchServer {
     /// Start it (builds the template first if needed).
-    pub async fn start(templates_dir: &Path, template: &str) -> anyhow::Result<Self> {
+    pub async fn start(templates_dir: &Path, template: &str, network: bool) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-bench-")
@@ -35,7 +35,7 @@ impl BenchServer {
                 "--listen",
                 "127.0.0.1:0",
                 "--network",
-                "off",
+                if network { "on" } else { "off" },
                 "--no-build-base",
                 "--default-template",
                 template,
@@ -96,6 +96,21 @@ impl BenchServer {
         }
         if r.status().as_u16() == 204 {
             return Ok(Value::Null);
+        }
+        Ok(r.json().await?)
+    }
+
+    /// PUT JSON; the answer's JSON.
+    pub async fn put(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        let r = self
+            .http
+            .put(format!("{}{}", self.url, path))
+            .bearer_auth(&self.key)
+            .json(&body)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            bail!("PUT {path}: {} {}", r.status(), r.text().await.unwrap_or_default());
         }
         Ok(r.json().await?)
     }
