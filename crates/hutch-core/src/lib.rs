@@ -24,4 +24,4 @@ pub mod time;
 
 pub use config::Config;
 pub use error::{CoreError, CoreResult};
-pub use manager::{ActiveGuard, Manager};
+pub use manager::{ActiveGuard, Manager, PortConnection};

@@ -7,13 +7,15 @@
 //!
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
-//! (named snapshots and their reference counting), `fork` (fork and explore). State
+//! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
+//! (connections to TCP ports inside a sandbox, through its agent). State
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
 mod create;
 mod fork;
 mod lifecycle;
+mod ports;
 mod snapshots;
 
 use std::collections::HashMap;
@@ -38,6 +40,8 @@ use crate::model::{
 };
 use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
+
+pub use self::ports::{parse_port, PortConnection};
 
 /// First uid slot handed out (slot × 65536 = uid base): keeps clear of host users.
 const MIN_UID_SLOT: u32 = 16;

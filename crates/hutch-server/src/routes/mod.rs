@@ -4,5 +4,6 @@ pub mod exec;
 pub mod files;
 pub mod lifecycle;
 pub mod misc;
+pub mod ports;
 pub mod pty;
 pub mod sandboxes;
