@@ -158,9 +158,16 @@ fn browser_token(req: &Request) -> Option<String> {
             .find(|(name, _)| *name == TOKEN_PARAM)
             .map(|(_, value)| value.to_string())
     };
-    from_query.or_else(from_cookie).filter(|t| {
-        !t.is_empty()
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-    })
+    from_query
+        .or_else(from_cookie)
+        .filter(|t| is_token_shaped(t))
+}
+
+/// Whether a browser-supplied key looks like a key (`hk_…`: letters, digits, `_`, `-`).
+/// Anything else is ignored, so it can never smuggle attributes into a cookie.
+pub fn is_token_shaped(token: &str) -> bool {
+    !token.is_empty()
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

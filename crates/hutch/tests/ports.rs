@@ -434,6 +434,17 @@ async fn errors_are_json_with_the_right_status() {
     };
     let key = Some(s.key.clone());
 
+    // The routes are in the served OpenAPI document.
+    let (status, doc) = s.request(Method::GET, "/v1/openapi.json", None).await;
+    assert_eq!(status, 200);
+    for p in [
+        "/v1/sandboxes/{id}/ports/{port}",
+        "/v1/sandboxes/{id}/ports/{port}/{path}",
+        "/v1/sandboxes/{id}/tunnel/{port}",
+    ] {
+        assert!(doc["paths"][p].is_object(), "openapi lacks {p}");
+    }
+
     // Nothing listening.
     let (status, body) = get(format!("/v1/sandboxes/{id}/ports/9/x"), key.clone()).await;
     assert_eq!(status, 502, "{body}");

@@ -27,7 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::sandboxes::authorize;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{Caller, TOKEN_PARAM};
+use crate::extract::{is_token_shaped, Caller, TOKEN_PARAM};
 use crate::AppState;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus the proxy ones.
@@ -65,7 +65,7 @@ pub async fn proxy(
     let port = hutch_core::manager::parse_port(raw_port)?;
     let prefix = format!("/v1/sandboxes/{id}/ports/{raw_port}");
     let (mut parts, body) = request.into_parts();
-    let rest = parts.uri.path().strip_prefix(&prefix).unwrap_or("/");
+    let rest = path_in_service(parts.uri.path());
     let (query, token) = split_token(parts.uri.query());
     if rest.is_empty() {
         let location = match parts.uri.query() {
@@ -145,7 +145,7 @@ pub async fn proxy(
         strip_hop_by_hop(response.headers_mut());
     }
     let mut response = response.map(Body::new);
-    if let Some(token) = token {
+    if let Some(token) = token.filter(|t| is_token_shaped(t)) {
         // A browser that came with `?hutch_token=` keeps the key for this port's pages
         // (scripts cannot read it; other paths never get it).
         let cookie = format!("{TOKEN_PARAM}={token}; Path={prefix}/; HttpOnly; SameSite=Strict");
@@ -277,9 +277,15 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::UPGRADE);
 }
 
-/// Remove Hutch's credentials: the sandbox never sees the API key.
+/// Remove Hutch's credentials: the sandbox never sees the API key. Hutch takes keys only
+/// as `Bearer` (or the `hutch_token` cookie), so other schemes (`Basic` for the app) pass.
 fn strip_credentials(headers: &mut HeaderMap) {
-    headers.remove(header::AUTHORIZATION);
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .is_some_and(|v| v.as_bytes().starts_with(b"Bearer "));
+    if bearer {
+        headers.remove(header::AUTHORIZATION);
+    }
     let cookies: Vec<String> = headers
         .get_all(header::COOKIE)
         .iter()
@@ -334,6 +340,20 @@ fn set_forwarded(
     }
 }
 
+/// The request path below `/v1/sandboxes/{id}/ports/{port}`, as the client sent it (still
+/// percent-encoded): `""` for the bare form, else starting with `/`.
+fn path_in_service(path: &str) -> &str {
+    // "", "v1", "sandboxes", id, "ports", port: six segments before the service's path.
+    let mut cut = 0;
+    for _ in 0..6 {
+        match path[cut..].find('/') {
+            Some(i) => cut += i + 1,
+            None => return "",
+        }
+    }
+    &path[cut - 1..]
+}
+
 /// The query without `hutch_token`, and the token if it was there.
 fn split_token(query: Option<&str>) -> (Option<String>, Option<String>) {
     let Some(query) = query else {
@@ -357,6 +377,17 @@ fn split_token(query: Option<&str>) -> (Option<String>, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_service_path_is_what_follows_the_port() {
+        assert_eq!(path_in_service("/v1/sandboxes/sbx_1/ports/80"), "");
+        assert_eq!(path_in_service("/v1/sandboxes/sbx_1/ports/80/"), "/");
+        assert_eq!(
+            path_in_service("/v1/sandboxes/sbx_1/ports/80/a%20b/c/"),
+            "/a%20b/c/"
+        );
+        assert_eq!(path_in_service("/v1/sandboxes/sbx_1/ports/%38%30/x"), "/x");
+    }
 
     #[test]
     fn the_token_is_taken_out_of_the_query() {
