@@ -147,6 +147,11 @@ async fn a_file_is_served_from_busybox_httpd_inside_the_sandbox() {
         .await
         .expect("get");
     assert_eq!(resp.status().as_u16(), 404);
+    assert_eq!(
+        resp.headers().get("via").map(|v| v.to_str().unwrap_or("")),
+        Some("1.1 hutch"),
+        "answers from the service are marked"
+    );
     let body = resp.text().await.expect("body");
     assert!(!body.contains("\"error\""), "{body}");
 
@@ -228,6 +233,7 @@ async fn bodies_stream_both_ways_and_the_api_key_never_reaches_the_sandbox() {
         format!("/v1/sandboxes/{id}/ports/8081")
     );
     assert_eq!(headers["x-forwarded-proto"], "http");
+    assert_eq!(headers["via"], "1.1 hutch");
     assert_eq!(headers["x-forwarded-for"], "127.0.0.1");
     assert!(headers["x-forwarded-host"].is_string(), "{headers}");
     assert!(headers.get("authorization").is_none(), "{headers}");
@@ -449,6 +455,17 @@ async fn errors_are_json_with_the_right_status() {
     let (status, body) = get(format!("/v1/sandboxes/{id}/ports/9/x"), key.clone()).await;
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "connection_refused");
+    let resp = s
+        .http
+        .get(format!("{}/v1/sandboxes/{id}/ports/9/", s.url))
+        .bearer_auth(&s.key)
+        .send()
+        .await
+        .expect("get");
+    assert!(
+        resp.headers().get("via").is_none(),
+        "Hutch's own errors are not marked"
+    );
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("port 9"), "{message}");
     let (status, body) = ws_refusal(&s, &format!("/v1/sandboxes/{id}/tunnel/9")).await;

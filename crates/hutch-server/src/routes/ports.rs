@@ -42,6 +42,9 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
+/// What the proxy adds to `Via` both ways: clients tell the service's answers from Hutch's.
+const VIA: &str = "1.1 hutch";
+
 /// Largest chunk the raw tunnel puts in one WebSocket message.
 const TUNNEL_CHUNK: usize = 64 << 10;
 
@@ -144,6 +147,10 @@ pub async fn proxy(
     } else {
         strip_hop_by_hop(response.headers_mut());
     }
+    // Marks the answer as the service's own (RFC 9110 §7.6.3), as opposed to Hutch's errors.
+    response
+        .headers_mut()
+        .append(header::VIA, HeaderValue::from_static(VIA));
     let mut response = response.map(Body::new);
     if let Some(token) = token.filter(|t| is_token_shaped(t)) {
         // A browser that came with `?hutch_token=` keeps the key for this port's pages
@@ -338,6 +345,7 @@ fn set_forwarded(
     if let Ok(value) = HeaderValue::from_str(prefix) {
         headers.insert("x-forwarded-prefix", value);
     }
+    headers.append(header::VIA, HeaderValue::from_static(VIA));
 }
 
 /// The request path below `/v1/sandboxes/{id}/ports/{port}`, as the client sent it (still
