@@ -40,6 +40,9 @@ pub enum Failure {
     /// Something that should not exist does.
     #[error("{0}")]
     AlreadyExists(String),
+    /// Nothing listens on the TCP port a tunnel asked for.
+    #[error("{0}")]
+    ConnectionRefused(String),
     /// A bug or an unexpected condition of the agent.
     #[error("{0}")]
     Internal(String),
@@ -67,6 +70,7 @@ impl Failure {
             Self::IsADirectory(_) => AgentErrorCode::IsADirectory,
             Self::NotADirectory(_) => AgentErrorCode::NotADirectory,
             Self::AlreadyExists(_) => AgentErrorCode::AlreadyExists,
+            Self::ConnectionRefused(_) => AgentErrorCode::ConnectionRefused,
             Self::Internal(_) => AgentErrorCode::Internal,
         }
     }
@@ -85,6 +89,7 @@ pub fn code_of_io(e: &io::Error) -> AgentErrorCode {
         Some(libc::ENOTDIR) => AgentErrorCode::NotADirectory,
         Some(libc::ENOTEMPTY) => AgentErrorCode::NotEmpty,
         Some(libc::EEXIST) => AgentErrorCode::AlreadyExists,
+        Some(libc::ECONNREFUSED) => AgentErrorCode::ConnectionRefused,
         Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => AgentErrorCode::NoSpace,
         Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY) => {
             AgentErrorCode::PermissionDenied
@@ -106,6 +111,7 @@ pub fn status_of(code: AgentErrorCode) -> StatusCode {
         AgentErrorCode::NotEmpty | AgentErrorCode::AlreadyExists => StatusCode::CONFLICT,
         AgentErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
         AgentErrorCode::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        AgentErrorCode::ConnectionRefused => StatusCode::BAD_GATEWAY,
         AgentErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -128,6 +134,7 @@ mod tests {
             (libc::EEXIST, AgentErrorCode::AlreadyExists, 409),
             (libc::ENOSPC, AgentErrorCode::NoSpace, 507),
             (libc::EDQUOT, AgentErrorCode::NoSpace, 507),
+            (libc::ECONNREFUSED, AgentErrorCode::ConnectionRefused, 502),
             (libc::EACCES, AgentErrorCode::PermissionDenied, 403),
             (libc::EIO, AgentErrorCode::Internal, 500),
         ];

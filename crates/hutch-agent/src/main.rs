@@ -21,6 +21,7 @@ mod reaper;
 mod server;
 mod state;
 mod sys;
+mod tunnel;
 
 use std::process::ExitCode;
 use std::sync::Arc;

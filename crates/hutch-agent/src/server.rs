@@ -25,7 +25,7 @@ use crate::fdio::FdIo;
 use crate::http::{self as agent_http, AgentBody, Query};
 use crate::log::log;
 use crate::state::Agent;
-use crate::{exec, files, identity, sys};
+use crate::{exec, files, identity, sys, tunnel};
 
 /// Concurrent streams (execs, transfers) per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
@@ -206,6 +206,7 @@ const ROUTES: &[&str] = &[
     "/v1/files/mkdir",
     "/v1/files/move",
     "/v1/identity",
+    "/v1/tcp",
 ];
 
 async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentBody> {
@@ -241,6 +242,10 @@ async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentB
         (&Method::POST, "/v1/files/mkdir") => files::mkdir(body).await.map(|()| done()),
         (&Method::POST, "/v1/files/move") => files::rename(body).await.map(|()| done()),
         (&Method::POST, "/v1/identity") => apply_identity(agent, body).await.map(|()| done()),
+        (&Method::POST, "/v1/tcp") => match Query::parse(query) {
+            Ok(q) => tunnel::handle_tcp(&q, body).await,
+            Err(e) => Err(e),
+        },
         (_, known) if ROUTES.contains(&known) => Err(Failure::BadRequest(format!(
             "{method} is not allowed on {path}"
         ))),

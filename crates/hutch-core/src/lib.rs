@@ -23,7 +23,7 @@ pub mod store;
 pub mod time;
 
 pub use config::Config;
+pub use error::{CoreError, CoreResult};
 /// Sandbox networking (re-exported for the server and the binary).
 pub use hutch_net as net;
-pub use error::{CoreError, CoreResult};
-pub use manager::{ActiveGuard, Manager};
+pub use manager::{ActiveGuard, Manager, PortConnection};

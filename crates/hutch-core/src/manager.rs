@@ -7,7 +7,8 @@
 //!
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
-//! (named snapshots and their reference counting), `fork` (fork and explore). State
+//! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
+//! (connections to TCP ports inside a sandbox, through its agent). State
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
@@ -15,6 +16,7 @@ mod create;
 mod fork;
 mod lifecycle;
 mod network;
+mod ports;
 mod snapshots;
 
 use std::collections::HashMap;
@@ -39,6 +41,8 @@ use crate::model::{
 };
 use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
+
+pub use self::ports::{parse_port, PortConnection};
 
 /// First uid slot handed out (slot × 65536 = uid base): keeps clear of host users.
 const MIN_UID_SLOT: u32 = 16;
@@ -171,7 +175,9 @@ impl Manager {
         if let Some(net) = &mgr.network {
             let net = net.clone();
             match blocking(move || net.prune().map_err(network::net_error)).await {
-                Ok(n) if n > 0 => tracing::info!(links = n, "removed sandbox links left by an earlier server"),
+                Ok(n) if n > 0 => {
+                    tracing::info!(links = n, "removed sandbox links left by an earlier server")
+                }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "pruning stale sandbox links"),
             }
@@ -578,11 +584,19 @@ impl Manager {
             ids.sort();
             let _ = writeln!(text, "# HELP hutch_sandbox_network_bytes_out Bytes a sandbox sent out (IP packets leaving its interface).\n# TYPE hutch_sandbox_network_bytes_out counter");
             for id in &ids {
-                let _ = writeln!(text, "hutch_sandbox_network_bytes_out{{sandbox=\"{id}\"}} {}", traffic[*id].bytes_out);
+                let _ = writeln!(
+                    text,
+                    "hutch_sandbox_network_bytes_out{{sandbox=\"{id}\"}} {}",
+                    traffic[*id].bytes_out
+                );
             }
             let _ = writeln!(text, "# HELP hutch_sandbox_network_connections_out Connections (and UDP flows) a sandbox opened out.\n# TYPE hutch_sandbox_network_connections_out counter");
             for id in &ids {
-                let _ = writeln!(text, "hutch_sandbox_network_connections_out{{sandbox=\"{id}\"}} {}", traffic[*id].connections_out);
+                let _ = writeln!(
+                    text,
+                    "hutch_sandbox_network_connections_out{{sandbox=\"{id}\"}} {}",
+                    traffic[*id].connections_out
+                );
             }
         }
         Ok(text)

@@ -300,7 +300,11 @@ fn bind_resolv_conf(src: &Path, etc: &Path) -> Result<(), SysError> {
         Err(_) => touch(&dst, 0o644)?,
     }
     bind(src, &dst, "bind /etc/resolv.conf")?;
-    remount_ro(&dst, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, "resolv.conf read-only")
+    remount_ro(
+        &dst,
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        "resolv.conf read-only",
+    )
 }
 
 pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<SysfsMount, SysError> {

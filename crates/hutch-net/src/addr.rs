@@ -101,10 +101,15 @@ impl Pool {
                 "the sandbox pool {net} is smaller than one /{SLOT_PREFIX}"
             )));
         }
-        let private = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"]
-            .iter()
-            .filter_map(|c| c.parse::<Ipv4Net>().ok())
-            .any(|p| p.len <= net.len && p.contains(net.addr));
+        let private = [
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+        ]
+        .iter()
+        .filter_map(|c| c.parse::<Ipv4Net>().ok())
+        .any(|p| p.len <= net.len && p.contains(net.addr));
         if !private {
             return Err(NetError::Invalid(format!(
                 "the sandbox pool {net} must be inside a private range (10/8, 172.16/12, 192.168/16, 100.64/10)"
@@ -172,6 +177,9 @@ mod tests {
         assert!(Pool::new("8.8.0.0/16".parse().unwrap()).is_err());
         assert!(Pool::new("10.0.0.0/31".parse().unwrap()).is_err());
         assert!("10.0.0.1/33".parse::<Ipv4Net>().is_err());
-        assert_eq!("10.1.2.3/8".parse::<Ipv4Net>().unwrap().to_string(), "10.0.0.0/8");
+        assert_eq!(
+            "10.1.2.3/8".parse::<Ipv4Net>().unwrap().to_string(),
+            "10.0.0.0/8"
+        );
     }
 }

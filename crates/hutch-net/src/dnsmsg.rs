@@ -148,7 +148,10 @@ mod tests {
         let mut r = reply_with(&q, &parsed, 0);
         r[7] = 1; // one answer
         r.extend_from_slice(&[0xC0, 12, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4, 203, 0, 113, 20]);
-        assert_eq!(answers_a(&r).unwrap(), vec![(Ipv4Addr::new(203, 0, 113, 20), 30)]);
+        assert_eq!(
+            answers_a(&r).unwrap(),
+            vec![(Ipv4Addr::new(203, 0, 113, 20), 30)]
+        );
         let nx = reply_with(&q, &parsed, RCODE_NXDOMAIN);
         assert_eq!(rcode(&nx), Some(RCODE_NXDOMAIN));
         assert_eq!(&nx[..2], &[0, 7]);

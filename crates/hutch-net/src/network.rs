@@ -146,8 +146,14 @@ impl Network {
         let proxy = tokio::net::TcpListener::bind(("0.0.0.0", 0))
             .await
             .map_err(NetError::sys("bind the egress proxy"))?;
-        let resolver_port = udp.local_addr().map_err(NetError::sys("resolver address"))?.port();
-        let proxy_port = proxy.local_addr().map_err(NetError::sys("proxy address"))?.port();
+        let resolver_port = udp
+            .local_addr()
+            .map_err(NetError::sys("resolver address"))?
+            .port();
+        let proxy_port = proxy
+            .local_addr()
+            .map_err(NetError::sys("proxy address"))?
+            .port();
         netns::write_sysctl("net/ipv4/ip_forward", "1")?;
         let base = nft::BaseRules {
             pool: cfg.pool,
@@ -231,31 +237,29 @@ impl Network {
         let net = self.clone();
         let spawned = std::thread::Builder::new()
             .name("hutch-net-refill".into())
-            .spawn(move || {
-                loop {
-                    let index = {
+            .spawn(move || loop {
+                let index = {
+                    let mut st = net.state();
+                    if st.warm.len() >= net.inner.cfg.warm_slots {
+                        st.refilling = false;
+                        return;
+                    }
+                    match net.take_index(&mut st) {
+                        Ok(i) => i,
+                        Err(_) => {
+                            st.refilling = false;
+                            return;
+                        }
+                    }
+                };
+                match net.build(index) {
+                    Ok(slot) => net.state().warm.push(slot),
+                    Err(e) => {
+                        tracing::warn!(index, error = %e, "building a warm network slot failed");
                         let mut st = net.state();
-                        if st.warm.len() >= net.inner.cfg.warm_slots {
-                            st.refilling = false;
-                            return;
-                        }
-                        match net.take_index(&mut st) {
-                            Ok(i) => i,
-                            Err(_) => {
-                                st.refilling = false;
-                                return;
-                            }
-                        }
-                    };
-                    match net.build(index) {
-                        Ok(slot) => net.state().warm.push(slot),
-                        Err(e) => {
-                            tracing::warn!(index, error = %e, "building a warm network slot failed");
-                            let mut st = net.state();
-                            st.recycled.push(index);
-                            st.refilling = false;
-                            return;
-                        }
+                        st.recycled.push(index);
+                        st.refilling = false;
+                        return;
                     }
                 }
             });
@@ -364,7 +368,12 @@ impl Network {
             .map(OwnedFd::from)
             .map_err(NetError::sys(format!("open {}", netns_path.display())))?;
         nft::run(&nft::slot_objects(index))?;
-        nft::run(&nft::apply_policy(index, policy, self.next_generation(), &[]))?;
+        nft::run(&nft::apply_policy(
+            index,
+            policy,
+            self.next_generation(),
+            &[],
+        ))?;
         let mut st = self.state();
         st.next_index = st.next_index.max(index + 1);
         st.recycled.retain(|i| *i != index);
@@ -424,12 +433,20 @@ impl Network {
                 .map(|(ip, p)| (*ip, (p.expires - now).as_secs().max(1) as u32))
                 .collect()
         };
-        nft::run(&nft::apply_policy(index, policy, self.next_generation(), &pins))?;
+        nft::run(&nft::apply_policy(
+            index,
+            policy,
+            self.next_generation(),
+            &pins,
+        ))?;
         let mut st = self.state();
         if let Some(slot) = st.used.get_mut(&index) {
             slot.policy = policy.clone();
-            let pinned: Vec<(Ipv4Addr, BTreeSet<String>)> =
-                slot.pins.iter().map(|(ip, p)| (*ip, p.names.clone())).collect();
+            let pinned: Vec<(Ipv4Addr, BTreeSet<String>)> = slot
+                .pins
+                .iter()
+                .map(|(ip, p)| (*ip, p.names.clone()))
+                .collect();
             slot.proxied.retain(|_, c| {
                 let ok = proxy_verdict(policy, &pinned, c.dst, c.name.as_deref()) == Verdict::Allow;
                 if !ok {
@@ -479,12 +496,20 @@ impl Network {
     }
 
     /// Record that `name` resolved to `ips` for slot `index` and pin them in nft.
-    pub(crate) fn pin(&self, index: u32, name: &str, ips: &[(Ipv4Addr, u32)]) -> Result<(), NetError> {
+    pub(crate) fn pin(
+        &self,
+        index: u32,
+        name: &str,
+        ips: &[(Ipv4Addr, u32)],
+    ) -> Result<(), NetError> {
         if ips.is_empty() {
             return Ok(());
         }
         let now = Instant::now();
-        let ttls: Vec<(Ipv4Addr, u32)> = ips.iter().map(|(ip, ttl)| (*ip, (*ttl).clamp(30, 86_400))).collect();
+        let ttls: Vec<(Ipv4Addr, u32)> = ips
+            .iter()
+            .map(|(ip, ttl)| (*ip, (*ttl).clamp(30, 86_400)))
+            .collect();
         {
             let mut st = self.state();
             let Some(slot) = st.used.get_mut(&index) else {
@@ -568,5 +593,9 @@ pub(crate) fn proxy_verdict(
 
 /// `/proc/<our pid>/fd/<fd>`: a path other processes can open to reach `fd`'s namespace.
 fn fd_path(fd: &OwnedFd) -> PathBuf {
-    PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd()))
+    PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        fd.as_raw_fd()
+    ))
 }

@@ -30,7 +30,9 @@ use crate::NetError;
 pub const TABLE: &str = "inet hutch";
 
 /// Stratum mining pool ports refused by default (operator-configurable).
-pub const DEFAULT_MINING_PORTS: &[u16] = &[3333, 3334, 4444, 5555, 7777, 8888, 9999, 14433, 14444, 45560, 45700];
+pub const DEFAULT_MINING_PORTS: &[u16] = &[
+    3333, 3334, 4444, 5555, 7777, 8888, 9999, 14433, 14444, 45560, 45700,
+];
 
 /// What the base ruleset needs to know.
 #[derive(Debug, Clone)]
@@ -175,7 +177,12 @@ fn elements(nets: &[Ipv4Net]) -> String {
 
 /// Script installing `policy` for slot `index` under generation `generation`, with `pins`
 /// (address, seconds left) kept from the resolver. An open policy clears everything instead.
-pub fn apply_policy(index: u32, policy: &Policy, generation: u32, pins: &[(Ipv4Addr, u32)]) -> String {
+pub fn apply_policy(
+    index: u32,
+    policy: &Policy,
+    generation: u32,
+    pins: &[(Ipv4Addr, u32)],
+) -> String {
     if policy.is_open() {
         return clear_policy(index);
     }
@@ -186,13 +193,24 @@ pub fn apply_policy(index: u32, policy: &Policy, generation: u32, pins: &[(Ipv4A
     // Declare (idempotent), then empty, the chain and its sets.
     let _ = writeln!(s, "add chain {TABLE} {c}");
     let _ = writeln!(s, "flush chain {TABLE} {c}");
-    for (k, flags) in [("allow", "interval"), ("deny", "interval"), ("pins", "timeout")] {
-        let _ = writeln!(s, "add set {TABLE} {c}_{k} {{ type ipv4_addr; flags {flags}; }}");
+    for (k, flags) in [
+        ("allow", "interval"),
+        ("deny", "interval"),
+        ("pins", "timeout"),
+    ] {
+        let _ = writeln!(
+            s,
+            "add set {TABLE} {c}_{k} {{ type ipv4_addr; flags {flags}; }}"
+        );
         let _ = writeln!(s, "flush set {TABLE} {c}_{k}");
     }
     let allow = policy.nets(true);
     if !allow.is_empty() {
-        let _ = writeln!(s, "add element {TABLE} {c}_allow {{ {} }}", elements(&allow));
+        let _ = writeln!(
+            s,
+            "add element {TABLE} {c}_allow {{ {} }}",
+            elements(&allow)
+        );
     }
     let deny = policy.nets(false);
     if !deny.is_empty() {
@@ -210,13 +228,28 @@ pub fn apply_policy(index: u32, policy: &Policy, generation: u32, pins: &[(Ipv4A
         let _ = writeln!(s, "add rule {TABLE} {c} {r}");
     };
     rule(&mut s, &format!("ct mark {mark} accept"));
-    rule(&mut s, &format!("ip daddr @{c}_allow ct mark set {mark} accept"));
+    rule(
+        &mut s,
+        &format!("ip daddr @{c}_allow ct mark set {mark} accept"),
+    );
     if policy.has_domain_rules() {
-        rule(&mut s, "udp dport 443 reject with icmpx type admin-prohibited");
-        rule(&mut s, &format!("ip daddr @{c}_pins ct mark set {mark} accept"));
+        rule(
+            &mut s,
+            "udp dport 443 reject with icmpx type admin-prohibited",
+        );
+        rule(
+            &mut s,
+            &format!("ip daddr @{c}_pins ct mark set {mark} accept"),
+        );
     }
-    rule(&mut s, &format!("ip daddr @{c}_deny meta l4proto tcp reject with tcp reset"));
-    rule(&mut s, &format!("ip daddr @{c}_deny reject with icmpx type admin-prohibited"));
+    rule(
+        &mut s,
+        &format!("ip daddr @{c}_deny meta l4proto tcp reject with tcp reset"),
+    );
+    rule(
+        &mut s,
+        &format!("ip daddr @{c}_deny reject with icmpx type admin-prohibited"),
+    );
     match policy.egress {
         crate::policy::Egress::Allow => rule(&mut s, &format!("ct mark set {mark} accept")),
         _ => {
@@ -224,7 +257,10 @@ pub fn apply_policy(index: u32, policy: &Policy, generation: u32, pins: &[(Ipv4A
             rule(&mut s, "reject with icmpx type admin-prohibited");
         }
     }
-    let _ = writeln!(s, "add element {TABLE} sandbox_policy {{ \"{ifname}\" : jump {c} }}");
+    let _ = writeln!(
+        s,
+        "add element {TABLE} sandbox_policy {{ \"{ifname}\" : jump {c} }}"
+    );
     if policy.has_domain_rules() {
         let _ = writeln!(s, "add element {TABLE} proxied {{ \"{ifname}\" }}");
     } else {
@@ -240,7 +276,10 @@ pub fn add_pins(index: u32, ips: &[(Ipv4Addr, u32)]) -> String {
         .iter()
         .map(|(ip, secs)| format!("{ip} timeout {}s", (*secs).max(1)))
         .collect();
-    format!("add element {TABLE} p{index}_pins {{ {} }}\n", list.join(", "))
+    format!(
+        "add element {TABLE} p{index}_pins {{ {} }}\n",
+        list.join(", ")
+    )
 }
 
 /// Run an nft script in one transaction (in the calling thread's network namespace).
@@ -333,12 +372,19 @@ mod tests {
 
     #[test]
     fn a_deny_policy_with_names_proxies_and_pins() {
-        let s = apply_policy(3, &pol(Egress::Deny, &["good.test", "10.0.0.0/8"]), 9, &[("203.0.113.20".parse().unwrap(), 60)]);
+        let s = apply_policy(
+            3,
+            &pol(Egress::Deny, &["good.test", "10.0.0.0/8"]),
+            9,
+            &[("203.0.113.20".parse().unwrap(), 60)],
+        );
         assert!(s.contains("add element inet hutch p3_allow { 10.0.0.0/8 }"));
         assert!(s.contains("203.0.113.20 timeout 60s"));
         assert!(s.contains("ct mark 0x00000009 accept"));
         assert!(s.contains("udp dport 443 reject"));
         assert!(s.contains("add element inet hutch proxied { \"hz3\" }\n"));
-        assert!(s.trim_end().ends_with("add element inet hutch proxied { \"hz3\" }"));
+        assert!(s
+            .trim_end()
+            .ends_with("add element inet hutch proxied { \"hz3\" }"));
     }
 }

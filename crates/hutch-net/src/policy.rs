@@ -51,7 +51,9 @@ impl Rule {
                 "{t:?}: IPv6 rules are not supported (sandbox networks are IPv4 only)"
             )));
         }
-        if t.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '/') {
+        if t.chars()
+            .all(|c| c.is_ascii_digit() || c == '.' || c == '/')
+        {
             return t.parse::<Ipv4Net>().map(Rule::Net);
         }
         if let Some(rest) = t.strip_prefix("*.") {
@@ -105,7 +107,9 @@ pub fn normalize_name(s: &str) -> Result<String, NetError> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         {
-            return Err(bad("letters, digits, '-' and '_' only ('*.' only as a prefix)"));
+            return Err(bad(
+                "letters, digits, '-' and '_' only ('*.' only as a prefix)",
+            ));
         }
         if label.starts_with('-') || label.ends_with('-') {
             return Err(bad("a label starts or ends with '-'"));
@@ -266,10 +270,18 @@ mod tests {
 
     #[test]
     fn allow_wins_over_deny_then_the_default() {
-        let p = policy(Egress::Allow, &["pypi.org", "10.1.0.0/16"], &["pypi.org", "10.0.0.0/8", "*.evil.test"]);
+        let p = policy(
+            Egress::Allow,
+            &["pypi.org", "10.1.0.0/16"],
+            &["pypi.org", "10.0.0.0/8", "*.evil.test"],
+        );
         assert_eq!(p.name("PyPI.org."), Verdict::Allow);
         assert_eq!(p.name("x.evil.test"), Verdict::Deny);
-        assert_eq!(p.name("evil.test"), Verdict::Allow, "a wildcard does not match its apex");
+        assert_eq!(
+            p.name("evil.test"),
+            Verdict::Allow,
+            "a wildcard does not match its apex"
+        );
         assert_eq!(p.ip("10.1.2.3".parse().unwrap()), Verdict::Allow);
         assert_eq!(p.ip("10.2.2.3".parse().unwrap()), Verdict::Deny);
         assert_eq!(p.ip("203.0.113.9".parse().unwrap()), Verdict::Allow);
@@ -282,7 +294,16 @@ mod tests {
 
     #[test]
     fn bad_entries_are_refused_with_their_name() {
-        for bad in ["", "::1", "1.2.3.4/40", "a..b", "*.", "-a.test", "a b", "x*.test"] {
+        for bad in [
+            "",
+            "::1",
+            "1.2.3.4/40",
+            "a..b",
+            "*.",
+            "-a.test",
+            "a b",
+            "x*.test",
+        ] {
             let e = Rule::parse(bad).unwrap_err().to_string();
             assert!(!e.is_empty(), "{bad}");
         }
@@ -292,7 +313,10 @@ mod tests {
             deny: vec![],
         };
         assert!(Policy::from_spec(&spec).is_err());
-        assert_eq!(Rule::parse("*.Good.Test.").unwrap().to_string(), "*.good.test");
+        assert_eq!(
+            Rule::parse("*.Good.Test.").unwrap().to_string(),
+            "*.good.test"
+        );
         assert_eq!(Rule::parse("1.2.3.4").unwrap().to_string(), "1.2.3.4");
     }
 }

@@ -24,7 +24,10 @@ pub(crate) async fn bind() -> Result<(UdpSocket, TcpListener), NetError> {
         let udp = UdpSocket::bind(("0.0.0.0", 0))
             .await
             .map_err(NetError::sys("bind the resolver (udp)"))?;
-        let port = udp.local_addr().map_err(NetError::sys("resolver address"))?.port();
+        let port = udp
+            .local_addr()
+            .map_err(NetError::sys("resolver address"))?
+            .port();
         match TcpListener::bind(("0.0.0.0", port)).await {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(e) => last = Some(e),
@@ -62,7 +65,9 @@ pub(crate) fn spawn(net: Network, udp: UdpSocket, tcp: TcpListener) {
             let n = net.clone();
             tokio::spawn(async move {
                 loop {
-                    let Ok(len) = conn.read_u16().await else { return };
+                    let Ok(len) = conn.read_u16().await else {
+                        return;
+                    };
                     let mut query = vec![0u8; usize::from(len)];
                     if conn.read_exact(&mut query).await.is_err() {
                         return;
@@ -70,8 +75,11 @@ pub(crate) fn spawn(net: Network, udp: UdpSocket, tcp: TcpListener) {
                     let Some(reply) = answer(&n, src, &query, true).await else {
                         return;
                     };
-                    let Ok(rlen) = u16::try_from(reply.len()) else { return };
-                    if conn.write_u16(rlen).await.is_err() || conn.write_all(&reply).await.is_err() {
+                    let Ok(rlen) = u16::try_from(reply.len()) else {
+                        return;
+                    };
+                    if conn.write_u16(rlen).await.is_err() || conn.write_all(&reply).await.is_err()
+                    {
                         return;
                     }
                 }
@@ -152,5 +160,8 @@ async fn forward(upstream: SocketAddr, query: &[u8], tcp: bool) -> std::io::Resu
             Err(_) => continue,
         }
     }
-    Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "upstream did not answer"))
+    Err(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "upstream did not answer",
+    ))
 }

@@ -25,7 +25,10 @@ pub fn peek(buf: &[u8]) -> Peek {
 }
 
 fn be16(b: &[u8], i: usize) -> Option<usize> {
-    Some(usize::from(u16::from_be_bytes([*b.get(i)?, *b.get(i + 1)?])))
+    Some(usize::from(u16::from_be_bytes([
+        *b.get(i)?,
+        *b.get(i + 1)?,
+    ])))
 }
 
 fn tls_sni(buf: &[u8]) -> Peek {

@@ -39,7 +39,10 @@ fn a_slot_routes_between_sandbox_and_host_and_is_removed() {
             .map_err(|e| hutch_net::NetError::Invalid(format!("connect: {e}")))?;
         let mut buf = String::new();
         s.read_to_string(&mut buf).ok();
-        Ok((buf, netns::read_sysctl("net/ipv4/ip_unprivileged_port_start")?))
+        Ok((
+            buf,
+            netns::read_sysctl("net/ipv4/ip_unprivileged_port_start")?,
+        ))
     })
     .expect("connect from the slot");
     assert_eq!(got, "hi");
@@ -68,7 +71,11 @@ fn the_rulesets_load_and_unload_in_nft() {
     };
     let policy = Policy::from_spec(&PolicySpec {
         egress: Egress::Deny,
-        allow: vec!["good.test".into(), "*.good.test".into(), "10.0.0.0/8".into()],
+        allow: vec![
+            "good.test".into(),
+            "*.good.test".into(),
+            "10.0.0.0/8".into(),
+        ],
         deny: vec!["192.0.2.0/24".into()],
     })
     .unwrap();
@@ -79,7 +86,12 @@ fn the_rulesets_load_and_unload_in_nft() {
         nft::run(&nft::slot_objects(4))?;
         nft::run(&nft::apply_policy(4, &policy, 1, &[]))?;
         nft::run(&nft::add_pins(4, &[("203.0.113.20".parse().unwrap(), 30)]))?;
-        nft::run(&nft::apply_policy(4, &policy, 2, &[("203.0.113.20".parse().unwrap(), 20)]))?;
+        nft::run(&nft::apply_policy(
+            4,
+            &policy,
+            2,
+            &[("203.0.113.20".parse().unwrap(), 20)],
+        ))?;
         let c = nft::counters()?;
         nft::run(&nft::remove_slot(4))?;
         nft::run(&nft::remove_slot(4))?;
@@ -87,5 +99,9 @@ fn the_rulesets_load_and_unload_in_nft() {
     })
     .expect("nft scripts");
     assert!(counters.0.contains_key("c4") && counters.0.contains_key("b4"));
-    assert!(counters.1.is_empty(), "slot counters removed: {:?}", counters.1);
+    assert!(
+        counters.1.is_empty(),
+        "slot counters removed: {:?}",
+        counters.1
+    );
 }

@@ -10,6 +10,7 @@
 //! [`ClientError::Protocol`] is an answer the client could not understand.
 
 mod exec;
+mod tunnel;
 
 use std::error::Error as StdError;
 use std::path::Path;
@@ -27,6 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use self::exec::{CollectedExec, ExecEvent, ExecEvents, ExecInput, ExecSession};
+pub use self::tunnel::TcpTunnel;
 use crate::{
     query, AgentError, AgentInfo, ExecRequest, FileEntry, IdentityRequest, ListResponse,
     MkdirRequest, MoveRequest, SignalRequest,
@@ -157,6 +159,12 @@ impl AgentClient {
         output_cap_bytes: usize,
     ) -> ClientResult<CollectedExec> {
         exec::collect(self, request, stdin, output_cap_bytes).await
+    }
+
+    /// `POST /v1/tcp?port=`: a byte stream to `port` on the sandbox's own loopback. Nothing
+    /// listening is [`ClientError::Agent`] with code `connection_refused`. See [`TcpTunnel`].
+    pub async fn connect_tcp(&self, port: u16) -> ClientResult<TcpTunnel> {
+        tunnel::open(self, port).await
     }
 
     /// `POST /v1/signal`: signal the process group of a running exec.

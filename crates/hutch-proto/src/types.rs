@@ -204,6 +204,8 @@ pub enum AgentErrorCode {
     NoSpace,
     /// The program to exec was not found.
     CommandNotFound,
+    /// Nothing listens on the TCP port a tunnel asked for (`POST /v1/tcp`).
+    ConnectionRefused,
     /// Anything else.
     Internal,
 }
@@ -230,6 +232,7 @@ impl AgentErrorCode {
             Self::AlreadyExists => "already_exists",
             Self::NoSpace => "no_space",
             Self::CommandNotFound => "command_not_found",
+            Self::ConnectionRefused => "connection_refused",
             Self::Internal => "internal",
         }
     }
@@ -275,6 +278,7 @@ mod tests {
             AgentErrorCode::AlreadyExists,
             AgentErrorCode::NoSpace,
             AgentErrorCode::CommandNotFound,
+            AgentErrorCode::ConnectionRefused,
             AgentErrorCode::Internal,
         ] {
             let json = serde_json::to_string(&code).expect("serializes");

@@ -44,6 +44,15 @@ impl ApiError {
         }
     }
 
+    /// 502: a service inside a sandbox did not answer like an HTTP server (port proxy).
+    pub fn bad_gateway(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_GATEWAY,
+            code: "bad_gateway",
+            message: message.into(),
+        }
+    }
+
     /// 422.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self {
@@ -65,6 +74,7 @@ fn agent_code(code: &str) -> (StatusCode, &'static str) {
         "permission_denied" => (StatusCode::FORBIDDEN, "permission_denied"),
         "no_space" => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
         "command_not_found" => (StatusCode::BAD_REQUEST, "command_not_found"),
+        "connection_refused" => (StatusCode::BAD_GATEWAY, "connection_refused"),
         _ => (StatusCode::INTERNAL_SERVER_ERROR, "agent_error"),
     }
 }

@@ -11,7 +11,7 @@ mod routes;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use hutch_core::Manager;
 
@@ -55,7 +55,7 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, lifecycle, misc, network, pty, sandboxes};
+    use routes::{exec, files, lifecycle, misc, network, ports, pty, sandboxes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/templates", get(misc::templates))
@@ -95,6 +95,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/move", post(files::rename))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/tunnel/{port}", get(ports::tunnel))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             extract::require_auth,

@@ -198,11 +198,15 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     let app = hutch_server::app(hutch_server::AppState::new(manager));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
+        // The peer address feeds `X-Forwarded-For` on the port proxy.
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = rx.await;
+        })
+        .await
     });
     shutdown_signal().await;
     tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");

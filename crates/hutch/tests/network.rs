@@ -15,7 +15,10 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 fn run(args: &[&str]) {
-    let out = Command::new(args[0]).args(&args[1..]).output().expect("run");
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("run");
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -47,24 +50,85 @@ impl World {
             run(&["ip", "netns", "add", ns]);
             run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
         }
-        run(&["ip", "-n", &world, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", &inet]);
-        run(&["ip", "-n", &world, "addr", "add", "203.0.113.1/24", "dev", "up0"]);
+        run(&[
+            "ip", "-n", &world, "link", "add", "up0", "type", "veth", "peer", "name", "eth0",
+            "netns", &inet,
+        ]);
+        run(&[
+            "ip",
+            "-n",
+            &world,
+            "addr",
+            "add",
+            "203.0.113.1/24",
+            "dev",
+            "up0",
+        ]);
         run(&["ip", "-n", &world, "link", "set", "up0", "up"]);
-        run(&["ip", "-n", &inet, "addr", "add", "203.0.113.2/24", "dev", "eth0"]);
-        for a in ["203.0.113.10/32", "203.0.113.20/32", "203.0.113.53/32", "169.254.169.254/32"] {
+        run(&[
+            "ip",
+            "-n",
+            &inet,
+            "addr",
+            "add",
+            "203.0.113.2/24",
+            "dev",
+            "eth0",
+        ]);
+        for a in [
+            "203.0.113.10/32",
+            "203.0.113.20/32",
+            "203.0.113.53/32",
+            "169.254.169.254/32",
+        ] {
             run(&["ip", "-n", &inet, "addr", "add", a, "dev", "eth0"]);
         }
         run(&["ip", "-n", &inet, "link", "set", "eth0", "up"]);
         // The world's only way out is the fake internet, link-local included.
-        run(&["ip", "-n", &world, "route", "add", "default", "via", "203.0.113.2"]);
-        run(&["ip", "-n", &world, "route", "add", "169.254.0.0/16", "via", "203.0.113.2"]);
-        for (name, san) in [("good", "DNS:good.test,DNS:*.good.test"), ("bad", "DNS:bad.test")] {
+        run(&[
+            "ip",
+            "-n",
+            &world,
+            "route",
+            "add",
+            "default",
+            "via",
+            "203.0.113.2",
+        ]);
+        run(&[
+            "ip",
+            "-n",
+            &world,
+            "route",
+            "add",
+            "169.254.0.0/16",
+            "via",
+            "203.0.113.2",
+        ]);
+        for (name, san) in [
+            ("good", "DNS:good.test,DNS:*.good.test"),
+            ("bad", "DNS:bad.test"),
+        ] {
             let d = dir.display();
             run(&[
-                "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                "-nodes", "-days", "1", "-subj", &format!("/CN={name}.test"),
-                "-addext", &format!("subjectAltName={san}"),
-                "-keyout", &format!("{d}/{name}.key"), "-out", &format!("{d}/{name}.crt"),
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                &format!("/CN={name}.test"),
+                "-addext",
+                &format!("subjectAltName={san}"),
+                "-keyout",
+                &format!("{d}/{name}.key"),
+                "-out",
+                &format!("{d}/{name}.crt"),
             ]);
         }
         let mut hosts = Command::new("ip")
@@ -95,7 +159,8 @@ impl World {
         let t = std::thread::spawn(move || {
             let ns = std::fs::File::open(&path).expect("open world netns");
             // SAFETY: setns on an open namespace descriptor; affects this thread only.
-            let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+            let rc =
+                unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
             assert_eq!(rc, 0, "setns into the world");
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -152,7 +217,8 @@ async fn sandbox(s: &TestServer, network: Value) -> (String, Value) {
         .create(json!({"template": "base", "network": network}))
         .await;
     let id = v["id"].as_str().expect("id").to_string();
-    s.put_file(&id, "/tmp/c.py", "644", CLIENT.as_bytes().to_vec()).await;
+    s.put_file(&id, "/tmp/c.py", "644", CLIENT.as_bytes().to_vec())
+        .await;
     (id, v)
 }
 
@@ -178,52 +244,133 @@ fn default_allow_reaches_the_internet_and_nothing_forbidden() {
         let s = server().await;
         let (a, va) = sandbox(&s, json!({"egress": "allow"})).await;
         let (b, vb) = sandbox(&s, json!({})).await;
-        assert_eq!(vb["network"]["egress"], "allow", "allow is the default: {vb}");
-        let b_addr = vb["network"]["address"].as_str().expect("b address").to_string();
+        assert_eq!(
+            vb["network"]["egress"], "allow",
+            "allow is the default: {vb}"
+        );
+        let b_addr = vb["network"]["address"]
+            .as_str()
+            .expect("b address")
+            .to_string();
         assert_ne!(va["network"]["address"], vb["network"]["address"]);
 
         // A test host, by address and by name (through Hutch's resolver).
-        assert_eq!(check(&s, &a, "http plain.test 203.0.113.10 80").await, "HTTP/1.1 200 OK | plain host=plain.test");
+        assert_eq!(
+            check(&s, &a, "http plain.test 203.0.113.10 80").await,
+            "HTTP/1.1 200 OK | plain host=plain.test"
+        );
         assert_eq!(check(&s, &a, "resolve plain.test").await, "ok 203.0.113.10");
         // DNS to another server is redirected to Hutch's resolver, not sent there.
         let (out, _) = s.sh(&a, "cat /etc/resolv.conf").await;
-        assert!(out.contains(&format!("nameserver {}", gateway_of(&va))), "{out}");
+        assert!(
+            out.contains(&format!("nameserver {}", gateway_of(&va))),
+            "{out}"
+        );
 
         // Always blocked: metadata, mining ports, another sandbox, the host's services.
-        assert!(check(&s, &a, "http x 169.254.169.254 80").await.starts_with("err"), "metadata reachable");
-        assert!(check(&s, &a, "tcp 203.0.113.10 3333").await.starts_with("err"), "mining port reachable");
-        assert_eq!(check(&s, &a, "tcp 203.0.113.10 3000").await, "hello3000", "an ordinary port is reachable");
-        s.sh(&b, "nohup python3 -m http.server 8080 >/dev/null 2>&1 &").await;
-        let b_self = wait_for(|| check(&s, &b, "http b 127.0.0.1 8080"), |o| o.contains("200")).await;
+        assert!(
+            check(&s, &a, "http x 169.254.169.254 80")
+                .await
+                .starts_with("err"),
+            "metadata reachable"
+        );
+        assert!(
+            check(&s, &a, "tcp 203.0.113.10 3333")
+                .await
+                .starts_with("err"),
+            "mining port reachable"
+        );
+        assert_eq!(
+            check(&s, &a, "tcp 203.0.113.10 3000").await,
+            "hello3000",
+            "an ordinary port is reachable"
+        );
+        s.sh(&b, "nohup python3 -m http.server 8080 >/dev/null 2>&1 &")
+            .await;
+        let b_self = wait_for(
+            || check(&s, &b, "http b 127.0.0.1 8080"),
+            |o| o.contains("200"),
+        )
+        .await;
         assert!(b_self.contains("200"), "b serves itself: {b_self}");
-        assert!(check(&s, &a, &format!("http b {b_addr} 8080")).await.starts_with("err"), "sandbox b reachable from a");
-        let api_port = s.url.rsplit(':').next().expect("port").trim_end_matches('/').to_string();
+        assert!(
+            check(&s, &a, &format!("http b {b_addr} 8080"))
+                .await
+                .starts_with("err"),
+            "sandbox b reachable from a"
+        );
+        let api_port = s
+            .url
+            .rsplit(':')
+            .next()
+            .expect("port")
+            .trim_end_matches('/')
+            .to_string();
         let gw = gateway_of(&va);
-        assert!(check(&s, &a, &format!("tcp {gw} {api_port}")).await.starts_with("err"), "the Hutch API is reachable from a sandbox");
+        assert!(
+            check(&s, &a, &format!("tcp {gw} {api_port}"))
+                .await
+                .starts_with("err"),
+            "the Hutch API is reachable from a sandbox"
+        );
 
         // Spoofed sources are dropped: the same connection succeeds from the sandbox's own
         // address and fails from another sandbox's (b's) or an outside one.
-        s.put_file(&a, "/tmp/probe", "755", common::static_c_binary("probe")).await;
+        s.put_file(&a, "/tmp/probe", "755", common::static_c_binary("probe"))
+            .await;
         let own = va["network"]["address"].as_str().expect("address");
-        let (out, _) = s.sh(&a, &format!("/tmp/probe connect {own} 203.0.113.10 3000")).await;
+        let (out, _) = s
+            .sh(&a, &format!("/tmp/probe connect {own} 203.0.113.10 3000"))
+            .await;
         assert_eq!(out.trim(), "connect OK");
         for src in [b_addr.as_str(), "203.0.113.77"] {
-            let (out, _) = s.sh(&a, &format!("/tmp/probe connect {src} 203.0.113.10 3000")).await;
+            let (out, _) = s
+                .sh(&a, &format!("/tmp/probe connect {src} 203.0.113.10 3000"))
+                .await;
             assert_ne!(out.trim(), "connect OK", "spoofed source {src} got through");
         }
 
         // Root inside cannot change its own network.
-        let (out, code) = s.sh(&a, "ip link set eth0 down 2>&1 || echo denied; cat /proc/sys/net/ipv4/ip_forward").await;
-        assert!(code == 0 && out.contains("denied") || out.contains("Operation not permitted") || out.contains("not found"), "{out}");
+        let (out, code) = s
+            .sh(
+                &a,
+                "ip link set eth0 down 2>&1 || echo denied; cat /proc/sys/net/ipv4/ip_forward",
+            )
+            .await;
+        assert!(
+            code == 0 && out.contains("denied")
+                || out.contains("Operation not permitted")
+                || out.contains("not found"),
+            "{out}"
+        );
 
         // Traffic is attributed to the sandbox.
-        let (st, v) = s.request(Method::GET, &format!("/v1/sandboxes/{a}"), None).await;
+        let (st, v) = s
+            .request(Method::GET, &format!("/v1/sandboxes/{a}"), None)
+            .await;
         assert_eq!(st, 200);
-        assert!(v["network"]["connections_out"].as_u64().unwrap_or(0) >= 2, "{v}");
+        assert!(
+            v["network"]["connections_out"].as_u64().unwrap_or(0) >= 2,
+            "{v}"
+        );
         assert!(v["network"]["bytes_out"].as_u64().unwrap_or(0) > 0, "{v}");
         let (_, _) = s.request(Method::GET, "/healthz", None).await;
-        let metrics = s.http.get(format!("{}/metrics", s.url)).bearer_auth(&s.key).send().await.expect("metrics").text().await.expect("text");
-        assert!(metrics.contains(&format!("hutch_sandbox_network_bytes_out{{sandbox=\"{a}\"}}")), "{metrics}");
+        let metrics = s
+            .http
+            .get(format!("{}/metrics", s.url))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            metrics.contains(&format!(
+                "hutch_sandbox_network_bytes_out{{sandbox=\"{a}\"}}"
+            )),
+            "{metrics}"
+        );
     });
 }
 
@@ -247,36 +394,96 @@ fn deny_with_a_domain_allowlist_admits_only_those_names() {
     let world = World::build();
     world.run(|| async {
         let s = server().await;
-        let (id, _) = sandbox(&s, json!({"egress": "deny", "allow": ["good.test", "*.good.test"]})).await;
+        let (id, _) = sandbox(
+            &s,
+            json!({"egress": "deny", "allow": ["good.test", "*.good.test"]}),
+        )
+        .await;
         assert_eq!(check(&s, &id, "resolve good.test").await, "ok 203.0.113.20");
-        assert_eq!(check(&s, &id, "resolve api.good.test").await, "ok 203.0.113.20", "wildcard");
-        assert!(check(&s, &id, "resolve bad.test").await.starts_with("err"), "denied name resolves");
-        assert!(check(&s, &id, "resolve plain.test").await.starts_with("err"));
+        assert_eq!(
+            check(&s, &id, "resolve api.good.test").await,
+            "ok 203.0.113.20",
+            "wildcard"
+        );
+        assert!(
+            check(&s, &id, "resolve bad.test").await.starts_with("err"),
+            "denied name resolves"
+        );
+        assert!(check(&s, &id, "resolve plain.test")
+            .await
+            .starts_with("err"));
         // TLS by SNI: good.test passes; bad.test on the same (pinned) address does not.
-        assert_eq!(check(&s, &id, "tls good.test 203.0.113.20").await, "tls sni=good.test");
-        assert_eq!(check(&s, &id, "tls api.good.test 203.0.113.20").await, "tls sni=api.good.test");
-        assert!(!check(&s, &id, "tls bad.test 203.0.113.20").await.contains("sni=bad.test"), "SNI check bypassed");
+        assert_eq!(
+            check(&s, &id, "tls good.test 203.0.113.20").await,
+            "tls sni=good.test"
+        );
+        assert_eq!(
+            check(&s, &id, "tls api.good.test 203.0.113.20").await,
+            "tls sni=api.good.test"
+        );
+        assert!(
+            !check(&s, &id, "tls bad.test 203.0.113.20")
+                .await
+                .contains("sni=bad.test"),
+            "SNI check bypassed"
+        );
         // HTTP by Host, same rule.
-        assert_eq!(check(&s, &id, "http good.test 203.0.113.20 80").await, "HTTP/1.1 200 OK | shared host=good.test");
-        assert!(check(&s, &id, "http bad.test 203.0.113.20 80").await.contains("403"), "Host check bypassed");
+        assert_eq!(
+            check(&s, &id, "http good.test 203.0.113.20 80").await,
+            "HTTP/1.1 200 OK | shared host=good.test"
+        );
+        assert!(
+            check(&s, &id, "http bad.test 203.0.113.20 80")
+                .await
+                .contains("403"),
+            "Host check bypassed"
+        );
         // Not by raw IP: an address no allowed name resolved to, on any port.
-        assert!(!check(&s, &id, "http plain.test 203.0.113.10 80").await.contains("200"), "raw IP reachable");
-        assert!(check(&s, &id, "tcp 203.0.113.10 3000").await.starts_with("err"), "raw IP port reachable");
+        assert!(
+            !check(&s, &id, "http plain.test 203.0.113.10 80")
+                .await
+                .contains("200"),
+            "raw IP reachable"
+        );
+        assert!(
+            check(&s, &id, "tcp 203.0.113.10 3000")
+                .await
+                .starts_with("err"),
+            "raw IP port reachable"
+        );
         // Rebinding: an allowed name answering with an inside address is refused.
         let (st, _) = s
-            .request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(json!({"egress": "deny", "allow": ["rebind.test", "meta.test"]})))
+            .request(
+                Method::PUT,
+                &format!("/v1/sandboxes/{id}/network"),
+                Some(json!({"egress": "deny", "allow": ["rebind.test", "meta.test"]})),
+            )
             .await;
         assert_eq!(st, 200);
-        assert!(check(&s, &id, "resolve rebind.test").await.starts_with("err"), "rebinding answer passed");
-        assert!(check(&s, &id, "resolve meta.test").await.starts_with("err"), "link-local answer passed");
+        assert!(
+            check(&s, &id, "resolve rebind.test")
+                .await
+                .starts_with("err"),
+            "rebinding answer passed"
+        );
+        assert!(
+            check(&s, &id, "resolve meta.test").await.starts_with("err"),
+            "link-local answer passed"
+        );
         // IP allow entries work without names.
         let (st, v) = s
-            .request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(json!({"egress": "deny", "allow": ["203.0.113.10/32"]})))
+            .request(
+                Method::PUT,
+                &format!("/v1/sandboxes/{id}/network"),
+                Some(json!({"egress": "deny", "allow": ["203.0.113.10/32"]})),
+            )
             .await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["network"]["allow"], json!(["203.0.113.10"]));
         assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
-        assert!(check(&s, &id, "tcp 203.0.113.20 80").await.starts_with("err"));
+        assert!(check(&s, &id, "tcp 203.0.113.20 80")
+            .await
+            .starts_with("err"));
     });
 }
 
@@ -286,34 +493,78 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
     world.run(|| async {
         let s = server().await;
         let (id, _) = sandbox(&s, json!({})).await;
-        s.sh(&id, "nohup python3 /tmp/c.py hold 203.0.113.10 7000 30 > /tmp/hold 2>&1 &").await;
-        let ticks = wait_for(|| async { s.sh(&id, "cat /tmp/ticks 2>/dev/null").await.0 }, |o| o.trim().parse::<u32>().unwrap_or(0) >= 3).await;
-        assert!(ticks.trim().parse::<u32>().unwrap_or(0) >= 3, "the stream runs: {ticks}");
+        s.sh(
+            &id,
+            "nohup python3 /tmp/c.py hold 203.0.113.10 7000 30 > /tmp/hold 2>&1 &",
+        )
+        .await;
+        let ticks = wait_for(
+            || async { s.sh(&id, "cat /tmp/ticks 2>/dev/null").await.0 },
+            |o| o.trim().parse::<u32>().unwrap_or(0) >= 3,
+        )
+        .await;
+        assert!(
+            ticks.trim().parse::<u32>().unwrap_or(0) >= 3,
+            "the stream runs: {ticks}"
+        );
         let t0 = Instant::now();
         let (st, v) = s
-            .request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(json!({"egress": "deny"})))
+            .request(
+                Method::PUT,
+                &format!("/v1/sandboxes/{id}/network"),
+                Some(json!({"egress": "deny"})),
+            )
             .await;
         assert_eq!(st, 200, "{v}");
-        let ended = wait_for(|| async { s.sh(&id, "cat /tmp/hold").await.0 }, |o| o.contains("ended")).await;
-        assert!(ended.contains("ended") && !ended.contains("timeout"), "connection not cut: {ended}");
+        let ended = wait_for(
+            || async { s.sh(&id, "cat /tmp/hold").await.0 },
+            |o| o.contains("ended"),
+        )
+        .await;
+        assert!(
+            ended.contains("ended") && !ended.contains("timeout"),
+            "connection not cut: {ended}"
+        );
         assert!(t0.elapsed() < Duration::from_secs(10));
-        assert!(check(&s, &id, "tcp 203.0.113.10 3000").await.starts_with("err"));
+        assert!(check(&s, &id, "tcp 203.0.113.10 3000")
+            .await
+            .starts_with("err"));
         // Back to allow: reachable again.
         let (st, _) = s
-            .request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(json!({"egress": "allow", "deny": ["203.0.113.10"]})))
+            .request(
+                Method::PUT,
+                &format!("/v1/sandboxes/{id}/network"),
+                Some(json!({"egress": "allow", "deny": ["203.0.113.10"]})),
+            )
             .await;
         assert_eq!(st, 200);
-        assert!(check(&s, &id, "tcp 203.0.113.10 3000").await.starts_with("err"), "deny entry ignored");
-        assert_eq!(check(&s, &id, "http x 203.0.113.20 80").await, "HTTP/1.1 200 OK | shared host=x");
+        assert!(
+            check(&s, &id, "tcp 203.0.113.10 3000")
+                .await
+                .starts_with("err"),
+            "deny entry ignored"
+        );
+        assert_eq!(
+            check(&s, &id, "http x 203.0.113.20 80").await,
+            "HTTP/1.1 200 OK | shared host=x"
+        );
 
         // Loopback only.
         let (none, v) = sandbox(&s, json!({"egress": "none"})).await;
         assert!(v["network"].get("address").is_none(), "{v}");
         let (out, _) = s.sh(&none, "cat /proc/net/dev").await;
         assert!(out.contains("lo:") && !out.contains("eth0"), "{out}");
-        assert!(check(&s, &none, "tcp 203.0.113.10 3000").await.starts_with("err"));
+        assert!(check(&s, &none, "tcp 203.0.113.10 3000")
+            .await
+            .starts_with("err"));
         // It cannot gain a network later; bad policies are 4xx with a message.
-        let (st, _) = s.request(Method::PUT, &format!("/v1/sandboxes/{none}/network"), Some(json!({"egress": "allow"}))).await;
+        let (st, _) = s
+            .request(
+                Method::PUT,
+                &format!("/v1/sandboxes/{none}/network"),
+                Some(json!({"egress": "allow"})),
+            )
+            .await;
         assert_eq!(st, 409);
         for (body, want) in [
             (json!({"egress": "sometimes"}), 400),
@@ -321,11 +572,28 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
             (json!({"allow": ["bad name.test"]}), 422),
             (json!({"egress": "allow", "extra": 1}), 400),
         ] {
-            let (st, v) = s.request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(body.clone())).await;
+            let (st, v) = s
+                .request(
+                    Method::PUT,
+                    &format!("/v1/sandboxes/{id}/network"),
+                    Some(body.clone()),
+                )
+                .await;
             assert_eq!(st, want, "{body} -> {v}");
-            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{v}"
+            );
         }
-        let (st, _) = s.request(Method::PUT, "/v1/sandboxes/sbx_nope/network", Some(json!({}))).await;
+        let (st, _) = s
+            .request(
+                Method::PUT,
+                "/v1/sandboxes/sbx_nope/network",
+                Some(json!({})),
+            )
+            .await;
         assert_eq!(st, 404);
     });
 }

@@ -52,6 +52,11 @@ export class QuotaExceeded extends HutchError {}
 /** 5xx: a bug or an unexpected failure on the server. */
 export class ServerError extends HutchError {}
 /**
+ * 502 from the port proxy: nothing listens on the port inside the sandbox
+ * (`connection_refused`), or what listens there did not answer with HTTP (`bad_gateway`).
+ */
+export class PortUnreachable extends HutchError {}
+/**
  * A request or read took longer than allowed (client side). A *command* hitting its own
  * timeout is not an error: `ExecResult.timedOut` is set instead.
  */
@@ -63,6 +68,7 @@ type ErrorClass = new (message: string, opts?: HutchErrorOptions) => HutchError;
 
 function classFor(status: number, code: string | undefined, message: string, kind: string): ErrorClass {
   if (code === "sandbox_failed") return SandboxFailed;
+  if (code === "connection_refused" || code === "bad_gateway") return PortUnreachable;
   if (status === 401) return AuthError;
   if (status === 403) return PermissionDenied;
   if (status === 404) {

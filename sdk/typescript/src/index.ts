@@ -23,6 +23,7 @@ export {
   InvalidRequest,
   NotFoundError,
   PermissionDenied,
+  PortUnreachable,
   QuotaExceeded,
   SandboxFailed,
   SandboxNotFound,

@@ -1,6 +1,13 @@
 import "./polyfill.js";
 import { Client, anySignal, mapFetchError, type ClientOptions } from "./client.js";
-import { HutchError, SandboxNotFound, FileNotFound, errorFromEvent } from "./errors.js";
+import {
+  AuthError,
+  HutchError,
+  SandboxNotFound,
+  FileNotFound,
+  errorFromEvent,
+  errorFromResponse,
+} from "./errors.js";
 import {
   execResult,
   exploreResult,
@@ -153,6 +160,17 @@ function clientFor(opts: ConnectOptions): Client {
 
 function sandboxPath(id: string, suffix = ""): string {
   return `/v1/sandboxes/${encodeURIComponent(id)}${suffix}`;
+}
+
+/** What the port proxy adds to `via` on the service's answers (Hutch's own errors lack it). */
+const PROXY_VIA = "1.1 hutch";
+
+/** `/v1/sandboxes/{id}/ports/{port}{path}`; `path` (query included) gets a leading `/`. */
+function portPath(id: string, port: number, path: string): string {
+  if (!Number.isInteger(port) || port < 1 || port > 65535) {
+    throw new RangeError(`port must be an integer from 1 to 65535, got ${port}`);
+  }
+  return sandboxPath(id, `/ports/${port}${path.startsWith("/") ? path : "/" + path}`);
 }
 
 type Json = Record<string, unknown>;
@@ -393,6 +411,51 @@ export class Sandbox implements AsyncDisposable {
       }
       throw e;
     }
+  }
+
+  /**
+   * The URL at which the server proxies HTTP and WebSocket to `port` inside the sandbox. The
+   * service only has to listen inside the sandbox; the server reaches it through the
+   * sandbox's agent, whatever the sandbox's network. Requests need the API key like every
+   * call (see {@link Sandbox.portFetch}); `withToken` appends it as `?hutch_token=` so a
+   * browser can open the URL. Such URLs carry the key: do not share or log them.
+   * @throws {RangeError} for a port outside 1–65535.
+   */
+  portUrl(port: number, path = "/", opts: { withToken?: boolean } = {}): string {
+    let url = this.client.url + portPath(this.id, port, path);
+    const key = this.client.config.apiKey;
+    if (opts.withToken && key) {
+      const query = new URLSearchParams({ hutch_token: key }).toString();
+      url += (url.includes("?") ? "&" : "?") + query;
+    }
+    return url;
+  }
+
+  /**
+   * `fetch` the service on `port` inside the sandbox through the server's port proxy, with
+   * this client's key. The service's own answer is returned whatever its status (it carries
+   * `via: 1.1 hutch`); Hutch's own errors throw.
+   * @throws {@link PortUnreachable} when nothing listens on the port; {@link SandboxNotFound}.
+   */
+  async portFetch(port: number, path = "/", init: RequestInit = {}): Promise<Response> {
+    const headers = new Headers(init.headers);
+    for (const [k, v] of Object.entries(this.client.headers())) {
+      if (!headers.has(k)) headers.set(k, v);
+    }
+    let resp: Response;
+    try {
+      resp = await fetch(this.client.url + portPath(this.id, port, path), { ...init, headers });
+    } catch (e) {
+      throw mapFetchError(e, this.client.url);
+    }
+    if (resp.status >= 400 && !(resp.headers.get("via") ?? "").includes(PROXY_VIA)) {
+      const err = errorFromResponse(resp.status, await resp.text().catch(() => ""));
+      if (err instanceof AuthError) {
+        err.message = `${err.message} (API key from ${this.client.config.keySource})`;
+      }
+      throw err;
+    }
+    return resp;
   }
 
   /** Destroy the sandbox and everything in it. Killing a sandbox twice is not an error. */

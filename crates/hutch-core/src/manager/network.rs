@@ -85,7 +85,9 @@ impl Manager {
         if !policy.networked() {
             return Ok(());
         }
-        if r.net_slot.is_some_and(|i| net.netns_path(i, &r.id).is_some()) {
+        if r.net_slot
+            .is_some_and(|i| net.netns_path(i, &r.id).is_some())
+        {
             return Ok(());
         }
         let lease = net.acquire(&r.id, &policy).map_err(net_error)?;
@@ -120,7 +122,11 @@ impl Manager {
     }
 
     /// Replace a sandbox's egress policy at once (open connections it forbids are cut).
-    pub async fn set_network(self: &Arc<Self>, id: &str, spec: PolicySpec) -> CoreResult<SandboxView> {
+    pub async fn set_network(
+        self: &Arc<Self>,
+        id: &str,
+        spec: PolicySpec,
+    ) -> CoreResult<SandboxView> {
         self.load(id)?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id)?;

@@ -5,5 +5,6 @@ pub mod files;
 pub mod lifecycle;
 pub mod misc;
 pub mod network;
+pub mod ports;
 pub mod pty;
 pub mod sandboxes;

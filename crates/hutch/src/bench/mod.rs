@@ -90,7 +90,11 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         templates_dir.display()
     );
     let net = {
-        let (dir, tpl, n) = (templates_dir.clone(), args.template.clone(), args.lifecycle.max(20));
+        let (dir, tpl, n) = (
+            templates_dir.clone(),
+            args.template.clone(),
+            args.lifecycle.max(20),
+        );
         tokio::task::spawn_blocking(move || network::run(&dir, &tpl, n)).await?
     };
     let srv = server::BenchServer::start(&templates_dir, &args.template, false).await?;

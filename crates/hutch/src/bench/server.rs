@@ -22,7 +22,11 @@ pub struct BenchServer {
 
 impl BenchServer {
     /// Start it (builds the template first if needed).
-    pub async fn start(templates_dir: &Path, template: &str, network: bool) -> anyhow::Result<Self> {
+    pub async fn start(
+        templates_dir: &Path,
+        template: &str,
+        network: bool,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-bench-")
@@ -110,7 +114,11 @@ impl BenchServer {
             .send()
             .await?;
         if !r.status().is_success() {
-            bail!("PUT {path}: {} {}", r.status(), r.text().await.unwrap_or_default());
+            bail!(
+                "PUT {path}: {} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            );
         }
         Ok(r.json().await?)
     }

@@ -4,6 +4,7 @@ mod doctor;
 mod files;
 mod lifecycle;
 mod output;
+mod ports;
 mod sandbox;
 mod shell;
 mod stream;
@@ -59,6 +60,8 @@ enum Command {
     },
     /// Copy a file into or out of a sandbox: `cp LOCAL ID:/path` or `cp ID:/path LOCAL`.
     Cp(files::CpArgs),
+    /// Forward a local TCP port to a port inside a sandbox: `port-forward ID PORT [LOCAL]`.
+    PortForward(ports::PortForwardArgs),
     /// Build and list templates.
     #[command(subcommand)]
     Template(template::TemplateCommand),
@@ -101,6 +104,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Inspect { id } => sandbox::inspect(&id, &state_dir, json).await.map(|()| 0),
         Command::Kill { ids } => sandbox::kill(&ids, &state_dir, json).await.map(|()| 0),
         Command::Cp(args) => files::cp(args, &state_dir, json).await.map(|()| 0),
+        Command::PortForward(args) => ports::port_forward(args, &state_dir, json)
+            .await
+            .map(|()| 0),
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp => crate::mcp::serve(&state_dir).await.map(|()| 0),

@@ -126,11 +126,7 @@ impl TestServer {
                 cmd.args([flag, default]);
             }
         }
-        cmd.args([
-                "--no-build-base",
-                "--default-template",
-                "minimal",
-            ])
+        cmd.args(["--no-build-base", "--default-template", "minimal"])
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--templates-dir")

@@ -215,6 +215,38 @@ def pty_url(
     return f"{ws_base}{sandbox_path(sandbox_id, '/pty')}?{urlencode(query)}"
 
 
+def port_path(sandbox_id: str, port: int, path: str = "/") -> str:
+    """``/v1/sandboxes/{id}/ports/{port}/{path}``: the port proxy (``path`` is passed as is,
+    query included; a missing leading ``/`` is added)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an integer from 1 to 65535, got {port!r}")
+    if not path.startswith("/"):
+        path = "/" + path
+    return sandbox_path(sandbox_id, f"/ports/{port}{path}")
+
+
+def port_url(
+    base_url: str, sandbox_id: str, port: int, path: str = "/", token: Optional[str] = None
+) -> str:
+    """The full proxy URL; with ``token``, the key as ``hutch_token`` for browsers."""
+    url = base_url + port_path(sandbox_id, port, path)
+    if token:
+        url += ("&" if "?" in url else "?") + urlencode({"hutch_token": token})
+    return url
+
+
+PROXY_VIA = "1.1 hutch"
+"""What the port proxy adds to ``Via`` on the service's answers (Hutch's own errors lack it)."""
+
+
+def raise_for_proxy(status: int, headers: Mapping[str, str], body: bytes, config: Config) -> None:
+    """Raise Hutch's own errors on the port proxy; the service's answers, whatever their
+    status, are marked ``Via: 1.1 hutch`` and pass."""
+    if status < 400 or PROXY_VIA in (headers.get("via") or ""):
+        return
+    raise auth_hint(errors.from_response(status, body), config)
+
+
 def ws_headers(api_key: Optional[str]) -> Dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 

@@ -536,6 +536,28 @@ class AsyncSandbox:
                         await _maybe_await(cb(value))
         raise errors.HutchError("the exec stream ended without an exit event")
 
+    def port_url(self, port: int, path: str = "/", *, with_token: bool = False) -> str:
+        """The URL of the port proxy for ``port`` (see :meth:`hutch.Sandbox.port_url`)."""
+        token = self._client.config.api_key if with_token else None
+        return p.port_url(self._client.url, self.id, port, path, token)
+
+    async def port_request(
+        self,
+        port: int,
+        path: str = "/",
+        method: str = "GET",
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send an HTTP request to the service on ``port`` inside the sandbox (see
+        :meth:`hutch.Sandbox.port_request`)."""
+        url = p.port_path(self.id, port, path)
+        try:
+            resp = await self._client._http.request(method, url, **kwargs)
+        except httpx.TransportError as e:
+            raise self._client._map_transport(e) from e
+        p.raise_for_proxy(resp.status_code, resp.headers, resp.content, self._client.config)
+        return resp
+
     async def pty(
         self,
         cmd: Optional[str] = None,

@@ -100,8 +100,16 @@ class ConnectionError(HutchError):  # noqa: A001 - part of the public API
     """The server could not be reached."""
 
 
+class PortUnreachable(HutchError):
+    """502 from the port proxy: nothing listens on the port inside the sandbox
+    (``connection_refused``), or what listens there did not answer with HTTP
+    (``bad_gateway``)."""
+
+
 _BY_CODE: Dict[str, Type[HutchError]] = {
     "sandbox_failed": SandboxFailed,
+    "connection_refused": PortUnreachable,
+    "bad_gateway": PortUnreachable,
 }
 
 

@@ -654,6 +654,47 @@ class Sandbox:
             raise p.ws_error(e, self._client.config) from e
         return PtySession(ws)
 
+    # -- ports ------------------------------------------------------------------------------
+
+    def port_url(self, port: int, path: str = "/", *, with_token: bool = False) -> str:
+        """The URL at which the server proxies HTTP and WebSocket to ``port`` inside the sandbox.
+
+        The service only needs to listen inside the sandbox (on 127.0.0.1, ::1 or any
+        address); the server reaches it through the sandbox's agent. Requests to the URL
+        need the API key like every call: send the ``Authorization`` header (see
+        :meth:`port_request`), or pass ``with_token=True`` to get a URL a browser can open
+        (``?hutch_token=<key>``; the answer sets a cookie for this port's pages). Such URLs
+        carry the key: do not share or log them.
+
+        Args:
+            port: TCP port inside the sandbox (1-65535).
+            path: Path (and query) below the port, default ``/``.
+            with_token: Append the API key as ``hutch_token`` for browsers.
+        """
+        token = self._client.config.api_key if with_token else None
+        return p.port_url(self._client.url, self.id, port, path, token)
+
+    def port_request(
+        self,
+        port: int,
+        path: str = "/",
+        method: str = "GET",
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send an HTTP request to the service on ``port`` inside the sandbox, through the
+        server's port proxy, with this client's key. The service's own answer is returned
+        whatever its status; Hutch's errors (no such sandbox, nothing listening on the
+        port: 502 ``connection_refused``) raise :class:`~hutch.errors.HutchError`.
+
+        ``kwargs`` go to :meth:`httpx.Client.request` (``content``, ``json``, ``headers``,
+        ``params``, ``timeout``...).
+        """
+        url = p.port_path(self.id, port, path)
+        with self._client._transport_errors():
+            resp = self._client._http.request(method, url, **kwargs)
+        p.raise_for_proxy(resp.status_code, resp.headers, resp.content, self._client.config)
+        return resp
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def kill(self) -> None:

@@ -1,0 +1,107 @@
+//! Port forwarding: byte streams to TCP ports inside a sandbox, carried by its agent.
+//!
+//! The host never dials a sandbox's IP address: every connection is an HTTP/2 stream on the
+//! agent connection (`POST /v1/tcp`), and the agent dials only the sandbox's own loopback.
+//! Forwarding therefore works for loopback-only sandboxes, under any egress policy, and for
+//! `vm` guests alike. See `docs/ports.md`.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use hutch_proto::client::TcpTunnel;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::{ActiveGuard, Manager};
+use crate::error::{CoreError, CoreResult};
+
+/// Parse a port from a request: a number from 1 to 65535.
+pub fn parse_port(raw: &str) -> CoreResult<u16> {
+    match raw.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(port),
+        _ => Err(CoreError::InvalidArgument(format!(
+            "port must be a number from 1 to 65535, got {raw:?}"
+        ))),
+    }
+}
+
+/// An open connection to a port inside a sandbox: `AsyncRead + AsyncWrite`. While it is
+/// open the sandbox counts as in use (it is not hibernated for idleness). Dropping it
+/// closes the connection inside the sandbox.
+#[derive(Debug)]
+pub struct PortConnection {
+    tunnel: TcpTunnel,
+    _active: ActiveGuard,
+}
+
+impl Manager {
+    /// Connect to `port` on the loopback of sandbox `id`. Like exec, this refreshes the TTL,
+    /// counts as use, wakes a hibernated sandbox and refuses a paused one (`Conflict`).
+    /// Nothing listening is [`CoreError::Agent`] with code `connection_refused`.
+    pub async fn open_port(self: &Arc<Self>, id: &str, port: u16) -> CoreResult<PortConnection> {
+        if port == 0 {
+            return Err(CoreError::InvalidArgument(
+                "port must be a number from 1 to 65535, got \"0\"".into(),
+            ));
+        }
+        let client = self.agent(id).await?;
+        let active = self.session_guard(id);
+        let tunnel = client
+            .connect_tcp(port)
+            .await
+            .map_err(|e| self.agent_error(id, e))?;
+        tracing::debug!(sandbox = id, port, "port connection opened");
+        Ok(PortConnection {
+            tunnel,
+            _active: active,
+        })
+    }
+}
+
+impl AsyncRead for PortConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tunnel).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PortConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.tunnel).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tunnel).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tunnel).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_parse_from_1_to_65535() {
+        assert_eq!(parse_port("1").ok(), Some(1));
+        assert_eq!(parse_port("8080").ok(), Some(8080));
+        assert_eq!(parse_port("65535").ok(), Some(65535));
+        for bad in ["0", "65536", "-1", "80a", "", "99999999999"] {
+            let e = parse_port(bad).expect_err(bad);
+            assert_eq!(
+                e.to_string(),
+                format!("port must be a number from 1 to 65535, got {bad:?}")
+            );
+        }
+    }
+}
