@@ -549,6 +549,26 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
             "HTTP/1.1 200 OK | shared host=x"
         );
 
+        // The CLI shows and replaces the policy (it runs in the world too: a child of this
+        // thread).
+        let cli = |args: &[&str]| {
+            let out = Command::new(common::hutch_bin())
+                .args(args)
+                .env("HUTCH_URL", &s.url)
+                .env("HUTCH_STATE_DIR", &s.state_dir)
+                .env_remove("HUTCH_API_KEY")
+                .output()
+                .expect("run hutch");
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let shown = cli(&["network", &id, "--egress", "deny", "--allow", "203.0.113.10", "--allow", "*.good.test"]);
+        assert!(shown.contains("egress=deny allow=203.0.113.10,*.good.test"), "{shown}");
+        assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
+        let v: Value = serde_json::from_str(&cli(&["--json", "network", &id])).expect("json");
+        assert_eq!(v["egress"], "deny");
+        assert!(v["address"].as_str().is_some(), "{v}");
+
         // Loopback only.
         let (none, v) = sandbox(&s, json!({"egress": "none"})).await;
         assert!(v["network"].get("address").is_none(), "{v}");

@@ -3,6 +3,7 @@
 mod doctor;
 mod files;
 mod lifecycle;
+mod network;
 mod output;
 mod ports;
 mod sandbox;
@@ -62,6 +63,9 @@ enum Command {
     Cp(files::CpArgs),
     /// Forward a local TCP port to a port inside a sandbox: `port-forward ID PORT [LOCAL]`.
     PortForward(ports::PortForwardArgs),
+    /// Show a sandbox's egress policy, or replace it at once (open connections it forbids
+    /// are cut): `network ID --egress deny --allow pypi.org --allow '*.github.com'`.
+    Network(network::NetworkArgs),
     /// Build and list templates.
     #[command(subcommand)]
     Template(template::TemplateCommand),
@@ -107,6 +111,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::PortForward(args) => ports::port_forward(args, &state_dir, json)
             .await
             .map(|()| 0),
+        Command::Network(args) => network::network(args, &state_dir, json).await.map(|()| 0),
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp => crate::mcp::serve(&state_dir).await.map(|()| 0),

@@ -40,6 +40,9 @@ pub struct SandboxOpts {
     /// Start from this snapshot's files (`snap_…`) instead of the bare template.
     #[arg(long)]
     snapshot: Option<String>,
+    /// Egress policy (default: the server's, `allow` when it gives sandboxes a network).
+    #[command(flatten)]
+    network: super::network::PolicyOpts,
 }
 
 fn pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -82,6 +85,9 @@ impl SandboxOpts {
         }
         if let Some(s) = &self.snapshot {
             b.insert("snapshot".into(), json!(s));
+        }
+        if let Some(n) = self.network.body() {
+            b.insert("network".into(), n);
         }
         Ok(Value::Object(b))
     }
