@@ -472,6 +472,24 @@ async fn errors_are_json_with_the_right_status() {
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "connection_refused");
 
+    // Something that is not HTTP.
+    start_background(
+        &s,
+        &id,
+        json!(["sh", "-c", "echo not-http | nc -l -p 7000"]),
+    )
+    .await;
+    let not_http = wait_until(Duration::from_secs(20), async || {
+        let (status, body) = get(format!("/v1/sandboxes/{id}/ports/7000/"), key.clone()).await;
+        (body["error"]["code"] != "connection_refused").then_some((status, body))
+    })
+    .await;
+    let (status, body) = not_http.expect("nc came up");
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "bad_gateway", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("port 7000"), "{message}");
+
     // No key, a wrong key.
     let (status, body) = get(format!("/v1/sandboxes/{id}/ports/9/"), None).await;
     assert_eq!(status, 401, "{body}");
@@ -523,4 +541,49 @@ async fn errors_are_json_with_the_right_status() {
         .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await;
     assert_eq!(v["state"], "running", "{v}");
+}
+
+#[tokio::test]
+async fn an_open_tunnel_keeps_an_idle_sandbox_from_hibernating() {
+    let s = TestServer::start_with(&["--reaper-interval-ms", "100"]).await;
+    let id = s
+        .create_id(json!({"persistent": true, "idle_hibernate_seconds": 1}))
+        .await;
+    s.put_file(&id, "/srv/www/file.txt", "0644", b"x".to_vec())
+        .await;
+    start_background(
+        &s,
+        &id,
+        json!(["httpd", "-f", "-p", "8080", "-h", "/srv/www"]),
+    )
+    .await;
+    wait_for_service(&s, &id, 8080).await;
+    let state = async || {
+        let (_, v) = s
+            .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        v["state"].as_str().unwrap_or_default().to_string()
+    };
+
+    // A tunnel that carries nothing still counts as a client.
+    let url = format!(
+        "{}/v1/sandboxes/{id}/tunnel/8080",
+        s.url.replacen("http", "ws", 1)
+    );
+    let (ws, _) = tokio_tungstenite::connect_async(ws_request(&url, &s.key))
+        .await
+        .expect("tunnel");
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(state().await, "running", "hibernated under an open tunnel");
+    }
+    drop(ws);
+    let hibernated = wait_until(Duration::from_secs(15), async || {
+        (state().await == "hibernated").then_some(())
+    })
+    .await;
+    assert!(
+        hibernated.is_some(),
+        "idle after the tunnel closed, yet not hibernated"
+    );
 }
