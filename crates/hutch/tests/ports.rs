@@ -418,6 +418,56 @@ async fn the_raw_tunnel_and_hutch_port_forward_carry_bytes_both_ways() {
     // Stop the forwarder this test started (by its pid).
     let _ = child.kill();
     let _ = child.wait();
+
+    // Forwarding to a port where nothing listens: each local connection is closed, and the
+    // forwarder keeps serving.
+    let mut child = Command::new(common::hutch_bin())
+        .args(["port-forward", &id, "9", "0", "--json"])
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_API_KEY", &s.key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn port-forward");
+    let stdout = tokio::process::ChildStdout::from_std(child.stdout.take().expect("stdout"))
+        .expect("async stdout");
+    let first = tokio::time::timeout(
+        Duration::from_secs(20),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("port-forward printed in time")
+    .expect("read")
+    .expect("a line");
+    let info: Value = serde_json::from_str(&first).expect("json line");
+    let local = info["local_port"].as_u64().expect("local_port") as u16;
+    for _ in 0..2 {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", local))
+            .await
+            .expect("connect to the forwarded port");
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut got))
+            .await
+            .expect("closed in time");
+        assert!(got.is_empty(), "{read:?} {got:?}");
+    }
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the forwarder exited"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // An unknown sandbox fails at once, before listening.
+    let out = Command::new(common::hutch_bin())
+        .args(["port-forward", "sbx_nope", "8080", "0", "--json"])
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_API_KEY", &s.key)
+        .output()
+        .expect("run port-forward");
+    assert_eq!(out.status.code(), Some(1));
+    let err: Value = serde_json::from_slice(&out.stdout).expect("json error");
+    assert_eq!(err["error"]["code"], "not_found", "{err}");
 }
 
 #[tokio::test]
