@@ -138,6 +138,21 @@ async fn a_file_is_served_from_busybox_httpd_inside_the_sandbox() {
     );
     assert_eq!(resp.text().await.expect("body"), "hello from inside\n");
 
+    // Requests at once: each is its own stream on the sandbox's agent connection. (Eight:
+    // busybox httpd listens with a backlog of 9, and a full backlog costs a 1 s SYN retry.)
+    let requests = (0..8).map(|_| {
+        s.http
+            .get(format!("{base}/file.txt"))
+            .bearer_auth(&s.key)
+            .send()
+    });
+    let all = futures_util::future::join_all(requests).await;
+    for resp in all {
+        let resp = resp.expect("concurrent get");
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_eq!(resp.text().await.expect("body"), "hello from inside\n");
+    }
+
     // The service's own statuses pass through untouched (not Hutch's JSON errors).
     let resp = s
         .http
