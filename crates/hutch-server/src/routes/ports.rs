@@ -48,6 +48,9 @@ const VIA: &str = "1.1 hutch";
 /// Largest chunk the raw tunnel puts in one WebSocket message.
 const TUNNEL_CHUNK: usize = 64 << 10;
 
+/// Largest WebSocket message a tunnel client may send (it is held in memory whole; clients
+/// send chunks, `hutch port-forward` at most 64 KiB).
+const MAX_TUNNEL_MESSAGE: usize = 1 << 20;
 /// How long the tunnel waits for the client's answer to its Close.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -203,7 +206,10 @@ pub async fn tunnel(
     let port = hutch_core::manager::parse_port(raw_port)?;
     // Connect before upgrading, so nothing listening is an ordinary 502.
     let connection = state.manager.open_port(id, port).await?;
-    Ok(ws.on_upgrade(move |socket| bridge(socket, connection)))
+    Ok(ws
+        .max_message_size(MAX_TUNNEL_MESSAGE)
+        .max_frame_size(MAX_TUNNEL_MESSAGE)
+        .on_upgrade(move |socket| bridge(socket, connection)))
 }
 
 async fn bridge(socket: WebSocket, connection: PortConnection) {
