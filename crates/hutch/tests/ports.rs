@@ -170,6 +170,25 @@ async fn a_file_is_served_from_busybox_httpd_inside_the_sandbox() {
     let body = resp.text().await.expect("body");
     assert!(!body.contains("\"error\""), "{body}");
 
+    // Every proxied request's connection inside the sandbox is closed once it is answered
+    // (none left ESTABLISHED, state 01, on port 8080 = 0x1F90).
+    let closed = wait_until(Duration::from_secs(10), async || {
+        let (tcp, _) = s.sh(&id, "cat /proc/net/tcp /proc/net/tcp6").await;
+        let open = tcp
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[3] == "01" && (f[1].ends_with(":1F90") || f[2].ends_with(":1F90"))
+            })
+            .count();
+        (open == 0).then_some(())
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "proxied connections left open inside the sandbox"
+    );
+
     // The bare form redirects to the trailing slash, keeping the query.
     let no_redirects = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
