@@ -13,10 +13,12 @@
 //!   service reads end of file); the service closing its side ends the response body.
 //! - **Reset.** The host resetting the stream (or the connection dropping) closes the socket
 //!   at once, whichever direction was waiting.
-//! - Nothing listening answers `502 connection_refused` before any byte moves.
+//! - Nothing listening (or no answer within 10 s) is `502 connection_refused`, before any
+//!   byte moves.
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use http::Response;
@@ -34,6 +36,9 @@ use crate::http::{self as agent_http, AgentBody, Query};
 pub const TUNNEL_CONTENT_TYPE: &str = "application/octet-stream";
 /// Largest chunk read from the socket at once.
 const READ_CHUNK: usize = 64 << 10;
+/// Longest wait for a loopback connect (normally instant; only a firewall inside the
+/// sandbox that drops packets makes it wait).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Chunks queued towards the host before the agent stops reading the socket.
 const OUTPUT_QUEUE: usize = 4;
 
@@ -63,8 +68,19 @@ fn parse_port(raw: Option<&str>) -> Result<u16, Failure> {
 }
 
 /// Connect to the port on IPv4 loopback, then IPv6 loopback. Refused on both (or refused on
-/// one with no IPv6 at all) is [`Failure::ConnectionRefused`].
+/// one with no IPv6 at all), or no answer within [`CONNECT_TIMEOUT`] (a firewall inside the
+/// sandbox dropping loopback packets), is [`Failure::ConnectionRefused`].
 async fn connect_loopback(port: u16) -> Result<TcpStream, Failure> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, try_both(port)).await {
+        Ok(result) => result,
+        Err(_) => Err(Failure::ConnectionRefused(format!(
+            "nothing answers on port {port} inside the sandbox (connecting timed out after {} s)",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+async fn try_both(port: u16) -> Result<TcpStream, Failure> {
     let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
     let first = match TcpStream::connect(v4).await {

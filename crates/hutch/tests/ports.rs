@@ -138,6 +138,21 @@ async fn a_file_is_served_from_busybox_httpd_inside_the_sandbox() {
     );
     assert_eq!(resp.text().await.expect("body"), "hello from inside\n");
 
+    // Requests at once: each is its own stream on the sandbox's agent connection. (Eight:
+    // busybox httpd listens with a backlog of 9, and a full backlog costs a 1 s SYN retry.)
+    let requests = (0..8).map(|_| {
+        s.http
+            .get(format!("{base}/file.txt"))
+            .bearer_auth(&s.key)
+            .send()
+    });
+    let all = futures_util::future::join_all(requests).await;
+    for resp in all {
+        let resp = resp.expect("concurrent get");
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_eq!(resp.text().await.expect("body"), "hello from inside\n");
+    }
+
     // The service's own statuses pass through untouched (not Hutch's JSON errors).
     let resp = s
         .http
@@ -154,6 +169,25 @@ async fn a_file_is_served_from_busybox_httpd_inside_the_sandbox() {
     );
     let body = resp.text().await.expect("body");
     assert!(!body.contains("\"error\""), "{body}");
+
+    // Every proxied request's connection inside the sandbox is closed once it is answered
+    // (none left ESTABLISHED, state 01, on port 8080 = 0x1F90).
+    let closed = wait_until(Duration::from_secs(10), async || {
+        let (tcp, _) = s.sh(&id, "cat /proc/net/tcp /proc/net/tcp6").await;
+        let open = tcp
+            .lines()
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[3] == "01" && (f[1].ends_with(":1F90") || f[2].ends_with(":1F90"))
+            })
+            .count();
+        (open == 0).then_some(())
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "proxied connections left open inside the sandbox"
+    );
 
     // The bare form redirects to the trailing slash, keeping the query.
     let no_redirects = reqwest::Client::builder()
@@ -418,6 +452,56 @@ async fn the_raw_tunnel_and_hutch_port_forward_carry_bytes_both_ways() {
     // Stop the forwarder this test started (by its pid).
     let _ = child.kill();
     let _ = child.wait();
+
+    // Forwarding to a port where nothing listens: each local connection is closed, and the
+    // forwarder keeps serving.
+    let mut child = Command::new(common::hutch_bin())
+        .args(["port-forward", &id, "9", "0", "--json"])
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_API_KEY", &s.key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn port-forward");
+    let stdout = tokio::process::ChildStdout::from_std(child.stdout.take().expect("stdout"))
+        .expect("async stdout");
+    let first = tokio::time::timeout(
+        Duration::from_secs(20),
+        BufReader::new(stdout).lines().next_line(),
+    )
+    .await
+    .expect("port-forward printed in time")
+    .expect("read")
+    .expect("a line");
+    let info: Value = serde_json::from_str(&first).expect("json line");
+    let local = info["local_port"].as_u64().expect("local_port") as u16;
+    for _ in 0..2 {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", local))
+            .await
+            .expect("connect to the forwarded port");
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut got))
+            .await
+            .expect("closed in time");
+        assert!(got.is_empty(), "{read:?} {got:?}");
+    }
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the forwarder exited"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // An unknown sandbox fails at once, before listening.
+    let out = Command::new(common::hutch_bin())
+        .args(["port-forward", "sbx_nope", "8080", "0", "--json"])
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_API_KEY", &s.key)
+        .output()
+        .expect("run port-forward");
+    assert_eq!(out.status.code(), Some(1));
+    let err: Value = serde_json::from_slice(&out.stdout).expect("json error");
+    assert_eq!(err["error"]["code"], "not_found", "{err}");
 }
 
 #[tokio::test]
@@ -472,6 +556,24 @@ async fn errors_are_json_with_the_right_status() {
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "connection_refused");
 
+    // Something that is not HTTP.
+    start_background(
+        &s,
+        &id,
+        json!(["sh", "-c", "echo not-http | nc -l -p 7000"]),
+    )
+    .await;
+    let not_http = wait_until(Duration::from_secs(20), async || {
+        let (status, body) = get(format!("/v1/sandboxes/{id}/ports/7000/"), key.clone()).await;
+        (body["error"]["code"] != "connection_refused").then_some((status, body))
+    })
+    .await;
+    let (status, body) = not_http.expect("nc came up");
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "bad_gateway", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("port 7000"), "{message}");
+
     // No key, a wrong key.
     let (status, body) = get(format!("/v1/sandboxes/{id}/ports/9/"), None).await;
     assert_eq!(status, 401, "{body}");
@@ -523,4 +625,49 @@ async fn errors_are_json_with_the_right_status() {
         .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await;
     assert_eq!(v["state"], "running", "{v}");
+}
+
+#[tokio::test]
+async fn an_open_tunnel_keeps_an_idle_sandbox_from_hibernating() {
+    let s = TestServer::start_with(&["--reaper-interval-ms", "100"]).await;
+    let id = s
+        .create_id(json!({"persistent": true, "idle_hibernate_seconds": 1}))
+        .await;
+    s.put_file(&id, "/srv/www/file.txt", "0644", b"x".to_vec())
+        .await;
+    start_background(
+        &s,
+        &id,
+        json!(["httpd", "-f", "-p", "8080", "-h", "/srv/www"]),
+    )
+    .await;
+    wait_for_service(&s, &id, 8080).await;
+    let state = async || {
+        let (_, v) = s
+            .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        v["state"].as_str().unwrap_or_default().to_string()
+    };
+
+    // A tunnel that carries nothing still counts as a client.
+    let url = format!(
+        "{}/v1/sandboxes/{id}/tunnel/8080",
+        s.url.replacen("http", "ws", 1)
+    );
+    let (ws, _) = tokio_tungstenite::connect_async(ws_request(&url, &s.key))
+        .await
+        .expect("tunnel");
+    for _ in 0..25 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(state().await, "running", "hibernated under an open tunnel");
+    }
+    drop(ws);
+    let hibernated = wait_until(Duration::from_secs(15), async || {
+        (state().await == "hibernated").then_some(())
+    })
+    .await;
+    assert!(
+        hibernated.is_some(),
+        "idle after the tunnel closed, yet not hibernated"
+    );
 }

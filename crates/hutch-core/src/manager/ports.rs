@@ -10,7 +10,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use hutch_proto::client::TcpTunnel;
+use hutch_proto::client::{ClientError, TcpTunnel};
+use hutch_proto::AgentErrorCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{ActiveGuard, Manager};
@@ -50,12 +51,28 @@ impl Manager {
         let tunnel = client
             .connect_tcp(port)
             .await
-            .map_err(|e| self.agent_error(id, e))?;
+            .map_err(|e| predates_tunnels(id, &e).unwrap_or_else(|| self.agent_error(id, e)))?;
         tracing::debug!(sandbox = id, port, "port connection opened");
         Ok(PortConnection {
             tunnel,
             _active: active,
         })
+    }
+}
+
+/// An agent from before `POST /v1/tcp` (a sandbox started by an older Hutch and re-adopted)
+/// answers "no route": say so, rather than a 404 that reads like a missing sandbox.
+fn predates_tunnels(id: &str, e: &ClientError) -> Option<CoreError> {
+    match e {
+        ClientError::Agent(a)
+            if a.code == AgentErrorCode::NotFound && a.message.starts_with("no route") =>
+        {
+            Some(CoreError::Conflict(format!(
+                "the agent of sandbox {id} predates port forwarding (it was started by an \
+                 older Hutch): recreate the sandbox to reach its ports"
+            )))
+        }
+        _ => None,
     }
 }
 
@@ -89,7 +106,25 @@ impl AsyncWrite for PortConnection {
 
 #[cfg(test)]
 mod tests {
+    use hutch_proto::AgentError;
+
     use super::*;
+
+    #[test]
+    fn an_agent_without_tunnels_is_a_conflict_not_a_missing_sandbox() {
+        let old = ClientError::Agent(AgentError::new(
+            AgentErrorCode::NotFound,
+            "no route POST /v1/tcp",
+        ));
+        let e = predates_tunnels("sbx_1", &old).expect("recognised");
+        assert!(matches!(e, CoreError::Conflict(_)), "{e:?}");
+        assert!(e.to_string().contains("recreate the sandbox"), "{e}");
+        let refused = ClientError::Agent(AgentError::new(
+            AgentErrorCode::ConnectionRefused,
+            "nothing is listening on port 80",
+        ));
+        assert!(predates_tunnels("sbx_1", &refused).is_none());
+    }
 
     #[test]
     fn ports_parse_from_1_to_65535() {

@@ -48,6 +48,9 @@ const VIA: &str = "1.1 hutch";
 /// Largest chunk the raw tunnel puts in one WebSocket message.
 const TUNNEL_CHUNK: usize = 64 << 10;
 
+/// Largest WebSocket message a tunnel client may send (it is held in memory whole; clients
+/// send chunks, `hutch port-forward` at most 64 KiB).
+const MAX_TUNNEL_MESSAGE: usize = 1 << 20;
 /// How long the tunnel waits for the client's answer to its Close.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -67,11 +70,9 @@ pub async fn proxy(
     authorize(&state, &caller, id)?;
     let port = hutch_core::manager::parse_port(raw_port)?;
     let prefix = format!("/v1/sandboxes/{id}/ports/{raw_port}");
-    let (mut parts, body) = request.into_parts();
-    let rest = path_in_service(parts.uri.path());
-    let (query, token) = split_token(parts.uri.query());
+    let rest = path_in_service(request.uri().path());
     if rest.is_empty() {
-        let location = match parts.uri.query() {
+        let location = match request.uri().query() {
             Some(q) => format!("{prefix}/?{q}"),
             None => format!("{prefix}/"),
         };
@@ -81,54 +82,17 @@ pub async fn proxy(
         )
             .into_response());
     }
+    let (query, token) = split_token(request.uri().query());
     let target: Uri = match &query {
         Some(q) => format!("{rest}?{q}"),
         None => rest.to_string(),
     }
     .parse()
     .map_err(|e| ApiError::bad_request(format!("invalid path for the port proxy: {e}")))?;
-
-    let upgrade = upgrade_protocol(&parts.headers);
-    let client_upgrade = upgrade
-        .is_some()
-        .then(|| parts.extensions.remove::<hyper::upgrade::OnUpgrade>())
-        .flatten();
-    let peer = parts
-        .extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
-    let mut headers = std::mem::take(&mut parts.headers);
-    let forwarded_host = headers
-        .get(header::HOST)
-        .cloned()
-        .or_else(|| parts.uri.authority().and_then(|a| a.as_str().parse().ok()));
-    strip_hop_by_hop(&mut headers);
-    strip_credentials(&mut headers);
-    if let Some(protocol) = &upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, protocol.clone());
-    }
-    set_forwarded(&mut headers, port, forwarded_host, peer, &prefix);
-
-    let mut upstream = hyper::Request::new(body);
-    *upstream.method_mut() = parts.method;
-    *upstream.uri_mut() = target;
-    *upstream.version_mut() = Version::HTTP_11;
-    *upstream.headers_mut() = headers;
+    let (upstream, client_upgrade) = upstream_request(request, target, port, &prefix);
 
     let connection = state.manager.open_port(id, port).await?;
-    let (mut sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(connection))
-        .await
-        .map_err(|e| not_http(id, port, &e))?;
-    tokio::spawn(async move {
-        if let Err(e) = driver.with_upgrades().await {
-            tracing::debug!(error = %e, "port proxy connection ended");
-        }
-    });
-    let mut response = sender
-        .send_request(upstream)
-        .await
-        .map_err(|e| not_http(id, port, &e))?;
+    let mut response = exchange(connection, upstream, id, port).await?;
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
@@ -136,10 +100,11 @@ pub async fn proxy(
                 "the service on port {port} switched protocols without being asked to"
             )));
         };
+        let protocol = response.headers().get(header::UPGRADE).cloned();
         let service_upgrade = hyper::upgrade::on(&mut response);
         tokio::spawn(splice(client_upgrade, service_upgrade));
         strip_hop_by_hop(response.headers_mut());
-        if let Some(protocol) = upgrade {
+        if let Some(protocol) = protocol {
             let headers = response.headers_mut();
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol);
@@ -163,6 +128,67 @@ pub async fn proxy(
     Ok(response)
 }
 
+/// The request as the service gets it: origin-form `target`, HTTP/1.1, headers without
+/// hop-by-hop ones and Hutch's credentials, plus `Host` and `X-Forwarded-*`. Also the
+/// client's pending upgrade, when it asked for one.
+fn upstream_request(
+    request: Request,
+    target: Uri,
+    port: u16,
+    prefix: &str,
+) -> (hyper::Request<Body>, Option<hyper::upgrade::OnUpgrade>) {
+    let (mut parts, body) = request.into_parts();
+    let upgrade = upgrade_protocol(&parts.headers);
+    let client_upgrade = upgrade
+        .is_some()
+        .then(|| parts.extensions.remove::<hyper::upgrade::OnUpgrade>())
+        .flatten();
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let mut headers = std::mem::take(&mut parts.headers);
+    let forwarded_host = headers
+        .get(header::HOST)
+        .cloned()
+        .or_else(|| parts.uri.authority().and_then(|a| a.as_str().parse().ok()));
+    strip_hop_by_hop(&mut headers);
+    strip_credentials(&mut headers);
+    if let Some(protocol) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol);
+    }
+    set_forwarded(&mut headers, port, forwarded_host, peer, prefix);
+    let mut upstream = hyper::Request::new(body);
+    *upstream.method_mut() = parts.method;
+    *upstream.uri_mut() = target;
+    *upstream.version_mut() = Version::HTTP_11;
+    *upstream.headers_mut() = headers;
+    (upstream, client_upgrade)
+}
+
+/// Speak HTTP/1.1 over the connection: send the request, return the answer's head (the body
+/// streams on). The connection lives until the answer (or the upgraded stream) ends.
+async fn exchange(
+    connection: PortConnection,
+    request: hyper::Request<Body>,
+    id: &str,
+    port: u16,
+) -> ApiResult<hyper::Response<hyper::body::Incoming>> {
+    let (mut sender, driver) = hyper::client::conn::http1::handshake(TokioIo::new(connection))
+        .await
+        .map_err(|e| not_http(id, port, &e))?;
+    tokio::spawn(async move {
+        if let Err(e) = driver.with_upgrades().await {
+            tracing::debug!(error = %e, "port proxy connection ended");
+        }
+    });
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| not_http(id, port, &e))
+}
+
 /// `GET /v1/sandboxes/{id}/tunnel/{port}` → WebSocket carrying one raw TCP connection.
 ///
 /// Binary messages carry bytes both ways. The text message `{"type": "eof"}` from the client
@@ -180,7 +206,10 @@ pub async fn tunnel(
     let port = hutch_core::manager::parse_port(raw_port)?;
     // Connect before upgrading, so nothing listening is an ordinary 502.
     let connection = state.manager.open_port(id, port).await?;
-    Ok(ws.on_upgrade(move |socket| bridge(socket, connection)))
+    Ok(ws
+        .max_message_size(MAX_TUNNEL_MESSAGE)
+        .max_frame_size(MAX_TUNNEL_MESSAGE)
+        .on_upgrade(move |socket| bridge(socket, connection)))
 }
 
 async fn bridge(socket: WebSocket, connection: PortConnection) {
