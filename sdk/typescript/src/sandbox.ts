@@ -34,7 +34,7 @@ export interface ConnectOptions extends ClientOptions {
   client?: Client;
 }
 
-/** Egress policy. The server accepts only `{egress: "none"}` for now (422 otherwise). */
+/** Egress policy, enforced on the host: IPv4 addresses, CIDRs, names, `*.suffix` wildcards; an allow match wins over a deny match, which wins over `egress`. A server started with `--network off` accepts only `{egress: "none"}`. */
 export interface NetworkPolicy {
   egress?: "allow" | "deny" | "none" | string;
   allow?: string[];

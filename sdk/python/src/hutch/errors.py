@@ -61,9 +61,9 @@ class Unsupported(NotFoundError):
 class InvalidRequest(HutchError):
     """400 or 422: malformed input, or a valid value the server does not accept.
 
-    A 422 is also how the server refuses features it does not support (yet), for example a
-    ``network`` other than ``{"egress": "none"}``, or ``fork(mode="live")`` on an ``ns``
-    sandbox (live forks need the ``vm`` backend).
+    A 422 is also how the server refuses features it does not support (yet), for example
+    ``fork(mode="live")`` on an ``ns`` sandbox (live forks need the ``vm`` backend), or a
+    network policy on a server started with ``--network off``.
     """
 
 

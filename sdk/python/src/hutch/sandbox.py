@@ -338,8 +338,11 @@ class Sandbox:
             memory_mib: Memory limit.
             disk_mib: Disk size.
             pids_max: Process limit.
-            network: ``{"egress": …, "allow": […], "deny": […]}``. The server accepts only
-                ``{"egress": "none"}`` for now and answers 422 to anything else.
+            network: ``{"egress": "allow" | "deny" | "none", "allow": […], "deny": […]}``:
+                the egress policy, enforced on the host (IPv4 addresses, CIDRs, names and
+                ``*.suffix`` wildcards; an allow match wins over a deny match, which wins
+                over ``egress``). Default ``allow`` on a server with networking; a server
+                started with ``--network off`` accepts only ``{"egress": "none"}``.
             volumes: ``[{"volume": "vol_…", "path": "/data", "read_only": False}]``. Not
                 supported by the server yet (422 when non-empty).
             snapshot: Start from this snapshot (``snap_…``, from :meth:`snapshot`) instead of
@@ -898,7 +901,10 @@ class Sandbox:
             allow: Hosts, wildcards (``*.github.com``) or CIDRs to allow.
             deny: Hosts or CIDRs to deny.
 
-        Not implemented by the server yet: until it lands the server answers 404 or 422.
+        Raises:
+            InvalidRequest: A malformed policy (400) or entry (422: IPv6, a bad name).
+            ConflictError: The sandbox was created with ``egress: "none"``; it cannot gain a
+                network.
         """
         body = p.drop_none(
             {
