@@ -613,7 +613,7 @@ export class Sandbox implements AsyncDisposable {
 
   /**
    * Change the egress policy at once, including for open connections.
-   * Not implemented by the server yet (404 or 422 until it lands).
+   * Open connections the new policy forbids are cut; a sandbox created with `egress: "none"` cannot gain a network (409).
    */
   async updateNetwork(policy: NetworkPolicy): Promise<void> {
     const resp = await this.client.request("PUT", sandboxPath(this.id, "/network"), {

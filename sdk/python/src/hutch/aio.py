@@ -697,7 +697,8 @@ class AsyncSandbox:
         allow: Optional[Sequence[str]] = None,
         deny: Optional[Sequence[str]] = None,
     ) -> None:
-        """Change the egress policy. Not implemented by the server yet (404 or 422)."""
+        """Change the egress policy at once, including for open connections (see the sync
+        :meth:`hutch.Sandbox.update_network`)."""
         body = p.drop_none(
             {
                 "egress": egress,
