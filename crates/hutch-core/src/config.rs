@@ -78,6 +78,12 @@ impl Config {
     pub fn snapshot_dir(&self, id: &str) -> PathBuf {
         self.snapshots_dir().join(id)
     }
+
+    /// Directory of volume `id`: `disk.ext4` (the image) and `mnt/` (where it is mounted
+    /// while a sandbox uses it).
+    pub fn volume_dir(&self, id: &str) -> PathBuf {
+        self.state_dir.join("volumes").join(id)
+    }
 }
 
 /// The number after `key` in a `/proc` file of `Key:  value kB` lines (`/proc/meminfo`,

@@ -22,6 +22,18 @@ pub fn new_snapshot_id() -> String {
     format!("snap_{}", random_token(16))
 }
 
+/// A new volume id.
+pub fn new_volume_id() -> String {
+    format!("vol_{}", random_token(16))
+}
+
+/// Whether `s` looks like a volume id.
+pub fn is_volume_id(s: &str) -> bool {
+    s.strip_prefix("vol_").is_some_and(|r| {
+        !r.is_empty() && r.len() <= 64 && r.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
 /// A new API key (`hk_` and 40 characters, 200 random bits).
 pub fn new_api_key() -> String {
     format!("hk_{}", random_token(40))

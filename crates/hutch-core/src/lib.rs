@@ -21,6 +21,7 @@ mod pidwatch;
 pub mod snapshot;
 pub mod store;
 pub mod time;
+pub mod volume;
 
 pub use config::Config;
 pub use error::{CoreError, CoreResult};

@@ -18,6 +18,7 @@ mod lifecycle;
 mod network;
 mod ports;
 mod snapshots;
+mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -172,6 +173,7 @@ impl Manager {
             active: Arc::new(Mutex::new(HashMap::new())),
         });
         mgr.readopt().await?;
+        mgr.release_volumes().await;
         if let Some(net) = &mgr.network {
             let net = net.clone();
             match blocking(move || net.prune().map_err(network::net_error)).await {
@@ -437,7 +439,9 @@ impl Manager {
             destroyed
         })
         .await
-        .map_err(|e| CoreError::Internal(e.to_string()))?
+        .map_err(|e| CoreError::Internal(e.to_string()))??;
+        self.unmount_unused_volumes();
+        Ok(())
     }
 
     /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated

@@ -170,6 +170,8 @@ pub struct CreateSandbox {
     pub snapshot: Option<String>,
     /// Hibernate after this many seconds without API calls or CPU use (0 or `None`: never).
     pub idle_hibernate_seconds: Option<u64>,
+    /// Volumes to mount (`volume` is an id or a name).
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// A validated update (`PATCH`).
@@ -247,6 +249,9 @@ pub struct SandboxRecord {
     /// The network slot it holds (`None`: loopback only, or none held right now).
     #[serde(default)]
     pub net_slot: Option<u32>,
+    /// Volumes mounted in it.
+    #[serde(default)]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 /// The sandbox object of the API.
@@ -292,6 +297,9 @@ pub struct SandboxView {
     /// Seconds of inactivity after which it hibernates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_hibernate_seconds: Option<u64>,
+    /// Volumes mounted in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
 impl SandboxRecord {
@@ -319,6 +327,7 @@ impl SandboxRecord {
             snapshot: self.snapshot.clone(),
             forked_from: self.forked_from.clone(),
             idle_hibernate_seconds: self.idle_hibernate_seconds,
+            volumes: self.volumes.clone(),
         }
     }
 

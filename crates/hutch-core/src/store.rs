@@ -25,11 +25,12 @@ use sha2::{Digest, Sha256};
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
+use crate::volume::VolumeRecord;
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// The statements that bring a database from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     "CREATE TABLE IF NOT EXISTS sandboxes (
         id TEXT PRIMARY KEY,
         state TEXT NOT NULL,
@@ -43,6 +44,10 @@ const MIGRATIONS: [&str; 2] = [
         created_at_ms INTEGER NOT NULL
     );",
     "CREATE TABLE IF NOT EXISTS snapshots (
+        id TEXT PRIMARY KEY,
+        record TEXT NOT NULL
+    );",
+    "CREATE TABLE IF NOT EXISTS volumes (
         id TEXT PRIMARY KEY,
         record TEXT NOT NULL
     );",
@@ -208,6 +213,36 @@ impl Store {
             > 0)
     }
 
+    /// Insert a volume record.
+    pub fn insert_volume(&self, r: &VolumeRecord) -> CoreResult<()> {
+        let json = serde_json::to_string(r).map_err(corrupt)?;
+        self.lock().execute(
+            "INSERT INTO volumes (id, record) VALUES (?1, ?2)",
+            params![r.id, json],
+        )?;
+        Ok(())
+    }
+
+    /// Every volume record, oldest first.
+    pub fn volumes(&self) -> CoreResult<Vec<VolumeRecord>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT record FROM volumes ORDER BY rowid")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(serde_json::from_str(&row?).map_err(corrupt)?);
+        }
+        Ok(out)
+    }
+
+    /// Delete a volume record; returns whether it existed.
+    pub fn delete_volume(&self, id: &str) -> CoreResult<bool> {
+        Ok(self
+            .lock()
+            .execute("DELETE FROM volumes WHERE id = ?1", [id])?
+            > 0)
+    }
+
     /// Fetch one record.
     pub fn get(&self, id: &str) -> CoreResult<Option<SandboxRecord>> {
         let json: Option<String> = self
@@ -317,6 +352,7 @@ mod tests {
             idle_hibernate_seconds: None,
             last_used_ms: 0,
             net_slot: None,
+            volumes: vec![],
         }
     }
 
@@ -412,12 +448,12 @@ mod tests {
             .lock()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .expect("version");
-        assert_eq!(version, 2);
+        assert_eq!(version, SCHEMA_VERSION);
         assert!(s.get("sbx_old").expect("get").is_some());
         assert!(s.snapshots().expect("snapshots").is_empty());
         // A database from a newer hutch is refused.
         s.lock()
-            .pragma_update(None, "user_version", 3)
+            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
             .expect("bump");
         drop(s);
         assert!(matches!(Store::open(&path), Err(CoreError::Database(_))));

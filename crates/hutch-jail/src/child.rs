@@ -43,6 +43,8 @@ pub(crate) struct ChildPlan {
     pub own_netns: bool,
     /// Host file bound read-only at `/etc/resolv.conf`.
     pub resolv_conf: Option<PathBuf>,
+    /// Volumes: (idmapped bind under the sandbox dir, path inside, read-only).
+    pub volumes: Vec<(PathBuf, String, bool)>,
     /// `argv` of the agent (first element: [`AGENT_PATH`]).
     pub argv: Vec<CString>,
     /// `envp` of the agent (`KEY=VALUE`).
@@ -124,6 +126,7 @@ fn setup(plan: &ChildPlan) -> Result<(), SysError> {
         agent_binary: &plan.agent_binary,
         tmp_bytes: plan.tmp_bytes,
         resolv_conf: plan.resolv_conf.as_deref(),
+        volumes: &plan.volumes,
     })?;
     // SAFETY: the pointer and length describe the hostname's bytes, valid for the call.
     let ret = unsafe { libc::sethostname(plan.hostname.as_ptr().cast(), plan.hostname.len()) };

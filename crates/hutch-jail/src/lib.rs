@@ -35,6 +35,7 @@ mod spawn;
 mod spec;
 mod sys;
 mod teardown;
+pub mod volume;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,7 @@ pub use host::{host_report, HostCheck, HostReport};
 pub use layer::{export_layer, layer_usage, remove_layer, LayerExport, LayerStats};
 pub use procstat::init_alive;
 pub use spawn::spawn;
+pub use spec::check_volume_target;
 pub use teardown::{destroy, stop, Teardown};
 
 /// Most read-only layers a sandbox may stack between its upper directory and its template.
@@ -126,6 +128,24 @@ pub struct JailSpec {
     /// A file bound read-only at `/etc/resolv.conf` inside the sandbox.
     #[serde(default)]
     pub resolv_conf: Option<PathBuf>,
+    /// Host directories (mounted volumes) bound inside the sandbox, idmapped into its uid
+    /// range. At most [`MAX_VOLUMES`].
+    #[serde(default)]
+    pub volumes: Vec<VolumeBind>,
+}
+
+/// Most volumes one sandbox may mount.
+pub const MAX_VOLUMES: usize = 16;
+
+/// One volume to bind into a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeBind {
+    /// Host directory (the volume's mounted filesystem, 0-based owners).
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox (normalised: no `.`, `..` or empty components).
+    pub target: String,
+    /// Bound read-only.
+    pub read_only: bool,
 }
 
 /// What [`spawn`] reports back.

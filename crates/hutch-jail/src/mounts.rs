@@ -12,7 +12,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::spec::SandboxPaths;
-use crate::sys::{self, cstr, SysError, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY};
+use crate::sys::{
+    self, cstr, SysError, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
 
 /// Write `0 base count` into `/proc/PID/{uid,gid}_map`.
 pub(crate) fn write_id_maps(pid: libc::pid_t, base: u32, count: u32) -> Result<(), SysError> {
@@ -80,6 +82,24 @@ pub(crate) fn idmapped_bind(
         Some(userns),
     )?;
     sys::move_mount(&tree, lower)
+}
+
+/// An idmapped bind of a volume's filesystem at `at` (read-only when asked; never devices or
+/// setuid).
+pub(crate) fn idmapped_bind_volume(
+    source: &Path,
+    at: &Path,
+    userns: &OwnedFd,
+    read_only: bool,
+) -> Result<(), SysError> {
+    let tree = sys::open_tree_clone(source)?;
+    let ro = if read_only { MOUNT_ATTR_RDONLY } else { 0 };
+    sys::mount_setattr(
+        &tree,
+        MOUNT_ATTR_IDMAP | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID | ro,
+        Some(userns),
+    )?;
+    sys::move_mount(&tree, at)
 }
 
 /// The overlay's option string (paths were validated free of `,`, `:` and `\`).

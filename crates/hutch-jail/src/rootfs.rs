@@ -75,6 +75,8 @@ pub(crate) struct RootfsPlan<'a> {
     pub tmp_bytes: u64,
     /// Host file bound read-only at `/etc/resolv.conf`.
     pub resolv_conf: Option<&'a Path>,
+    /// Volumes: (source mount, path inside, read-only).
+    pub volumes: &'a [(std::path::PathBuf, String, bool)],
 }
 
 fn bind(src: &Path, dst: &Path, what: &str) -> Result<(), SysError> {
@@ -307,6 +309,23 @@ fn bind_resolv_conf(src: &Path, etc: &Path) -> Result<(), SysError> {
     )
 }
 
+/// Bind a volume at `target` inside the new root. Every component of the path is created as
+/// a directory if missing and refused if it is a symlink or not a directory (a symlink would
+/// be followed against the host's root before `pivot_root`).
+fn bind_volume(root: &Path, src: &Path, target: &str, read_only: bool) -> Result<(), SysError> {
+    let mut at = root.to_path_buf();
+    for part in target.split('/').filter(|p| !p.is_empty()) {
+        at.push(part);
+        ensure_dir(&at, 0o755)?;
+    }
+    let s = sys::cpath(src)?;
+    sys::mount(Some(&s), &at, None, libc::MS_BIND, None, "bind volume")?;
+    if read_only {
+        remount_ro(&at, libc::MS_NOSUID | libc::MS_NODEV, "volume read-only")?;
+    }
+    Ok(())
+}
+
 pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<SysfsMount, SysError> {
     let m = plan.merged;
     sys::mount(
@@ -341,6 +360,9 @@ pub(crate) fn assemble(plan: &RootfsPlan<'_>) -> Result<SysfsMount, SysError> {
     mount_agent(&m.join(".hutch"), plan.agent_binary)?;
     if let Some(src) = plan.resolv_conf {
         bind_resolv_conf(src, &m.join("etc"))?;
+    }
+    for (src, target, read_only) in plan.volumes {
+        bind_volume(m, src, target, *read_only)?;
     }
     pivot(m)?;
     Ok(sysfs)

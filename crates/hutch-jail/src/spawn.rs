@@ -210,7 +210,10 @@ fn build(
     undo: &mut Undo,
     t0: Instant,
 ) -> Result<SpawnedJail, JailError> {
-    let paths = SandboxPaths::with_layers(&spec.sandbox_dir, spec.layers.len());
+    let mut paths = SandboxPaths::with_layers(&spec.sandbox_dir, spec.layers.len());
+    paths.volumes = (0..spec.volumes.len())
+        .map(|i| spec.sandbox_dir.join(format!("vol-{i}")))
+        .collect();
     let sources = std::iter::once(("template_rootfs", &spec.template_rootfs))
         .chain(spec.layers.iter().map(|l| ("layer", l)));
     for (what, dir) in sources {
@@ -283,6 +286,11 @@ fn build(
             mounts::idmapped_bind(layer, at, &userns)?;
             undo.mounts.push(at.clone());
         }
+        for (v, at) in spec.volumes.iter().zip(&paths.volumes) {
+            create_dir_journaled(at, undo)?;
+            mounts::idmapped_bind_volume(&v.source, at, &userns, v.read_only)?;
+            undo.mounts.push(at.clone());
+        }
     }
     mounts::overlay(&paths)?;
     undo.mounts.push(paths.merged.clone());
@@ -319,6 +327,12 @@ fn build(
     }
     let plan = ChildPlan {
         own_netns: spec.netns.is_none(),
+        volumes: spec
+            .volumes
+            .iter()
+            .zip(&paths.volumes)
+            .map(|(v, at)| (at.clone(), v.target.clone(), v.read_only))
+            .collect(),
         resolv_conf: spec.resolv_conf.clone(),
         merged: paths.merged.clone(),
         agent_binary: spec.agent_binary.clone(),

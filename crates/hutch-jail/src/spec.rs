@@ -32,6 +32,8 @@ pub(crate) struct SandboxPaths {
     pub log: PathBuf,
     /// Mount points of the read-only layers between `upper` and `lower`, topmost first.
     pub layers: Vec<PathBuf>,
+    /// Mount points of the idmapped volume binds (`vol-N`).
+    pub volumes: Vec<PathBuf>,
 }
 
 impl SandboxPaths {
@@ -50,6 +52,7 @@ impl SandboxPaths {
     pub fn new(sandbox_dir: &Path) -> Self {
         Self {
             layers: Vec::new(),
+            volumes: Vec::new(),
             root: sandbox_dir.to_path_buf(),
             upper: sandbox_dir.join("upper"),
             work: sandbox_dir.join("work"),
@@ -102,6 +105,36 @@ fn check_absolute(what: &str, p: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Directories a volume may not cover: the sandbox's machinery and kernel interfaces.
+const RESERVED_TARGETS: &[&str] = &["/", "/proc", "/sys", "/dev", "/.hutch", "/etc"];
+
+/// A volume's path inside the sandbox: absolute, normalised, at most 4096 bytes, not a
+/// reserved directory or beneath `/proc`, `/sys`, `/dev` or `/.hutch`.
+pub fn check_volume_target(t: &str) -> Result<(), JailError> {
+    let bad = |why: &str| invalid(format!("volume path {t:?}: {why}"));
+    if !t.starts_with('/') || t.len() > 4096 || t.contains('\0') || t.contains('\n') {
+        return Err(bad("must be an absolute path"));
+    }
+    if t.len() > 1
+        && (t.ends_with('/')
+            || t[1..]
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == ".."))
+    {
+        return Err(bad(
+            "must be normalised (no empty, `.` or `..` components, no trailing `/`)",
+        ));
+    }
+    if RESERVED_TARGETS.contains(&t)
+        || ["/proc/", "/sys/", "/dev/", "/.hutch/"]
+            .iter()
+            .any(|p| t.starts_with(p))
+    {
+        return Err(bad("is reserved"));
+    }
+    Ok(())
+}
+
 /// Check the spec's values; no filesystem access.
 pub(crate) fn validate(spec: &JailSpec) -> Result<(), JailError> {
     check_component("id", &spec.id)?;
@@ -124,6 +157,17 @@ pub(crate) fn validate(spec: &JailSpec) -> Result<(), JailError> {
     }
     for layer in &spec.layers {
         check_absolute("layer", layer)?;
+    }
+    if spec.volumes.len() > crate::MAX_VOLUMES {
+        return Err(invalid(format!(
+            "at most {} volumes per sandbox, got {}",
+            crate::MAX_VOLUMES,
+            spec.volumes.len()
+        )));
+    }
+    for v in &spec.volumes {
+        check_absolute("volume source", &v.source)?;
+        check_volume_target(&v.target)?;
     }
     if spec.sandbox_dir.parent().is_none() {
         return Err(invalid("sandbox_dir must not be /"));
@@ -244,6 +288,7 @@ mod tests {
             cgroup_parent: "hutch".into(),
             netns: None,
             resolv_conf: None,
+            volumes: vec![],
         }
     }
 

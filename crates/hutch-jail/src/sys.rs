@@ -185,6 +185,8 @@ pub(crate) const OPEN_TREE_CLONE: libc::c_uint = 1;
 pub(crate) const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
 /// `mount_setattr(2)` attribute: ignore device files.
 pub(crate) const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+/// `mount_setattr(2)` attribute: ignore setuid bits.
+pub(crate) const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
 /// `mount_setattr(2)` attribute: idmap the mount with `userns_fd`'s mapping.
 pub(crate) const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 /// `move_mount(2)` flag: the source is the fd itself.

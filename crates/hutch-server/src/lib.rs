@@ -55,7 +55,7 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, lifecycle, misc, network, ports, pty, sandboxes};
+    use routes::{exec, files, lifecycle, misc, network, ports, pty, sandboxes, volumes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/templates", get(misc::templates))
@@ -72,6 +72,11 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/sandboxes/{id}/usage", get(sandboxes::usage))
         .route("/v1/sandboxes/{id}/network", put(network::put_network))
+        .route("/v1/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/v1/volumes/{id}",
+            get(volumes::get).delete(volumes::delete),
+        )
         .route("/v1/sandboxes/{id}/pause", post(lifecycle::pause))
         .route("/v1/sandboxes/{id}/resume", post(lifecycle::resume))
         .route("/v1/sandboxes/{id}/hibernate", post(lifecycle::hibernate))

@@ -322,6 +322,7 @@ impl Template {
             cgroup_parent: CGROUP_PARENT.into(),
             netns: None,
             resolv_conf: None,
+            volumes: vec![],
         }
     }
 

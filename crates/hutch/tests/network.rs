@@ -559,11 +559,27 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
                 .env_remove("HUTCH_API_KEY")
                 .output()
                 .expect("run hutch");
-            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         };
-        let shown = cli(&["network", &id, "--egress", "deny", "--allow", "203.0.113.10", "--allow", "*.good.test"]);
-        assert!(shown.contains("egress=deny allow=203.0.113.10,*.good.test"), "{shown}");
+        let shown = cli(&[
+            "network",
+            &id,
+            "--egress",
+            "deny",
+            "--allow",
+            "203.0.113.10",
+            "--allow",
+            "*.good.test",
+        ]);
+        assert!(
+            shown.contains("egress=deny allow=203.0.113.10,*.good.test"),
+            "{shown}"
+        );
         assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
         let v: Value = serde_json::from_str(&cli(&["--json", "network", &id])).expect("json");
         assert_eq!(v["egress"], "deny");

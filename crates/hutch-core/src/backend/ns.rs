@@ -42,6 +42,18 @@ impl NsBackend {
         Self { cfg, network }
     }
 
+    /// The volumes to bind (their filesystems are mounted by the manager first).
+    fn volume_binds(&self, r: &SandboxRecord) -> Vec<hutch_jail::VolumeBind> {
+        r.volumes
+            .iter()
+            .map(|m| hutch_jail::VolumeBind {
+                source: self.cfg.volume_dir(&m.volume).join("mnt"),
+                target: m.path.clone(),
+                read_only: m.read_only,
+            })
+            .collect()
+    }
+
     /// The namespace to join and the `resolv.conf` to bind, for a sandbox holding a slot.
     fn network_files(&self, r: &SandboxRecord) -> (Option<PathBuf>, Option<PathBuf>) {
         let (Some(net), Some(index)) = (&self.network, r.net_slot) else {
@@ -105,6 +117,7 @@ impl NsBackend {
             cgroup_parent: self.cfg.cgroup_parent.clone(),
             netns,
             resolv_conf,
+            volumes: self.volume_binds(r),
         }
     }
 

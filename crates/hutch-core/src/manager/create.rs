@@ -51,6 +51,7 @@ impl Manager {
                     )));
                 }
             }
+            self.check_volume_exclusive(&record)?;
             self.insert_with_free_slot(&mut record)?;
         }
         let rootfs = self.templates.rootfs(&record.template);
@@ -60,6 +61,10 @@ impl Manager {
             let mut rec = record.clone();
             tokio::task::spawn_blocking(move || {
                 mgr.attach_network(&mut rec)?;
+                if let Err(e) = mgr.mount_volumes(&rec) {
+                    mgr.detach_network(&rec);
+                    return Err(e);
+                }
                 match backend.create(&rec, &rootfs) {
                     Ok(s) => Ok((s, rec)),
                     Err(e) => {
@@ -224,6 +229,7 @@ impl Manager {
             idle_hibernate_seconds,
             last_used_ms: now,
             net_slot: None,
+            volumes: self.resolve_volume_mounts(&cmd.volumes, cmd.metadata.get("tenant_id"))?,
         })
     }
 

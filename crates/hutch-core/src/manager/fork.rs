@@ -191,5 +191,13 @@ fn child_command(parent: &SandboxRecord, snap: &SnapshotRecord) -> CreateSandbox
         network: parent.network.clone(),
         snapshot: Some(snap.id.clone()),
         idle_hibernate_seconds: parent.idle_hibernate_seconds,
+        // Read-only volumes are shared with the children; a read-write one stays the
+        // parent's alone.
+        volumes: parent
+            .volumes
+            .iter()
+            .filter(|m| m.read_only)
+            .cloned()
+            .collect(),
     }
 }

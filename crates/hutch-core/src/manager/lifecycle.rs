@@ -107,6 +107,7 @@ impl Manager {
             r.cgroups.clear();
             Ok(())
         })?;
+        self.unmount_unused_volumes();
         let ms = t0.elapsed().as_millis() as u64;
         tracing::info!(id = %r.id, ms, reason = why.as_deref().unwrap_or("requested"), "sandbox hibernated");
         self.events
@@ -150,6 +151,7 @@ impl Manager {
             let mut rec = r.clone();
             blocking(move || {
                 mgr.attach_network(&mut rec)?;
+                mgr.mount_volumes(&rec)?;
                 let s = backend.wake(&rec, &rootfs)?;
                 Ok((s, rec.net_slot, rec.network))
             })

@@ -8,3 +8,4 @@ pub mod network;
 pub mod ports;
 pub mod pty;
 pub mod sandboxes;
+pub mod volumes;

@@ -29,7 +29,7 @@ pub struct CreateBody {
     pids_max: Option<u32>,
     snapshot: Option<String>,
     network: Option<hutch_core::net::policy::PolicySpec>,
-    volumes: Option<Vec<serde_json::Value>>,
+    volumes: Option<Vec<hutch_core::volume::VolumeMount>>,
     idle_hibernate_seconds: Option<u64>,
 }
 
@@ -84,11 +84,6 @@ impl CreateBody {
                 return Err(ApiError::not_found(format!("snapshot {s} does not exist")));
             }
         }
-        if self.volumes.as_ref().is_some_and(|v| !v.is_empty()) {
-            return Err(ApiError::invalid(
-                "volumes are not supported by this server yet",
-            ));
-        }
         if let Some(t) = &self.template {
             validate_template_name(t)?;
         }
@@ -118,6 +113,7 @@ impl CreateBody {
                 .map(|n| serde_json::to_value(n).unwrap_or_default()),
             snapshot: self.snapshot,
             idle_hibernate_seconds: self.idle_hibernate_seconds,
+            volumes: self.volumes.unwrap_or_default(),
         })
     }
 }

@@ -10,6 +10,7 @@ mod sandbox;
 mod shell;
 mod stream;
 mod template;
+mod volume;
 
 use std::path::PathBuf;
 
@@ -66,6 +67,9 @@ enum Command {
     /// Show a sandbox's egress policy, or replace it at once (open connections it forbids
     /// are cut): `network ID --egress deny --allow pypi.org --allow '*.github.com'`.
     Network(network::NetworkArgs),
+    /// Durable volumes: `volume create NAME --size-mib N`, `volume ls`, `volume rm ID`.
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
     /// Build and list templates.
     #[command(subcommand)]
     Template(template::TemplateCommand),
@@ -112,6 +116,7 @@ pub async fn run(cli: Cli) -> i32 {
             .await
             .map(|()| 0),
         Command::Network(args) => network::network(args, &state_dir, json).await.map(|()| 0),
+        Command::Volume(cmd) => volume::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp => crate::mcp::serve(&state_dir).await.map(|()| 0),

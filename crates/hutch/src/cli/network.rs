@@ -51,7 +51,12 @@ pub struct NetworkArgs {
 fn describe(n: &Value) -> String {
     let list = |k: &str| {
         n[k].as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","))
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
             .unwrap_or_default()
     };
     let mut s = format!("egress={}", n["egress"].as_str().unwrap_or("?"));

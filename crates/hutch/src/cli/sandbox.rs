@@ -40,6 +40,9 @@ pub struct SandboxOpts {
     /// Start from this snapshot's files (`snap_…`) instead of the bare template.
     #[arg(long)]
     snapshot: Option<String>,
+    /// Mount a volume: `VOLUME:/path[:ro]` (repeatable).
+    #[arg(long = "volume", value_name = "VOL:/PATH[:ro]")]
+    volumes: Vec<String>,
     /// Egress policy (default: the server's, `allow` when it gives sandboxes a network).
     #[command(flatten)]
     network: super::network::PolicyOpts,
@@ -85,6 +88,14 @@ impl SandboxOpts {
         }
         if let Some(s) = &self.snapshot {
             b.insert("snapshot".into(), json!(s));
+        }
+        if !self.volumes.is_empty() {
+            let v: anyhow::Result<Vec<Value>> = self
+                .volumes
+                .iter()
+                .map(|s| super::volume::parse_mount(s))
+                .collect();
+            b.insert("volumes".into(), Value::Array(v?));
         }
         if let Some(n) = self.network.body() {
             b.insert("network".into(), n);

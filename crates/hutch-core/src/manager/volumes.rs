@@ -1,0 +1,292 @@
+//! Durable volumes: an ext4 image each (its size is the hard limit), mounted on the host
+//! while a sandbox that holds processes uses it, bound idmapped into those sandboxes. Data
+//! outlives sandboxes and server restarts. A volume is attached read-write to one sandbox or
+//! read-only to many; one that is attached cannot be deleted (409).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use hutch_jail::volume as vol;
+
+use super::{blocking, Manager};
+use crate::error::{CoreError, CoreResult};
+use crate::ids;
+use crate::model::{SandboxRecord, SandboxState};
+use crate::volume::{VolumeAttachment, VolumeMount, VolumeRecord, VolumeView};
+
+/// Largest volume (1 TiB; the image is sparse).
+const MAX_VOLUME_MIB: u64 = 1 << 20;
+/// Smallest volume ext4 accepts comfortably.
+const MIN_VOLUME_MIB: u64 = 4;
+
+fn jail_error(e: hutch_jail::JailError) -> CoreError {
+    CoreError::Internal(format!("volume: {e}"))
+}
+
+/// Whether a sandbox in state `s` holds its volumes (counts for exclusivity and deletion).
+fn holds(s: SandboxState) -> bool {
+    s.holds_resources() || s == SandboxState::Hibernated
+}
+
+impl Manager {
+    fn volume_record(&self, key: &str, tenant: Option<&String>) -> CoreResult<VolumeRecord> {
+        let found = self.store.volumes()?.into_iter().find(|v| {
+            (v.id == key || v.name == key) && (tenant.is_none() || v.tenant.as_ref() == tenant)
+        });
+        found.ok_or_else(|| CoreError::NotFound(format!("volume {key} does not exist")))
+    }
+
+    fn attachments(&self, id: &str) -> CoreResult<Vec<VolumeAttachment>> {
+        Ok(self
+            .store
+            .all()?
+            .into_iter()
+            .filter(|r| holds(r.state))
+            .flat_map(|r| {
+                r.volumes
+                    .iter()
+                    .filter(|m| m.volume == id)
+                    .map(|m| VolumeAttachment {
+                        sandbox: r.id.clone(),
+                        path: m.path.clone(),
+                        read_only: m.read_only,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+
+    fn volume_view(&self, v: &VolumeRecord) -> CoreResult<VolumeView> {
+        let mnt = self.cfg.volume_dir(&v.id).join("mnt");
+        let used_bytes = match vol::is_mounted(&mnt) {
+            Ok(true) => vol::usage(&mnt).ok().map(|(used, _)| used),
+            _ => None,
+        };
+        Ok(VolumeView {
+            id: v.id.clone(),
+            name: v.name.clone(),
+            size_mib: v.size_mib,
+            created_at: crate::time::rfc3339(v.created_at_ms),
+            used_bytes,
+            attached: self.attachments(&v.id)?,
+        })
+    }
+
+    /// Create a volume of `size_mib` MiB named `name` for `tenant`.
+    pub async fn create_volume(
+        self: &Arc<Self>,
+        name: &str,
+        size_mib: u64,
+        tenant: Option<String>,
+    ) -> CoreResult<VolumeView> {
+        let ok_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && !name.starts_with('.')
+            && !name.starts_with("vol_");
+        if !ok_name {
+            return Err(CoreError::InvalidArgument(format!(
+                "volume name {name:?} must be 1-64 characters of [A-Za-z0-9_.-], not starting with '.' or 'vol_'"
+            )));
+        }
+        if !(MIN_VOLUME_MIB..=MAX_VOLUME_MIB).contains(&size_mib) {
+            return Err(CoreError::InvalidArgument(format!(
+                "size_mib must be between {MIN_VOLUME_MIB} and {MAX_VOLUME_MIB}, got {size_mib}"
+            )));
+        }
+        let _guard = self.lock_snapshots();
+        if self
+            .store
+            .volumes()?
+            .iter()
+            .any(|v| v.name == name && v.tenant == tenant)
+        {
+            return Err(CoreError::Conflict(format!(
+                "a volume named {name:?} exists"
+            )));
+        }
+        let record = VolumeRecord {
+            id: ids::new_volume_id(),
+            name: name.to_string(),
+            size_mib,
+            created_at_ms: crate::time::now_ms(),
+            tenant,
+        };
+        let dir = self.cfg.volume_dir(&record.id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| CoreError::Internal(format!("create {}: {e}", dir.display())))?;
+        if let Err(e) = vol::create_image(&dir.join("disk.ext4"), size_mib) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(jail_error(e));
+        }
+        self.store.insert_volume(&record)?;
+        self.events.publish(
+            "volume.created",
+            &record.id,
+            record.tenant.clone(),
+            Some(format!("{name}, {size_mib} MiB")),
+        );
+        self.volume_view(&record)
+    }
+
+    /// Volumes of `tenant` (`None`: all).
+    pub fn list_volumes(&self, tenant: Option<&str>) -> CoreResult<Vec<VolumeView>> {
+        self.store
+            .volumes()?
+            .iter()
+            .filter(|v| tenant.is_none() || v.tenant.as_deref() == tenant)
+            .map(|v| self.volume_view(v))
+            .collect()
+    }
+
+    /// One volume (by id or name).
+    pub fn get_volume(&self, key: &str, tenant: Option<&str>) -> CoreResult<VolumeView> {
+        let t = tenant.map(String::from);
+        self.volume_view(&self.volume_record(key, t.as_ref())?)
+    }
+
+    /// Delete a volume and its data; 409 while any sandbox has it.
+    pub async fn delete_volume(
+        self: &Arc<Self>,
+        key: &str,
+        tenant: Option<&str>,
+    ) -> CoreResult<()> {
+        let t = tenant.map(String::from);
+        let v = self.volume_record(key, t.as_ref())?;
+        let _guard = self.lock_snapshots();
+        let users: BTreeSet<String> = self
+            .attachments(&v.id)?
+            .into_iter()
+            .map(|a| a.sandbox)
+            .collect();
+        if !users.is_empty() {
+            return Err(CoreError::Conflict(format!(
+                "volume {} is attached to {}: kill those sandboxes first",
+                v.id,
+                users.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        let dir = self.cfg.volume_dir(&v.id);
+        let mnt = dir.join("mnt");
+        vol::unmount_image(&mnt).map_err(jail_error)?;
+        if vol::is_mounted(&mnt).map_err(jail_error)? {
+            return Err(CoreError::Internal(format!(
+                "volume {} is still mounted at {}",
+                v.id,
+                mnt.display()
+            )));
+        }
+        self.store.delete_volume(&v.id)?;
+        let _ = std::fs::remove_file(dir.join("disk.ext4"));
+        let _ = std::fs::remove_dir(&mnt);
+        let _ = std::fs::remove_dir(&dir);
+        self.events
+            .publish("volume.deleted", &v.id, v.tenant.clone(), None);
+        Ok(())
+    }
+
+    /// Validate a create's volume list: volumes exist (for the tenant), paths are valid and
+    /// distinct; names become ids.
+    pub(super) fn resolve_volume_mounts(
+        &self,
+        wanted: &[VolumeMount],
+        tenant: Option<&String>,
+    ) -> CoreResult<Vec<VolumeMount>> {
+        if wanted.len() > hutch_jail::MAX_VOLUMES {
+            return Err(CoreError::InvalidArgument(format!(
+                "at most {} volumes per sandbox",
+                hutch_jail::MAX_VOLUMES
+            )));
+        }
+        let mut paths = BTreeSet::new();
+        let mut out = Vec::with_capacity(wanted.len());
+        for m in wanted {
+            hutch_jail::check_volume_target(&m.path)
+                .map_err(|e| CoreError::InvalidArgument(e.to_string()))?;
+            if !paths.insert(m.path.clone()) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "two volumes at {}",
+                    m.path
+                )));
+            }
+            let v = self.volume_record(&m.volume, tenant)?;
+            if out.iter().any(|o: &VolumeMount| o.volume == v.id) {
+                return Err(CoreError::InvalidArgument(format!(
+                    "volume {} is listed twice",
+                    v.id
+                )));
+            }
+            out.push(VolumeMount {
+                volume: v.id,
+                path: m.path.clone(),
+                read_only: m.read_only,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Refuse `r`'s volumes when another sandbox holds one read-write, or holds one at all
+    /// when `r` wants it read-write. Call under the snapshots lock, before inserting `r`.
+    pub(super) fn check_volume_exclusive(&self, r: &SandboxRecord) -> CoreResult<()> {
+        for m in &r.volumes {
+            let others = self.attachments(&m.volume)?;
+            if let Some(w) = others.iter().find(|a| !a.read_only) {
+                return Err(CoreError::Conflict(format!(
+                    "volume {} is attached read-write to {}",
+                    m.volume, w.sandbox
+                )));
+            }
+            if !m.read_only {
+                if let Some(a) = others.first() {
+                    return Err(CoreError::Conflict(format!(
+                        "volume {} is attached (read-only) to {}: attach it read-only, or kill that sandbox",
+                        m.volume, a.sandbox
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mount `r`'s volumes on the host (blocking; already mounted ones are kept).
+    pub(super) fn mount_volumes(&self, r: &SandboxRecord) -> CoreResult<()> {
+        for m in &r.volumes {
+            let dir = self.cfg.volume_dir(&m.volume);
+            vol::mount_image(&dir.join("disk.ext4"), &dir.join("mnt")).map_err(jail_error)?;
+        }
+        Ok(())
+    }
+
+    /// Unmount volumes no sandbox with processes uses any more (blocking).
+    pub(super) fn unmount_unused_volumes(&self) {
+        let Ok(records) = self.store.all() else {
+            return;
+        };
+        let in_use: BTreeSet<String> = records
+            .iter()
+            .filter(|r| r.state.holds_resources())
+            .flat_map(|r| r.volumes.iter().map(|m| m.volume.clone()))
+            .collect();
+        let Ok(volumes) = self.store.volumes() else {
+            return;
+        };
+        for v in volumes.iter().filter(|v| !in_use.contains(&v.id)) {
+            let mnt = self.cfg.volume_dir(&v.id).join("mnt");
+            if let Err(e) = vol::unmount_image(&mnt) {
+                tracing::warn!(volume = %v.id, error = %e, "unmounting an unused volume");
+            }
+        }
+    }
+
+    /// [`Manager::unmount_unused_volumes`] on the blocking pool.
+    pub(super) async fn release_volumes(self: &Arc<Self>) {
+        let mgr = self.clone();
+        let _ = blocking(move || {
+            mgr.unmount_unused_volumes();
+            Ok(())
+        })
+        .await;
+    }
+}

@@ -1,0 +1,183 @@
+//! Durable volumes on the host: an ext4 image per volume (its size is the volume's hard
+//! limit: a full volume answers ENOSPC to the write that does not fit, and nothing else is
+//! affected), attached through a loop device and mounted `nodev,nosuid` at a directory of
+//! Hutch's state. Sandboxes get it through an idmapped bind (see [`crate::JailSpec::volumes`]),
+//! so files keep 0-based owners on disk whatever sandbox wrote them.
+//!
+//! The loop device is set up with `LOOP_CONFIGURE` and autoclear: unmounting the filesystem
+//! releases the device.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use crate::sys::{self, cstr};
+use crate::{mountinfo, JailError};
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// `struct loop_info64` (linux/loop.h).
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+/// `struct loop_config` (linux/loop.h).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+fn io(op: String) -> impl FnOnce(std::io::Error) -> JailError {
+    move |source| JailError::Sys { op, source }
+}
+
+/// Create a volume image of `size_mib` MiB at `image` (sparse) with an empty ext4 whose root
+/// is owned by 0:0 and mode 0755 (root inside every sandbox). Fails if `image` exists.
+pub fn create_image(image: &Path, size_mib: u64) -> Result<(), JailError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(image)
+        .map_err(io(format!("create {}", image.display())))?;
+    f.set_len(size_mib << 20)
+        .map_err(io(format!("size {}", image.display())))?;
+    drop(f);
+    let out = Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-E",
+            "root_owner=0:0",
+            "-O",
+            "^has_journal",
+        ])
+        .arg(image)
+        .output()
+        .map_err(|e| JailError::Sys {
+            op: "run mkfs.ext4 (install e2fsprogs)".into(),
+            source: e,
+        })?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(image);
+        return Err(JailError::Setup(format!(
+            "mkfs.ext4 {}: {}",
+            image.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether something is mounted at `dir`.
+pub fn is_mounted(dir: &Path) -> Result<bool, JailError> {
+    let canon = match dir.canonicalize() {
+        Ok(c) => c,
+        Err(_) => return Ok(false),
+    };
+    Ok(mountinfo::read()?.iter().any(|m| m.mount_point == canon))
+}
+
+/// Mount `image` at `dir` (created if missing) through a free loop device. Already mounted:
+/// nothing to do.
+pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
+    if is_mounted(dir)? {
+        return Ok(());
+    }
+    let backing = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(io(format!("open {}", image.display())))?;
+    let ctl = File::open("/dev/loop-control").map_err(io("open /dev/loop-control".into()))?;
+    // A free device may be taken by someone else between GET_FREE and CONFIGURE: retry.
+    for _ in 0..8 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if n < 0 {
+            return Err(io("LOOP_CTL_GET_FREE".into())(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let dev_path = format!("/dev/loop{n}");
+        let dev = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev_path)
+            .map_err(io(format!("open {dev_path}")))?;
+        // SAFETY: all-zero is a valid loop_config.
+        let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+        cfg.fd = backing.as_raw_fd() as u32;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        // SAFETY: `cfg` is a valid loop_config that outlives the call.
+        let ret = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg) };
+        if ret != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                continue;
+            }
+            return Err(io(format!("LOOP_CONFIGURE {dev_path}"))(e));
+        }
+        let src = cstr(&dev_path)?;
+        let mounted = sys::mount(
+            Some(&src),
+            dir,
+            Some(c"ext4"),
+            libc::MS_NODEV | libc::MS_NOSUID,
+            None,
+            "mount volume",
+        );
+        // The loop device stays bound only while mounted (autoclear once `dev` closes).
+        drop(dev);
+        return mounted.map_err(JailError::from);
+    }
+    Err(JailError::Setup(format!(
+        "no free loop device for {}",
+        image.display()
+    )))
+}
+
+/// Unmount the volume at `dir` (which releases its loop device). Not mounted: nothing to do.
+pub fn unmount_image(dir: &Path) -> Result<(), JailError> {
+    if !is_mounted(dir)? {
+        return Ok(());
+    }
+    sys::umount2(dir, 0).map_err(JailError::from)
+}
+
+/// Bytes used and total of the filesystem at `dir`.
+pub fn usage(dir: &Path) -> Result<(u64, u64), JailError> {
+    let p = sys::cpath(dir)?;
+    // SAFETY: statvfs is plain old data; all-zero is valid to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is NUL-terminated and `st` a valid out-pointer, both outliving the call.
+    let ret = unsafe { libc::statvfs(p.as_ptr(), &mut st) };
+    if ret != 0 {
+        return Err(io(format!("statvfs {}", dir.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let total = st.f_blocks * st.f_frsize;
+    Ok((total - st.f_bfree * st.f_frsize, total))
+}
