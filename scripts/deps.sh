@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages Hutch and its tests need (idempotent).
 set -euo pipefail
-pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 nftables openssl python3 python3-pip python3-venv tmux)
+pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 nftables openssl e2fsprogs python3 python3-pip python3-venv tmux)
 # Node.js for the TypeScript SDK: the machine's own if present, else Debian's.
 command -v node >/dev/null || pkgs+=(nodejs npm)
 missing=()

@@ -11,9 +11,11 @@ import {
   lifecycleEvent,
   snapshot,
   template,
+  volume,
   type LifecycleEvent,
   type Snapshot,
   type Template,
+  type Volume,
 } from "./models.js";
 import { sseEvents } from "./sse.js";
 import { VERSION } from "./version.js";
@@ -227,6 +229,53 @@ export class Client {
    */
   async deleteSnapshot(snapshotId: string): Promise<void> {
     await this.request("DELETE", `/v1/snapshots/${encodeURIComponent(snapshotId)}`, { timeoutMs: null });
+  }
+
+  /**
+   * Create a durable volume: a fixed-size filesystem that outlives sandboxes. Mount it with
+   * `Sandbox.create({ volumes: [{ volume: vol.id, path: "/data" }] })` (the name works as well
+   * as the id). Writes beyond `sizeMib` fail inside the sandbox with `ENOSPC`.
+   * @param name 1–64 characters of `A-Z a-z 0-9 _ . -`, not starting with `.` or `vol_`;
+   *   unique per tenant.
+   * @param sizeMib Size limit in MiB, 4–1048576 (default 1024).
+   * @throws {@link InvalidRequest} for a bad name or size; {@link ConflictError} (409) when a
+   *   volume with this name exists.
+   */
+  async createVolume(name: string, sizeMib = 1024): Promise<Volume> {
+    return volume(
+      await this.requestJson<Record<string, unknown>>("POST", "/v1/volumes", {
+        json: { name, size_mib: sizeMib },
+        timeoutMs: null,
+      }),
+    );
+  }
+
+  /** The volumes this key's tenant may see. */
+  async volumes(): Promise<Volume[]> {
+    const doc = await this.requestJson<{ volumes?: Record<string, unknown>[] }>("GET", "/v1/volumes");
+    return (doc.volumes ?? []).map((v) => volume(v));
+  }
+
+  /**
+   * One volume, by id (`vol_…`) or name, with where it is attached (`attached`) and, while it is
+   * mounted, `usedBytes`.
+   * @throws {@link NotFoundError} when there is no such volume (or it is another tenant's).
+   */
+  async getVolume(idOrName: string): Promise<Volume> {
+    return volume(
+      await this.requestJson<Record<string, unknown>>("GET", `/v1/volumes/${encodeURIComponent(idOrName)}`),
+    );
+  }
+
+  /**
+   * Delete a volume, by id or name, and its data. The server refuses while the volume is
+   * attached to a sandbox, running, paused or hibernated: kill those first (`attached` from
+   * {@link getVolume} lists them).
+   * @throws {@link ConflictError} (409) while it is attached; {@link NotFoundError} when there
+   *   is no such volume.
+   */
+  async deleteVolume(idOrName: string): Promise<void> {
+    await this.request("DELETE", `/v1/volumes/${encodeURIComponent(idOrName)}`, { timeoutMs: null });
   }
 }
 

@@ -44,6 +44,9 @@ export type {
   Snapshot,
   Template,
   Usage,
+  Volume,
+  VolumeAttachment,
+  VolumeMountInfo,
 } from "./models.js";
 export { PtySession, type PtyOptions } from "./pty.js";
 export {

@@ -35,7 +35,18 @@ export interface SandboxInfo {
    * the sandbox's agent answered. Undefined everywhere else.
    */
   wokeInMs: number | undefined;
+  /** The volumes mounted in the sandbox (empty when none); `volume` is always the id. */
+  volumes: VolumeMountInfo[];
   raw: Record<string, unknown>;
+}
+
+/** A volume mounted in a sandbox (an entry of {@link SandboxInfo.volumes}). */
+export interface VolumeMountInfo {
+  /** The volume's id (`vol_…`), even when it was named by its name on create. */
+  volume: string;
+  /** Absolute path inside the sandbox. */
+  path: string;
+  readOnly: boolean;
 }
 
 /** The collected result of a command. A non-zero exit code is not an error. */
@@ -134,6 +145,40 @@ export interface Snapshot {
   raw: Record<string, unknown>;
 }
 
+/** Where a volume is mounted now (an entry of {@link Volume.attached}). */
+export interface VolumeAttachment {
+  /** The sandbox's id. */
+  sandbox: string;
+  /** Absolute path inside that sandbox. */
+  path: string;
+  readOnly: boolean;
+}
+
+/**
+ * A durable volume: a fixed-size ext4 filesystem that outlives the sandboxes using it. Mount it
+ * with `Sandbox.create({ volumes: [{ volume: vol.id, path: "/data" }] })`. It can be attached
+ * read-write to one sandbox at a time, or read-only to any number; writes beyond `sizeMib` fail
+ * inside the sandbox with `ENOSPC`. Forks get only their parent's read-only volumes. It cannot
+ * be deleted while attached: see `attached`.
+ */
+export interface Volume {
+  /** `vol_…`. */
+  id: string;
+  /** Unique per tenant; accepted wherever the id is. */
+  name: string;
+  /** Size limit in MiB. */
+  sizeMib: number;
+  createdAt: string;
+  /** Bytes in use; only while the volume is mounted (else undefined). */
+  usedBytes: number | undefined;
+  /**
+   * Sandboxes it is attached to (running, paused or hibernated); deleting it is a 409 while
+   * this is not empty.
+   */
+  attached: VolumeAttachment[];
+  raw: Record<string, unknown>;
+}
+
 /** How one command of an `explore` call did, in the child sandbox it ran in. */
 export interface ExploreOutcome {
   /** Position of the command in the `commands` given to `explore`. */
@@ -216,6 +261,12 @@ export function sandboxInfo(d: Json): SandboxInfo {
     forkedFrom: optStr(d.forked_from),
     idleHibernateSeconds: optNum(d.idle_hibernate_seconds),
     wokeInMs: optNum(d.woke_in_ms),
+    volumes: Array.isArray(d.volumes)
+      ? d.volumes.map((v) => {
+          const m = obj(v);
+          return { volume: str(m.volume), path: str(m.path), readOnly: m.read_only === true };
+        })
+      : [],
     raw: d,
   };
 }
@@ -305,6 +356,24 @@ export function snapshot(d: Json): Snapshot {
     sizeBytes: num(d.size_bytes),
     createdAt: str(d.created_at),
     usedBy: Array.isArray(d.used_by) ? d.used_by.map(String) : [],
+    raw: d,
+  };
+}
+
+/** @internal */
+export function volume(d: Json): Volume {
+  return {
+    id: str(d.id),
+    name: str(d.name),
+    sizeMib: num(d.size_mib),
+    createdAt: str(d.created_at),
+    usedBytes: optNum(d.used_bytes),
+    attached: Array.isArray(d.attached)
+      ? d.attached.map((a) => {
+          const m = obj(a);
+          return { sandbox: str(m.sandbox), path: str(m.path), readOnly: m.read_only === true };
+        })
+      : [],
     raw: d,
   };
 }

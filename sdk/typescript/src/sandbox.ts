@@ -41,10 +41,19 @@ export interface NetworkPolicy {
   deny?: string[];
 }
 
-/** A volume to attach. Not supported by the server yet (422 when non-empty). */
+/**
+ * A durable volume to mount on create (make one with {@link Client.createVolume}). Data written
+ * there outlives the sandbox (writes beyond the volume's size fail with `ENOSPC`). A volume can
+ * be attached read-write to one sandbox at a time, or read-only to any number; otherwise create
+ * is a 409. {@link SandboxInfo.volumes} lists the mounts (by id). Forks get only the read-only
+ * ones.
+ */
 export interface VolumeMount {
+  /** The volume's id (`vol_…`) or name. */
   volume: string;
+  /** Absolute, normalised path inside the sandbox; `/`, `/etc` and `/proc`, `/sys`, `/dev` are 422. */
   path: string;
+  /** Mount it read-only (default false). */
   readOnly?: boolean;
 }
 
@@ -68,6 +77,7 @@ export interface CreateOptions extends ConnectOptions {
   diskMib?: number;
   pidsMax?: number;
   network?: NetworkPolicy;
+  /** Durable volumes to mount; see {@link VolumeMount}. */
   volumes?: VolumeMount[];
   /**
    * Start from this snapshot (`snap_…`, from {@link Sandbox.snapshot}) instead of the bare
@@ -202,8 +212,10 @@ export class Sandbox implements AsyncDisposable {
 
   /**
    * Create a sandbox; it is `running` when the promise resolves.
-   * @throws {@link InvalidRequest} for a value the server refuses; {@link NotFoundError} for an
-   *   unknown template or snapshot; {@link ConflictError} when the template is not ready.
+   * @throws {@link InvalidRequest} for a value the server refuses (e.g. a bad volume path);
+   *   {@link NotFoundError} for an unknown template, snapshot or volume; {@link ConflictError}
+   *   when the template is not ready or a volume is attached elsewhere in a way that excludes
+   *   this mount.
    */
   static async create(opts: CreateOptions = {}): Promise<Sandbox> {
     const client = clientFor(opts);

@@ -41,6 +41,9 @@ from .models import (
     Snapshot,
     Template,
     Usage,
+    Volume,
+    VolumeAttachment,
+    VolumeMount,
 )
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
@@ -69,6 +72,9 @@ __all__ = [
     "Snapshot",
     "Template",
     "Usage",
+    "Volume",
+    "VolumeAttachment",
+    "VolumeMount",
     "HutchError",
     "AuthError",
     "PermissionDenied",

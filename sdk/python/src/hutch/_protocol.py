@@ -11,12 +11,16 @@ from urllib.parse import quote, urlencode
 
 from . import errors
 from ._config import Config
-from .models import SandboxInfo
+from .models import SandboxInfo, VolumeMount
 
 Command = Union[str, Sequence[str]]
 """A command: a string runs under ``/bin/sh -c``; a list runs that program without a shell."""
 
 _UNSET: Any = object()
+
+VolumeSpec = Union[Mapping[str, Any], VolumeMount]
+"""A volume to mount on create: ``{"volume": "vol_… or name", "path": "/data",
+"read_only": False}`` or a :class:`~hutch.VolumeMount`."""
 
 
 @dataclass
@@ -55,7 +59,7 @@ def create_body(
     disk_mib: Optional[int],
     pids_max: Optional[int],
     network: Optional[Mapping[str, Any]],
-    volumes: Optional[Sequence[Mapping[str, Any]]],
+    volumes: Optional[Sequence[VolumeSpec]],
     snapshot: Optional[str],
     idle_hibernate_seconds: Optional[int] = None,
 ) -> Dict[str, Any]:
@@ -72,11 +76,15 @@ def create_body(
             "disk_mib": disk_mib,
             "pids_max": pids_max,
             "network": dict(network) if network is not None else None,
-            "volumes": [dict(v) for v in volumes] if volumes is not None else None,
+            "volumes": [volume_json(v) for v in volumes] if volumes is not None else None,
             "snapshot": snapshot,
             "idle_hibernate_seconds": idle_hibernate_seconds,
         }
     )
+
+
+def volume_json(v: VolumeSpec) -> Dict[str, Any]:
+    return v.to_json() if isinstance(v, VolumeMount) else dict(v)
 
 
 def command_json(cmd: Command) -> Union[str, List[str]]:
@@ -120,6 +128,10 @@ def explore_read_timeout(timeout: Optional[float]) -> Optional[float]:
 
 def snapshot_path(snapshot_id: str) -> str:
     return f"/v1/snapshots/{quote(snapshot_id, safe='')}"
+
+
+def volume_path(volume: str) -> str:
+    return f"/v1/volumes/{quote(volume, safe='')}"
 
 
 def list_params(

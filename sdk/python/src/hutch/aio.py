@@ -39,6 +39,7 @@ from .models import (
     Snapshot,
     Template,
     Usage,
+    Volume,
 )
 
 __all__ = [
@@ -200,6 +201,33 @@ class AsyncClient:
         """
         await self.request(p.Request("DELETE", p.snapshot_path(snapshot_id), timeout=None))
 
+    async def create_volume(self, name: str, size_mib: int = 1024) -> Volume:
+        """Create a durable volume (see :meth:`hutch.Client.create_volume`)."""
+        doc = await self.request_json(
+            p.Request(
+                "POST", "/v1/volumes", json={"name": name, "size_mib": size_mib}, timeout=None
+            )
+        )
+        return Volume.from_json(doc)
+
+    async def volumes(self) -> List[Volume]:
+        """The volumes this key's tenant may see (see :meth:`hutch.Client.volumes`)."""
+        doc = await self.request_json(p.Request("GET", "/v1/volumes"))
+        return [Volume.from_json(v) for v in doc.get("volumes", [])]
+
+    async def get_volume(self, volume: str) -> Volume:
+        """One volume by id (``vol_…``) or name, with where it is attached; ``NotFoundError``
+        if there is none."""
+        return Volume.from_json(await self.request_json(p.Request("GET", p.volume_path(volume))))
+
+    async def delete_volume(self, volume: str) -> None:
+        """Delete a volume (by id or name) and its data.
+
+        Refused with :class:`~hutch.errors.ConflictError` (409) while it is attached to a
+        sandbox, running, paused or hibernated (``attached`` lists them): kill them first.
+        """
+        await self.request(p.Request("DELETE", p.volume_path(volume), timeout=None))
+
 
 def _client_for(
     client: Optional[AsyncClient], url: Optional[str], api_key: Optional[str]
@@ -317,14 +345,15 @@ class AsyncSandbox:
         disk_mib: Optional[int] = None,
         pids_max: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
-        volumes: Optional[Sequence[Mapping[str, Any]]] = None,
+        volumes: Optional[Sequence[p.VolumeSpec]] = None,
         snapshot: Optional[str] = None,
         idle_hibernate_seconds: Optional[int] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         api_key: Optional[str] = None,
     ) -> PendingSandbox:
-        """Create a sandbox (arguments as :meth:`hutch.Sandbox.create`).
+        """Create a sandbox (arguments as :meth:`hutch.Sandbox.create`, including ``volumes``:
+        durable volumes from :meth:`AsyncClient.create_volume` to mount).
 
         ``await AsyncSandbox.create()`` gives the sandbox; ``async with AsyncSandbox.create()
         as sb:`` also kills it when the block ends (unless persistent), even on error.

@@ -22,6 +22,29 @@ def _opt_int(v: Any) -> Optional[int]:
 
 
 @dataclass
+class VolumeMount:
+    """A volume mounted in a sandbox (an entry of :attr:`SandboxInfo.volumes`)."""
+
+    volume: str
+    """The volume's id (``vol_…``), even when it was named by its name on create."""
+    path: str
+    """Absolute path inside the sandbox."""
+    read_only: bool = False
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> VolumeMount:
+        return cls(
+            volume=str(d.get("volume", "")),
+            path=str(d.get("path", "")),
+            read_only=bool(d.get("read_only", False)),
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """The mount as ``Sandbox.create(volumes=[…])`` sends it."""
+        return {"volume": self.volume, "path": self.path, "read_only": self.read_only}
+
+
+@dataclass
 class SandboxInfo:
     """A sandbox as the server last described it."""
 
@@ -53,6 +76,8 @@ class SandboxInfo:
     woke_in_ms: Optional[int] = None
     """Only in the answer of :meth:`~hutch.Sandbox.wake`: milliseconds from the start of the
     wake until the sandbox's agent answered. ``None`` everywhere else."""
+    volumes: List[VolumeMount] = field(default_factory=list)
+    """The volumes mounted in the sandbox (empty when none)."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -77,6 +102,9 @@ class SandboxInfo:
             forked_from=d.get("forked_from"),
             idle_hibernate_seconds=_opt_int(d.get("idle_hibernate_seconds")),
             woke_in_ms=_opt_int(d.get("woke_in_ms")),
+            volumes=[
+                VolumeMount.from_json(v) for v in d.get("volumes") or [] if isinstance(v, dict)
+            ],
             raw=dict(d),
         )
 
@@ -362,3 +390,63 @@ class ExploreResult:
                 raise HutchError("the explore answer names no winner")
             winner = kept[0]
         return cls(winner=winner, outcomes=outcomes, raw=dict(d))
+
+
+@dataclass
+class VolumeAttachment:
+    """Where a volume is mounted now (an entry of :attr:`Volume.attached`)."""
+
+    sandbox: str
+    """The sandbox's id."""
+    path: str
+    """Absolute path inside that sandbox."""
+    read_only: bool = False
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> VolumeAttachment:
+        return cls(
+            sandbox=str(d.get("sandbox", "")),
+            path=str(d.get("path", "")),
+            read_only=bool(d.get("read_only", False)),
+        )
+
+
+@dataclass
+class Volume:
+    """A durable volume: a fixed-size ext4 filesystem that outlives the sandboxes using it.
+
+    Mount it with ``Sandbox.create(volumes=[{"volume": vol.id, "path": "/data"}])``. It can
+    be attached read-write to one sandbox at a time, or read-only to any number; writes
+    beyond :attr:`size_mib` fail inside the sandbox with ``ENOSPC``. Forks get only their
+    parent's read-only volumes. It cannot be deleted while attached: see :attr:`attached`.
+    """
+
+    id: str
+    """``vol_…``."""
+    name: str
+    """Unique per tenant; accepted wherever the id is."""
+    size_mib: int
+    """Size limit in MiB."""
+    created_at: str
+    used_bytes: Optional[int] = None
+    """Bytes in use; only while the volume is mounted (else ``None``)."""
+    attached: List[VolumeAttachment] = field(default_factory=list)
+    """Sandboxes it is attached to (running, paused or hibernated); deleting it is a 409
+    while this is not empty."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> Volume:
+        return cls(
+            id=str(d.get("id", "")),
+            name=str(d.get("name") or ""),
+            size_mib=int(d.get("size_mib") or 0),
+            created_at=str(d.get("created_at", "")),
+            used_bytes=_opt_int(d.get("used_bytes")),
+            attached=[
+                VolumeAttachment.from_json(a)
+                for a in d.get("attached") or []
+                if isinstance(a, dict)
+            ],
+            raw=dict(d),
+        )

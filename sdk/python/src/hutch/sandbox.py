@@ -35,6 +35,7 @@ from .models import (
     Snapshot,
     Template,
     Usage,
+    Volume,
 )
 
 __all__ = ["Client", "Sandbox", "Files", "PtySession", "EventStream"]
@@ -223,6 +224,56 @@ class Client:
         """
         self.request(p.Request("DELETE", p.snapshot_path(snapshot_id), timeout=None))
 
+    def create_volume(self, name: str, size_mib: int = 1024) -> Volume:
+        """Create a durable volume: a fixed-size filesystem that outlives sandboxes.
+
+        Mount it with ``Sandbox.create(volumes=[{"volume": vol.id, "path": "/data"}])``
+        (the name works as well as the id). Its data survives the sandboxes; writes beyond
+        ``size_mib`` fail inside the sandbox with ``ENOSPC``.
+
+        Args:
+            name: 1–64 characters of ``A-Z a-z 0-9 _ . -``, not starting with ``.`` or
+                ``vol_``; unique per tenant.
+            size_mib: Size limit in MiB, 4–1048576.
+
+        Raises:
+            InvalidRequest: A bad name or size.
+            ConflictError: A volume with this name exists already.
+        """
+        doc = self.request_json(
+            p.Request(
+                "POST", "/v1/volumes", json={"name": name, "size_mib": size_mib}, timeout=None
+            )
+        )
+        return Volume.from_json(doc)
+
+    def volumes(self) -> List[Volume]:
+        """The volumes this key's tenant may see."""
+        doc = self.request_json(p.Request("GET", "/v1/volumes"))
+        return [Volume.from_json(v) for v in doc.get("volumes", [])]
+
+    def get_volume(self, volume: str) -> Volume:
+        """One volume, by id (``vol_…``) or name, with where it is attached
+        (:attr:`Volume.attached`) and, while mounted, :attr:`Volume.used_bytes`.
+
+        Raises:
+            NotFoundError: No such volume (or another tenant's).
+        """
+        return Volume.from_json(self.request_json(p.Request("GET", p.volume_path(volume))))
+
+    def delete_volume(self, volume: str) -> None:
+        """Delete a volume, by id or name, and its data.
+
+        The server refuses while the volume is attached to a sandbox, running, paused or
+        hibernated: kill those first (:attr:`Volume.attached` from :meth:`get_volume` lists
+        them).
+
+        Raises:
+            ConflictError: The volume is attached to a sandbox (409).
+            NotFoundError: No such volume.
+        """
+        self.request(p.Request("DELETE", p.volume_path(volume), timeout=None))
+
 
 def _client_for(client: Optional[Client], url: Optional[str], api_key: Optional[str]) -> Client:
     if client is not None:
@@ -316,7 +367,7 @@ class Sandbox:
         disk_mib: Optional[int] = None,
         pids_max: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
-        volumes: Optional[Sequence[Mapping[str, Any]]] = None,
+        volumes: Optional[Sequence[p.VolumeSpec]] = None,
         snapshot: Optional[str] = None,
         idle_hibernate_seconds: Optional[int] = None,
         client: Optional[Client] = None,
@@ -343,8 +394,13 @@ class Sandbox:
                 ``*.suffix`` wildcards; an allow match wins over a deny match, which wins
                 over ``egress``). Default ``allow`` on a server with networking; a server
                 started with ``--network off`` accepts only ``{"egress": "none"}``.
-            volumes: ``[{"volume": "vol_…", "path": "/data", "read_only": False}]``. Not
-                supported by the server yet (422 when non-empty).
+            volumes: Durable volumes to mount (create them with :meth:`Client.create_volume`):
+                ``[{"volume": "vol_… or name", "path": "/data", "read_only": False}]`` or
+                :class:`~hutch.VolumeMount` objects. Data written there outlives the sandbox
+                (writes beyond the volume's size fail with ``ENOSPC``). A volume can be
+                attached read-write to one sandbox at a time, or read-only to any number: else
+                409. :attr:`SandboxInfo.volumes` lists the mounts (by id). Forks get only the
+                read-only ones.
             snapshot: Start from this snapshot (``snap_…``, from :meth:`snapshot`) instead of
                 the bare template: the sandbox gets the snapshot's files, copy-on-write (nothing
                 is copied), over the snapshot's template, and the resources and environment of
@@ -362,9 +418,11 @@ class Sandbox:
             api_key: API key, when no ``client`` is given.
 
         Raises:
-            InvalidRequest: A value the server refuses.
-            NotFoundError: No such template or snapshot.
-            ConflictError: The template is not ready.
+            InvalidRequest: A value the server refuses (e.g. a relative volume path, or one
+                under ``/proc``).
+            NotFoundError: No such template, snapshot or volume.
+            ConflictError: The template is not ready, or a volume is attached elsewhere in a
+                way that excludes this mount.
         """
         c = _client_for(client, url, api_key)
         body = p.create_body(
