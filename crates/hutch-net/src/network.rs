@@ -206,12 +206,7 @@ impl Network {
             .pool
             .slot(index)
             .ok_or_else(|| NetError::PoolExhausted(self.inner.cfg.pool.to_string()))?;
-        let built = link::build_slot(&self.inner.host_ns, addrs)?;
-        if let Err(e) = nft::run(&nft::slot_objects(index)) {
-            let _ = link::remove_host_link(&self.inner.host_ns, index);
-            return Err(e);
-        }
-        Ok(built)
+        link::build_slot(&self.inner.host_ns, addrs)
     }
 
     fn take_index(&self, st: &mut State) -> Result<u32, NetError> {
@@ -313,13 +308,13 @@ impl Network {
     }
 
     fn discard(&self, index: u32, netns: OwnedFd) {
-        if let Err(e) = nft::run(&nft::remove_slot(index)) {
-            tracing::warn!(index, error = %e, "removing a slot's rules failed");
-        }
         if let Err(e) = link::remove_host_link(&self.inner.host_ns, index) {
             tracing::warn!(index, error = %e, "removing a slot's link failed");
         }
         drop(netns);
+        if let Err(e) = nft::run(&nft::remove_slot(index)) {
+            tracing::warn!(index, error = %e, "removing a slot's rules failed");
+        }
         self.state().recycled.push(index);
     }
 
@@ -346,7 +341,15 @@ impl Network {
             for p in slot.proxied.values() {
                 p.abort.abort();
             }
-            self.discard(index, slot.netns);
+            // The link, rules and counters go in the background; the number is reused only
+            // once they are gone.
+            let net = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("hutch-net-release".into())
+                .spawn(move || net.discard(index, slot.netns));
+            if let Err(e) = spawned {
+                tracing::warn!(index, error = %e, "no thread to release a slot; leaking it");
+            }
         }
     }
 
@@ -367,7 +370,6 @@ impl Network {
         let netns: OwnedFd = std::fs::File::open(netns_path)
             .map(OwnedFd::from)
             .map_err(NetError::sys(format!("open {}", netns_path.display())))?;
-        nft::run(&nft::slot_objects(index))?;
         nft::run(&nft::apply_policy(
             index,
             policy,
@@ -461,10 +463,7 @@ impl Network {
     /// Traffic of slot `index` so far.
     pub fn traffic(&self, index: u32) -> Result<Traffic, NetError> {
         let all = nft::counters()?;
-        Ok(Traffic {
-            connections_out: all.get(&format!("c{index}")).map_or(0, |c| c.packets),
-            bytes_out: all.get(&format!("b{index}")).map_or(0, |c| c.bytes),
-        })
+        Ok(traffic_of(&all, index))
     }
 
     /// Traffic of every slot in use, by sandbox id.
@@ -474,15 +473,7 @@ impl Network {
         Ok(st
             .used
             .iter()
-            .map(|(i, s)| {
-                (
-                    s.sandbox.clone(),
-                    Traffic {
-                        connections_out: all.get(&format!("c{i}")).map_or(0, |c| c.packets),
-                        bytes_out: all.get(&format!("b{i}")).map_or(0, |c| c.bytes),
-                    },
-                )
-            })
+            .map(|(i, s)| (s.sandbox.clone(), traffic_of(&all, *i)))
             .collect())
     }
 
@@ -552,6 +543,17 @@ impl Network {
         if let Some(slot) = self.state().used.get_mut(&index) {
             slot.proxied.remove(&id);
         }
+    }
+}
+
+fn traffic_of(all: &HashMap<String, (nft::Counter, nft::Counter)>, index: u32) -> Traffic {
+    let (conns, bytes) = all
+        .get(&crate::addr::host_ifname(index))
+        .copied()
+        .unwrap_or_default();
+    Traffic {
+        connections_out: conns.packets,
+        bytes_out: bytes.bytes,
     }
 }
 

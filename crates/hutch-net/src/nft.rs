@@ -69,11 +69,11 @@ table inet hutch {{
   set mining_tcp {{ type inet_service; {mining}}}
   set proxied {{ type ifname; }}
   map sandbox_policy {{ type ifname : verdict; }}
-  map conn_counters {{ type ifname : counter; }}
-  map byte_counters {{ type ifname : counter; }}
+  set conn_count {{ type ifname; flags dynamic; }}
+  set byte_count {{ type ifname; flags dynamic; }}
   chain prerouting_filter {{
     type filter hook prerouting priority -150; policy accept;
-    iifname "hz*" counter name iifname map @byte_counters
+    iifname "hz*" update @byte_count {{ iifname counter }}
     iifname "hz*" meta nfproto ipv6 drop comment "sandbox networks are IPv4 only"
     iifname "hz*" ip saddr != {pool} drop comment "anti-spoof: outside the pool"
     iifname "hz*" fib saddr . iif oif missing drop comment "anti-spoof: not this slot's address"
@@ -87,7 +87,7 @@ table inet hutch {{
     type filter hook input priority 0; policy accept;
     iifname "hz*" ct state established,related accept
     iifname "hz*" meta l4proto {{ tcp, udp }} th dport {res} accept comment "resolver"
-    iifname "hz*" tcp dport {proxy} ct state new counter name iifname map @conn_counters accept comment "proxy"
+    iifname "hz*" tcp dport {proxy} ct state new update @conn_count {{ iifname counter }} accept comment "proxy"
     iifname "hz*" tcp dport {proxy} accept
     iifname "hz*" drop comment "the host's own services (Hutch's API included)"
     iifname != "hz*" iifname != "lo" meta l4proto {{ tcp, udp }} th dport {{ {res}, {proxy} }} drop comment "resolver and proxy serve sandboxes only"
@@ -101,7 +101,7 @@ table inet hutch {{
     iifname "hz*" ip daddr {{ 0.0.0.0/8, 127.0.0.0/8, 224.0.0.0/4, 255.255.255.255 }} drop
     iifname "hz*" tcp dport @mining_tcp reject with tcp reset comment "mining pools"
     iifname "hz*" meta l4proto {{ tcp, udp }} th dport 53 drop comment "DNS only through Hutch"
-    iifname "hz*" ct state new counter name iifname map @conn_counters
+    iifname "hz*" ct state new update @conn_count {{ iifname counter }}
     iifname "hz*" iifname vmap @sandbox_policy
     iifname "hz*" accept
   }}
@@ -118,30 +118,17 @@ fn chain(index: u32) -> String {
     format!("p{index}")
 }
 
-/// Script creating slot `index`'s counters (run once when the slot is built).
-pub fn slot_objects(index: u32) -> String {
-    let ifname = host_ifname(index);
-    format!(
-        "add counter {TABLE} c{index}\nadd counter {TABLE} b{index}\n\
-         add element {TABLE} conn_counters {{ \"{ifname}\" : \"c{index}\" }}\n\
-         add element {TABLE} byte_counters {{ \"{ifname}\" : \"b{index}\" }}\n"
-    )
-}
-
-/// Script removing everything of slot `index` (policy chain, sets, counters). Each object is
-/// first (re)declared so the deletes succeed whether or not it existed.
+/// Script removing everything of slot `index` (policy chain, sets, traffic counters). Each
+/// object is first (re)declared so the deletes succeed whether or not it existed.
 pub fn remove_slot(index: u32) -> String {
     let mut s = clear_policy(index);
     let ifname = host_ifname(index);
-    let _ = write!(
-        s,
-        "add counter {TABLE} c{index}\nadd counter {TABLE} b{index}\n\
-         add element {TABLE} conn_counters {{ \"{ifname}\" : \"c{index}\" }}\n\
-         add element {TABLE} byte_counters {{ \"{ifname}\" : \"b{index}\" }}\n\
-         delete element {TABLE} conn_counters {{ \"{ifname}\" }}\n\
-         delete element {TABLE} byte_counters {{ \"{ifname}\" }}\n\
-         delete counter {TABLE} c{index}\ndelete counter {TABLE} b{index}\n"
-    );
+    for set in ["conn_count", "byte_count"] {
+        let _ = write!(
+            s,
+            "add element {TABLE} {set} {{ \"{ifname}\" }}\ndelete element {TABLE} {set} {{ \"{ifname}\" }}\n"
+        );
+    }
     s
 }
 
@@ -318,35 +305,44 @@ pub struct Counter {
     pub bytes: u64,
 }
 
-/// Every counter of the table by name.
-pub fn counters() -> Result<HashMap<String, Counter>, NetError> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "counters", "table", "inet", "hutch"])
-        .output()
-        .map_err(|e| NetError::Nft(format!("run nft: {e}")))?;
-    if !out.status.success() {
-        return Err(NetError::Nft(format!(
-            "listing counters: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|e| NetError::Nft(format!("nft -j output: {e}")))?;
-    let mut map = HashMap::new();
-    for item in v["nftables"].as_array().into_iter().flatten() {
-        if let Some(c) = item.get("counter") {
-            if let Some(name) = c["name"].as_str() {
-                map.insert(
-                    name.to_string(),
-                    Counter {
-                        packets: c["packets"].as_u64().unwrap_or(0),
-                        bytes: c["bytes"].as_u64().unwrap_or(0),
-                    },
-                );
+/// Traffic counters of every sandbox interface: (connections, bytes) by interface name.
+pub fn counters() -> Result<HashMap<String, (Counter, Counter)>, NetError> {
+    let mut out: HashMap<String, (Counter, Counter)> = HashMap::new();
+    for (set, conns) in [("conn_count", true), ("byte_count", false)] {
+        let res = Command::new("nft")
+            .args(["-j", "list", "set", "inet", "hutch", set])
+            .output()
+            .map_err(|e| NetError::Nft(format!("run nft: {e}")))?;
+        if !res.status.success() {
+            return Err(NetError::Nft(format!(
+                "listing {set}: {}",
+                String::from_utf8_lossy(&res.stderr).trim()
+            )));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&res.stdout)
+            .map_err(|e| NetError::Nft(format!("nft -j output: {e}")))?;
+        for item in v["nftables"].as_array().into_iter().flatten() {
+            for e in item["set"]["elem"].as_array().into_iter().flatten() {
+                // An element is a bare name until its rule has counted something.
+                let (name, c) = match e.as_str() {
+                    Some(n) => (Some(n), &serde_json::Value::Null),
+                    None => (e["elem"]["val"].as_str(), &e["elem"]["counter"]),
+                };
+                let Some(name) = name else { continue };
+                let counter = Counter {
+                    packets: c["packets"].as_u64().unwrap_or(0),
+                    bytes: c["bytes"].as_u64().unwrap_or(0),
+                };
+                let entry = out.entry(name.to_string()).or_default();
+                if conns {
+                    entry.0 = counter;
+                } else {
+                    entry.1 = counter;
+                }
             }
         }
     }
-    Ok(map)
+    Ok(out)
 }
 
 #[cfg(test)]
