@@ -76,6 +76,8 @@ pub struct VmConfig {
     pub agent_socket: PathBuf,
     /// Where the guest's serial console goes; `None` discards it.
     pub console_log: Option<PathBuf>,
+    /// The root disk (a qcow2 image), attached as `virtio-blk` (`/dev/vda` in the guest).
+    pub root_disk: Option<PathBuf>,
     /// Start with `-incoming defer` (restore).
     pub incoming: bool,
     /// Apply QEMU's seccomp sandbox (`spawn=deny` and friends).
@@ -98,6 +100,7 @@ impl VmConfig {
             qmp_socket: dir.join("qmp.sock"),
             agent_socket: dir.join("agent.sock"),
             console_log: None,
+            root_disk: None,
             incoming: false,
             seccomp: true,
         }
@@ -157,6 +160,16 @@ impl VmConfig {
                 escape(&self.agent_socket)
             ),
         ]);
+        if let Some(disk) = &self.root_disk {
+            push(&[
+                "-drive",
+                &format!(
+                    "file={},format=qcow2,if=none,id=root,cache=writeback,discard=unmap",
+                    escape(disk)
+                ),
+            ]);
+            push(&["-device", "virtio-blk-device,drive=root"]);
+        }
         push(&["-device", "virtio-serial-device,max_ports=2"]);
         push(&[
             "-device",
@@ -205,10 +218,10 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, String)> {
     Some((major, minor, full))
 }
 
-/// A running QEMU, killed (SIGKILL by pid) and reaped when dropped.
+/// A running QEMU, killed (SIGKILL by pid) and reaped when dropped, unless detached.
 #[derive(Debug)]
 pub struct QemuProcess {
-    child: Child,
+    child: Option<Child>,
     log: PathBuf,
 }
 
@@ -242,19 +255,27 @@ impl QemuProcess {
                 },
             })?;
         Ok(Self {
-            child,
+            child: Some(child),
             log: log.to_path_buf(),
         })
     }
 
     /// QEMU's pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// `Some(status)` once QEMU has exited.
     pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// Let QEMU run on without this handle: it is no longer killed on drop, and whoever
+    /// owns its pid (the server, through a pidfd) must reap it. Returns the pid.
+    pub fn detach(mut self) -> u32 {
+        let pid = self.pid();
+        self.child = None;
+        pid
     }
 
     /// The tail of QEMU's stdout/stderr, for error messages.
@@ -267,10 +288,13 @@ impl QemuProcess {
 
 impl Drop for QemuProcess {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
         }
-        let _ = self.child.wait();
+        let _ = child.wait();
     }
 }
 
