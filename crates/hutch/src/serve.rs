@@ -33,6 +33,17 @@ pub struct ServeArgs {
     /// How often to look for expired sandboxes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub reaper_interval_ms: u64,
+    /// Cache of the vm backend: guest kernel, initramfs, template images, snapshots
+    /// (default `<state-dir>/vm`; several servers may share one).
+    #[arg(long)]
+    pub vm_dir: Option<PathBuf>,
+    /// QEMU binary of the vm backend.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub qemu: PathBuf,
+    /// An unpacked Debian linux-image-*-cloud-amd64 package to boot vm guests with, instead
+    /// of fetching one with apt-get download.
+    #[arg(long)]
+    pub vm_kernel_root: Option<PathBuf>,
 }
 
 /// Build a template, printing progress to stderr.
@@ -122,6 +133,11 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.default_template = args.default_template;
     cfg.default_ttl_seconds = args.default_ttl;
     cfg.reaper_interval = Duration::from_millis(args.reaper_interval_ms.max(10));
+    if let Some(dir) = args.vm_dir {
+        cfg.vm_dir = dir;
+    }
+    cfg.qemu = args.qemu;
+    cfg.vm_kernel_root = args.vm_kernel_root;
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

@@ -78,7 +78,11 @@ impl Manager {
             .map(|p| p.display().to_string())
             .collect();
         self.store.update(&record)?;
-        let client = match self.connect_agent(backend.as_ref(), &record.id).await {
+        let connected = match started.agent {
+            Some(client) => Ok(client),
+            None => self.connect_agent(backend.as_ref(), &record.id).await,
+        };
+        let client = match connected {
             Ok(c) => c,
             Err(e) => return Err(self.fail_create(record, e).await),
         };
@@ -179,6 +183,12 @@ impl Manager {
             )));
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
+        if isolation == crate::model::Isolation::Vm && idle_hibernate_seconds.is_some() {
+            return Err(CoreError::Unsupported(
+                "idle_hibernate_seconds: hibernation is not supported on vm sandboxes yet (it is on ns)"
+                    .into(),
+            ));
+        }
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
         let now = now_ms();
