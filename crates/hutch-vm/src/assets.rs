@@ -58,6 +58,10 @@ pub struct AssetConfig {
     pub kernel_root: Option<PathBuf>,
     /// Accelerator the bakes (and so every restore) use.
     pub accel: Accel,
+    /// Group given read-write access to bakes' memory files (mode 0660, owner root), for
+    /// QEMUs that run as unprivileged uids: QEMU 7.2 opens a `memory-backend-file`
+    /// read-write even when it maps it privately.
+    pub memory_group: Option<u32>,
 }
 
 /// A bootable kernel and initramfs.
@@ -246,11 +250,13 @@ impl Assets {
             state: dir.join("state"),
         };
         if dir.join(COMPLETE).is_file() {
+            self.share_memory_file(&dir)?;
             return Ok(snap);
         }
         std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
         let _lock = FileLock::exclusive(&dir.with_extension("lock")).map_err(io("lock bake"))?;
         if dir.join(COMPLETE).is_file() {
+            self.share_memory_file(&dir)?;
             return Ok(snap);
         }
         for stale in ["disk.qcow2", "memory", "state"] {
@@ -264,6 +270,7 @@ impl Assets {
             BAKE_BOOT_TIMEOUT,
         )
         .await?;
+        self.share_memory_file(&dir)?;
         std::fs::write(dir.join(COMPLETE), b"").map_err(io("mark bake"))?;
         tracing::info!(
             key,
@@ -273,6 +280,21 @@ impl Assets {
             "template snapshot baked"
         );
         Ok(snap)
+    }
+}
+
+impl Assets {
+    /// Give [`AssetConfig::memory_group`] read-write access to a bake's memory file.
+    fn share_memory_file(&self, dir: &Path) -> Result<(), VmError> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(group) = self.cfg.memory_group else {
+            return Ok(());
+        };
+        let memory = dir.join("memory");
+        std::os::unix::fs::chown(&memory, Some(0), Some(group))
+            .map_err(io(format!("chown {}", memory.display())))?;
+        std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o660))
+            .map_err(io(format!("chmod {}", memory.display())))
     }
 }
 

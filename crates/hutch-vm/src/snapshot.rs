@@ -286,6 +286,7 @@ pub async fn restore(
     snapshot: &Snapshot,
     dir: &Path,
     root_disk: Option<PathBuf>,
+    jail: Option<crate::qemu::QemuJail>,
     timeout: Duration,
 ) -> Result<(Guest, AgentClient, RestoreReport), VmError> {
     let config = VmConfig {
@@ -299,6 +300,7 @@ pub async fn restore(
             .as_ref()
             .map(|_| dir.join("console.log")),
         root_disk,
+        jail,
         ..snapshot.config.clone()
     };
     let started = Instant::now();

@@ -79,6 +79,7 @@ async fn bake_restore_and_ask_the_agent() {
         busybox: busybox.clone(),
         kernel_root: std::env::var_os("HUTCH_VM_KERNEL_ROOT").map(PathBuf::from),
         accel: Accel::Tcg,
+        memory_group: None,
     });
 
     let t = Instant::now();
@@ -115,7 +116,7 @@ async fn bake_restore_and_ask_the_agent() {
         .expect("overlay");
         let overlay_time = t.elapsed();
         let (guest, client, report) =
-            snapshot::restore(&snap, &dir, Some(overlay), Duration::from_secs(20))
+            snapshot::restore(&snap, &dir, Some(overlay), None, Duration::from_secs(20))
                 .await
                 .expect("restore");
         assert_ne!(

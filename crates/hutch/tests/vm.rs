@@ -242,3 +242,75 @@ async fn a_guest_using_more_than_its_ram_is_oom_killed_inside_the_guest() {
     assert_eq!(state_of(&s, &id).await["state"], "running");
     assert!(!host_before.is_empty());
 }
+
+#[tokio::test]
+async fn qemu_runs_jailed_with_its_own_uid_namespaces_and_cgroup() {
+    let s = TestServer::start().await;
+    let id = s
+        .create_id(json!({"isolation": "vm", "memory_mib": 256}))
+        .await;
+    let pid = qemu_pid(&s, &id).expect("QEMU");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let uids = field("Uid:");
+    assert!(
+        uids.iter().all(|u| *u != "0"),
+        "QEMU runs as root: {uids:?}"
+    );
+    assert_eq!(field("CapEff:"), ["0000000000000000"], "{status}");
+    assert_eq!(field("NoNewPrivs:"), ["1"]);
+    assert_eq!(field("Seccomp:"), ["2"], "QEMU's -sandbox filter is on");
+    for ns in ["net", "ipc", "uts"] {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).expect("ns");
+        let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).expect("ns");
+        assert_ne!(theirs, ours, "QEMU shares the host's {ns} namespace");
+    }
+    // cgroup v1 (or hybrid): the memory hierarchy; pure v2: the unified one.
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let v1 = cgroups
+        .lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+        })
+        .and_then(|l| l.split(':').nth(2));
+    let (cgroup_dir, limit_file) = match v1 {
+        Some(path) => (
+            format!("/sys/fs/cgroup/memory{path}"),
+            "memory.limit_in_bytes",
+        ),
+        None => {
+            let path = cgroups
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .expect("a cgroup");
+            (format!("/sys/fs/cgroup{path}"), "memory.max")
+        }
+    };
+    assert!(cgroup_dir.ends_with(&format!("/{id}")), "{cgroups}");
+    let limit = std::fs::read_to_string(format!("{cgroup_dir}/{limit_file}")).expect("limit");
+    assert_eq!(limit.trim(), ((256u64 + 256) << 20).to_string());
+    // Its files: the overlay belongs to QEMU's uid and nobody else.
+    let dir = s.state_dir.join("sandboxes").join(&id);
+    let meta = std::fs::metadata(dir.join("disk.qcow2")).expect("overlay");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(meta.uid().to_string(), uids[0]);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let usage = s
+        .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await
+        .1;
+    assert_eq!(usage["state"], "running");
+    assert_eq!(s.kill(&id).await, 204);
+    assert!(
+        !std::path::Path::new(&cgroup_dir).exists(),
+        "the cgroup is removed with the sandbox"
+    );
+}

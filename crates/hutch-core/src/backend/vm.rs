@@ -26,6 +26,7 @@ use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
+use super::ns::UID_RANGE;
 use super::{Backend, SnapshotTaken, Started, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
@@ -39,6 +40,14 @@ const QMP_TIMEOUT: Duration = Duration::from_secs(5);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Host entropy given to every restored guest.
 const ENTROPY_BYTES: usize = 64;
+/// Group of the vm QEMUs that may open template memory files (QEMU 7.2 opens them
+/// read-write even to map them privately): just below the first sandbox's uid range
+/// (uid slots start at 16).
+pub const MEMORY_GID: u32 = 16 * UID_RANGE - 1;
+/// Memory QEMU itself may use beyond the guest's RAM (its own heap, TCG's code buffer).
+const QEMU_OVERHEAD_MIB: u64 = 256;
+/// Threads QEMU may run (vCPUs, I/O, RCU, migration).
+const QEMU_PIDS_MAX: u32 = 64;
 
 fn vm_error(e: VmError) -> CoreError {
     match e {
@@ -77,6 +86,7 @@ impl VmBackend {
             busybox: cfg.busybox.clone(),
             kernel_root: cfg.vm_kernel_root.clone(),
             accel: hutch_vm::qemu::Accel::Tcg,
+            memory_group: Some(MEMORY_GID),
         });
         Self {
             cfg,
@@ -182,7 +192,8 @@ impl VmBackend {
             .await
             .map_err(vm_error)?;
         let dir = self.dir(&r.id);
-        create_private_dir(&dir)?;
+        let uid = r.uid_slot * UID_RANGE;
+        create_private_dir(&dir, uid)?;
         let overlay = dir.join("disk.qcow2");
         let base = snap
             .config
@@ -190,24 +201,59 @@ impl VmBackend {
             .clone()
             .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
         disk::make_overlay(&base, "qcow2", &overlay).map_err(|e| vm_error(e.into()))?;
-        let (guest, client, report) =
-            snapshot::restore(&snap, &dir, Some(overlay), RESTORE_TIMEOUT)
-                .await
-                .map_err(vm_error)?;
-        client.identity(&Self::identity(r)?).await.map_err(|e| {
-            CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
-        })?;
-        let pid = guest.detach() as i32;
-        let start = hutch_jail::start_time(pid).ok_or_else(|| {
-            CoreError::SandboxFailed(format!("QEMU (pid {pid}) exited right after the restore"))
-        })?;
-        tracing::debug!(id = %r.id, pid, ms = report.to_first_reply.as_millis() as u64, "vm restored");
-        Ok(Started {
-            init_pid: pid,
-            init_start_time: start,
-            cgroups: vec![],
-            agent: Some(client),
-        })
+        give_to(&overlay, uid, 0o600)?;
+        let cgroups = hutch_jail::create_process_cgroups(
+            &self.cfg.cgroup_parent,
+            &r.id,
+            &hutch_jail::Limits {
+                memory_bytes: (r.memory_mib + QEMU_OVERHEAD_MIB) << 20,
+                cpu_millis: (r.cpus * 1000.0).round() as u32,
+                pids_max: QEMU_PIDS_MAX,
+                tmp_bytes: 0,
+            },
+        )
+        .map_err(|e| CoreError::Internal(format!("cgroups for QEMU: {e}")))?;
+        let mut groups = vec![MEMORY_GID];
+        if self.assets.config().accel == hutch_vm::qemu::Accel::Kvm {
+            groups.extend(kvm_gid());
+        }
+        let jail = hutch_vm::qemu::QemuJail {
+            uid,
+            gid: uid,
+            groups,
+            cgroup_procs: cgroups.iter().map(|d| d.join("cgroup.procs")).collect(),
+        };
+        let started = async {
+            let (guest, client, report) =
+                snapshot::restore(&snap, &dir, Some(overlay), Some(jail), RESTORE_TIMEOUT)
+                    .await
+                    .map_err(vm_error)?;
+            // On failure from here on, dropping `guest` kills QEMU.
+            client.identity(&Self::identity(r)?).await.map_err(|e| {
+                CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
+            })?;
+            let pid = guest.detach() as i32;
+            let start = hutch_jail::start_time(pid).ok_or_else(|| {
+                CoreError::SandboxFailed(format!("QEMU (pid {pid}) exited right after the restore"))
+            })?;
+            tracing::debug!(id = %r.id, pid, ms = report.to_first_reply.as_millis() as u64, "vm restored");
+            Ok((pid, start, client))
+        }
+        .await;
+        match started {
+            Ok((init_pid, init_start_time, client)) => Ok(Started {
+                init_pid,
+                init_start_time,
+                cgroups,
+                agent: Some(client),
+            }),
+            Err(e) => {
+                if let Err(c) = hutch_jail::release_process_cgroups(&r.id, &cgroups) {
+                    tracing::error!(id = %r.id, error = %c, "releasing QEMU cgroups after a failed create");
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn qmp(
@@ -240,16 +286,35 @@ fn template_stamp(rootfs: &Path) -> CoreResult<String> {
     ))
 }
 
-fn create_private_dir(dir: &Path) -> CoreResult<()> {
+/// The sandbox's directory, mode 0700, owned by its QEMU's uid (QEMU creates its sockets
+/// and console log there).
+fn create_private_dir(dir: &Path, uid: u32) -> CoreResult<()> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(CoreError::Internal(format!(
-            "create {}: {e}",
-            dir.display()
-        ))),
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(CoreError::Internal(format!(
+                "create {}: {e}",
+                dir.display()
+            )))
+        }
     }
+    give_to(dir, uid, 0o700)
+}
+
+/// Make `path` owned by `uid:uid` with `mode`.
+fn give_to(path: &Path, uid: u32, mode: u32) -> CoreResult<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(path, Some(uid), Some(uid))
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
+        .map_err(|e| CoreError::Internal(format!("chown {}: {e}", path.display())))
+}
+
+/// The group owning `/dev/kvm`, so a jailed QEMU can open it.
+fn kvm_gid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/dev/kvm").ok().map(|m| m.gid())
 }
 
 /// SIGKILL `pid` if it is still the process that started at `start`, and wait until it is
@@ -311,6 +376,9 @@ impl Backend for VmBackend {
         if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
             kill_and_wait(pid, start)?;
         }
+        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        hutch_jail::release_process_cgroups(&r.id, &cgroups)
+            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
         // Only files here (overlay, sockets, logs): no mounts to cross.
         match std::fs::remove_dir_all(self.dir(&r.id)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
@@ -332,6 +400,17 @@ impl Backend for VmBackend {
     }
 
     fn usage(&self, r: &SandboxRecord) -> Option<Usage> {
+        if !r.cgroups.is_empty() {
+            let dirs: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+            let s = hutch_jail::cgroup_stats(&dirs);
+            return Some(Usage {
+                memory_bytes: s.memory_bytes,
+                memory_limit_bytes: s.memory_limit_bytes,
+                oom_kills: s.oom_kills,
+                cpu_usage_ns: s.cpu_usage_ns,
+                pids: s.pids_current,
+            });
+        }
         let pid = r.init_pid?;
         let (memory_bytes, cpu_usage_ns) = proc_usage(pid)?;
         Some(Usage {
@@ -389,6 +468,13 @@ impl Backend for VmBackend {
             .find(|l| l.contains("Kernel panic"))
             .map(|l| format!(": {}", l.trim()))
             .unwrap_or_default();
+        let oom = self.usage(r).is_some_and(|u| u.oom_kills > 0);
+        if oom {
+            return format!(
+                "the sandbox's VM (QEMU) was killed by the host: its memory limit ({} MiB guest + {QEMU_OVERHEAD_MIB} MiB) was exceeded",
+                r.memory_mib
+            );
+        }
         format!("the sandbox's VM (QEMU) exited unexpectedly ({status}){panic}")
     }
 }
