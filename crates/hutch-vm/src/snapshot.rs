@@ -228,6 +228,39 @@ impl Guest {
     }
 }
 
+/// Run what every sandbox's first calls run (identity, a program, a shell) once before the
+/// snapshot, so the files they read from the root disk (the shell, the dynamic loader and
+/// libraries) are already in the guest's page cache in every restored guest instead of
+/// being read through virtio-blk and two qcow2 layers on each first exec. Failures only
+/// cost that (a template without `/bin/sh`, say).
+async fn warm_up(client: &AgentClient) {
+    let identity = hutch_proto::IdentityRequest {
+        hostname: Some("hutch-bake".into()),
+        ..Default::default()
+    };
+    if let Err(e) = client.identity(&identity).await {
+        tracing::debug!(error = %e, "bake warm-up: identity");
+    }
+    for cmd in [
+        hutch_proto::Command::Argv(vec!["true".into()]),
+        hutch_proto::Command::Shell("true".into()),
+    ] {
+        let request = hutch_proto::ExecRequest {
+            cmd,
+            env: Default::default(),
+            cwd: None,
+            user: None,
+            timeout_ms: Some(10_000),
+            pty: None,
+            stdin: false,
+            background: false,
+        };
+        if let Err(e) = client.exec_collect(request, None, 1 << 16).await {
+            tracing::debug!(error = %e, "bake warm-up: exec");
+        }
+    }
+}
+
 /// Bake: cold boot `config` (its memory file must be `share=on`), wait for the agent,
 /// and save the device state to `state`.
 pub async fn bake(
@@ -245,6 +278,7 @@ pub async fn bake(
     let mut guest = Guest::start(config.clone(), log).await?;
     let (client, info) = guest.agent(boot_timeout).await?;
     let cold_boot = started.elapsed();
+    warm_up(&client).await;
     // Hang up so the agent's session ends before the snapshot.
     drop(client);
     tokio::time::sleep(SETTLE).await;

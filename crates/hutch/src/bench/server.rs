@@ -22,7 +22,11 @@ pub struct BenchServer {
 
 impl BenchServer {
     /// Start it (builds the template first if needed).
-    pub async fn start(templates_dir: &Path, template: &str) -> anyhow::Result<Self> {
+    pub async fn start(
+        templates_dir: &Path,
+        template: &str,
+        vm_dir: &Path,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-bench-")
@@ -42,6 +46,8 @@ impl BenchServer {
             .arg(&state_dir)
             .arg("--templates-dir")
             .arg(templates_dir)
+            .arg("--vm-dir")
+            .arg(vm_dir)
             .env("HUTCH_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -74,6 +80,11 @@ impl BenchServer {
             child,
             state_dir,
         })
+    }
+
+    /// The template every sandbox is created from.
+    pub fn template(&self) -> &str {
+        &self.template
     }
 
     /// POST JSON; the answer's JSON (Null for 204).
