@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages Hutch and its tests need (idempotent).
 set -euo pipefail
-pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 nftables openssl e2fsprogs python3 python3-pip python3-venv tmux)
+pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates iproute2 python3 python3-pip python3-venv tmux)
+# Networking: nftables for the egress policy, openssl for the network tests' certificates.
+pkgs+=(nftables openssl)
+# The vm backend: QEMU microvm, qemu-img for overlays; mkfs.ext4 for template images and volumes.
+pkgs+=(qemu-system-x86 qemu-utils e2fsprogs)
 # Node.js for the TypeScript SDK: the machine's own if present, else Debian's.
 command -v node >/dev/null || pkgs+=(nodejs npm)
 missing=()
@@ -12,6 +16,11 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+# The vm backend fetches Debian's cloud kernel with `apt-get download`: it needs package lists.
+if ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
+    apt-get update -qq
 fi
 
 # Python packages the tests use: the MCP client that drives `hutch mcp`.

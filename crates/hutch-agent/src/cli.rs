@@ -1,7 +1,7 @@
 //! Command line of the agent, parsed by hand (the binary stays small and static).
 //!
 //! ```text
-//! hutch-agent serve [--listen-fd N]... [--listen PATH]... [--serial PATH]...
+//! hutch-agent serve [--listen-fd N]... [--listen PATH]... [--serial PATH]... [--root DIR]
 //! hutch-agent version
 //! hutch-agent help
 //! ```
@@ -12,6 +12,9 @@
 //!   and manual runs.
 //! * `--serial PATH`: serve one connection at a time on a character device (the `vm`
 //!   backend's virtio-serial port), reopening it whenever the host side goes away.
+//! * `--root DIR`: `chroot` into DIR before serving (the `vm` guest's init script mounts the
+//!   root disk there and moves it over `/`). Refused unless the agent is PID 1, so a test or
+//!   a person on the host can never re-root a host process by accident.
 
 use std::ffi::OsString;
 use std::os::fd::RawFd;
@@ -19,7 +22,7 @@ use std::path::PathBuf;
 
 /// Usage text for `help` and errors.
 pub const USAGE: &str = "\
-usage: hutch-agent serve [--listen-fd N]... [--listen PATH]... [--serial PATH]...
+usage: hutch-agent serve [--listen-fd N]... [--listen PATH]... [--serial PATH]... [--root DIR]
        hutch-agent version
        hutch-agent help";
 
@@ -34,11 +37,20 @@ pub enum Listener {
     Serial(PathBuf),
 }
 
+/// What `serve` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serve {
+    /// Where connections come from.
+    pub listeners: Vec<Listener>,
+    /// Directory to `chroot` into first (guest init only).
+    pub root: Option<PathBuf>,
+}
+
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cli {
-    /// Serve the protocol on these listeners.
-    Serve(Vec<Listener>),
+    /// Serve the protocol.
+    Serve(Serve),
     /// Print the version.
     Version,
     /// Print usage.
@@ -76,6 +88,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, CliError> 
         _ => return Err(CliError::Unknown(command.to_string_lossy().into_owned())),
     }
     let mut listeners = Vec::new();
+    let mut root = None;
     while let Some(arg) = args.next() {
         let listener = match arg.to_str() {
             Some("--listen-fd") => {
@@ -96,6 +109,12 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, CliError> 
                     .ok_or(CliError::MissingValue("--serial"))?
                     .into(),
             ),
+            Some("--root") => {
+                root = Some(PathBuf::from(
+                    args.next().ok_or(CliError::MissingValue("--root"))?,
+                ));
+                continue;
+            }
             _ => return Err(CliError::Unknown(arg.to_string_lossy().into_owned())),
         };
         listeners.push(listener);
@@ -103,7 +122,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, CliError> 
     if listeners.is_empty() {
         return Err(CliError::NoListener);
     }
-    Ok(Cli::Serve(listeners))
+    Ok(Cli::Serve(Serve { listeners, root }))
 }
 
 #[cfg(test)]
@@ -126,11 +145,25 @@ mod tests {
                 "--serial",
                 "/dev/vport0p1"
             ]),
-            Ok(Cli::Serve(vec![
-                Listener::Fd(3),
-                Listener::Path("/tmp/a.sock".into()),
-                Listener::Serial("/dev/vport0p1".into()),
-            ]))
+            Ok(Cli::Serve(Serve {
+                listeners: vec![
+                    Listener::Fd(3),
+                    Listener::Path("/tmp/a.sock".into()),
+                    Listener::Serial("/dev/vport0p1".into()),
+                ],
+                root: None,
+            }))
+        );
+        assert_eq!(
+            parse_str(&["serve", "--serial", "/dev/p", "--root", "."]),
+            Ok(Cli::Serve(Serve {
+                listeners: vec![Listener::Serial("/dev/p".into())],
+                root: Some(".".into()),
+            }))
+        );
+        assert_eq!(
+            parse_str(&["serve", "--root", "/r"]),
+            Err(CliError::NoListener)
         );
     }
 

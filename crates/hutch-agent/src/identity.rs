@@ -22,6 +22,10 @@ pub const MAX_ENTROPY: usize = 4096;
 const MAX_HOSTNAME: usize = 64;
 /// `RNDADDENTROPY` = `_IOW('R', 0x03, int[2])`; not exported by the libc crate.
 const RNDADDENTROPY: libc::Ioctl = 0x4008_5203;
+/// `RNDRESEEDCRNG` = `_IO('R', 0x07)`: reseed the kernel CRNG from the input pool now.
+/// Without it a restored guest keeps generating from the snapshot's CRNG key until the
+/// next periodic reseed, so sibling VMs would read the same `/dev/urandom` bytes.
+const RNDRESEEDCRNG: libc::Ioctl = 0x5207;
 
 /// `GET /v1/info`.
 pub fn info() -> Result<AgentInfo> {
@@ -125,6 +129,9 @@ fn add_entropy(bytes: &[u8]) -> bool {
     request.extend_from_slice(&(bytes.len() as libc::c_int).to_ne_bytes());
     request.extend_from_slice(bytes);
     if sys::ioctl_bytes(random.as_raw_fd(), RNDADDENTROPY, &request).is_ok() {
+        if let Err(e) = sys::ioctl_int(random.as_raw_fd(), RNDRESEEDCRNG, 0) {
+            log!("cannot reseed the kernel RNG: {e}");
+        }
         return true;
     }
     use std::io::Write;

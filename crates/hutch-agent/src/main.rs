@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cli::{Cli, Listener};
+use crate::cli::{Cli, Serve};
 use crate::log::log;
 use crate::reaper::Reaper;
 use crate::state::Agent;
@@ -40,7 +40,7 @@ const MAX_BLOCKING_THREADS: usize = 64;
 
 fn main() -> ExitCode {
     match cli::parse(std::env::args_os().skip(1)) {
-        Ok(Cli::Serve(listeners)) => run(listeners),
+        Ok(Cli::Serve(serve)) => run(serve),
         Ok(Cli::Version) => {
             println!(
                 "hutch-agent {} (protocol {})",
@@ -60,11 +60,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(listeners: Vec<Listener>) -> ExitCode {
+fn run(Serve { listeners, root }: Serve) -> ExitCode {
     // Before anything opens an fd: pipes must never land on 0, 1 or 2.
     sys::ensure_std_fds();
     sys::set_umask(0o022);
     let pid = sys::getpid();
+    if let Some(root) = root {
+        if pid != 1 {
+            log!("--root is only for the guest's init (pid 1); refusing to chroot as pid {pid}");
+            return ExitCode::from(2);
+        }
+        if let Err(e) = sys::chroot(&root) {
+            log!("cannot chroot into {}: {e}", root.display());
+            return ExitCode::FAILURE;
+        }
+    }
     if pid != 1 {
         if let Err(e) = sys::become_subreaper() {
             log!("cannot become a child subreaper ({e}); orphans will not be reaped by the agent");

@@ -6,7 +6,7 @@
 
 use std::convert::Infallible;
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,9 +39,11 @@ pub const CONNECTION_WINDOW: u32 = 32 << 20;
 pub const MAX_FRAME_SIZE: u32 = 256 << 10;
 /// Pause after a failed accept (out of fds) before trying again.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
-/// Pause before reopening a serial port after its connection ended. Short: it bounds how
-/// long a host reconnecting after a restart waits for the agent.
-const SERIAL_REOPEN_PAUSE: Duration = Duration::from_millis(50);
+/// Pause before reopening a serial port after its connection ended.
+const SERIAL_REOPEN_PAUSE: Duration = Duration::from_millis(5);
+/// How often a serial port without a host is checked for one. It bounds how long a host
+/// that connects (after a restore, or a restart of the server) waits for the agent.
+const HOST_POLL: Duration = Duration::from_millis(5);
 
 /// Serve on every listener, forever. Fails only when a listener cannot be set up.
 pub async fn serve(agent: Arc<Agent>, listeners: Vec<Listener>) -> io::Result<Infallible> {
@@ -126,11 +128,23 @@ async fn serial_loop(agent: Arc<Agent>, path: PathBuf) {
     // turns quickly; log a problem once, not on every turn.
     let mut last_report = String::new();
     loop {
-        let report = match sys::open(&c_path, libc::O_RDWR | libc::O_NOCTTY).and_then(FdIo::new) {
-            Ok(port) => serve_connection(Arc::clone(&agent), port)
-                .await
-                .map(|failure| format!("connection on {} failed: {failure}", path.display())),
-            Err(e) => Some(format!("cannot open {}: {e} (retrying)", path.display())),
+        let opened = match sys::open(&c_path, libc::O_RDWR | libc::O_NOCTTY) {
+            // Register with the reactor only once a host is there: a hang-up seen by epoll
+            // stays in tokio's readiness for good, and would make every read and write spin.
+            Ok(fd) => match wait_for_host(&fd).await {
+                Ok(()) => FdIo::new(fd).map_err(|e| format!("register {}: {e}", path.display())),
+                Err(e) => Err(format!("poll {}: {e}", path.display())),
+            },
+            Err(e) => Err(format!("cannot open {}: {e}", path.display())),
+        };
+        let report = match opened {
+            Ok(port) => {
+                log!("serial: host connected");
+                serve_connection(Arc::clone(&agent), port)
+                    .await
+                    .map(|failure| format!("connection on {} failed: {failure}", path.display()))
+            }
+            Err(e) => Some(format!("{e} (retrying)")),
         };
         match report {
             Some(report) if report != last_report => {
@@ -142,6 +156,19 @@ async fn serial_loop(agent: Arc<Agent>, path: PathBuf) {
         }
         tokio::time::sleep(SERIAL_REOPEN_PAUSE).await;
     }
+}
+
+/// Wait until a host is connected to the serial port (it stops reporting `POLLHUP`).
+///
+/// A new HTTP/2 session writes its SETTINGS frame at once; started while no host is
+/// connected, that write blocks in the guest and the frame reaches the *next* host out of
+/// step with its handshake, so that connection never answers (docs/vm.md). `POLLHUP` is
+/// reported on every poll while the host is away, so this checks on a short timer.
+async fn wait_for_host(port: &OwnedFd) -> io::Result<()> {
+    while sys::hung_up(port.as_raw_fd())? {
+        tokio::time::sleep(HOST_POLL).await;
+    }
+    Ok(())
 }
 
 /// Serve one HTTP/2 connection until it ends. Returns why it failed, unless it simply

@@ -7,6 +7,7 @@
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
 
 /// Turn a libc return value into a result: `-1` means "look at errno".
 pub fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -162,6 +163,29 @@ fn c_chars(field: &[libc::c_char]) -> String {
 pub fn set_hostname(name: &str) -> io::Result<()> {
     // SAFETY: the pointer and length describe `name`'s bytes.
     cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
+}
+
+/// Whether the other end of a character device is gone (`POLLHUP`) right now, without
+/// waiting. A virtio-serial port reports `POLLHUP` while no host is connected.
+pub fn hung_up(fd: RawFd) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes the one pollfd we pass; timeout 0 never blocks.
+    cvt_retry(|| unsafe { libc::poll(&mut pfd, 1, 0) })?;
+    Ok(pfd.revents & libc::POLLHUP != 0)
+}
+
+/// Make `dir` our root directory and move into it (`chroot` + `chdir("/")`).
+pub fn chroot(dir: &Path) -> io::Result<()> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: chroot and chdir read the NUL-terminated paths we pass.
+    cvt(unsafe { libc::chroot(c.as_ptr()) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::chdir(c"/".as_ptr()) }).map(drop)
 }
 
 /// Set the wall clock.

@@ -36,6 +36,15 @@ pub struct Config {
     pub default_exec_timeout: Duration,
     /// Sandbox networking (`None`: every sandbox has loopback only).
     pub network: Option<hutch_net::NetConfig>,
+    /// Cache of the `vm` backend: guest kernel, initramfs, template images, bakes
+    /// (default `<state_dir>/vm`; may be shared by several servers).
+    pub vm_dir: PathBuf,
+    /// The QEMU binary of the `vm` backend.
+    pub qemu: PathBuf,
+    /// A static busybox for the guest initramfs.
+    pub busybox: PathBuf,
+    /// An unpacked Debian kernel package to boot instead of fetching one.
+    pub vm_kernel_root: Option<PathBuf>,
 }
 
 impl Config {
@@ -46,6 +55,7 @@ impl Config {
             .unwrap_or(1.0);
         Self {
             templates_dir: state_dir.join("templates"),
+            vm_dir: state_dir.join("vm"),
             state_dir,
             hutch_exe,
             agent_binary,
@@ -60,6 +70,9 @@ impl Config {
             max_pids: 32_768,
             default_exec_timeout: Duration::from_secs(60),
             network: None,
+            qemu: PathBuf::from("qemu-system-x86_64"),
+            busybox: PathBuf::from("/bin/busybox"),
+            vm_kernel_root: None,
         }
     }
 

@@ -12,6 +12,9 @@ pub enum CoreError {
     /// The sandbox is in a state that does not allow the operation (409).
     #[error("{0}")]
     Conflict(String),
+    /// The sandbox's isolation backend cannot do this (yet) (422).
+    #[error("{0}")]
+    Unsupported(String),
     /// A limit or quota would be exceeded (429).
     #[error("{0}")]
     Quota(String),

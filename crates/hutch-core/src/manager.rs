@@ -29,6 +29,7 @@ use hutch_proto::client::{AgentClient, ClientError, ExecSession};
 use hutch_template::TemplateStore;
 
 use crate::backend::ns::NsBackend;
+use crate::backend::vm::VmBackend;
 use crate::backend::{Backend, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
@@ -58,6 +59,7 @@ pub struct Manager {
     ns: Arc<NsBackend>,
     /// Sandbox networking (`None`: loopback only).
     network: Option<hutch_net::Network>,
+    vm: Arc<VmBackend>,
     agents: Mutex<HashMap<String, AgentClient>>,
     events: EventBus,
     metrics: Metrics,
@@ -161,6 +163,7 @@ impl Manager {
         let mgr = Arc::new(Self {
             ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
             network,
+            vm: Arc::new(VmBackend::new(cfg.clone())),
             cfg,
             store,
             templates,
@@ -172,6 +175,17 @@ impl Manager {
             cpu_seen: Mutex::new(HashMap::new()),
             active: Arc::new(Mutex::new(HashMap::new())),
         });
+        {
+            // Decide KVM or TCG in the background (a probe guest may boot); until then
+            // `auto` means ns.
+            let vm = mgr.vm.clone();
+            tokio::task::spawn_blocking(move || {
+                if vm.check().is_ok() {
+                    let choice = vm.accel();
+                    tracing::info!(accel = ?choice.accel, why = %choice.why, "vm acceleration");
+                }
+            });
+        }
         mgr.readopt().await?;
         mgr.release_volumes().await;
         if let Some(net) = &mgr.network {
@@ -243,19 +257,25 @@ impl Manager {
     fn backend(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
         match isolation {
             Isolation::Ns => Ok(self.ns.clone()),
-            Isolation::Vm => Err(CoreError::InvalidArgument(
-                "isolation \"vm\" is not available on this server yet; use \"ns\" or \"auto\""
-                    .into(),
-            )),
+            Isolation::Vm => Ok(self.vm.clone()),
         }
+    }
+
+    /// The `vm` backend (for `hutch doctor` and the bench).
+    pub fn vm_backend(&self) -> &VmBackend {
+        &self.vm
     }
 
     fn resolve_isolation(&self, req: IsolationRequest) -> CoreResult<Isolation> {
         match req {
-            // `auto` picks vm only where hardware virtualization works; the vm backend is not
-            // built yet, so every host gets ns.
-            IsolationRequest::Auto | IsolationRequest::Ns => Ok(Isolation::Ns),
-            IsolationRequest::Vm => self.backend(Isolation::Vm).map(|_| Isolation::Vm),
+            // `auto` picks vm only where KVM works (a probe guest booted); under TCG guest
+            // code runs ~15x slower, so those hosts get ns.
+            IsolationRequest::Auto => Ok(match self.vm.accel_if_known().map(|c| c.accel) {
+                Some(hutch_vm::qemu::Accel::Kvm) if self.vm.check().is_ok() => Isolation::Vm,
+                _ => Isolation::Ns,
+            }),
+            IsolationRequest::Ns => Ok(Isolation::Ns),
+            IsolationRequest::Vm => self.vm.check().map(|_| Isolation::Vm),
         }
     }
 
@@ -683,7 +703,8 @@ impl Manager {
                 Ok(b) => b,
                 Err(_) => return,
             };
-            let oom = backend.usage(&rec).map(|u| u.oom_kills).unwrap_or(0) > 0;
+            let oom = rec.isolation == Isolation::Ns
+                && backend.usage(&rec).map(|u| u.oom_kills).unwrap_or(0) > 0;
             let reason = if oom {
                 m.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
                 m.events.publish(
@@ -697,7 +718,7 @@ impl Manager {
                     rec.memory_mib
                 )
             } else {
-                format!("the sandbox's init (agent) exited unexpectedly ({status})")
+                backend.exit_reason(&rec, &status)
             };
             m.mark_failed(rec, reason).await;
         });

@@ -89,10 +89,13 @@ impl HostReport {
         } else {
             format!("ns unavailable (missing: {})", failing("ns").join(", "))
         };
+        let missing = failing("vm");
         let vm = if self.vm_supported() {
             "vm ready (KVM + QEMU)".to_string()
+        } else if missing == ["kvm"] {
+            "vm under TCG only (no usable KVM; see the vm line)".to_string()
         } else {
-            format!("vm unavailable (missing: {})", failing("vm").join(", "))
+            format!("vm unavailable (missing: {})", missing.join(", "))
         };
         format!("{ns}; {vm}")
     }

@@ -41,11 +41,13 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use cgroup::{cgroup_stats, freeze, thaw, CgroupStats};
+pub use cgroup::{
+    cgroup_stats, create_process_cgroups, freeze, release_process_cgroups, thaw, CgroupStats,
+};
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
 pub use host::{host_report, HostCheck, HostReport};
 pub use layer::{export_layer, layer_usage, remove_layer, LayerExport, LayerStats};
-pub use procstat::init_alive;
+pub use procstat::{init_alive, start_time};
 pub use spawn::spawn;
 pub use spec::check_volume_target;
 pub use teardown::{destroy, stop, Teardown};

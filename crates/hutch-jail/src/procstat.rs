@@ -35,6 +35,11 @@ pub fn init_alive(pid: i32, start_time: u64) -> bool {
     matches!(read(pid), Some(s) if s.start_time == start_time && s.state != 'Z' && s.state != 'X')
 }
 
+/// The start time of `pid` (to recognise it later with [`init_alive`]).
+pub fn start_time(pid: i32) -> Option<u64> {
+    read(pid).map(|s| s.start_time)
+}
+
 /// Whether `pid` is the same process and is a zombie waiting to be reaped.
 pub(crate) fn is_our_zombie(pid: i32, start_time: u64) -> bool {
     matches!(read(pid), Some(s) if s.start_time == start_time && s.state == 'Z')

@@ -86,6 +86,7 @@ impl From<CoreError> for ApiError {
             CoreError::InvalidArgument(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_argument"),
             CoreError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             CoreError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            CoreError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "not_supported"),
             CoreError::Quota(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             CoreError::Agent { code, .. } => agent_code(code),
             CoreError::SandboxFailed(_) => (StatusCode::CONFLICT, "sandbox_failed"),

@@ -118,6 +118,12 @@ pub struct InitramfsSpec {
 }
 
 /// The `/init` script for `modules` (already in load order).
+///
+/// With a root disk (`/dev/vda`, the sandbox's qcow2 overlay) it mounts it read-write,
+/// moves `/dev`, `/proc` and `/sys` into it and moves it over `/`; the agent then
+/// `chroot`s into it (`--root .`, as `switch_root` would) and serves from there. The agent
+/// binary is run from the initramfs, so templates need not contain it. Without a disk the
+/// agent serves from the initramfs itself.
 pub fn init_script(modules: &[Module]) -> String {
     let names: Vec<&str> = modules.iter().map(|m| m.name.as_str()).collect();
     format!(
@@ -136,6 +142,24 @@ while [ -z "$port" ]; do
   done
   [ -n "$port" ] || usleep 5000
 done
+root=
+if [ -e /sys/bus/virtio/drivers/virtio_blk ]; then
+  for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    [ -b /dev/vda ] && break
+    usleep 10000
+  done
+  mkdir -p /newroot
+  if [ -b /dev/vda ] && mount -t ext4 -o rw,noatime /dev/vda /newroot; then
+    for d in dev proc sys; do mkdir -p /newroot/$d; mount --move /$d /newroot/$d; done
+    mkdir -p /newroot/dev/pts /newroot/dev/shm /newroot/tmp
+    mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /newroot/dev/pts
+    mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
+    cd /newroot && mount --move . / && root=.
+  else
+    echo "init: cannot mount the root disk /dev/vda; serving from the initramfs"
+  fi
+fi
+[ -n "$root" ] && exec /bin/hutch-agent serve --serial "$port" --root .
 exec /bin/hutch-agent serve --serial "$port"
 "#,
         modules = names.join(" "),

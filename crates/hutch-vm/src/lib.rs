@@ -8,11 +8,21 @@
 //! * [`snapshot`]: bake a template snapshot (cold boot, device state with RAM in a memory
 //!   file) and restore it copy-on-write until the agent answers `GET /v1/info`.
 //!
+//! * [`disk`]: template ext4 images (`mkfs.ext4 -d`) and qcow2 overlays.
+//! * [`package`]: Debian's cloud kernel package, fetched with `apt-get download`.
+//! * [`assets`]: the cache of kernels, initramfs, images and bakes, keyed by input hashes.
+//! * [`accel`]: KVM or TCG, and why.
+//!
 //! See `docs/vm.md` for what was measured on the development machine.
 
+pub mod accel;
+pub mod assets;
+pub mod disk;
 pub mod initramfs;
 pub mod kernel;
+mod lock;
 pub mod modules;
+pub mod package;
 pub mod qemu;
 pub mod qmp;
 pub mod snapshot;
@@ -35,6 +45,12 @@ pub enum VmError {
     /// Talking to QEMU.
     #[error(transparent)]
     Qmp(#[from] qmp::QmpError),
+    /// Making disks.
+    #[error(transparent)]
+    Disk(#[from] disk::DiskError),
+    /// Getting the kernel package.
+    #[error(transparent)]
+    Package(#[from] package::PackageError),
     /// Filesystem work around snapshots.
     #[error("{what}: {source}")]
     Io {

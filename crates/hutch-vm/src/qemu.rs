@@ -5,6 +5,8 @@
 //! section" otherwise). Only the memory backend's `share=` and `-incoming defer` differ.
 
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -49,6 +51,23 @@ pub enum Accel {
     Tcg,
 }
 
+/// How QEMU is confined when it starts (the `vm` backend's defense in depth: code that
+/// escapes the guest into QEMU is still in this). Applied in the child between `fork` and
+/// `exec`: join the cgroups, new IPC, UTS and network namespaces, then an unprivileged uid
+/// and gid with no capabilities and `no_new_privs`. QEMU's own seccomp filter (`-sandbox`)
+/// comes on top.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QemuJail {
+    /// The uid QEMU runs as (never 0).
+    pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
+    /// Supplementary groups (the group that may open template memory files; `kvm`).
+    pub groups: Vec<u32>,
+    /// `cgroup.procs` files QEMU moves itself into.
+    pub cgroup_procs: Vec<PathBuf>,
+}
+
 /// Everything that defines one VM's command line.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -76,10 +95,14 @@ pub struct VmConfig {
     pub agent_socket: PathBuf,
     /// Where the guest's serial console goes; `None` discards it.
     pub console_log: Option<PathBuf>,
+    /// The root disk (a qcow2 image), attached as `virtio-blk` (`/dev/vda` in the guest).
+    pub root_disk: Option<PathBuf>,
     /// Start with `-incoming defer` (restore).
     pub incoming: bool,
     /// Apply QEMU's seccomp sandbox (`spawn=deny` and friends).
     pub seccomp: bool,
+    /// Confine the process (not part of the command line).
+    pub jail: Option<QemuJail>,
 }
 
 impl VmConfig {
@@ -98,8 +121,10 @@ impl VmConfig {
             qmp_socket: dir.join("qmp.sock"),
             agent_socket: dir.join("agent.sock"),
             console_log: None,
+            root_disk: None,
             incoming: false,
             seccomp: true,
+            jail: None,
         }
     }
 
@@ -157,6 +182,16 @@ impl VmConfig {
                 escape(&self.agent_socket)
             ),
         ]);
+        if let Some(disk) = &self.root_disk {
+            push(&[
+                "-drive",
+                &format!(
+                    "file={},format=qcow2,if=none,id=root,cache=writeback,discard=unmap",
+                    escape(disk)
+                ),
+            ]);
+            push(&["-device", "virtio-blk-device,drive=root"]);
+        }
         push(&["-device", "virtio-serial-device,max_ports=2"]);
         push(&[
             "-device",
@@ -205,10 +240,40 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, String)> {
     Some((major, minor, full))
 }
 
-/// A running QEMU, killed (SIGKILL by pid) and reaped when dropped.
+/// The child side of [`QemuJail`] (between fork and exec: no allocation).
+fn confine(cgroup_fds: &[i32], uid: u32, gid: u32, groups: &[u32]) -> std::io::Result<()> {
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for &fd in cgroup_fds {
+        // SAFETY: writes two bytes from a static buffer to an fd opened before the fork.
+        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: unshare, setgroups, setresgid, setresuid and prctl take plain values and a
+    // pointer to `groups`, which outlives the calls.
+    unsafe {
+        check(libc::unshare(
+            libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET,
+        ))?;
+        check(libc::setgroups(groups.len(), groups.as_ptr()))?;
+        check(libc::setresgid(gid, gid, gid))?;
+        check(libc::setresuid(uid, uid, uid))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+/// A running QEMU, killed (SIGKILL by pid) and reaped when dropped, unless detached.
 #[derive(Debug)]
 pub struct QemuProcess {
-    child: Child,
+    child: Option<Child>,
     log: PathBuf,
 }
 
@@ -226,35 +291,67 @@ impl QemuProcess {
         }
         let out = std::fs::File::create(log).map_err(io(format!("create {}", log.display())))?;
         let err = out.try_clone().map_err(io("dup log".into()))?;
-        let child = Command::new(&config.qemu)
+        let mut command = Command::new(&config.qemu);
+        command
             .args(config.argv())
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => {
-                    QemuError::Missing(config.qemu.display().to_string())
-                }
-                _ => QemuError::Io {
-                    what: "spawn QEMU".into(),
-                    source: e,
-                },
-            })?;
+            .stderr(err);
+        // Kept open until the child has exec'd (they are close-on-exec).
+        let mut cgroup_files = Vec::new();
+        if let Some(jail) = &config.jail {
+            if jail.uid == 0 {
+                return Err(QemuError::Io {
+                    what: "confine QEMU".into(),
+                    source: std::io::Error::other("refusing to run a jailed QEMU as uid 0"),
+                });
+            }
+            for procs in &jail.cgroup_procs {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(procs)
+                    .map_err(io(format!("open {}", procs.display())))?;
+                cgroup_files.push(f);
+            }
+            let fds: Vec<i32> = cgroup_files.iter().map(|f| f.as_raw_fd()).collect();
+            let (uid, gid, groups) = (jail.uid, jail.gid, jail.groups.clone());
+            // SAFETY: the closure runs in the forked child before exec and only makes
+            // async-signal-safe system calls (write, unshare, setgroups, setres[ug]id,
+            // prctl) on values prepared before the fork; it allocates nothing.
+            unsafe {
+                command.pre_exec(move || confine(&fds, uid, gid, &groups));
+            }
+        }
+        let child = command.spawn().map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => QemuError::Missing(config.qemu.display().to_string()),
+            _ => QemuError::Io {
+                what: "spawn QEMU".into(),
+                source: e,
+            },
+        })?;
+        drop(cgroup_files);
         Ok(Self {
-            child,
+            child: Some(child),
             log: log.to_path_buf(),
         })
     }
 
     /// QEMU's pid.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// `Some(status)` once QEMU has exited.
     pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// Let QEMU run on without this handle: it is no longer killed on drop, and whoever
+    /// owns its pid (the server, through a pidfd) must reap it. Returns the pid.
+    pub fn detach(mut self) -> u32 {
+        let pid = self.pid();
+        self.child = None;
+        pid
     }
 
     /// The tail of QEMU's stdout/stderr, for error messages.
@@ -267,10 +364,13 @@ impl QemuProcess {
 
 impl Drop for QemuProcess {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if child.try_wait().ok().flatten().is_none() {
+            let _ = child.kill();
         }
-        let _ = self.child.wait();
+        let _ = child.wait();
     }
 }
 

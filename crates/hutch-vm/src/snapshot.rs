@@ -25,11 +25,14 @@ use crate::VmError;
 
 /// How long QEMU gets to create its QMP socket.
 const QMP_CONNECT: Duration = Duration::from_secs(10);
-/// How long one attempt to reach the agent may take before reconnecting.
+/// How long one attempt to reach the agent may take before reconnecting (during a cold
+/// boot the agent is not serving yet; a connection made then is answered once it does).
 const AGENT_ATTEMPT: Duration = Duration::from_secs(2);
-/// Budget of the first attempt to reach the agent; later ones double up to
-/// [`AGENT_ATTEMPT`].
-const FIRST_ATTEMPT: Duration = Duration::from_millis(100);
+/// Budget of the first attempt; later ones double up to [`AGENT_ATTEMPT`]. A host that
+/// reconnects before the guest noticed its previous hang-up can have its handshake eaten
+/// by the ending session (virtio-serial is one byte stream, whoever the host is), so a
+/// silent attempt is abandoned early.
+const FIRST_ATTEMPT: Duration = Duration::from_millis(250);
 /// Time for the agent to notice the host went away before the bake snapshot.
 const SETTLE: Duration = Duration::from_millis(300);
 /// Bound on saving or loading device state.
@@ -72,8 +75,6 @@ pub struct BakeReport {
 pub struct RestoreReport {
     /// QEMU start to the agent's first `/v1/info` reply.
     pub to_first_reply: Duration,
-    /// QEMU start to a connection that has answered twice (see the reconnect trap).
-    pub stable: Duration,
     /// QEMU start to QMP ready.
     pub qmp_ready: Duration,
     /// QEMU start to `cont` done.
@@ -113,6 +114,26 @@ impl Guest {
     /// QEMU's pid.
     pub fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// Let the guest run on after this handle is dropped (see [`QemuProcess::detach`]);
+    /// returns QEMU's pid.
+    pub fn detach(self) -> u32 {
+        self.process.detach()
+    }
+
+    /// `Some(status)` once QEMU has exited.
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.try_exit()
+    }
+
+    /// The tail of QEMU's output and of the guest console, for error messages.
+    pub fn log_tail(&self) -> String {
+        format!(
+            "{}\n--- console ---\n{}",
+            self.process.log_tail(),
+            self.console_tail()
+        )
     }
 
     fn console_tail(&self) -> String {
@@ -159,14 +180,9 @@ impl Guest {
         let mut attempts = 0u32;
         while started.elapsed() < timeout {
             if let Some(status) = self.process.try_exit() {
-                let log = format!(
-                    "{}\n--- console ---\n{}",
-                    self.process.log_tail(),
-                    self.console_tail()
-                );
                 return Err(VmError::Exited {
                     status: status.to_string(),
-                    log,
+                    log: self.log_tail(),
                 });
             }
             let given = first.take();
@@ -183,10 +199,8 @@ impl Guest {
                 let info = client.info().await.map_err(|e| e.to_string())?;
                 Ok::<_, String>((client, info))
             };
-            // Short first attempts, doubling: a connection that lands on a stale agent
-            // session never answers (see docs/vm.md), so give up on it quickly.
             let budget = FIRST_ATTEMPT
-                .saturating_mul(1 << attempts.min(8))
+                .saturating_mul(1 << attempts.min(4))
                 .min(AGENT_ATTEMPT);
             attempts += 1;
             let left = timeout.saturating_sub(started.elapsed()).min(budget);
@@ -199,6 +213,7 @@ impl Guest {
                 Err(_) => last = format!("no reply within {left:?}"),
             }
         }
+        tracing::debug!(attempts, "agent did not answer");
         Err(VmError::AgentTimeout {
             seconds: timeout.as_secs_f64(),
             last,
@@ -210,6 +225,39 @@ impl Guest {
     pub async fn shutdown(mut self) -> Result<(), VmError> {
         self.qmp.quit().await?;
         Ok(())
+    }
+}
+
+/// Run what every sandbox's first calls run (identity, a program, a shell) once before the
+/// snapshot, so the files they read from the root disk (the shell, the dynamic loader and
+/// libraries) are already in the guest's page cache in every restored guest instead of
+/// being read through virtio-blk and two qcow2 layers on each first exec. Failures only
+/// cost that (a template without `/bin/sh`, say).
+async fn warm_up(client: &AgentClient) {
+    let identity = hutch_proto::IdentityRequest {
+        hostname: Some("hutch-bake".into()),
+        ..Default::default()
+    };
+    if let Err(e) = client.identity(&identity).await {
+        tracing::debug!(error = %e, "bake warm-up: identity");
+    }
+    for cmd in [
+        hutch_proto::Command::Argv(vec!["true".into()]),
+        hutch_proto::Command::Shell("true".into()),
+    ] {
+        let request = hutch_proto::ExecRequest {
+            cmd,
+            env: Default::default(),
+            cwd: None,
+            user: None,
+            timeout_ms: Some(10_000),
+            pty: None,
+            stdin: false,
+            background: false,
+        };
+        if let Err(e) = client.exec_collect(request, None, 1 << 16).await {
+            tracing::debug!(error = %e, "bake warm-up: exec");
+        }
     }
 }
 
@@ -230,6 +278,7 @@ pub async fn bake(
     let mut guest = Guest::start(config.clone(), log).await?;
     let (client, info) = guest.agent(boot_timeout).await?;
     let cold_boot = started.elapsed();
+    warm_up(&client).await;
     // Hang up so the agent's session ends before the snapshot.
     drop(client);
     tokio::time::sleep(SETTLE).await;
@@ -264,10 +313,14 @@ pub async fn bake(
     ))
 }
 
-/// Restore `snapshot` into a new guest whose sockets and logs live in `dir`.
+/// Restore `snapshot` into a new guest whose sockets and logs live in `dir`. A snapshot
+/// baked with a root disk needs `root_disk`: a copy-on-write overlay of the bake's disk
+/// (the guest's page cache in the snapshot describes that disk's content).
 pub async fn restore(
     snapshot: &Snapshot,
     dir: &Path,
+    root_disk: Option<PathBuf>,
+    jail: Option<crate::qemu::QemuJail>,
     timeout: Duration,
 ) -> Result<(Guest, AgentClient, RestoreReport), VmError> {
     let config = VmConfig {
@@ -280,14 +333,13 @@ pub async fn restore(
             .console_log
             .as_ref()
             .map(|_| dir.join("console.log")),
+        root_disk,
+        jail,
         ..snapshot.config.clone()
     };
     let started = Instant::now();
     let mut guest = Guest::start(config, &dir.join("qemu.log")).await?;
     let qmp_ready = started.elapsed();
-    // Connect the host side before loading, so the port's "host connected" state matches
-    // the snapshot and the guest sees no close/open events.
-    let host = guest.agent_socket(QMP_CONNECT).await?;
     guest.qmp.set_ignore_shared().await?;
     let file = std::fs::File::open(&snapshot.state)
         .map_err(io_err(format!("open {}", snapshot.state.display())))?;
@@ -298,24 +350,14 @@ pub async fn restore(
         guest.qmp.cont().await?;
     }
     let resumed = started.elapsed();
+    let host = guest.agent_socket(QMP_CONNECT).await?;
     let (client, info) = guest.agent_on(Some(host), timeout).await?;
     let to_first_reply = started.elapsed();
-    // Trap (see docs/vm.md): a connection that follows a stale agent session answers once
-    // and is then closed by the guest; the next one is stable. Probe and reconnect.
-    let client = match client.info().await {
-        Ok(_) => client,
-        Err(e) => {
-            tracing::debug!(error = %e, "first agent connection after restore dropped; reconnecting");
-            guest.agent(timeout).await?.0
-        }
-    };
-    let stable = started.elapsed();
     Ok((
         guest,
         client,
         RestoreReport {
             to_first_reply,
-            stable,
             qmp_ready,
             resumed,
             info,

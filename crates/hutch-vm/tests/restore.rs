@@ -1,30 +1,24 @@
-//! End to end: bake a snapshot of a real guest, restore it, talk to its agent.
+//! End to end: bake a snapshot of a real guest booted on a real root disk, restore it on
+//! per-guest overlays, talk to its agent (reconnecting, identity, exec).
 //!
-//! Needs QEMU, the unpacked Debian cloud kernel and the static agent; run with
-//! `cargo test -p hutch-vm -- --ignored --nocapture`. Paths can be overridden with
-//! `HUTCH_VM_KERNEL_ROOT` (a `dpkg-deb -x` of `linux-image-*-cloud-amd64`),
-//! `HUTCH_VM_AGENT` and `HUTCH_VM_BUSYBOX`.
+//! Needs QEMU, qemu-img, mkfs.ext4, the static agent and a busybox, and fetches the Debian
+//! cloud kernel unless `HUTCH_VM_KERNEL_ROOT` names an unpacked one; run with
+//! `cargo test -p hutch-vm -- --ignored --nocapture`. `HUTCH_VM_AGENT` and
+//! `HUTCH_VM_BUSYBOX` override the other inputs; `HUTCH_VM_CACHE` the cache directory
+//! (default: a temporary one).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use hutch_vm::initramfs::{self, InitramfsSpec};
-use hutch_vm::qemu::{self, VmConfig};
-use hutch_vm::{kernel, modules, snapshot};
+use hutch_proto::{Command, ExecRequest, IdentityRequest};
+use hutch_vm::assets::{AssetConfig, Assets};
+use hutch_vm::qemu::{self, Accel};
+use hutch_vm::{disk, snapshot};
 
-fn env_path(var: &str, default: &str) -> PathBuf {
+fn env_path(var: &str, default: &Path) -> PathBuf {
     std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(default))
-}
-
-fn only_entry(dir: &Path) -> PathBuf {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    entries.sort();
-    entries.pop().expect("an entry")
+        .unwrap_or_else(|| default.to_path_buf())
 }
 
 fn host_release() -> String {
@@ -35,107 +29,146 @@ fn host_release() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// A tiny root: busybox as /bin/sh and friends, a marker file.
+fn make_root(dir: &Path, busybox: &Path) {
+    std::fs::create_dir_all(dir.join("bin")).expect("mkdir");
+    std::fs::create_dir_all(dir.join("etc")).expect("mkdir");
+    std::fs::copy(busybox, dir.join("bin/busybox")).expect("copy busybox");
+    for tool in ["sh", "cat", "uname", "head", "od", "hostname", "echo"] {
+        std::os::unix::fs::symlink("busybox", dir.join("bin").join(tool)).expect("symlink");
+    }
+    std::fs::write(dir.join("etc/marker"), b"from the root disk\n").expect("marker");
+}
+
+async fn sh(client: &hutch_proto::client::AgentClient, script: &str) -> String {
+    let request = ExecRequest {
+        cmd: Command::Shell(script.into()),
+        env: Default::default(),
+        cwd: None,
+        user: None,
+        timeout_ms: Some(20_000),
+        pty: None,
+        stdin: false,
+        background: false,
+    };
+    let out = client
+        .exec_collect(request, None, 1 << 20)
+        .await
+        .expect("exec");
+    assert_eq!(out.exit.exit_code, 0, "{script}: {:?}", out.stderr);
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs QEMU, the Debian cloud kernel and the static agent; takes seconds under TCG"]
+#[ignore = "needs QEMU, qemu-img, mkfs.ext4, the static agent; takes seconds under TCG"]
 async fn bake_restore_and_ask_the_agent() {
     let version = qemu::check_version(Path::new(qemu::QEMU_BINARY)).expect("QEMU");
-    let root = env_path("HUTCH_VM_KERNEL_ROOT", "/work/cache/kernel/root");
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let agent = env_path(
         "HUTCH_VM_AGENT",
-        &manifest
-            .join("../../target/x86_64-unknown-linux-gnu/release-agent/hutch-agent")
-            .to_string_lossy(),
+        &manifest.join("../../target/x86_64-unknown-linux-gnu/release-agent/hutch-agent"),
     );
-    let busybox = env_path("HUTCH_VM_BUSYBOX", "/bin/busybox");
+    let busybox = env_path("HUTCH_VM_BUSYBOX", Path::new("/bin/busybox"));
     let work = tempfile::tempdir().expect("tempdir");
     let w = work.path();
+    let cache = env_path("HUTCH_VM_CACHE", &w.join("cache"));
+    let assets = Assets::new(AssetConfig {
+        dir: cache,
+        qemu: qemu::QEMU_BINARY.into(),
+        agent,
+        busybox: busybox.clone(),
+        kernel_root: std::env::var_os("HUTCH_VM_KERNEL_ROOT").map(PathBuf::from),
+        accel: Accel::Tcg,
+        memory_group: None,
+    });
 
-    let t = std::time::Instant::now();
-    let bzimage = std::fs::read_dir(root.join("boot"))
-        .expect("boot dir")
-        .map(|e| e.expect("entry").path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
-        })
-        .expect("vmlinuz");
-    let vmlinux = w.join("vmlinux");
-    kernel::extract_vmlinux_file(&bzimage, &vmlinux).expect("extract vmlinux");
-    let extract = t.elapsed();
-
-    let t = std::time::Instant::now();
-    let module_dir = only_entry(&root.join("lib/modules"));
-    let mods = modules::resolve(&module_dir, &["virtio_mmio", "virtio_console"]).expect("modules");
-    let names: Vec<_> = mods.iter().map(|m| m.name.clone()).collect();
-    let initrd = w.join("initrd.cpio");
-    initramfs::build_file(
-        &InitramfsSpec {
-            agent,
-            busybox,
-            modules: mods,
-        },
-        &initrd,
-    )
-    .expect("initramfs");
-    let build = t.elapsed();
-
-    let mut config = VmConfig::new(vmlinux, initrd, w);
-    config.console_log = Some(w.join("console.log"));
-    let (snap, bake) = snapshot::bake(
-        config,
-        &w.join("state"),
-        &w.join("bake.log"),
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("bake");
-
-    println!("QEMU {version}; modules {names:?}");
-    println!("extract vmlinux {extract:?}, build initramfs {build:?}");
+    let t = Instant::now();
+    let boot = assets.boot().expect("kernel and initramfs");
+    let boot_time = t.elapsed();
+    let root = w.join("root");
+    make_root(&root, &busybox);
+    let t = Instant::now();
+    let image = assets
+        .image("test", &format!("{}", std::process::id()), &root)
+        .expect("image");
+    let image_time = t.elapsed();
+    let t = Instant::now();
+    let snap = assets.snapshot(&boot, &image, 256, 1).await.expect("bake");
     println!(
-        "bake: cold boot to first /v1/info {:?}, save {:?}, state {} bytes, guest kernel {}",
-        bake.cold_boot, bake.save, bake.state_bytes, bake.info.kernel
+        "QEMU {version}; kernel {}; boot assets {boot_time:?}, image {image_time:?}, bake {:?}",
+        boot.package,
+        t.elapsed()
     );
 
     let host = host_release();
     let mut firsts = Vec::new();
-    let mut stables = Vec::new();
-    for i in 0..5 {
+    let mut randoms = Vec::new();
+    for i in 0..4 {
         let dir = w.join(format!("r{i}"));
         std::fs::create_dir(&dir).expect("mkdir");
-        let (guest, client, report) = snapshot::restore(&snap, &dir, Duration::from_secs(20))
-            .await
-            .expect("restore");
+        let overlay = dir.join("disk.qcow2");
+        let t = Instant::now();
+        disk::make_overlay(
+            snap.config.root_disk.as_ref().expect("baked with a disk"),
+            "qcow2",
+            &overlay,
+        )
+        .expect("overlay");
+        let overlay_time = t.elapsed();
+        let (guest, client, report) =
+            snapshot::restore(&snap, &dir, Some(overlay), None, Duration::from_secs(20))
+                .await
+                .expect("restore");
         assert_ne!(
             report.info.kernel, host,
-            "guest kernel must differ from the host's"
+            "guest kernel differs from the host's"
         );
-        assert_eq!(report.info.kernel, bake.info.kernel);
         assert_eq!(report.info.pid, 1, "the agent is the guest's init");
-        let again = match client.info().await {
-            Ok(info) => info,
-            Err(e) => {
+        client
+            .identity(&IdentityRequest {
+                hostname: Some(format!("guest-{i}")),
+                entropy: (0..64).map(|b| b ^ (i as u8) ^ 0x5a).collect(),
+                unix_time_ms: Some(1_700_000_000_000),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| {
                 let console = std::fs::read_to_string(dir.join("console.log")).unwrap_or_default();
-                let bake_console =
-                    std::fs::read_to_string(w.join("console.log")).unwrap_or_default();
-                panic!("second call: {e}\n--- restore console ---\n{console}\n--- bake console ---\n{bake_console}");
-            }
+                panic!("identity: {e}\n--- console ---\n{console}")
+            });
+        assert_eq!(sh(&client, "cat /etc/marker").await, "from the root disk");
+        assert_eq!(sh(&client, "hostname").await, format!("guest-{i}"));
+        randoms.push(sh(&client, "head -c 16 /dev/urandom | od -An -tx1").await);
+        sh(&client, "echo written > /etc/mine").await;
+        // Hang up and reconnect: the agent must serve the next host at once.
+        drop(client);
+        let t = Instant::now();
+        let (again, info) = {
+            let mut guest = guest;
+            let r = guest
+                .agent(Duration::from_secs(10))
+                .await
+                .expect("reconnect");
+            (guest, r)
         };
-        assert_eq!(again.kernel, report.info.kernel);
+        let reconnect = t.elapsed();
+        assert_eq!(info.1.pid, 1);
+        assert_eq!(sh(&info.0, "cat /etc/mine").await, "written");
         println!(
-            "restore {i}: QMP ready {:?}, running {:?}, first /v1/info {:?}, stable connection {:?} (kernel {}, host {host})",
-            report.qmp_ready,
-            report.resumed,
-            report.to_first_reply,
-            report.stable,
-            report.info.kernel
+            "restore {i}: overlay {overlay_time:?}, QMP ready {:?}, running {:?}, first /v1/info {:?}, reconnect {reconnect:?}",
+            report.qmp_ready, report.resumed, report.to_first_reply
         );
         firsts.push(report.to_first_reply);
-        stables.push(report.stable);
-        drop(client);
-        guest.shutdown().await.expect("shutdown");
+        drop(info);
+        again.shutdown().await.expect("shutdown");
     }
+    randoms.sort();
+    randoms.dedup();
+    assert_eq!(
+        randoms.len(),
+        4,
+        "every restored guest reads its own random bytes"
+    );
     firsts.sort();
     println!(
         "restore-to-first-reply median {:?}",

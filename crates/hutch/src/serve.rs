@@ -33,6 +33,17 @@ pub struct ServeArgs {
     /// How often to look for expired sandboxes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub reaper_interval_ms: u64,
+    /// Cache of the vm backend: guest kernel, initramfs, template images, snapshots
+    /// (default `<state-dir>/vm`; several servers may share one).
+    #[arg(long)]
+    pub vm_dir: Option<PathBuf>,
+    /// QEMU binary of the vm backend.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub qemu: PathBuf,
+    /// An unpacked Debian linux-image-*-cloud-amd64 package to boot vm guests with, instead
+    /// of fetching one with apt-get download.
+    #[arg(long)]
+    pub vm_kernel_root: Option<PathBuf>,
     /// Give sandboxes a network (`on`: a namespace, a veth, NAT and the egress policy,
     /// enforced in this server's network namespace with nftables; `off`: loopback only).
     #[arg(long, value_enum, default_value_t = NetworkMode::On)]
@@ -173,6 +184,11 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.default_ttl_seconds = args.default_ttl;
     cfg.reaper_interval = Duration::from_millis(args.reaper_interval_ms.max(10));
     cfg.network = network;
+    if let Some(dir) = args.vm_dir.clone() {
+        cfg.vm_dir = dir;
+    }
+    cfg.qemu = args.qemu.clone();
+    cfg.vm_kernel_root = args.vm_kernel_root.clone();
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

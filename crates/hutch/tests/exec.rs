@@ -1,16 +1,26 @@
 //! Exec: output apart, exit codes, timeouts, signals, stdin, streaming, concurrency.
 
+#[macro_use]
 mod common;
 
-use common::TestServer;
+use common::{on, TestServer};
 use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::json;
 
-#[tokio::test]
-async fn argv_and_shell_keep_stdout_stderr_and_exit_code_apart() {
+both_backends!(
+    argv_and_shell_keep_stdout_stderr_and_exit_code_apart,
+    missing_command_is_127_with_a_message,
+    timeout_kills_the_process_group_and_reports_124,
+    killed_by_signal_is_128_plus_n,
+    stdin_env_cwd_and_user,
+    stream_delivers_events_in_order_before_exit,
+    a_stream_client_that_disconnects_kills_its_process,
+);
+
+async fn argv_and_shell_keep_stdout_stderr_and_exit_code_apart(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let v = s
         .exec(
             &id,
@@ -32,10 +42,9 @@ async fn argv_and_shell_keep_stdout_stderr_and_exit_code_apart() {
     assert_eq!(v["stdout"], "42\n");
 }
 
-#[tokio::test]
-async fn missing_command_is_127_with_a_message() {
+async fn missing_command_is_127_with_a_message(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let v = s.exec(&id, json!({"cmd": ["no-such-program", "x"]})).await;
     assert_eq!(v["exit_code"], 127, "{v}");
     assert!(
@@ -47,10 +56,9 @@ async fn missing_command_is_127_with_a_message() {
     );
 }
 
-#[tokio::test]
-async fn timeout_kills_the_process_group_and_reports_124() {
+async fn timeout_kills_the_process_group_and_reports_124(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let v = s
         .exec(
             &id,
@@ -65,20 +73,20 @@ async fn timeout_kills_the_process_group_and_reports_124() {
     assert_eq!(ps.trim(), "0", "a sleep survived the timeout");
 }
 
-#[tokio::test]
-async fn killed_by_signal_is_128_plus_n() {
+async fn killed_by_signal_is_128_plus_n(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let v = s.exec(&id, json!({"cmd": "kill -9 $$"})).await;
     assert_eq!(v["exit_code"], 137, "{v}");
     let v = s.exec(&id, json!({"cmd": "kill -15 $$"})).await;
     assert_eq!(v["exit_code"], 143, "{v}");
 }
 
-#[tokio::test]
-async fn stdin_env_cwd_and_user() {
+async fn stdin_env_cwd_and_user(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({"env": {"FROM_CREATE": "c"}})).await;
+    let id = s
+        .create_id(on(isolation, json!({"env": {"FROM_CREATE": "c"}})))
+        .await;
     let v = s
         .exec(&id, json!({"cmd": ["sh", "-c", "cat; echo \"[$FOO $FROM_CREATE $(pwd)]\""], "stdin": "piped\n", "env": {"FOO": "bar"}, "cwd": "/tmp"}))
         .await;
@@ -125,10 +133,9 @@ async fn output_over_the_cap_is_truncated_and_flagged() {
     assert_eq!(v["exit_code"], 0);
 }
 
-#[tokio::test]
-async fn stream_delivers_events_in_order_before_exit() {
+async fn stream_delivers_events_in_order_before_exit(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let resp = s
         .http
         .post(format!("{}/v1/sandboxes/{id}/exec/stream", s.url))
@@ -172,10 +179,9 @@ async fn stream_delivers_events_in_order_before_exit() {
     );
 }
 
-#[tokio::test]
-async fn a_stream_client_that_disconnects_kills_its_process() {
+async fn a_stream_client_that_disconnects_kills_its_process(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let resp = s
         .http
         .post(format!("{}/v1/sandboxes/{id}/exec/stream", s.url))

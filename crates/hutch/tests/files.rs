@@ -1,8 +1,9 @@
 //! Files: read, write, list, stat, mkdir, move, remove; large files; paths stay inside.
 
+#[macro_use]
 mod common;
 
-use common::TestServer;
+use common::{on, TestServer};
 use reqwest::Method;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -39,10 +40,14 @@ async fn a_100_mib_file_round_trips_intact() {
     assert_eq!(Sha256::digest(&got), want, "content changed in transit");
 }
 
-#[tokio::test]
-async fn file_operations_behave_as_documented() {
+both_backends!(
+    file_operations_behave_as_documented,
+    dot_dot_paths_stay_inside_the_sandbox
+);
+
+async fn file_operations_behave_as_documented(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let base = format!("/v1/sandboxes/{id}/files");
     s.put_file(
         &id,
@@ -153,10 +158,9 @@ async fn file_operations_behave_as_documented() {
     assert_eq!(st, 400, "relative path: {v}");
 }
 
-#[tokio::test]
-async fn dot_dot_paths_stay_inside_the_sandbox() {
+async fn dot_dot_paths_stay_inside_the_sandbox(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let marker = format!("hutch-escape-{}", std::process::id());
     s.put_file(
         &id,

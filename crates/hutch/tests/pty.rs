@@ -1,10 +1,11 @@
 //! The WebSocket PTY: a real terminal, input echoed, resize seen by the program.
 
+#[macro_use]
 mod common;
 
 use std::time::Duration;
 
-use common::TestServer;
+use common::{on, TestServer};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -28,10 +29,11 @@ async fn read_until(
     true
 }
 
-#[tokio::test]
-async fn pty_echoes_input_and_follows_resizes() {
+both_backends!(pty_echoes_input_and_follows_resizes);
+
+async fn pty_echoes_input_and_follows_resizes(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let url = format!(
         "{}/v1/sandboxes/{id}/pty?cols=100&rows=30",
         s.url.replacen("http", "ws", 1)

@@ -12,6 +12,7 @@
 //! while `ns` gives the filesystem-level one (see `docs/lifecycle.md`).
 
 pub mod ns;
+pub mod vm;
 
 use std::path::{Path, PathBuf};
 
@@ -22,6 +23,9 @@ use crate::snapshot::SnapshotKind;
 /// What a backend reports after building a sandbox.
 #[derive(Debug, Clone)]
 pub struct Started {
+    /// A connection to the agent the backend already made (`vm`: the restore's own), or
+    /// `None` for the manager to connect to [`Backend::agent_socket`].
+    pub agent: Option<hutch_proto::client::AgentClient>,
     /// Host pid of the sandbox's init.
     pub init_pid: i32,
     /// Its start time (to recognise the pid after a restart).
@@ -86,4 +90,14 @@ pub trait Backend: Send + Sync {
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
     /// Whether forks can carry memory and running processes (`live`), not only files.
     fn live_fork(&self) -> bool;
+    /// Whether [`Backend::hibernate`], [`Backend::wake`] and [`Backend::snapshot`] are
+    /// implemented; the manager refuses those calls up front (422) when not, so a sandbox's
+    /// state never changes for an operation its backend cannot do.
+    fn supports_state_on_disk(&self) -> bool {
+        true
+    }
+    /// Why the sandbox died, given how its init exited (`status`), for its `error` field.
+    fn exit_reason(&self, _record: &SandboxRecord, status: &str) -> String {
+        format!("the sandbox's init (agent) exited unexpectedly ({status})")
+    }
 }

@@ -175,6 +175,7 @@ impl Backend for NsBackend {
         let parsed: Result<SpawnedJail, _> = serde_json::from_slice(&out.stdout);
         match parsed {
             Ok(s) if out.status.success() => Ok(Started {
+                agent: None,
                 init_pid: s.init_pid,
                 init_start_time: s.init_start_time,
                 cgroups: s.cgroups,

@@ -98,7 +98,11 @@ impl Manager {
             .map(|p| p.display().to_string())
             .collect();
         self.store.update(&record)?;
-        let client = match self.connect_agent(backend.as_ref(), &record.id).await {
+        let connected = match started.agent {
+            Some(client) => Ok(client),
+            None => self.connect_agent(backend.as_ref(), &record.id).await,
+        };
+        let client = match connected {
             Ok(c) => c,
             Err(e) => return Err(self.fail_create(record, e).await),
         };
@@ -199,6 +203,12 @@ impl Manager {
             )));
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
+        if isolation == crate::model::Isolation::Vm && idle_hibernate_seconds.is_some() {
+            return Err(CoreError::Unsupported(
+                "idle_hibernate_seconds: hibernation is not supported on vm sandboxes yet (it is on ns)"
+                    .into(),
+            ));
+        }
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
         let now = now_ms();
@@ -222,14 +232,18 @@ impl Manager {
             init_start_time: None,
             cgroups: vec![],
             error: None,
-            network: Some(self.requested_policy(cmd.network.as_ref())?),
+            network: Some(self.requested_policy(cmd.network.as_ref(), isolation)?),
             layer: source.map(|s| s.id.clone()),
             snapshot: source.filter(|s| !s.hidden).map(|s| s.id.clone()),
             forked_from: None,
             idle_hibernate_seconds,
             last_used_ms: now,
             net_slot: None,
-            volumes: self.resolve_volume_mounts(&cmd.volumes, cmd.metadata.get("tenant_id"))?,
+            volumes: self.resolve_volume_mounts(
+                &cmd.volumes,
+                cmd.metadata.get("tenant_id"),
+                isolation,
+            )?,
         })
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{blocking, wrong_state, Manager};
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::time::now_ms;
 
@@ -76,10 +76,22 @@ impl Manager {
         self.load(id)?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id)?;
+        self.check_state_on_disk(&r, "hibernation")?;
         if !r.state.can_hibernate() {
             return Err(wrong_state(&r, Some("hibernate")));
         }
         Ok(self.hibernate_locked(r, None).await?.view())
+    }
+
+    /// Refuse `what` (422) when the sandbox's backend cannot keep its state on disk.
+    pub(super) fn check_state_on_disk(&self, r: &SandboxRecord, what: &str) -> CoreResult<()> {
+        if self.backend(r.isolation)?.supports_state_on_disk() {
+            return Ok(());
+        }
+        Err(CoreError::Unsupported(format!(
+            "{what} is not supported on {} sandboxes yet (it is on ns)",
+            r.isolation.as_str()
+        )))
     }
 
     /// Hibernate `r` (its transition lock held and its state checked).

@@ -193,7 +193,13 @@ impl Manager {
         &self,
         wanted: &[VolumeMount],
         tenant: Option<&String>,
+        isolation: crate::model::Isolation,
     ) -> CoreResult<Vec<VolumeMount>> {
+        if !wanted.is_empty() && isolation == crate::model::Isolation::Vm {
+            return Err(CoreError::InvalidArgument(
+                "volumes are not available to vm sandboxes yet (ns only)".into(),
+            ));
+        }
         if wanted.len() > hutch_jail::MAX_VOLUMES {
             return Err(CoreError::InvalidArgument(format!(
                 "at most {} volumes per sandbox",

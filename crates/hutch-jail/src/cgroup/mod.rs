@@ -13,6 +13,7 @@
 //! in `/proc/self/mountinfo`, not assumed at `/sys/fs/cgroup/<name>`.
 
 mod control;
+mod process;
 mod stats;
 
 use std::io::ErrorKind;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 pub use control::{freeze, thaw};
 pub(crate) use control::{kill_all, remove_dirs, wait_empty, CGROUP_TIMEOUT};
+pub use process::{create_process_cgroups, release_process_cgroups};
 pub use stats::{cgroup_stats, CgroupStats};
 
 use crate::mountinfo::MountEntry;

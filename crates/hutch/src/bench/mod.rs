@@ -7,6 +7,7 @@ mod lifecycle;
 mod network;
 mod server;
 mod stats;
+mod vm;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -40,6 +41,22 @@ pub struct BenchArgs {
     /// Templates directory (default `<state-dir>/templates`).
     #[arg(long)]
     pub templates_dir: Option<PathBuf>,
+    /// vm sandboxes for the vm create-to-first-exec series (0 skips every vm series).
+    #[arg(long, default_value_t = 50)]
+    pub vm: usize,
+    /// Idle vm sandboxes for the vm density series.
+    #[arg(long, default_value_t = 20)]
+    pub vm_idle: usize,
+    /// Warm exec round trips on a vm sandbox.
+    #[arg(long, default_value_t = 100)]
+    pub vm_execs: usize,
+    /// Only the vm series.
+    #[arg(long)]
+    pub vm_only: bool,
+    /// Cache of the vm backend (guest kernel, images, snapshots); default
+    /// `<state-dir>/vm`, so repeated runs reuse the kernel and the template's snapshot.
+    #[arg(long)]
+    pub vm_dir: Option<PathBuf>,
     /// Write the results as JSON here.
     #[arg(long = "json-out", value_name = "PATH")]
     pub json_out: Option<PathBuf>,
@@ -89,16 +106,45 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         "starting a private server (templates in {})…",
         templates_dir.display()
     );
-    let net = {
-        let (dir, tpl, n) = (
+    let vm_dir = args
+        .vm_dir
+        .clone()
+        .unwrap_or_else(|| state_dir_hint.join("vm"));
+    std::fs::create_dir_all(&vm_dir)?;
+    let net = if args.vm_only {
+        network::NetSeries {
+            series: vec![],
+            skipped: vec![],
+        }
+    } else {
+        let (dir, tpl, vm, n) = (
             templates_dir.clone(),
             args.template.clone(),
+            vm_dir.clone(),
             args.lifecycle.max(20),
         );
-        tokio::task::spawn_blocking(move || network::run(&dir, &tpl, n)).await?
+        tokio::task::spawn_blocking(move || network::run(&dir, &tpl, &vm, n)).await?
     };
-    let srv = server::BenchServer::start(&templates_dir, &args.template, false).await?;
-    let result = measure(&args, &srv, net).await;
+    let srv = server::BenchServer::start(&templates_dir, &args.template, &vm_dir, false).await?;
+    let result = async {
+        let mut doc = if args.vm_only {
+            json!({"machine": machine_info()})
+        } else {
+            measure(&args, &srv, net).await?
+        };
+        if args.vm > 0 {
+            let r = vm::run(&srv, &vm_dir, args.vm, args.vm_idle, args.vm_execs).await?;
+            print_vm(&r);
+            doc["vm"] = json!({"series": r.series, "figures": r.figures});
+        }
+        if let Some(path) = &args.json_out {
+            std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
     if result.is_err() {
         srv.destroy_all().await;
     }
@@ -106,11 +152,33 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     result
 }
 
+fn print_vm(r: &vm::VmResults) {
+    println!(
+        "{:<34} {:>5} {:>9} {:>9} {:>9}",
+        "vm series", "n", "p50 ms", "p95 ms", "p99 ms"
+    );
+    for s in &r.series {
+        println!("{}", row(s, None));
+    }
+    let f = &r.figures;
+    println!(
+        "vm ({} MiB guests): first create {:.0} ms (bakes the snapshot when not cached); cold boot to agent {:.0} ms",
+        f["guest_memory_mib"], f["first_create_ms"].as_f64().unwrap_or(0.0), f["cold_boot_ms"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "{} idle vm sandboxes: PSS per sandbox p50 {:.1} MiB, max {:.1} MiB; host memory growth {:.1} MiB",
+        f["idle_sandboxes"],
+        f["pss_mib_p50"].as_f64().unwrap_or(0.0),
+        f["pss_mib_max"].as_f64().unwrap_or(0.0),
+        f["host_growth_mib"].as_f64().unwrap_or(0.0)
+    );
+}
+
 async fn measure(
     args: &BenchArgs,
     srv: &server::BenchServer,
     net: network::NetSeries,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Value> {
     // Baselines first, while nothing else runs.
     eprintln!("baselines…");
     let n_base = args.n;
@@ -254,7 +322,7 @@ async fn measure(
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
     }
-    if let Some(path) = &args.json_out {
+    {
         let doc = json!({
             "machine": machine_info(),
             "baselines": base,
@@ -274,9 +342,6 @@ async fn measure(
                 "file_read_mb_s": read_mb_s,
             },
         });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        Ok(doc)
     }
-    Ok(())
 }

@@ -22,8 +22,12 @@ pub struct NetSeries {
 }
 
 /// Run the series on a thread moved into a new, empty network namespace.
-pub fn run(templates_dir: &Path, template: &str, n: usize) -> NetSeries {
-    let (dir, tpl) = (templates_dir.to_path_buf(), template.to_string());
+pub fn run(templates_dir: &Path, template: &str, vm_dir: &Path, n: usize) -> NetSeries {
+    let (dir, tpl, vm) = (
+        templates_dir.to_path_buf(),
+        template.to_string(),
+        vm_dir.to_path_buf(),
+    );
     let outcome = std::thread::spawn(move || -> anyhow::Result<Vec<Summary>> {
         // SAFETY: unshare with CLONE_NEWNET only moves this thread.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -37,7 +41,7 @@ pub fn run(templates_dir: &Path, template: &str, n: usize) -> NetSeries {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(measure(&dir, &tpl, n))
+            .block_on(measure(&dir, &tpl, &vm, n))
     })
     .join();
     match outcome {
@@ -74,12 +78,17 @@ async fn create_to_first_exec(srv: &BenchServer, n: usize) -> anyhow::Result<Vec
     Ok(ms)
 }
 
-async fn measure(templates_dir: &Path, template: &str, n: usize) -> anyhow::Result<Vec<Summary>> {
+async fn measure(
+    templates_dir: &Path,
+    template: &str,
+    vm_dir: &Path,
+    n: usize,
+) -> anyhow::Result<Vec<Summary>> {
     eprintln!("network: create-to-first-exec ×{n} with networking off, then on…");
-    let off = BenchServer::start(templates_dir, template, false).await?;
+    let off = BenchServer::start(templates_dir, template, vm_dir, false).await?;
     let off_ms = create_to_first_exec(&off, n).await;
     off.stop();
-    let on = BenchServer::start(templates_dir, template, true).await?;
+    let on = BenchServer::start(templates_dir, template, vm_dir, true).await?;
     let result = async {
         let on_ms = create_to_first_exec(&on, n).await?;
         let id = on.create().await?;

@@ -25,6 +25,7 @@ impl BenchServer {
     pub async fn start(
         templates_dir: &Path,
         template: &str,
+        vm_dir: &Path,
         network: bool,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
@@ -48,6 +49,8 @@ impl BenchServer {
             .arg(&state_dir)
             .arg("--templates-dir")
             .arg(templates_dir)
+            .arg("--vm-dir")
+            .arg(vm_dir)
             .env("HUTCH_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -80,6 +83,11 @@ impl BenchServer {
             child,
             state_dir,
         })
+    }
+
+    /// The template every sandbox is created from.
+    pub fn template(&self) -> &str {
+        &self.template
     }
 
     /// POST JSON; the answer's JSON (Null for 204).

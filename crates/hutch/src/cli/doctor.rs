@@ -25,14 +25,21 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
         })
         .unwrap_or_default();
     let ns_ok = report.ns_supported() && agent.is_ok();
+    let vm = vm_line(agent.is_ok());
+    let auto = match (&vm, ns_ok) {
+        (Ok(true), _) => "vm",
+        (_, true) => "ns",
+        _ => "none",
+    };
     let out = json!({
         "host": report_json,
         "agent": agent_json,
         "templates": templates,
         "isolation": {
             "ns": ns_ok,
-            "vm": false,
-            "auto": if ns_ok { "ns" } else { "none" },
+            "vm": vm.is_ok(),
+            "vm_detail": match &vm { Ok(_) => vm_why(), Err(e) => e.clone() },
+            "auto": auto,
             "why": report.isolation_summary(),
         }
     });
@@ -61,6 +68,34 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
             );
         }
         println!("isolation: {}", report.isolation_summary());
+        match &vm {
+            Ok(_) => println!("ok   vm: {}", vm_why()),
+            Err(e) => println!("--   vm: {e}"),
+        }
+        println!("auto isolation: {auto}");
     }
     Ok(if ns_ok { 0 } else { 1 })
+}
+
+/// Whether vm sandboxes can run here (`Ok(true)` when KVM is likely, so `auto` may pick vm
+/// once the server's probe guest boots), or why not.
+fn vm_line(agent_ok: bool) -> Result<bool, String> {
+    let version = hutch_vm::qemu::check_version(std::path::Path::new(hutch_vm::qemu::QEMU_BINARY))
+        .map_err(|e| format!("unavailable: {e}"))?;
+    if !agent_ok {
+        return Err(format!(
+            "QEMU {version} found but the static agent is missing"
+        ));
+    }
+    let host = hutch_vm::accel::host_virt();
+    Ok(hutch_vm::accel::choose_without_probe(&host).is_none())
+}
+
+/// The one-line acceleration explanation.
+fn vm_why() -> String {
+    let host = hutch_vm::accel::host_virt();
+    match hutch_vm::accel::choose_without_probe(&host) {
+        Some(choice) => format!("{}; so auto = ns, vm is opt-in", choice.why),
+        None => "the CPU has hardware virtualization and /dev/kvm opens; `hutch serve` boots a probe guest and uses KVM (and auto = vm) if it answers".into(),
+    }
 }

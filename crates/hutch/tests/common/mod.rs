@@ -40,6 +40,39 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// Run one behaviour case (`async fn case(isolation: &str)`) against both backends: makes
+/// `case::ns` and `case::vm` tests. Shared cases are written once and parameterised, not
+/// copied (see STYLE.md).
+#[macro_export]
+macro_rules! both_backends {
+    ($($case:ident),+ $(,)?) => {$(
+        mod $case {
+            #[tokio::test]
+            async fn ns() {
+                super::$case("ns").await
+            }
+            #[tokio::test]
+            async fn vm() {
+                super::$case("vm").await
+            }
+        }
+    )+};
+}
+
+/// `body` with `"isolation": isolation` added (a create request).
+pub fn on(isolation: &str, mut body: Value) -> Value {
+    body["isolation"] = Value::String(isolation.to_string());
+    body
+}
+
+/// The vm backend's cache shared by all tests on this machine (guest kernel, initramfs,
+/// template images and snapshots are built once and reused).
+pub fn vm_cache_dir() -> PathBuf {
+    std::env::var_os("HUTCH_TEST_VM_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/hutch-test/vm"))
+}
+
 /// Templates shared by all tests on this machine (built once, reused).
 pub fn templates_dir() -> PathBuf {
     std::env::var_os("HUTCH_TEST_TEMPLATES")
@@ -133,6 +166,8 @@ impl TestServer {
             .arg(templates_dir())
             .arg("--agent")
             .arg(agent_bin())
+            .arg("--vm-dir")
+            .arg(vm_cache_dir())
             .args(&self.extra_args)
             .env("HUTCH_LOG", "warn")
             .stdin(Stdio::null())

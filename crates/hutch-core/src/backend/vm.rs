@@ -1,0 +1,504 @@
+//! The `vm` backend: every sandbox is a QEMU `microvm` restored from its template's baked
+//! snapshot (`hutch-vm`), with the agent as the guest's PID 1 on a virtio-serial port whose
+//! host side is the sandbox's unix socket — so exec, PTY and file calls are the same as on
+//! `ns`.
+//!
+//! Create: template image and bake from the cache (built on first use), a qcow2 overlay of
+//! the bake's disk in the sandbox directory, a QEMU restored from the snapshot (RAM mapped
+//! copy-on-write from the bake's memory file), then the identity call (hostname, host
+//! entropy with a CRNG reseed, wall clock, environment). QEMU is left running detached: the
+//! server watches its pid like an `ns` init and reaps it; a restarted server re-adopts it
+//! by pid and start time.
+//!
+//! Pause/resume are QMP `stop`/`cont`. Hibernate, wake and snapshots are not supported on
+//! `vm` yet ([`CoreError::Unsupported`]).
+//!
+//! Every method blocks (the manager calls them on the blocking pool); async work (QMP, the
+//! agent) runs with `Handle::block_on` on that thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use hutch_proto::IdentityRequest;
+use hutch_vm::accel::{self, AccelChoice};
+use hutch_vm::assets::{AssetConfig, Assets};
+use hutch_vm::qmp::Qmp;
+use hutch_vm::{disk, snapshot, VmError};
+
+use super::ns::UID_RANGE;
+use super::{Backend, SnapshotTaken, Started, Usage};
+use crate::config::Config;
+use crate::error::{CoreError, CoreResult};
+use crate::model::{Isolation, SandboxRecord};
+
+/// How long a restored guest's agent may take to answer.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long QMP may take to answer one command.
+const QMP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a killed QEMU may take to disappear.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Host entropy given to every restored guest.
+const ENTROPY_BYTES: usize = 64;
+/// Group of the vm QEMUs that may open template memory files (QEMU 7.2 opens them
+/// read-write even to map them privately): just below the first sandbox's uid range
+/// (uid slots start at 16).
+pub const MEMORY_GID: u32 = 16 * UID_RANGE - 1;
+/// Memory QEMU itself may use beyond the guest's RAM (its own heap, TCG's code buffer).
+const QEMU_OVERHEAD_MIB: u64 = 256;
+/// Threads QEMU may run (vCPUs, I/O, RCU, migration).
+const QEMU_PIDS_MAX: u32 = 64;
+
+fn vm_error(e: VmError) -> CoreError {
+    match e {
+        VmError::Qemu(q) => CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {q}")),
+        VmError::Disk(d @ disk::DiskError::MissingTool { .. }) => {
+            CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {d}"))
+        }
+        VmError::Exited { .. } | VmError::AgentTimeout { .. } => {
+            CoreError::SandboxFailed(e.to_string())
+        }
+        other => CoreError::Internal(other.to_string()),
+    }
+}
+
+fn not_yet(what: &str) -> CoreError {
+    CoreError::Unsupported(format!(
+        "{what} is not supported on vm sandboxes yet (it is on ns)"
+    ))
+}
+
+/// The microVM backend.
+pub struct VmBackend {
+    cfg: Config,
+    assets: Arc<Assets>,
+    accel: OnceLock<AccelChoice>,
+    qemu_version: OnceLock<Result<String, String>>,
+}
+
+impl VmBackend {
+    /// A backend using `cfg`'s paths; nothing is built or probed until first use.
+    pub fn new(cfg: Config) -> Self {
+        let assets = Assets::new(AssetConfig {
+            dir: cfg.vm_dir.clone(),
+            qemu: cfg.qemu.clone(),
+            agent: cfg.agent_binary.clone(),
+            busybox: cfg.busybox.clone(),
+            kernel_root: cfg.vm_kernel_root.clone(),
+            accel: hutch_vm::qemu::Accel::Tcg,
+            memory_group: Some(MEMORY_GID),
+        });
+        Self {
+            cfg,
+            assets: Arc::new(assets),
+            accel: OnceLock::new(),
+            qemu_version: OnceLock::new(),
+        }
+    }
+
+    /// Check QEMU is installed and new enough (once per process); returns its version.
+    pub fn check(&self) -> CoreResult<String> {
+        self.qemu_version
+            .get_or_init(|| {
+                hutch_vm::qemu::check_version(&self.cfg.qemu).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {e}")))
+    }
+
+    /// The accelerator choice if it was made already ([`VmBackend::accel`]).
+    pub fn accel_if_known(&self) -> Option<AccelChoice> {
+        self.accel.get().cloned()
+    }
+
+    /// KVM or TCG, and why. Without hardware virtualization this is decided at once; with
+    /// it a probe guest is booted once (blocking, seconds).
+    pub fn accel(&self) -> AccelChoice {
+        self.accel
+            .get_or_init(|| {
+                let host = accel::host_virt();
+                if let Some(choice) = accel::choose_without_probe(&host) {
+                    return choice;
+                }
+                let probe = self.probe_kvm().map_err(|e| e.to_string());
+                accel::choose_after_probe(&host, probe)
+            })
+            .clone()
+    }
+
+    fn probe_kvm(&self) -> Result<(), VmError> {
+        let boot = self.assets.boot()?;
+        let dir = self
+            .cfg
+            .vm_dir
+            .join(format!("probe-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|source| VmError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+        let result = tokio::runtime::Handle::current().block_on(accel::probe_kvm(
+            &boot,
+            &self.cfg.qemu,
+            &dir,
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.cfg.sandbox_dir(id)
+    }
+
+    /// Identity of a freshly restored guest: the sandbox's hostname and environment, host
+    /// entropy (the agent reseeds the CRNG with it) and the wall clock.
+    fn identity(r: &SandboxRecord) -> CoreResult<IdentityRequest> {
+        let mut entropy = vec![0u8; ENTROPY_BYTES];
+        getrandom::fill(&mut entropy)
+            .map_err(|e| CoreError::Internal(format!("host entropy: {e}")))?;
+        let mut env = std::collections::BTreeMap::new();
+        env.insert(
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        );
+        env.insert("LANG".to_string(), "C.UTF-8".to_string());
+        env.insert("HUTCH_SANDBOX_ID".to_string(), r.id.clone());
+        env.extend(r.env.clone());
+        Ok(IdentityRequest {
+            hostname: Some(r.id.replace('_', "-")),
+            env,
+            entropy,
+            unix_time_ms: Some(crate::time::now_ms().max(0) as u64),
+        })
+    }
+
+    async fn restore(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        let assets = self.assets.clone();
+        let (template, root) = (r.template.clone(), rootfs.to_path_buf());
+        let stamp = template_stamp(rootfs)?;
+        let (boot, image) = tokio::task::spawn_blocking(move || {
+            let boot = assets.boot()?;
+            let image = assets.image(&template, &stamp, &root)?;
+            Ok::<_, VmError>((boot, image))
+        })
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))?
+        .map_err(vm_error)?;
+        let vcpus = r.cpus.ceil().max(1.0) as u32;
+        let memory = u32::try_from(r.memory_mib)
+            .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
+        let snap = self
+            .assets
+            .snapshot(&boot, &image, memory, vcpus)
+            .await
+            .map_err(vm_error)?;
+        let dir = self.dir(&r.id);
+        let uid = r.uid_slot * UID_RANGE;
+        create_private_dir(&dir, uid)?;
+        let overlay = dir.join("disk.qcow2");
+        let base = snap
+            .config
+            .root_disk
+            .clone()
+            .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
+        disk::make_overlay(&base, "qcow2", &overlay).map_err(|e| vm_error(e.into()))?;
+        give_to(&overlay, uid, 0o600)?;
+        let cgroups = hutch_jail::create_process_cgroups(
+            &self.cfg.cgroup_parent,
+            &r.id,
+            &hutch_jail::Limits {
+                memory_bytes: (r.memory_mib + QEMU_OVERHEAD_MIB) << 20,
+                cpu_millis: (r.cpus * 1000.0).round() as u32,
+                pids_max: QEMU_PIDS_MAX,
+                tmp_bytes: 0,
+            },
+        )
+        .map_err(|e| CoreError::Internal(format!("cgroups for QEMU: {e}")))?;
+        let mut groups = vec![MEMORY_GID];
+        if self.assets.config().accel == hutch_vm::qemu::Accel::Kvm {
+            groups.extend(kvm_gid());
+        }
+        let jail = hutch_vm::qemu::QemuJail {
+            uid,
+            gid: uid,
+            groups,
+            cgroup_procs: cgroups.iter().map(|d| d.join("cgroup.procs")).collect(),
+        };
+        let started = async {
+            let (guest, client, report) =
+                snapshot::restore(&snap, &dir, Some(overlay), Some(jail), RESTORE_TIMEOUT)
+                    .await
+                    .map_err(vm_error)?;
+            // On failure from here on, dropping `guest` kills QEMU.
+            client.identity(&Self::identity(r)?).await.map_err(|e| {
+                CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
+            })?;
+            let pid = guest.detach() as i32;
+            let start = hutch_jail::start_time(pid).ok_or_else(|| {
+                CoreError::SandboxFailed(format!("QEMU (pid {pid}) exited right after the restore"))
+            })?;
+            tracing::debug!(id = %r.id, pid, ms = report.to_first_reply.as_millis() as u64, "vm restored");
+            Ok((pid, start, client))
+        }
+        .await;
+        match started {
+            Ok((init_pid, init_start_time, client)) => Ok(Started {
+                init_pid,
+                init_start_time,
+                cgroups,
+                agent: Some(client),
+            }),
+            Err(e) => {
+                if let Err(c) = hutch_jail::release_process_cgroups(&r.id, &cgroups) {
+                    tracing::error!(id = %r.id, error = %c, "releasing QEMU cgroups after a failed create");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn qmp(
+        &self,
+        r: &SandboxRecord,
+        f: impl AsyncFnOnce(&mut Qmp) -> Result<(), hutch_vm::qmp::QmpError>,
+    ) -> CoreResult<()> {
+        let socket = self.dir(&r.id).join("qmp.sock");
+        let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT)
+            .await
+            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
+        tokio::time::timeout(QMP_TIMEOUT, f(&mut qmp))
+            .await
+            .map_err(|_| CoreError::SandboxFailed("QMP did not answer".into()))?
+            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))
+    }
+}
+
+/// What identifies one build of a template's root: a rebuild makes a new directory.
+fn template_stamp(rootfs: &Path) -> CoreResult<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(rootfs)
+        .map_err(|e| CoreError::Internal(format!("template root {}: {e}", rootfs.display())))?;
+    Ok(format!(
+        "{}:{}:{}.{}",
+        m.dev(),
+        m.ino(),
+        m.mtime(),
+        m.mtime_nsec()
+    ))
+}
+
+/// The sandbox's directory, mode 0700, owned by its QEMU's uid (QEMU creates its sockets
+/// and console log there).
+fn create_private_dir(dir: &Path, uid: u32) -> CoreResult<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(CoreError::Internal(format!(
+                "create {}: {e}",
+                dir.display()
+            )))
+        }
+    }
+    give_to(dir, uid, 0o700)
+}
+
+/// Make `path` owned by `uid:uid` with `mode`.
+fn give_to(path: &Path, uid: u32, mode: u32) -> CoreResult<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(path, Some(uid), Some(uid))
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
+        .map_err(|e| CoreError::Internal(format!("chown {}: {e}", path.display())))
+}
+
+/// The group owning `/dev/kvm`, so a jailed QEMU can open it.
+fn kvm_gid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/dev/kvm").ok().map(|m| m.gid())
+}
+
+/// SIGKILL `pid` if it is still the process that started at `start`, and wait until it is
+/// gone (reaped by us when it is our child, else by its parent).
+fn kill_and_wait(pid: i32, start: u64) -> CoreResult<()> {
+    if !hutch_jail::init_alive(pid, start) && hutch_jail::start_time(pid) != Some(start) {
+        return Ok(());
+    }
+    // SAFETY: kill takes a pid and a signal; the pid was checked to be our QEMU (same start
+    // time) just above.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = std::time::Instant::now() + EXIT_TIMEOUT;
+    loop {
+        // Reap it if it is our child (no effect otherwise).
+        // SAFETY: waitpid with WNOHANG on a pid; the status pointer may be null.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+        if hutch_jail::start_time(pid) != Some(start) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(CoreError::Internal(format!(
+                "QEMU (pid {pid}) did not exit after SIGKILL"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// `VmRSS` and CPU time of a process from `/proc`.
+fn proc_usage(pid: i32) -> Option<(u64, u64)> {
+    let rss_kib = crate::config::proc_kib(Path::new(&format!("/proc/{pid}/status")), "VmRSS")?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are at 11 and 12 counting from field 3.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some((rss_kib * 1024, ticks * (1_000_000_000 / hz)))
+}
+
+impl Backend for VmBackend {
+    fn isolation(&self) -> Isolation {
+        Isolation::Vm
+    }
+
+    fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        self.check()?;
+        let handle = tokio::runtime::Handle::current();
+        let started = handle.block_on(self.restore(record, rootfs));
+        if started.is_err() {
+            // Whatever the failed restore left (its QEMU is killed on drop) goes too.
+            let _ = std::fs::remove_dir_all(self.dir(&record.id));
+        }
+        started
+    }
+
+    fn destroy(&self, r: &SandboxRecord) -> CoreResult<()> {
+        if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
+            kill_and_wait(pid, start)?;
+        }
+        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        hutch_jail::release_process_cgroups(&r.id, &cgroups)
+            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
+        // Only files here (overlay, sockets, logs): no mounts to cross.
+        match std::fs::remove_dir_all(self.dir(&r.id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
+                format!("remove {}: {e}", self.dir(&r.id).display()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn agent_socket(&self, id: &str) -> PathBuf {
+        self.dir(id).join("agent.sock")
+    }
+
+    fn alive(&self, r: &SandboxRecord) -> bool {
+        match (r.init_pid, r.init_start_time) {
+            (Some(pid), Some(start)) => hutch_jail::init_alive(pid, start),
+            _ => false,
+        }
+    }
+
+    fn usage(&self, r: &SandboxRecord) -> Option<Usage> {
+        if !r.cgroups.is_empty() {
+            let dirs: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+            let s = hutch_jail::cgroup_stats(&dirs);
+            return Some(Usage {
+                memory_bytes: s.memory_bytes,
+                memory_limit_bytes: s.memory_limit_bytes,
+                oom_kills: s.oom_kills,
+                cpu_usage_ns: s.cpu_usage_ns,
+                pids: s.pids_current,
+            });
+        }
+        let pid = r.init_pid?;
+        let (memory_bytes, cpu_usage_ns) = proc_usage(pid)?;
+        Some(Usage {
+            memory_bytes,
+            memory_limit_bytes: r.memory_mib << 20,
+            oom_kills: 0,
+            cpu_usage_ns,
+            pids: 1,
+        })
+    }
+
+    fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
+        tokio::runtime::Handle::current().block_on(self.qmp(r, async |q| q.stop().await))
+    }
+
+    fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
+        tokio::runtime::Handle::current().block_on(self.qmp(r, async |q| q.cont().await))
+    }
+
+    fn hibernate(&self, _r: &SandboxRecord) -> CoreResult<()> {
+        Err(not_yet("hibernation"))
+    }
+
+    fn wake(&self, _r: &SandboxRecord, _rootfs: &Path) -> CoreResult<Started> {
+        Err(not_yet("waking from hibernation"))
+    }
+
+    fn snapshot(&self, _r: &SandboxRecord, _dir: &Path) -> CoreResult<SnapshotTaken> {
+        Err(not_yet("snapshots (and so forks and explore)"))
+    }
+
+    fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
+        // Nothing is ever written into a vm snapshot directory yet.
+        match std::fs::remove_dir(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
+                format!("remove {}: {e}", dir.display()),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn supports_state_on_disk(&self) -> bool {
+        false
+    }
+
+    fn live_fork(&self) -> bool {
+        false
+    }
+
+    fn exit_reason(&self, r: &SandboxRecord, status: &str) -> String {
+        let console =
+            std::fs::read_to_string(self.dir(&r.id).join("console.log")).unwrap_or_default();
+        let panic = console
+            .lines()
+            .find(|l| l.contains("Kernel panic"))
+            .map(|l| format!(": {}", l.trim()))
+            .unwrap_or_default();
+        let oom = self.usage(r).is_some_and(|u| u.oom_kills > 0);
+        if oom {
+            return format!(
+                "the sandbox's VM (QEMU) was killed by the host: its memory limit ({} MiB guest + {QEMU_OVERHEAD_MIB} MiB) was exceeded",
+                r.memory_mib
+            );
+        }
+        format!("the sandbox's VM (QEMU) exited unexpectedly ({status}){panic}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_change_with_the_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a");
+        let b = dir.path().join("b");
+        std::fs::create_dir(&a).expect("mkdir");
+        std::fs::create_dir(&b).expect("mkdir");
+        assert_eq!(template_stamp(&a).ok(), template_stamp(&a).ok());
+        assert_ne!(template_stamp(&a).ok(), template_stamp(&b).ok());
+        assert!(template_stamp(&dir.path().join("c")).is_err());
+    }
+
+    #[test]
+    fn usage_of_this_process() {
+        let (rss, _cpu) = proc_usage(std::process::id() as i32).expect("own usage");
+        assert!(rss > 0);
+        assert!(proc_usage(-1).is_none());
+    }
+}

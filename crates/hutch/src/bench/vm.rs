@@ -1,0 +1,148 @@
+//! The `vm` series: create-to-first-exec of sandboxes restored from the template's snapshot,
+//! a cold boot of the same guest for comparison, warm exec round trips, and the PSS of idle
+//! vm sandboxes running side by side from one template (their RAM is one memory file mapped
+//! copy-on-write, so most of it is shared).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use super::density;
+use super::server::BenchServer;
+use super::stats::{summarize, Summary};
+
+/// Guest RAM of every benchmarked vm sandbox (the density target is for 256 MiB guests).
+const MEMORY_MIB: u64 = 256;
+
+/// What the vm series measured.
+pub struct VmResults {
+    /// Timed series.
+    pub series: Vec<Summary>,
+    /// Figures that are not series (cold boot, density).
+    pub figures: Value,
+}
+
+async fn create_vm(srv: &BenchServer) -> anyhow::Result<String> {
+    let v = srv
+        .post(
+            "/v1/sandboxes",
+            json!({"template": srv.template(), "isolation": "vm", "memory_mib": MEMORY_MIB, "ttl_seconds": 600}),
+        )
+        .await?;
+    v["id"].as_str().map(String::from).context("no id")
+}
+
+/// A cold boot of the guest the template's sandboxes restore from: QEMU start to the
+/// agent's first answer, on a fresh overlay of the bake's disk (no snapshot).
+async fn cold_boot(vm_dir: &Path) -> anyhow::Result<f64> {
+    let bakes = vm_dir.join("bakes");
+    // The newest complete bake is the one the series just used.
+    let mut dirs: Vec<_> = std::fs::read_dir(&bakes)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("complete").is_file())
+        .collect();
+    dirs.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
+    let bake = dirs.pop().context("no bake to cold boot from")?;
+    let boot = std::fs::read_dir(vm_dir.join("boot"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("complete").is_file())
+        .context("no boot assets")?;
+    let work = tempfile::Builder::new()
+        .prefix("hutch-bench-cold-")
+        .tempdir_in("/tmp")?;
+    let w = work.path();
+    hutch_vm::disk::make_overlay(&bake.join("disk.qcow2"), "qcow2", &w.join("disk.qcow2"))?;
+    let mut config = hutch_vm::qemu::VmConfig::new(boot.join("vmlinux"), boot.join("initrd"), w);
+    config.memory_mib = MEMORY_MIB as u32;
+    config.append = hutch_vm::assets::guest_append(hutch_vm::qemu::Accel::Tcg);
+    config.root_disk = Some(w.join("disk.qcow2"));
+    let t0 = Instant::now();
+    let mut guest = hutch_vm::snapshot::Guest::start(config, &w.join("qemu.log")).await?;
+    guest.agent(Duration::from_secs(120)).await?;
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    guest.shutdown().await?;
+    Ok(ms)
+}
+
+/// Run the vm series: `n` sequential creates, then `idle` sandboxes at once for density.
+pub async fn run(
+    srv: &BenchServer,
+    vm_dir: &Path,
+    n: usize,
+    idle: usize,
+    execs: usize,
+) -> anyhow::Result<VmResults> {
+    eprintln!("vm: first create (bakes the template snapshot if needed)…");
+    let t0 = Instant::now();
+    let first = create_vm(srv).await?;
+    srv.exec_true(&first).await?;
+    let first_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    srv.kill(&first).await?;
+
+    eprintln!("vm: create-to-first-exec ×{n}…");
+    let (mut c2e, mut create_only, mut kill_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let id = create_vm(srv).await?;
+        let t1 = t0.elapsed();
+        srv.exec_true(&id).await?;
+        c2e.push(t0.elapsed().as_secs_f64() * 1000.0);
+        create_only.push(t1.as_secs_f64() * 1000.0);
+        let t0 = Instant::now();
+        srv.kill(&id).await?;
+        kill_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+
+    eprintln!("vm: warm exec round trips ×{execs}…");
+    let id = create_vm(srv).await?;
+    let mut rt = Vec::new();
+    for _ in 0..execs {
+        let t = Instant::now();
+        srv.exec_true(&id).await?;
+        rt.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    srv.kill(&id).await?;
+
+    eprintln!("vm: cold boot for comparison…");
+    let cold_ms = cold_boot(vm_dir).await?;
+
+    eprintln!("vm: density, {idle} idle vm sandboxes…");
+    let avail_before = density::mem_available_kib();
+    let mut ids = Vec::new();
+    for _ in 0..idle {
+        let id = create_vm(srv).await?;
+        srv.exec_true(&id).await?;
+        ids.push(id);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pss: Vec<f64> = ids
+        .iter()
+        .map(|id| density::sandbox_pss_kib(id) as f64 / 1024.0)
+        .collect();
+    let growth_mib = avail_before.saturating_sub(density::mem_available_kib()) as f64 / 1024.0;
+    for id in ids.drain(..) {
+        srv.kill(&id).await?;
+    }
+    let pss_summary = summarize("vm_idle_pss", "MiB", &pss);
+    Ok(VmResults {
+        series: vec![
+            summarize("vm_create_to_first_exec", "ms", &c2e),
+            summarize("vm_create", "ms", &create_only),
+            summarize("vm_kill", "ms", &kill_ms),
+            summarize("vm_exec_round_trip_warm", "ms", &rt),
+        ],
+        figures: json!({
+            "guest_memory_mib": MEMORY_MIB,
+            "first_create_ms": first_ms,
+            "cold_boot_ms": cold_ms,
+            "idle_sandboxes": idle,
+            "pss_mib_p50": pss_summary.p50,
+            "pss_mib_max": pss_summary.max,
+            "host_growth_mib": growth_mib,
+        }),
+    })
+}
