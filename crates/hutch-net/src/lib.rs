@@ -22,6 +22,7 @@ pub mod netns;
 pub mod nft;
 pub mod policy;
 pub mod sni;
+pub mod tap;
 
 mod network;
 mod proxy;

@@ -106,3 +106,33 @@ fn the_rulesets_load_and_unload_in_nft() {
         counters.1
     );
 }
+
+#[test]
+fn a_vm_slot_bridges_a_tap_with_eth0_and_hands_the_address_to_the_guest() {
+    let host = private_host_ns();
+    let pool = Pool::new("10.213.0.0/24".parse().unwrap()).unwrap();
+    let addrs = pool.slot(7).unwrap();
+    let slot = link::build_slot(&host, addrs).expect("build slot");
+    let tap = hutch_net::tap::attach_tap(&slot.netns).expect("attach tap");
+    let path = format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&slot.netns)
+    );
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={path}"))
+        .args(["ip", "-o", "addr", "show"])
+        .output()
+        .expect("nsenter");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains(&addrs.sandbox.to_string()), "eth0 kept the address: {text}");
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={path}"))
+        .args(["ip", "-o", "link", "show", "master", "br0"])
+        .output()
+        .expect("nsenter");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("eth0") && text.contains("tap0"), "{text}");
+    drop(tap);
+    link::remove_host_link(&host, 7).expect("remove");
+}
