@@ -42,6 +42,11 @@ impl FdIo {
         }
     }
 
+    /// Read what is there right now without waiting (`WouldBlock` when nothing is).
+    pub fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        raw_read(self.fd.get_ref().as_raw_fd(), buf)
+    }
+
     /// Write all of `buf`.
     pub async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
         while !buf.is_empty() {

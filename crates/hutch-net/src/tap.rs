@@ -58,7 +58,9 @@ pub fn attach_tap(slot_ns: &OwnedFd) -> Result<OwnedFd, NetError> {
         // SAFETY: TUNSETIFF reads and writes an ifreq, which `req` is, for the call.
         let rc = unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req) };
         if rc != 0 {
-            return Err(NetError::sys("TUNSETIFF tap0")(std::io::Error::last_os_error()));
+            return Err(NetError::sys("TUNSETIFF tap0")(
+                std::io::Error::last_os_error(),
+            ));
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -77,7 +79,9 @@ async fn index_of(h: &Handle, name: &str) -> Result<u32, NetError> {
     let mut links = h.link().get().match_name(name.to_string()).execute();
     match links.try_next().await {
         Ok(Some(m)) => Ok(m.header.index),
-        _ => Err(NetError::Invalid(format!("{name} is missing in the slot namespace"))),
+        _ => Err(NetError::Invalid(format!(
+            "{name} is missing in the slot namespace"
+        ))),
     }
 }
 

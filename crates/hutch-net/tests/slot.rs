@@ -125,7 +125,10 @@ fn a_vm_slot_bridges_a_tap_with_eth0_and_hands_the_address_to_the_guest() {
         .output()
         .expect("nsenter");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(!text.contains(&addrs.sandbox.to_string()), "eth0 kept the address: {text}");
+    assert!(
+        !text.contains(&addrs.sandbox.to_string()),
+        "eth0 kept the address: {text}"
+    );
     let out = std::process::Command::new("nsenter")
         .arg(format!("--net={path}"))
         .args(["ip", "-o", "link", "show", "master", "br0"])

@@ -26,6 +26,9 @@ use crate::fdio::FdIo;
 pub const CHUNK: usize = 64 << 10;
 /// How long pipes are drained after the main process has exited.
 pub const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// Most bytes taken in the final sweep once the grace period is over (a pipe holds 64 KiB by
+/// default, 1 MiB at most for an unprivileged writer).
+const FINAL_SWEEP: usize = 1 << 20;
 
 /// The response body's queue of frames, which turns into a sink for nothing once the host
 /// is gone.
@@ -70,8 +73,12 @@ pub async fn pump(
     loop {
         let read = match deadline {
             Some(at) => tokio::select! {
+                biased;
                 read = fd.read(&mut buf) => read,
-                () = tokio::time::sleep_until(at) => return,
+                () = tokio::time::sleep_until(at) => {
+                    final_sweep(fd, kind, &mut sink, &mut buf).await;
+                    return;
+                }
             },
             None => tokio::select! {
                 read = fd.read(&mut buf) => read,
@@ -98,7 +105,58 @@ pub async fn pump(
             *at += started.elapsed();
         }
         if deadline.is_some_and(|at| Instant::now() >= at) {
+            final_sweep(fd, kind, &mut sink, &mut buf).await;
             return;
         }
+    }
+}
+
+/// Take what the pipe holds right now: output written before the process exited is never
+/// lost, even when this runtime was too busy to read it within the grace period.
+async fn final_sweep(fd: &FdIo, kind: FrameKind, sink: &mut FrameSink, buf: &mut [u8]) {
+    let mut taken = 0;
+    while taken < FINAL_SWEEP {
+        match fd.read_now(buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                taken += n;
+                sink.send(encode_frame(kind, &buf[..n])).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    use super::*;
+
+    /// Output written before the process exited reaches the host even when the pump first
+    /// runs after the grace period is over (a runtime starved of CPU).
+    #[tokio::test]
+    async fn output_written_before_exit_survives_a_late_pump() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe() writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: pipe() just returned these two open descriptors, owned from here on.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: writes 6 bytes from a static buffer to the pipe's open write end.
+        let n = unsafe {
+            libc::write(
+                std::os::fd::AsRawFd::as_raw_fd(&wr),
+                b"hello\n".as_ptr().cast(),
+                6,
+            )
+        };
+        assert_eq!(n, 6);
+        let fd = FdIo::new(rd).expect("register");
+        let (tx, mut rx) = mpsc::channel(8);
+        // The process exited a second ago; `wr` stays open, as a grandchild would keep it.
+        let (_exit_tx, exit_rx) = watch::channel(Some(Instant::now() - Duration::from_secs(1)));
+        pump(&fd, FrameKind::Stdout, FrameSink::new(tx), exit_rx).await;
+        let frame = rx.try_recv().expect("a frame").expect("ok");
+        assert!(frame.ends_with(b"hello\n"), "{frame:?}");
+        drop(wr);
     }
 }
