@@ -121,7 +121,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
             templates_dir.clone(),
             args.template.clone(),
             vm_dir.clone(),
-            args.lifecycle.max(20),
+            args.n.clamp(20, 100),
         );
         tokio::task::spawn_blocking(move || network::run(&dir, &tpl, &vm, n)).await?
     };

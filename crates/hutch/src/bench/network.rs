@@ -66,15 +66,12 @@ pub fn run(templates_dir: &Path, template: &str, vm_dir: &Path, n: usize) -> Net
     }
 }
 
-async fn create_to_first_exec(srv: &BenchServer, n: usize) -> anyhow::Result<Vec<f64>> {
-    let mut ms = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t0 = Instant::now();
-        let id = srv.create().await?;
-        srv.exec_true(&id).await?;
-        ms.push(t0.elapsed().as_secs_f64() * 1000.0);
-        srv.kill(&id).await?;
-    }
+async fn create_to_first_exec(srv: &BenchServer) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let id = srv.create().await?;
+    srv.exec_true(&id).await?;
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    srv.kill(&id).await?;
     Ok(ms)
 }
 
@@ -84,13 +81,22 @@ async fn measure(
     vm_dir: &Path,
     n: usize,
 ) -> anyhow::Result<Vec<Summary>> {
-    eprintln!("network: create-to-first-exec ×{n} with networking off, then on…");
+    eprintln!("network: create-to-first-exec ×{n} with networking off and on, interleaved…");
     let off = BenchServer::start(templates_dir, template, vm_dir, false).await?;
-    let off_ms = create_to_first_exec(&off, n).await;
-    off.stop();
-    let on = BenchServer::start(templates_dir, template, vm_dir, true).await?;
+    let on = match BenchServer::start(templates_dir, template, vm_dir, true).await {
+        Ok(s) => s,
+        Err(e) => {
+            off.stop();
+            return Err(e);
+        }
+    };
     let result = async {
-        let on_ms = create_to_first_exec(&on, n).await?;
+        // Alternate the two servers so drift in the machine's load hits both alike.
+        let (mut off_ms, mut on_ms) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            off_ms.push(create_to_first_exec(&off).await?);
+            on_ms.push(create_to_first_exec(&on).await?);
+        }
         let id = on.create().await?;
         on.exec_true(&id).await?;
         let mut put_ms = Vec::with_capacity(n);
@@ -105,16 +111,18 @@ async fn measure(
             put_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
         on.kill(&id).await?;
-        Ok::<_, anyhow::Error>((on_ms, put_ms))
+        Ok::<_, anyhow::Error>((off_ms, on_ms, put_ms))
     }
     .await;
     if result.is_err() {
+        off.destroy_all().await;
         on.destroy_all().await;
     }
+    off.stop();
     on.stop();
-    let (on_ms, put_ms) = result?;
+    let (off_ms, on_ms, put_ms) = result?;
     Ok(vec![
-        summarize("ns_create_to_first_exec_net_off", "ms", &off_ms?),
+        summarize("ns_create_to_first_exec_net_off", "ms", &off_ms),
         summarize("ns_create_to_first_exec_net_on", "ms", &on_ms),
         summarize("net_policy_update", "ms", &put_ms),
     ])
