@@ -77,6 +77,8 @@ pub struct Applied {
     pub entropy: bool,
     /// The wall clock was set.
     pub clock: bool,
+    /// The guest's interface was configured.
+    pub network: bool,
 }
 
 /// `POST /v1/identity` (blocking: writes to `/dev/urandom`).
@@ -104,6 +106,10 @@ pub fn apply(agent: &Agent, request: IdentityRequest, is_init: bool) -> Result<A
                 Err(e) if is_not_permitted(&e) => {}
                 Err(e) => log!("cannot set the clock: {e}"),
             }
+        }
+        if let Some(net) = &request.network {
+            crate::netconf::apply(net).map_err(Failure::BadRequest)?;
+            applied.network = true;
         }
     }
     agent.set_identity_env(request.env);
@@ -176,6 +182,7 @@ mod tests {
             env: [("K".to_string(), "v".to_string())].into(),
             entropy: vec![1, 2, 3],
             unix_time_ms: Some(0),
+            network: None,
         };
         let applied = apply(&agent, request, false).expect("applies");
         assert_eq!(applied, Applied::default());

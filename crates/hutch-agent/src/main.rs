@@ -15,6 +15,7 @@ mod files;
 mod http;
 mod identity;
 mod log;
+mod netconf;
 mod passwd;
 mod pty;
 mod reaper;

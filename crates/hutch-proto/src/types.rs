@@ -180,6 +180,25 @@ pub struct IdentityRequest {
     /// Wall clock to set (`vm`), milliseconds since the Unix epoch.
     #[serde(default)]
     pub unix_time_ms: Option<u64>,
+    /// Network settings the agent applies to the guest's interface (`vm`; an `ns` sandbox's
+    /// network is configured from outside and this stays `None`).
+    #[serde(default)]
+    pub network: Option<GuestNetwork>,
+}
+
+/// A guest's IPv4 settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestNetwork {
+    /// Interface to configure (`None`: the first one that is not `lo`).
+    #[serde(default)]
+    pub interface: Option<String>,
+    /// Address with prefix length, e.g. `10.213.0.2/30`.
+    pub address: String,
+    /// Default gateway.
+    pub gateway: String,
+    /// Nameservers written to `/etc/resolv.conf`.
+    #[serde(default)]
+    pub nameservers: Vec<String>,
 }
 
 /// Machine-readable error codes of the agent.

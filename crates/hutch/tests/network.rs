@@ -633,3 +633,54 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
         assert_eq!(st, 404);
     });
 }
+
+#[test]
+fn the_network_survives_hibernation_and_a_server_restart() {
+    let world = World::build();
+    world.run(|| async {
+        let mut s = server().await;
+        let policy = json!({"egress": "deny", "allow": ["203.0.113.10"]});
+        let (id, v) = sandbox(&s, policy).await;
+        let address = v["network"]["address"].clone();
+        assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
+        assert!(check(&s, &id, "tcp 203.0.113.20 80")
+            .await
+            .starts_with("err"));
+
+        // Hibernate and wake: same address, same policy.
+        let (st, _) = s
+            .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+            .await;
+        assert_eq!(st, 200);
+        assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
+        assert!(check(&s, &id, "tcp 203.0.113.20 80")
+            .await
+            .starts_with("err"));
+        let (_, v) = s
+            .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(v["network"]["address"], address);
+
+        // Restart the server (it reloads its ruleset): the running sandbox keeps its network
+        // and its policy is enforced again, not lost.
+        s.stop_server();
+        s.spawn_server().await;
+        assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
+        assert!(
+            check(&s, &id, "tcp 203.0.113.20 80")
+                .await
+                .starts_with("err"),
+            "policy lost over a restart"
+        );
+        assert!(check(&s, &id, "http x 169.254.169.254 80")
+            .await
+            .starts_with("err"));
+        // A new sandbox after the restart gets another address and works.
+        let (other, v) = sandbox(&s, json!({})).await;
+        assert_ne!(v["network"]["address"], address);
+        assert_eq!(
+            check(&s, &other, "tcp 203.0.113.10 3000").await,
+            "hello3000"
+        );
+    });
+}

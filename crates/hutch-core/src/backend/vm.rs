@@ -168,6 +168,7 @@ impl VmBackend {
             env,
             entropy,
             unix_time_ms: Some(crate::time::now_ms().max(0) as u64),
+            network: None,
         })
     }
 
