@@ -217,14 +217,14 @@ async fn sandbox(s: &TestServer, network: Value) -> (String, Value) {
         .create(json!({"template": "base", "network": network}))
         .await;
     let id = v["id"].as_str().expect("id").to_string();
-    s.put_file(&id, "/tmp/c.py", "644", CLIENT.as_bytes().to_vec())
+    s.put_file(&id, "/root/c.py", "644", CLIENT.as_bytes().to_vec())
         .await;
     (id, v)
 }
 
 /// Run the check client in a sandbox; returns its one line.
 async fn check(s: &TestServer, id: &str, args: &str) -> String {
-    let (out, _) = s.sh(id, &format!("python3 /tmp/c.py {args}")).await;
+    let (out, _) = s.sh(id, &format!("python3 /root/c.py {args}")).await;
     out.trim().to_string()
 }
 
@@ -495,7 +495,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
         let (id, _) = sandbox(&s, json!({})).await;
         s.sh(
             &id,
-            "nohup python3 /tmp/c.py hold 203.0.113.10 7000 30 > /tmp/hold 2>&1 &",
+            "nohup python3 /root/c.py hold 203.0.113.10 7000 30 > /tmp/hold 2>&1 &",
         )
         .await;
         let ticks = wait_for(
