@@ -31,7 +31,9 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
         (_, true) => "ns",
         _ => "none",
     };
+    let network = network_line();
     let out = json!({
+        "network": {"ok": network.is_ok(), "detail": match &network { Ok(d) | Err(d) => d.clone() }},
         "host": report_json,
         "agent": agent_json,
         "templates": templates,
@@ -72,6 +74,10 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
             Ok(_) => println!("ok   vm: {}", vm_why()),
             Err(e) => println!("--   vm: {e}"),
         }
+        match &network {
+            Ok(d) => println!("ok   network: {d}"),
+            Err(d) => println!("--   network: {d}"),
+        }
         println!("auto isolation: {auto}");
     }
     Ok(if ns_ok { 0 } else { 1 })
@@ -98,4 +104,31 @@ fn vm_why() -> String {
         Some(choice) => format!("{}; so auto = ns, vm is opt-in", choice.why),
         None => "the CPU has hardware virtualization and /dev/kvm opens; `hutch serve` boots a probe guest and uses KVM (and auto = vm) if it answers".into(),
     }
+}
+
+/// Whether `hutch serve --network on` can give sandboxes a network here: `nft` (the egress
+/// policy), network namespaces, IPv4 forwarding.
+fn network_line() -> Result<String, String> {
+    let nft = std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .map_err(|_| {
+            "nft is missing (apt-get install nftables); run hutch serve --network off or install it"
+                .to_string()
+        })?;
+    let version = String::from_utf8_lossy(&nft.stdout).trim().to_string();
+    let netns = std::thread::spawn(|| {
+        // SAFETY: unshare(CLONE_NEWNET) moves only this short-lived thread.
+        unsafe { libc::unshare(libc::CLONE_NEWNET) == 0 }
+    })
+    .join()
+    .unwrap_or(false);
+    if !netns {
+        return Err("cannot create network namespaces (needs root); sandboxes get loopback only with --network off".into());
+    }
+    let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
+    Ok(format!(
+        "{version}; a namespace, veth and /30 per sandbox, policy in table inet hutch; IPv4 forwarding is {} (hutch serve turns it on)",
+        if forward.trim() == "1" { "on" } else { "off" }
+    ))
 }
