@@ -162,8 +162,8 @@ impl Manager {
         };
         let mgr = Arc::new(Self {
             ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
+            vm: Arc::new(VmBackend::new(cfg.clone()).with_network(network.clone())),
             network,
-            vm: Arc::new(VmBackend::new(cfg.clone())),
             cfg,
             store,
             templates,

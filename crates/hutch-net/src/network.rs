@@ -327,6 +327,30 @@ impl Network {
             .map(|s| fd_path(&s.netns))
     }
 
+    /// The addresses of slot `index`.
+    pub fn slot_addrs(&self, index: u32) -> Option<SlotAddrs> {
+        self.inner.pool.slot(index)
+    }
+
+    /// Turn slot `index` (held by `sandbox`) into a `vm` slot: a TAP bridged with its `eth0`,
+    /// the address left to the guest. Returns the TAP's descriptor for QEMU.
+    pub fn attach_tap(&self, index: u32, sandbox: &str) -> Result<OwnedFd, NetError> {
+        let ns = {
+            let st = self.state();
+            let slot = st
+                .used
+                .get(&index)
+                .filter(|s| s.sandbox == sandbox)
+                .ok_or_else(|| {
+                    NetError::Invalid(format!("slot {index} is not held by {sandbox}"))
+                })?;
+            slot.netns
+                .try_clone()
+                .map_err(NetError::sys("duplicate a slot's namespace descriptor"))?
+        };
+        crate::tap::attach_tap(&ns)
+    }
+
     /// The `resolv.conf` sandboxes of slot `index` get: Hutch's resolver on their gateway.
     pub fn resolv_conf(&self, index: u32) -> Option<String> {
         let a = self.inner.pool.slot(index)?;

@@ -22,7 +22,6 @@ pub const BRIDGE_NAME: &str = "br0";
 const TUNSETIFF: libc::c_ulong = 0x4004_54CA;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
-const IFF_VNET_HDR: libc::c_short = 0x4000;
 
 #[repr(C)]
 struct IfReq {
@@ -51,7 +50,8 @@ pub fn attach_tap(slot_ns: &OwnedFd) -> Result<OwnedFd, NetError> {
             .map_err(NetError::sys("open /dev/net/tun"))?;
         let mut req = IfReq {
             name: [0; libc::IFNAMSIZ],
-            flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+            // No vnet header: QEMU uses the TAP like its hub backend (see hutch-vm).
+            flags: IFF_TAP | IFF_NO_PI,
             _pad: [0; 22],
         };
         req.name[..TAP_NAME.len()].copy_from_slice(TAP_NAME.as_bytes());

@@ -33,7 +33,7 @@ use crate::snapshot::{self, Snapshot};
 use crate::{disk, kernel, modules, VmError};
 
 /// Modules the guest loads, in any order (dependencies are added and ordered).
-pub const GUEST_MODULES: &[&str] = &["virtio_mmio", "virtio_console", "virtio_blk"];
+pub const GUEST_MODULES: &[&str] = &["virtio_mmio", "virtio_console", "virtio_blk", "virtio_net"];
 /// Marker of a complete cache entry.
 const COMPLETE: &str = "complete";
 /// How long a bake's cold boot may take (TCG on a busy host is slow).

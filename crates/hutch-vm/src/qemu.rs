@@ -103,7 +103,16 @@ pub struct VmConfig {
     pub seccomp: bool,
     /// Confine the process (not part of the command line).
     pub jail: Option<QemuJail>,
+    /// The TAP device of the sandbox's network (`vm` slot, see `hutch_net::tap`), handed to
+    /// QEMU as fd [`TAP_FD`]. Without one the guest's NIC sits on an empty hub: the device
+    /// set is the same either way, so every restore matches the bake.
+    pub tap: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
+
+/// The descriptor number QEMU finds the TAP device at.
+pub const TAP_FD: i32 = 200;
+/// The guest NIC's MAC address (every guest sits alone on its slot's segment).
+pub const GUEST_MAC: &str = "52:54:00:68:75:01";
 
 impl VmConfig {
     /// A config with the defaults used by Hutch: TCG, 256 MiB, 1 vCPU, seccomp on.
@@ -125,6 +134,7 @@ impl VmConfig {
             incoming: false,
             seccomp: true,
             jail: None,
+            tap: None,
         }
     }
 
@@ -196,6 +206,15 @@ impl VmConfig {
         push(&[
             "-device",
             &format!("virtserialport,chardev=agent,name={AGENT_PORT}"),
+        ]);
+        // No vnet header on either backend, so a guest baked on the hub restores on a TAP.
+        match &self.tap {
+            Some(_) => push(&["-netdev", &format!("tap,id=net0,fd={TAP_FD},vhost=off")]),
+            None => push(&["-netdev", "hubport,id=net0,hubid=0"]),
+        }
+        push(&[
+            "-device",
+            &format!("virtio-net-device,netdev=net0,mac={GUEST_MAC}"),
         ]);
         if self.incoming {
             push(&["-incoming", "defer"]);
@@ -297,6 +316,19 @@ impl QemuProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        if let Some(tap) = &config.tap {
+            let raw = tap.as_raw_fd();
+            // SAFETY: dup2 is async-signal-safe and only uses two integers prepared before
+            // the fork; the copy at TAP_FD is not close-on-exec, so QEMU inherits it.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::dup2(raw, TAP_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         // Kept open until the child has exec'd (they are close-on-exec).
         let mut cgroup_files = Vec::new();
         if let Some(jail) = &config.jail {

@@ -684,3 +684,58 @@ fn the_network_survives_hibernation_and_a_server_restart() {
         );
     });
 }
+
+/// Create and kill one `vm` sandbox on a server outside the world, so the shared vm cache
+/// (the guest kernel from Debian's registry, the template's image and bake) is ready: inside
+/// the world nothing can be downloaded.
+fn warm_vm_cache() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let s = TestServer::start().await;
+        let id = s
+            .create_id(json!({"isolation": "vm", "network": {"egress": "none"}}))
+            .await;
+        let (st, _) = s
+            .request(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        assert_eq!(st, 204);
+    });
+}
+
+#[test]
+fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
+    warm_vm_cache();
+    let world = World::build();
+    world.run(|| async {
+        let s = server().await;
+        let v = s
+            .create(json!({"isolation": "vm", "network": {"egress": "deny", "allow": ["203.0.113.10"]}}))
+            .await;
+        let id = v["id"].as_str().expect("id").to_string();
+        let address = v["network"]["address"].as_str().expect("address").to_string();
+        // The guest's own interface carries the slot's address.
+        let (out, _) = s.sh(&id, "ip -o -4 addr show; cat /etc/resolv.conf").await;
+        assert!(out.contains(&format!("{address}/30")), "{out}");
+        let (out, _) = s.sh(&id, "echo | nc 203.0.113.10 3000").await;
+        assert_eq!(out.trim(), "hello3000", "allowed address");
+        // busybox's wget is static glibc and crashes resolving in a guest without NSS
+        // libraries; plain `nc` with a hand-written request avoids it.
+        let get = |host: &str| format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {host} 80 2>&1; echo rc=$?");
+        let (out, _) = s.sh(&id, &get("203.0.113.20")).await;
+        assert!(!out.contains("shared") && !out.contains("rc=139"), "denied address reached: {out}");
+        let (out, _) = s.sh(&id, &get("169.254.169.254")).await;
+        assert!(!out.contains("metadata") && !out.contains("rc=139"), "metadata reached: {out}");
+        // Live change, and DNS through Hutch's resolver.
+        let (st, _) = s
+            .request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(json!({"egress": "allow"})))
+            .await;
+        assert_eq!(st, 200);
+        let (out, _) = s.sh(&id, &get("203.0.113.20")).await;
+        assert!(out.contains("shared host="), "{out}");
+        let (out, _) = s.sh(&id, "nslookup plain.test 2>&1").await;
+        assert!(out.contains("203.0.113.10"), "{out}");
+    });
+}

@@ -70,6 +70,8 @@ fn not_yet(what: &str) -> CoreError {
 
 /// The microVM backend.
 pub struct VmBackend {
+    /// Sandbox networking: a networked guest gets a TAP on its slot.
+    network: Option<hutch_net::Network>,
     cfg: Config,
     assets: Arc<Assets>,
     accel: OnceLock<AccelChoice>,
@@ -77,6 +79,38 @@ pub struct VmBackend {
 }
 
 impl VmBackend {
+    /// The same backend giving networked guests a TAP on their slot.
+    pub fn with_network(mut self, network: Option<hutch_net::Network>) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// The guest's network settings and the TAP for QEMU, when `r` holds a slot.
+    fn guest_network(
+        &self,
+        r: &SandboxRecord,
+    ) -> CoreResult<Option<(hutch_proto::GuestNetwork, Arc<std::os::fd::OwnedFd>)>> {
+        let (Some(net), Some(index)) = (&self.network, r.net_slot) else {
+            return Ok(None);
+        };
+        let addrs = net
+            .slot_addrs(index)
+            .ok_or_else(|| CoreError::Internal(format!("slot {index} is outside the pool")))?;
+        let tap = net
+            .attach_tap(index, &r.id)
+            .map_err(|e| CoreError::Internal(format!("the guest's network: {e}")))?;
+        let (address, gateway, dns) = hutch_net::tap::guest_config(&addrs);
+        Ok(Some((
+            hutch_proto::GuestNetwork {
+                interface: None,
+                address,
+                gateway: gateway.to_string(),
+                nameservers: vec![dns.to_string()],
+            },
+            Arc::new(tap),
+        )))
+    }
+
     /// A backend using `cfg`'s paths; nothing is built or probed until first use.
     pub fn new(cfg: Config) -> Self {
         let assets = Assets::new(AssetConfig {
@@ -89,6 +123,7 @@ impl VmBackend {
             memory_group: Some(MEMORY_GID),
         });
         Self {
+            network: None,
             cfg,
             assets: Arc::new(assets),
             accel: OnceLock::new(),
@@ -187,11 +222,13 @@ impl VmBackend {
         let vcpus = r.cpus.ceil().max(1.0) as u32;
         let memory = u32::try_from(r.memory_mib)
             .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
-        let snap = self
+        let mut snap = self
             .assets
             .snapshot(&boot, &image, memory, vcpus)
             .await
             .map_err(vm_error)?;
+        let guest_net = self.guest_network(r)?;
+        snap.config.tap = guest_net.as_ref().map(|(_, tap)| tap.clone());
         let dir = self.dir(&r.id);
         let uid = r.uid_slot * UID_RANGE;
         create_private_dir(&dir, uid)?;
@@ -230,7 +267,9 @@ impl VmBackend {
                     .await
                     .map_err(vm_error)?;
             // On failure from here on, dropping `guest` kills QEMU.
-            client.identity(&Self::identity(r)?).await.map_err(|e| {
+            let mut identity = Self::identity(r)?;
+            identity.network = guest_net.map(|(n, _)| n);
+            client.identity(&identity).await.map_err(|e| {
                 CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
             })?;
             let pid = guest.detach() as i32;

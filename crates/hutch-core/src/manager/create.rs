@@ -232,7 +232,7 @@ impl Manager {
             init_start_time: None,
             cgroups: vec![],
             error: None,
-            network: Some(self.requested_policy(cmd.network.as_ref(), isolation)?),
+            network: Some(self.requested_policy(cmd.network.as_ref())?),
             layer: source.map(|s| s.id.clone()),
             snapshot: source.filter(|s| !s.hidden).map(|s| s.id.clone()),
             forked_from: None,

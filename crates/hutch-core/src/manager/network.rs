@@ -55,25 +55,17 @@ impl Manager {
     pub(super) fn requested_policy(
         &self,
         requested: Option<&serde_json::Value>,
-        isolation: crate::model::Isolation,
     ) -> CoreResult<serde_json::Value> {
-        // `vm` guests have no network device yet: loopback only, said plainly.
-        let vm = isolation == crate::model::Isolation::Vm;
         let spec = match requested {
             Some(v) => serde_json::from_value::<PolicySpec>(without_status(v))
                 .map_err(|e| CoreError::InvalidArgument(format!("network: {e}")))?,
-            None if self.network.is_some() && !vm => PolicySpec::default(),
+            None if self.network.is_some() => PolicySpec::default(),
             None => PolicySpec {
                 egress: Egress::None,
                 ..PolicySpec::default()
             },
         };
         let policy = Policy::from_spec(&spec).map_err(net_error)?;
-        if policy.networked() && vm {
-            return Err(CoreError::InvalidArgument(
-                "vm sandboxes have no network device yet: only {\"egress\": \"none\"} is accepted with isolation \"vm\"".into(),
-            ));
-        }
         if policy.networked() && self.network.is_none() {
             return Err(CoreError::InvalidArgument(
                 "this server gives sandboxes no network (it runs with --network off): only {\"egress\": \"none\"} is accepted".into(),
