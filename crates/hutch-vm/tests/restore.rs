@@ -88,9 +88,7 @@ async fn bake_restore_and_ask_the_agent() {
     let root = w.join("root");
     make_root(&root, &busybox);
     let t = Instant::now();
-    let image = assets
-        .image("test", &format!("{}", std::process::id()), &root)
-        .expect("image");
+    let image = assets.image("restore-test", "fixed", &root).expect("image");
     let image_time = t.elapsed();
     let t = Instant::now();
     let snap = assets.snapshot(&boot, &image, 256, 1).await.expect("bake");

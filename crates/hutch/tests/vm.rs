@@ -314,3 +314,41 @@ async fn qemu_runs_jailed_with_its_own_uid_namespaces_and_cgroup() {
         "the cgroup is removed with the sandbox"
     );
 }
+
+#[tokio::test]
+async fn a_template_can_default_to_vm() {
+    // A templates directory of this test's own, kept between runs like the shared one (so
+    // its image and snapshot in the vm cache are reused, not made again on every run).
+    let templates = common::templates_dir().with_file_name("templates-default-vm");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::hutch_bin())
+            .args(args)
+            .arg("--templates-dir")
+            .arg(&templates)
+            .output()
+            .expect("run hutch");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["template", "build", "minimal"]);
+    let said = run(&["template", "set-isolation", "minimal", "vm"]);
+    assert!(said.contains("default isolation vm"), "{said}");
+    let s = TestServer::start_in(templates.clone(), &[]).await;
+    let v = s.create(json!({})).await;
+    assert_eq!(v["isolation"], "vm", "{v}");
+    let v = s.create(json!({"isolation": "ns"})).await;
+    assert_eq!(v["isolation"], "ns", "an explicit choice wins: {v}");
+    let out = std::process::Command::new(common::hutch_bin())
+        .args([
+            "template",
+            "set-isolation",
+            "minimal",
+            "kvm",
+            "--templates-dir",
+        ])
+        .arg(&templates)
+        .output()
+        .expect("run hutch");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use auto, ns or vm"));
+}

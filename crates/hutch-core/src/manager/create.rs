@@ -142,7 +142,14 @@ impl Manager {
                 }
                 s.isolation
             }
-            None => self.resolve_isolation(cmd.isolation)?,
+            // A template's default isolation applies when the request leaves it to us.
+            None => {
+                self.resolve_isolation(match (cmd.isolation, info.defaults.isolation.as_deref()) {
+                    (IsolationRequest::Auto, Some("ns")) => IsolationRequest::Ns,
+                    (IsolationRequest::Auto, Some("vm")) => IsolationRequest::Vm,
+                    (requested, _) => requested,
+                })?
+            }
         };
         let defaults = match source {
             Some(s) => s.defaults.clone(),
