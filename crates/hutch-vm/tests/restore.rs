@@ -80,6 +80,7 @@ async fn bake_restore_and_ask_the_agent() {
         kernel_root: std::env::var_os("HUTCH_VM_KERNEL_ROOT").map(PathBuf::from),
         accel: Accel::Tcg,
         memory_group: None,
+        bake_uid: None,
     });
 
     let t = Instant::now();

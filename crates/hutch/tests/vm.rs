@@ -352,3 +352,27 @@ async fn a_template_can_default_to_vm() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("use auto, ns or vm"));
 }
+
+#[tokio::test]
+async fn a_missing_qemu_is_a_clear_422_and_ns_still_works() {
+    let s = TestServer::start_with(&["--qemu", "/nonexistent/qemu-system-x86_64"]).await;
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"isolation": "vm"})),
+        )
+        .await;
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"]["code"], "not_supported", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("/nonexistent/qemu-system-x86_64 not found")
+            && message.contains("qemu-system-x86"),
+        "{message}"
+    );
+    let v = s.create(json!({"isolation": "auto"})).await;
+    assert_eq!(v["isolation"], "ns");
+    let v = s.create(json!({})).await;
+    assert_eq!(v["isolation"], "ns");
+}

@@ -44,6 +44,9 @@ const ENTROPY_BYTES: usize = 64;
 /// read-write even to map them privately): just below the first sandbox's uid range
 /// (uid slots start at 16).
 pub const MEMORY_GID: u32 = 16 * UID_RANGE - 1;
+/// The uid bakes run QEMU as (booting a template runs its programs): just below
+/// [`MEMORY_GID`], outside every sandbox's range.
+pub const BAKE_UID: u32 = MEMORY_GID - 1;
 /// Memory QEMU itself may use beyond the guest's RAM (its own heap, TCG's code buffer).
 const QEMU_OVERHEAD_MIB: u64 = 256;
 /// Threads QEMU may run (vCPUs, I/O, RCU, migration).
@@ -87,6 +90,7 @@ impl VmBackend {
             kernel_root: cfg.vm_kernel_root.clone(),
             accel: hutch_vm::qemu::Accel::Tcg,
             memory_group: Some(MEMORY_GID),
+            bake_uid: Some(BAKE_UID),
         });
         Self {
             cfg,
