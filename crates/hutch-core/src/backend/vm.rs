@@ -195,6 +195,7 @@ impl VmBackend {
             .snapshot(&boot, &image, memory, vcpus)
             .await
             .map_err(vm_error)?;
+        let t0 = std::time::Instant::now();
         let dir = self.dir(&r.id);
         let uid = r.uid_slot * UID_RANGE;
         create_private_dir(&dir, uid)?;
@@ -227,6 +228,7 @@ impl VmBackend {
             groups,
             cgroup_procs: cgroups.iter().map(|d| d.join("cgroup.procs")).collect(),
         };
+        let prepared_ms = t0.elapsed().as_millis() as u64;
         let started = async {
             let (guest, client, report) =
                 snapshot::restore(&snap, &dir, Some(overlay), Some(jail), RESTORE_TIMEOUT)
@@ -240,7 +242,16 @@ impl VmBackend {
             let start = hutch_jail::start_time(pid).ok_or_else(|| {
                 CoreError::SandboxFailed(format!("QEMU (pid {pid}) exited right after the restore"))
             })?;
-            tracing::debug!(id = %r.id, pid, ms = report.to_first_reply.as_millis() as u64, "vm restored");
+            tracing::debug!(
+                id = %r.id,
+                pid,
+                prepared_ms,
+                qmp_ready_ms = report.qmp_ready.as_millis() as u64,
+                running_ms = report.resumed.as_millis() as u64,
+                first_reply_ms = report.to_first_reply.as_millis() as u64,
+                total_ms = t0.elapsed().as_millis() as u64,
+                "vm restored (times from the start of the overlay; QEMU times from its spawn)"
+            );
             Ok((pid, start, client))
         }
         .await;
