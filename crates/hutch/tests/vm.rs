@@ -124,7 +124,6 @@ async fn pause_resume_and_refusals_of_what_vm_cannot_do_yet() {
     assert_eq!(out, "alive\n");
 
     for (path, body) in [
-        ("hibernate", None),
         ("snapshots", Some(json!({"name": "warm"}))),
         ("fork", Some(json!({"count": 1, "mode": "disk"}))),
     ] {
@@ -142,14 +141,6 @@ async fn pause_resume_and_refusals_of_what_vm_cannot_do_yet() {
         );
     }
     assert_eq!(state_of(&s, &id).await["state"], "running");
-    let (st, v) = s
-        .request(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(json!({"isolation": "vm", "idle_hibernate_seconds": 60})),
-        )
-        .await;
-    assert_eq!(st, 422, "{v}");
 
     // Without hardware virtualization `auto` means ns.
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -375,4 +366,82 @@ async fn a_missing_qemu_is_a_clear_422_and_ns_still_works() {
     assert_eq!(v["isolation"], "ns");
     let v = s.create(json!({})).await;
     assert_eq!(v["isolation"], "ns");
+}
+
+#[tokio::test]
+async fn hibernate_and_wake_keep_memory_and_processes() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({"isolation": "vm"})).await;
+    // State only in RAM: a tmpfs file and a running process.
+    let (_, code) = s
+        .sh(
+            &id,
+            "echo in-ram > /dev/shm/x; setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo started",
+        )
+        .await;
+    assert_eq!(code, 0);
+    let (st, v) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+        .await;
+    assert_eq!((st, v["state"].as_str()), (200, Some("hibernated")), "{v}");
+    assert!(qemu_pid(&s, &id).is_none(), "a hibernated vm holds no QEMU");
+    let saved = s
+        .state_dir
+        .join("sandboxes")
+        .join(&id)
+        .join("hibernated.state");
+    assert!(saved.is_file(), "memory saved to disk");
+    // The next exec wakes it transparently, with its memory and processes.
+    let (out, code) = s
+        .sh(
+            &id,
+            "cat /dev/shm/x; ps | grep -q '[s]leep 1000' && echo sleeping; date +%s; hostname",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["in-ram", "sleeping"], "{out}");
+    let guest_now: i64 = lines[2].parse().expect("date");
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    assert!(
+        (guest_now - host_now).abs() <= 5,
+        "clock set on wake: {out}"
+    );
+    assert_eq!(lines[3], id.replace('_', "-"));
+    assert_eq!(state_of(&s, &id).await["state"], "running");
+    assert!(!saved.exists(), "the saved state is dropped once awake");
+    // Explicitly, once more.
+    let (st, _) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+        .await;
+    assert_eq!(st, 200);
+    let (st, v) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/wake"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(s.sh(&id, "cat /dev/shm/x").await.0, "in-ram\n");
+}
+
+#[tokio::test]
+async fn an_idle_vm_hibernates_by_itself_and_wakes_on_the_next_call() {
+    let s = TestServer::start().await;
+    let id = s
+        .create_id(json!({"isolation": "vm", "idle_hibernate_seconds": 2}))
+        .await;
+    s.sh(&id, "echo kept > /dev/shm/k").await;
+    // The state says hibernated as soon as it starts; QEMU exits once the memory is saved.
+    let hibernated = wait_until(Duration::from_secs(20), async || {
+        (state_of(&s, &id).await["state"] == "hibernated" && qemu_pid(&s, &id).is_none())
+            .then_some(())
+    })
+    .await;
+    assert!(
+        hibernated.is_some(),
+        "an idle vm sandbox was not hibernated"
+    );
+    assert_eq!(s.sh(&id, "cat /dev/shm/k").await.0, "kept\n");
+    assert_eq!(state_of(&s, &id).await["state"], "running");
 }

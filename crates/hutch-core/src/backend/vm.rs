@@ -38,6 +38,14 @@ const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
 const QMP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a killed QEMU may take to disappear.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where a hibernated guest's memory and device state are kept, in its directory.
+const HIBERNATED: &str = "hibernated.state";
+/// Time for the guest to notice the host hung up before its state is saved.
+const HANG_UP_SETTLE: Duration = Duration::from_millis(200);
+/// Bound on saving a guest's memory (all of its RAM is written).
+const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
+/// CPU an idle guest's QEMU uses under TCG (timer ticks, ~2 % measured), with margin.
+const IDLE_TCG_NS_PER_SEC: u64 = 40_000_000;
 /// Host entropy given to every restored guest.
 const ENTROPY_BYTES: usize = 64;
 /// Group of the vm QEMUs that may open template memory files (QEMU 7.2 opens them
@@ -74,7 +82,8 @@ fn not_yet(what: &str) -> CoreError {
 /// The microVM backend.
 pub struct VmBackend {
     cfg: Config,
-    assets: Arc<Assets>,
+    /// The cache, made with the accelerator chosen (bakes depend on it).
+    assets: OnceLock<Arc<Assets>>,
     accel: OnceLock<AccelChoice>,
     qemu_version: OnceLock<Result<String, String>>,
 }
@@ -82,22 +91,32 @@ pub struct VmBackend {
 impl VmBackend {
     /// A backend using `cfg`'s paths; nothing is built or probed until first use.
     pub fn new(cfg: Config) -> Self {
-        let assets = Assets::new(AssetConfig {
-            dir: cfg.vm_dir.clone(),
-            qemu: cfg.qemu.clone(),
-            agent: cfg.agent_binary.clone(),
-            busybox: cfg.busybox.clone(),
-            kernel_root: cfg.vm_kernel_root.clone(),
-            accel: hutch_vm::qemu::Accel::Tcg,
-            memory_group: Some(MEMORY_GID),
-            bake_uid: Some(BAKE_UID),
-        });
         Self {
             cfg,
-            assets: Arc::new(assets),
+            assets: OnceLock::new(),
             accel: OnceLock::new(),
             qemu_version: OnceLock::new(),
         }
+    }
+
+    fn asset_config(&self, accel: hutch_vm::qemu::Accel) -> AssetConfig {
+        AssetConfig {
+            dir: self.cfg.vm_dir.clone(),
+            qemu: self.cfg.qemu.clone(),
+            agent: self.cfg.agent_binary.clone(),
+            busybox: self.cfg.busybox.clone(),
+            kernel_root: self.cfg.vm_kernel_root.clone(),
+            accel,
+            memory_group: Some(MEMORY_GID),
+            bake_uid: Some(BAKE_UID),
+        }
+    }
+
+    /// The cache (deciding KVM or TCG first: blocking, once).
+    fn assets(&self) -> Arc<Assets> {
+        self.assets
+            .get_or_init(|| Arc::new(Assets::new(self.asset_config(self.accel().accel))))
+            .clone()
     }
 
     /// Check QEMU is installed and new enough (once per process); returns its version.
@@ -131,7 +150,8 @@ impl VmBackend {
     }
 
     fn probe_kvm(&self) -> Result<(), VmError> {
-        let boot = self.assets.boot()?;
+        // Boot assets do not depend on the accelerator.
+        let boot = Assets::new(self.asset_config(hutch_vm::qemu::Accel::Tcg)).boot()?;
         let dir = self
             .cfg
             .vm_dir
@@ -175,11 +195,20 @@ impl VmBackend {
         })
     }
 
-    async fn restore(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
-        let assets = self.assets.clone();
+    /// Start the sandbox's guest: from the template's bake onto a new overlay (`woken:
+    /// None`, a create), or from the memory it was hibernated with onto its kept overlay.
+    async fn restore(
+        &self,
+        r: &SandboxRecord,
+        rootfs: &Path,
+        woken: Option<PathBuf>,
+    ) -> CoreResult<Started> {
+        let assets = self.assets();
         let (template, root) = (r.template.clone(), rootfs.to_path_buf());
         let stamp = template_stamp(rootfs)?;
+        let building = assets.clone();
         let (boot, image) = tokio::task::spawn_blocking(move || {
+            let assets = building;
             let boot = assets.boot()?;
             let image = assets.image(&template, &stamp, &root)?;
             Ok::<_, VmError>((boot, image))
@@ -190,8 +219,7 @@ impl VmBackend {
         let vcpus = r.cpus.ceil().max(1.0) as u32;
         let memory = u32::try_from(r.memory_mib)
             .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
-        let snap = self
-            .assets
+        let mut snap = assets
             .snapshot(&boot, &image, memory, vcpus)
             .await
             .map_err(vm_error)?;
@@ -200,13 +228,20 @@ impl VmBackend {
         let uid = r.uid_slot * UID_RANGE;
         create_private_dir(&dir, uid)?;
         let overlay = dir.join("disk.qcow2");
-        let base = snap
-            .config
-            .root_disk
-            .clone()
-            .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-        disk::make_overlay(&base, "qcow2", &overlay).map_err(|e| vm_error(e.into()))?;
-        give_to(&overlay, uid, 0o600)?;
+        match woken {
+            // Same command line (devices, memory file); all of the guest's RAM and device
+            // state come from the saved stream, its disk is its own overlay as it was.
+            Some(saved) => snap.state = saved,
+            None => {
+                let base = snap
+                    .config
+                    .root_disk
+                    .clone()
+                    .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
+                disk::make_overlay(&base, "qcow2", &overlay).map_err(|e| vm_error(e.into()))?;
+                give_to(&overlay, uid, 0o600)?;
+            }
+        }
         let cgroups = hutch_jail::create_process_cgroups(
             &self.cfg.cgroup_parent,
             &r.id,
@@ -219,7 +254,7 @@ impl VmBackend {
         )
         .map_err(|e| CoreError::Internal(format!("cgroups for QEMU: {e}")))?;
         let mut groups = vec![MEMORY_GID];
-        if self.assets.config().accel == hutch_vm::qemu::Accel::Kvm {
+        if assets.config().accel == hutch_vm::qemu::Accel::Kvm {
             groups.extend(kvm_gid());
         }
         let jail = hutch_vm::qemu::QemuJail {
@@ -271,16 +306,53 @@ impl VmBackend {
         }
     }
 
+    /// Save the running guest's memory and device state to `saved` (hibernation).
+    async fn save_memory(&self, r: &SandboxRecord, saved: &Path) -> CoreResult<()> {
+        // The manager has just dropped its connection: let the guest's agent see the hang-up
+        // first, so the saved agent is waiting for a new host, not mid-session.
+        tokio::time::sleep(HANG_UP_SETTLE).await;
+        let tmp = saved.with_extension("tmp");
+        let file = std::fs::File::create(&tmp)
+            .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
+        let result = self
+            .qmp_within(r, SAVE_TIMEOUT, async |q| {
+                use std::os::fd::AsFd;
+                q.stop().await?;
+                q.getfd("hibernate", file.as_fd()).await?;
+                q.migrate("fd:hibernate").await?;
+                q.wait_migration(SAVE_TIMEOUT).await
+            })
+            .await;
+        drop(file);
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            // Let the guest run on; the manager reports the failure.
+            let _ = self.qmp(r, async |q| q.cont().await).await;
+            return Err(e);
+        }
+        std::fs::rename(&tmp, saved)
+            .map_err(|e| CoreError::Internal(format!("rename {}: {e}", saved.display())))
+    }
+
     async fn qmp(
         &self,
         r: &SandboxRecord,
+        f: impl AsyncFnOnce(&mut Qmp) -> Result<(), hutch_vm::qmp::QmpError>,
+    ) -> CoreResult<()> {
+        self.qmp_within(r, QMP_TIMEOUT, f).await
+    }
+
+    async fn qmp_within(
+        &self,
+        r: &SandboxRecord,
+        limit: Duration,
         f: impl AsyncFnOnce(&mut Qmp) -> Result<(), hutch_vm::qmp::QmpError>,
     ) -> CoreResult<()> {
         let socket = self.dir(&r.id).join("qmp.sock");
         let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT)
             .await
             .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
-        tokio::time::timeout(QMP_TIMEOUT, f(&mut qmp))
+        tokio::time::timeout(limit, f(&mut qmp))
             .await
             .map_err(|_| CoreError::SandboxFailed("QMP did not answer".into()))?
             .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))
@@ -379,7 +451,7 @@ impl Backend for VmBackend {
     fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         self.check()?;
         let handle = tokio::runtime::Handle::current();
-        let started = handle.block_on(self.restore(record, rootfs));
+        let started = handle.block_on(self.restore(record, rootfs, None));
         if started.is_err() {
             // Whatever the failed restore left (its QEMU is killed on drop) goes too.
             let _ = std::fs::remove_dir_all(self.dir(&record.id));
@@ -445,12 +517,46 @@ impl Backend for VmBackend {
         tokio::runtime::Handle::current().block_on(self.qmp(r, async |q| q.cont().await))
     }
 
-    fn hibernate(&self, _r: &SandboxRecord) -> CoreResult<()> {
-        Err(not_yet("hibernation"))
+    fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
+        let saved = self.dir(&r.id).join(HIBERNATED);
+        // With the state already saved this only cleans up (an interrupted wake, a restart).
+        if !saved.is_file() {
+            if !self.alive(r) {
+                return Err(CoreError::SandboxFailed(format!(
+                    "the VM of sandbox {} stopped before its memory could be saved",
+                    r.id
+                )));
+            }
+            tokio::runtime::Handle::current().block_on(self.save_memory(r, &saved))?;
+        }
+        if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
+            kill_and_wait(pid, start)?;
+        }
+        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        hutch_jail::release_process_cgroups(&r.id, &cgroups)
+            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))
     }
 
-    fn wake(&self, _r: &SandboxRecord, _rootfs: &Path) -> CoreResult<Started> {
-        Err(not_yet("waking from hibernation"))
+    fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        self.check()?;
+        let saved = self.dir(&r.id).join(HIBERNATED);
+        if !saved.is_file() {
+            return Err(CoreError::SandboxFailed(format!(
+                "sandbox {} has no saved memory to wake from",
+                r.id
+            )));
+        }
+        // Whatever an interrupted wake left running goes first.
+        self.hibernate(r)?;
+        let started = tokio::runtime::Handle::current().block_on(self.restore(
+            r,
+            rootfs,
+            Some(saved.clone()),
+        ))?;
+        if let Err(e) = std::fs::remove_file(&saved) {
+            tracing::warn!(id = %r.id, error = %e, "removing the hibernated state");
+        }
+        Ok(started)
     }
 
     fn snapshot(&self, _r: &SandboxRecord, _dir: &Path) -> CoreResult<SnapshotTaken> {
@@ -467,8 +573,16 @@ impl Backend for VmBackend {
         }
     }
 
-    fn supports_state_on_disk(&self) -> bool {
+    fn supports_snapshots(&self) -> bool {
         false
+    }
+
+    fn idle_cpu_ns_per_sec(&self) -> u64 {
+        // An idle guest's QEMU uses ~2 % of a core under TCG (measured), little under KVM.
+        match self.accel_if_known().map(|c| c.accel) {
+            Some(hutch_vm::qemu::Accel::Kvm) => 0,
+            _ => IDLE_TCG_NS_PER_SEC,
+        }
     }
 
     fn live_fork(&self) -> bool {

@@ -190,12 +190,6 @@ impl Manager {
             )));
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
-        if isolation == crate::model::Isolation::Vm && idle_hibernate_seconds.is_some() {
-            return Err(CoreError::Unsupported(
-                "idle_hibernate_seconds: hibernation is not supported on vm sandboxes yet (it is on ns)"
-                    .into(),
-            ));
-        }
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
         let now = now_ms();
