@@ -1,7 +1,7 @@
 //! The `vm` backend end to end: a guest kernel of its own, a fresh identity and random state
 //! per restored sandbox, failures (QEMU killed, guest panic, guest OOM) contained and
-//! reported, re-adoption after a server restart, pause/resume, and clear refusals of what
-//! vm sandboxes cannot do yet. The exec/stream/PTY/files cases shared with `ns` live in
+//! reported, re-adoption after a server restart, pause/resume, hibernate/wake, memory
+//! snapshots and live forks, QEMU's jail. The exec/stream/PTY/files cases shared with `ns` live in
 //! exec.rs, files.rs and pty.rs (`both_backends!`).
 //!
 //! Needs QEMU, qemu-img and mkfs.ext4 (`scripts/deps.sh`); the guest kernel is fetched from
@@ -109,7 +109,7 @@ async fn guests_have_their_own_kernel_hostname_and_randomness() {
 }
 
 #[tokio::test]
-async fn pause_resume_and_refusals_of_what_vm_cannot_do_yet() {
+async fn pause_resume_and_auto_without_kvm() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({"isolation": "vm"})).await;
     let (st, v) = s
@@ -123,23 +123,6 @@ async fn pause_resume_and_refusals_of_what_vm_cannot_do_yet() {
     let (out, _) = s.sh(&id, "echo alive").await;
     assert_eq!(out, "alive\n");
 
-    for (path, body) in [
-        ("snapshots", Some(json!({"name": "warm"}))),
-        ("fork", Some(json!({"count": 1, "mode": "disk"}))),
-    ] {
-        let (st, v) = s
-            .request(Method::POST, &format!("/v1/sandboxes/{id}/{path}"), body)
-            .await;
-        assert_eq!(st, 422, "{path}: {v}");
-        assert_eq!(v["error"]["code"], "not_supported", "{path}: {v}");
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains("not supported on vm"),
-            "{v}"
-        );
-    }
     assert_eq!(state_of(&s, &id).await["state"], "running");
 
     // Without hardware virtualization `auto` means ns.
@@ -444,4 +427,105 @@ async fn an_idle_vm_hibernates_by_itself_and_wakes_on_the_next_call() {
     );
     assert_eq!(s.sh(&id, "cat /dev/shm/k").await.0, "kept\n");
     assert_eq!(state_of(&s, &id).await["state"], "running");
+}
+
+async fn sh_ok(s: &TestServer, id: &str, script: &str) -> String {
+    let (out, code) = s.sh(id, script).await;
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
+#[tokio::test]
+async fn memory_snapshots_create_from_them_and_live_forks() {
+    let s = TestServer::start().await;
+    let parent = s.create_id(json!({"isolation": "vm"})).await;
+    sh_ok(
+        &s,
+        &parent,
+        "echo mem > /dev/shm/m; echo disk > /root/d; setsid sleep 1000 > /dev/null 2>&1 < /dev/null &",
+    )
+    .await;
+    let (st, snap) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/snapshots"),
+            Some(json!({"name": "warm"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{snap}");
+    assert_eq!(snap["kind"], "memory", "{snap}");
+    let snap_id = snap["id"].as_str().expect("id").to_string();
+    // The parent goes on.
+    assert_eq!(sh_ok(&s, &parent, "echo after").await, "after\n");
+
+    // A sandbox created from it has its memory, processes and files, and its own identity.
+    let child = s.create(json!({"snapshot": snap_id})).await;
+    assert_eq!(child["isolation"], "vm", "{child}");
+    let cid = child["id"].as_str().expect("id").to_string();
+    let check = "cat /dev/shm/m /root/d; ps | grep -c '[s]leep 1000'; hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'";
+    let out = sh_ok(&s, &cid, check).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..3], ["mem", "disk", "1"], "{out}");
+    assert_eq!(lines[3], cid.replace('_', "-"));
+    let parent_random = sh_ok(
+        &s,
+        &parent,
+        "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'",
+    )
+    .await;
+    assert_ne!(lines[4], parent_random.trim());
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"snapshot": snap_id, "memory_mib": 512})),
+        )
+        .await;
+    assert_eq!(st, 422, "a memory snapshot keeps its size: {v}");
+
+    // Live fork: two children with the parent's memory; their disks are their own.
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/fork"),
+            Some(json!({"count": 2, "mode": "live"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let kids: Vec<String> = v["sandboxes"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(kids.len(), 2);
+    sh_ok(&s, &kids[0], "echo only-here > /root/k").await;
+    for k in &kids {
+        assert_eq!(sh_ok(&s, k, "cat /dev/shm/m").await, "mem\n");
+    }
+    let out = sh_ok(&s, &kids[1], "cat /root/k 2>/dev/null || echo none").await;
+    assert_eq!(out, "none\n");
+
+    // Explore: each command in its own child, the winner kept.
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/explore"),
+            Some(json!({"commands": ["cat /dev/shm/m; exit 1", "cat /dev/shm/m"], "timeout_seconds": 60})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["winner"]["index"], 1, "{v}");
+    assert_eq!(v["winner"]["stdout"], "mem\n", "{v}");
+
+    // The named snapshot is kept while a sandbox uses it.
+    let (st, _) = s
+        .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
+        .await;
+    assert_eq!(st, 409);
+    assert_eq!(s.kill(&cid).await, 204);
+    let (st, _) = s
+        .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
+        .await;
+    assert_eq!(st, 204);
 }

@@ -31,6 +31,7 @@ use super::{Backend, SnapshotTaken, Started, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord};
+use crate::snapshot::SnapshotKind;
 
 /// How long a restored guest's agent may take to answer.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,6 +39,10 @@ const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
 const QMP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a killed QEMU may take to disappear.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// A vm snapshot's memory and device state, in its directory.
+const SNAPSHOT_STATE: &str = "state";
+/// A vm snapshot's disk (a copy of the sandbox's overlay, backed by the bake's disk).
+const SNAPSHOT_DISK: &str = "disk.qcow2";
 /// Where a hibernated guest's memory and device state are kept, in its directory.
 const HIBERNATED: &str = "hibernated.state";
 /// Time for the guest to notice the host hung up before its state is saved.
@@ -71,12 +76,6 @@ fn vm_error(e: VmError) -> CoreError {
         }
         other => CoreError::Internal(other.to_string()),
     }
-}
-
-fn not_yet(what: &str) -> CoreError {
-    CoreError::Unsupported(format!(
-        "{what} is not supported on vm sandboxes yet (it is on ns)"
-    ))
 }
 
 /// The microVM backend.
@@ -228,11 +227,22 @@ impl VmBackend {
         let uid = r.uid_slot * UID_RANGE;
         create_private_dir(&dir, uid)?;
         let overlay = dir.join("disk.qcow2");
-        match woken {
+        match (woken, &r.layer) {
             // Same command line (devices, memory file); all of the guest's RAM and device
             // state come from the saved stream, its disk is its own overlay as it was.
-            Some(saved) => snap.state = saved,
-            None => {
+            (Some(saved), _) => snap.state = saved,
+            // From a vm snapshot (or as a fork child): its memory, and a private copy of its
+            // disk (the snapshot directory is root-only; the copy holds only the blocks the
+            // sandbox had written, backed by the bake's disk).
+            (None, Some(layer)) => {
+                let from = self.cfg.snapshot_dir(layer);
+                snap.state = from.join(SNAPSHOT_STATE);
+                std::fs::copy(from.join(SNAPSHOT_DISK), &overlay).map_err(|e| {
+                    CoreError::Internal(format!("copy the disk of snapshot {layer}: {e}"))
+                })?;
+                give_to(&overlay, uid, 0o600)?;
+            }
+            (None, None) => {
                 let base = snap
                     .config
                     .root_disk
@@ -304,6 +314,32 @@ impl VmBackend {
                 Err(e)
             }
         }
+    }
+
+    /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
+    /// disk while it is stopped (migration has flushed it), let it run again.
+    async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
+        tokio::time::sleep(HANG_UP_SETTLE).await;
+        let state = dir.join(SNAPSHOT_STATE);
+        let file = std::fs::File::create(&state)
+            .map_err(|e| CoreError::Internal(format!("create {}: {e}", state.display())))?;
+        let saved = self
+            .qmp_within(r, SAVE_TIMEOUT, async |q| {
+                use std::os::fd::AsFd;
+                q.stop().await?;
+                q.getfd("snapshot", file.as_fd()).await?;
+                q.migrate("fd:snapshot").await?;
+                q.wait_migration(SAVE_TIMEOUT).await
+            })
+            .await;
+        drop(file);
+        let copied = saved.and_then(|()| {
+            std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
+                .map(drop)
+                .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
+        });
+        let resumed = self.qmp(r, async |q| q.cont().await).await;
+        copied.and(resumed)
     }
 
     /// Save the running guest's memory and device state to `saved` (hibernation).
@@ -559,22 +595,34 @@ impl Backend for VmBackend {
         Ok(started)
     }
 
-    fn snapshot(&self, _r: &SandboxRecord, _dir: &Path) -> CoreResult<SnapshotTaken> {
-        Err(not_yet("snapshots (and so forks and explore)"))
+    fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        let hibernated = self.dir(&r.id).join(HIBERNATED);
+        if hibernated.is_file() && !self.alive(r) {
+            // Hibernated: its saved state is already a snapshot.
+            std::fs::copy(&hibernated, dir.join(SNAPSHOT_STATE))
+                .and_then(|_| {
+                    std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
+                })
+                .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
+        } else {
+            tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
+        }
+        let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
+        Ok(SnapshotTaken {
+            kind: SnapshotKind::Memory,
+            size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK),
+            files: 2,
+        })
     }
 
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
-        // Nothing is ever written into a vm snapshot directory yet.
-        match std::fs::remove_dir(dir) {
+        // Only our two files and the manifest: no mounts in it.
+        match std::fs::remove_dir_all(dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
                 format!("remove {}: {e}", dir.display()),
             )),
             _ => Ok(()),
         }
-    }
-
-    fn supports_snapshots(&self) -> bool {
-        false
     }
 
     fn idle_cpu_ns_per_sec(&self) -> u64 {
@@ -586,7 +634,7 @@ impl Backend for VmBackend {
     }
 
     fn live_fork(&self) -> bool {
-        false
+        true
     }
 
     fn exit_reason(&self, r: &SandboxRecord, status: &str) -> String {

@@ -161,6 +161,21 @@ impl Manager {
                 env: info.defaults.env.clone(),
             },
         };
+        if let (Some(s), crate::model::Isolation::Vm) = (source, isolation) {
+            // A memory snapshot restores into a machine of the same shape.
+            let memory = cmd.memory_mib.unwrap_or(defaults.memory_mib);
+            let vcpus = |c: f64| c.ceil().max(1.0) as u32;
+            if memory != defaults.memory_mib
+                || vcpus(cmd.cpus.unwrap_or(defaults.cpus)) != vcpus(defaults.cpus)
+            {
+                return Err(CoreError::InvalidArgument(format!(
+                    "snapshot {} is a vm memory snapshot of a {} MiB, {} vCPU guest: sandboxes created from it have the same memory_mib and the same whole number of cpus",
+                    s.id,
+                    defaults.memory_mib,
+                    vcpus(defaults.cpus)
+                )));
+            }
+        }
         let cpus = cmd.cpus.unwrap_or(defaults.cpus);
         if !(0.05..=self.cfg.max_cpus).contains(&cpus) {
             return Err(CoreError::InvalidArgument(format!(
