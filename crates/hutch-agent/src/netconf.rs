@@ -174,6 +174,20 @@ fn configure(
         rt_window: 0,
         rt_irtt: 0,
     };
+    // A guest restored from another sandbox's memory (a fork) still has that sandbox's
+    // default route: replace it.
+    let mut old = RtEntry {
+        rt_gateway: sockaddr(Ipv4Addr::UNSPECIFIED),
+        rt_flags: libc::RTF_UP as libc::c_ushort,
+        rt_dev: std::ptr::null_mut(),
+        ..route
+    };
+    let _ = ioctl(
+        fd,
+        libc::SIOCDELRT,
+        std::ptr::from_mut(&mut old).cast(),
+        "delete the default route",
+    );
     match ioctl(
         fd,
         libc::SIOCADDRT,
@@ -242,6 +256,16 @@ mod tests {
             }
             // SAFETY: socket takes integers only.
             let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+            // Twice, the second time as a fork child with another slot: the address and
+            // the default route follow.
+            configure(
+                fd,
+                "d0",
+                Ipv4Addr::new(10, 9, 0, 6),
+                30,
+                Ipv4Addr::new(10, 9, 0, 5),
+            )
+            .expect("configure");
             configure(
                 fd,
                 "d0",
@@ -249,7 +273,7 @@ mod tests {
                 30,
                 Ipv4Addr::new(10, 9, 0, 1),
             )
-            .expect("configure");
+            .expect("configure again");
             // SAFETY: closing the socket opened above.
             unsafe { libc::close(fd) };
             let show = |args: &[&str]| {
@@ -269,5 +293,7 @@ mod tests {
         let (addr, route) = out;
         assert!(addr.contains("10.9.0.2/30"), "{addr}");
         assert!(route.contains("default via 10.9.0.1 dev d0"), "{route}");
+        assert!(!route.contains("10.9.0.5"), "{route}");
+        assert!(!addr.contains("10.9.0.6"), "{addr}");
     }
 }

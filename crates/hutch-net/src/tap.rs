@@ -99,12 +99,18 @@ async fn bridge(h: &Handle) -> Result<(), NetError> {
             .await
             .map_err(nl("remove eth0's address"))?;
     }
-    h.link()
-        .add(LinkBridge::new(BRIDGE_NAME).build())
-        .execute()
-        .await
-        .map_err(nl("add br0"))?;
-    let br = index_of(h, BRIDGE_NAME).await?;
+    // A woken guest's slot already has its bridge (the old TAP went with the old QEMU).
+    let br = match index_of(h, BRIDGE_NAME).await {
+        Ok(i) => i,
+        Err(_) => {
+            h.link()
+                .add(LinkBridge::new(BRIDGE_NAME).build())
+                .execute()
+                .await
+                .map_err(nl("add br0"))?;
+            index_of(h, BRIDGE_NAME).await?
+        }
+    };
     let tap = index_of(h, TAP_NAME).await?;
     for port in [eth0, tap] {
         h.link()

@@ -136,6 +136,9 @@ fn a_vm_slot_bridges_a_tap_with_eth0_and_hands_the_address_to_the_guest() {
         .expect("nsenter");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("eth0") && text.contains("tap0"), "{text}");
+    // A woken guest gets a new TAP on the same slot (its bridge is reused).
+    drop(tap);
+    let tap = hutch_net::tap::attach_tap(&slot.netns).expect("attach again");
     drop(tap);
     link::remove_host_link(&host, 7).expect("remove");
 }

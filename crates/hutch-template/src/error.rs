@@ -63,6 +63,12 @@ pub enum TemplateError {
         /// The mount point found inside it.
         mount: PathBuf,
     },
+    /// An isolation other than `auto`, `ns` or `vm`.
+    #[error("invalid isolation `{0}`: use auto, ns or vm")]
+    InvalidIsolation(String),
+    /// The template does not exist or is not ready.
+    #[error("template `{0}` does not exist or is not built")]
+    NotReady(String),
     /// A file system operation on the template store failed.
     #[error("{action} {}: {source}", path.display())]
     Io {

@@ -76,6 +76,10 @@ pub struct ResourceDefaults {
     /// Environment variables set for every process.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Isolation of sandboxes whose create request does not choose one (or says `auto`):
+    /// `ns` or `vm`; absent means `auto`. Set with [`crate::TemplateStore::set_isolation`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<String>,
 }
 
 impl Default for ResourceDefaults {
@@ -86,6 +90,7 @@ impl Default for ResourceDefaults {
             disk_mib: 512,
             pids_max: 256,
             env: BTreeMap::new(),
+            isolation: None,
         }
     }
 }

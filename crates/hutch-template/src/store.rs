@@ -164,6 +164,39 @@ impl TemplateStore {
         Ok(true)
     }
 
+    /// Sets the default isolation of sandboxes created from template `name` (`auto`, `ns`
+    /// or `vm`; `auto` removes the default). Rewrites `template.json` atomically under the
+    /// template's lock; a later rebuild starts again from the recipe's default.
+    pub fn set_isolation(
+        &self,
+        name: &str,
+        isolation: &str,
+    ) -> std::result::Result<TemplateInfo, TemplateError> {
+        validate_name(name)?;
+        let value = match isolation {
+            "auto" => None,
+            "ns" | "vm" => Some(isolation.to_owned()),
+            other => return Err(TemplateError::InvalidIsolation(other.to_owned())),
+        };
+        let _lock = TemplateLock::acquire(&self.dir, name, || {})?;
+        if !self.read_info(name).ready {
+            return Err(TemplateError::NotReady(name.to_owned()));
+        }
+        let path = self.dir.join(name).join(METADATA_FILE);
+        let bytes = fs::read(&path).at("reading", &path)?;
+        let mut file: TemplateFile = serde_json::from_slice(&bytes).map_err(|e| {
+            TemplateError::io("parsing", &path, std::io::Error::other(e.to_string()))
+        })?;
+        file.info.defaults.isolation = value;
+        let json = serde_json::to_vec_pretty(&file).map_err(|e| {
+            TemplateError::io("encoding", &path, std::io::Error::other(e.to_string()))
+        })?;
+        let tmp = path.with_extension("json.tmp");
+        fs::write(&tmp, &json).at("writing", &tmp)?;
+        fs::rename(&tmp, &path).at("replacing", &path)?;
+        Ok(self.read_info(name))
+    }
+
     /// Runs `recipe` into `build_dir/rootfs` and writes the metadata; returns what it wrote.
     fn build_in(
         &self,

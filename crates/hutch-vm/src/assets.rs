@@ -39,7 +39,7 @@ const COMPLETE: &str = "complete";
 /// How long a bake's cold boot may take (TCG on a busy host is slow).
 const BAKE_BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bumped when the command line or the bake procedure changes, so old bakes are not used.
-const BAKE_FORMAT: &str = "hutch-bake-2";
+const BAKE_FORMAT: &str = "hutch-bake-3";
 /// Free space given to a template image beyond its files.
 const IMAGE_HEADROOM_MIB: u64 = 1024;
 
@@ -62,6 +62,9 @@ pub struct AssetConfig {
     /// QEMUs that run as unprivileged uids: QEMU 7.2 opens a `memory-backend-file`
     /// read-write even when it maps it privately.
     pub memory_group: Option<u32>,
+    /// Unprivileged uid the bake's QEMU runs as (in its own namespaces, see
+    /// [`crate::qemu::QemuJail`]); `None` runs it as the caller.
+    pub bake_uid: Option<u32>,
 }
 
 /// A bootable kernel and initramfs.
@@ -263,13 +266,43 @@ impl Assets {
             let _ = std::fs::remove_file(dir.join(stale));
         }
         disk::make_overlay(image, "raw", &dir.join("disk.qcow2"))?;
-        let (snap, report) = snapshot::bake(
+        if let Some(uid) = self.cfg.bake_uid {
+            // The bake's QEMU writes its disk, memory file, sockets and console here.
+            chown_mode(&dir, uid, 0o700)?;
+            chown_mode(&dir.join("disk.qcow2"), uid, 0o600)?;
+            config.jail = Some(crate::qemu::QemuJail {
+                uid,
+                gid: uid,
+                groups: vec![],
+                cgroup_procs: vec![],
+            });
+        }
+        let baked = snapshot::bake(
             config,
             &snap.state,
             &dir.join("bake.log"),
             BAKE_BOOT_TIMEOUT,
         )
-        .await?;
+        .await;
+        if self.cfg.bake_uid.is_some() {
+            // Hand everything back to root: restores read the disk and map the memory file,
+            // but no QEMU may change them.
+            chown_mode(&dir, 0, 0o755)?;
+            for (file, mode) in [
+                ("disk.qcow2", 0o644),
+                ("memory", 0o644),
+                ("console.log", 0o644),
+            ] {
+                if dir.join(file).exists() {
+                    chown_mode(&dir.join(file), 0, mode)?;
+                }
+            }
+        }
+        let (snap, report) = baked?;
+        let snap = Snapshot {
+            config: Snapshot::restorable(snap.config),
+            ..snap
+        };
         self.share_memory_file(&dir)?;
         std::fs::write(dir.join(COMPLETE), b"").map_err(io("mark bake"))?;
         tracing::info!(
@@ -281,6 +314,13 @@ impl Assets {
         );
         Ok(snap)
     }
+}
+
+fn chown_mode(path: &Path, uid: u32, mode: u32) -> Result<(), VmError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::os::unix::fs::chown(path, Some(uid), Some(uid))
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
+        .map_err(io(format!("chown {}", path.display())))
 }
 
 impl Assets {

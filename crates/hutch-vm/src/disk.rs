@@ -77,7 +77,7 @@ pub fn make_ext4(root: &Path, out: &Path, size_mib: u64) -> Result<(), DiskError
                 "-L",
                 "hutch-root",
             ])
-            .args(["-E", "root_owner=0:0", "-m", "0", "-d"])
+            .args(["-E", "root_owner=0:0,lazy_itable_init=0", "-m", "0", "-d"])
             .arg(root)
             .arg(&tmp)
             .arg(format!("{size_mib}M")),

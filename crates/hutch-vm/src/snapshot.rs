@@ -57,6 +57,16 @@ pub struct Snapshot {
     pub state: PathBuf,
 }
 
+impl Snapshot {
+    /// The bake's config without what belongs to the bake's process only (its jail).
+    pub fn restorable(config: VmConfig) -> VmConfig {
+        VmConfig {
+            jail: None,
+            ..config
+        }
+    }
+}
+
 /// What a bake measured.
 #[derive(Debug, Clone)]
 pub struct BakeReport {

@@ -80,6 +80,7 @@ async fn bake_restore_and_ask_the_agent() {
         kernel_root: std::env::var_os("HUTCH_VM_KERNEL_ROOT").map(PathBuf::from),
         accel: Accel::Tcg,
         memory_group: None,
+        bake_uid: None,
     });
 
     let t = Instant::now();
@@ -88,9 +89,7 @@ async fn bake_restore_and_ask_the_agent() {
     let root = w.join("root");
     make_root(&root, &busybox);
     let t = Instant::now();
-    let image = assets
-        .image("test", &format!("{}", std::process::id()), &root)
-        .expect("image");
+    let image = assets.image("restore-test", "fixed", &root).expect("image");
     let image_time = t.elapsed();
     let t = Instant::now();
     let snap = assets.snapshot(&boot, &image, 256, 1).await.expect("bake");

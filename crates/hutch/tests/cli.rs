@@ -1,5 +1,6 @@
 //! The `hutch` CLI against a real server.
 
+#[macro_use]
 mod common;
 
 use std::process::{Command, Output};
@@ -20,8 +21,13 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-#[tokio::test]
-async fn run_prints_output_and_exits_with_the_commands_code() {
+both_backends!(
+    run_prints_output_and_exits_with_the_commands_code,
+    create_exec_cp_inspect_kill,
+    run_python_on_the_base_template
+);
+
+async fn run_prints_output_and_exits_with_the_commands_code(isolation: &str) {
     let s = TestServer::start().await;
     let o = hutch(
         &s,
@@ -29,6 +35,8 @@ async fn run_prints_output_and_exits_with_the_commands_code() {
             "run",
             "--template",
             "minimal",
+            "--isolation",
+            isolation,
             "--",
             "sh",
             "-c",
@@ -44,12 +52,19 @@ async fn run_prints_output_and_exits_with_the_commands_code() {
     assert_eq!(v["sandboxes"].as_array().map(Vec::len), Some(0), "{v}");
 }
 
-#[tokio::test]
-async fn create_exec_cp_inspect_kill() {
+async fn create_exec_cp_inspect_kill(isolation: &str) {
     let s = TestServer::start().await;
     let o = hutch(
         &s,
-        &["create", "--template", "minimal", "--meta", "owner=cli"],
+        &[
+            "create",
+            "--template",
+            "minimal",
+            "--isolation",
+            isolation,
+            "--meta",
+            "owner=cli",
+        ],
     );
     assert!(o.status.success(), "{o:?}");
     let id = stdout(&o).trim().to_string();
@@ -90,6 +105,7 @@ async fn create_exec_cp_inspect_kill() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["metadata"]["owner"], "cli");
     assert_eq!(v["state"], "running");
+    assert_eq!(v["isolation"], isolation);
 
     let o = hutch(&s, &["ls"]);
     assert!(stdout(&o).contains(&id));
@@ -134,8 +150,8 @@ fn doctor_reports_namespace_support() {
 }
 
 /// The "done when": `hutch run -- python3 -c 'print(6*7)'` on the `base` template.
-#[tokio::test]
-async fn run_python_on_the_base_template() {
+/// On `vm` the first run on a machine also makes the template's image and snapshot.
+async fn run_python_on_the_base_template(isolation: &str) {
     common::ensure_template("base");
     let s = TestServer::start().await;
     let o = hutch(
@@ -144,6 +160,8 @@ async fn run_python_on_the_base_template() {
             "run",
             "--template",
             "base",
+            "--isolation",
+            isolation,
             "--",
             "python3",
             "-c",

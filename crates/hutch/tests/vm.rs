@@ -1,7 +1,7 @@
 //! The `vm` backend end to end: a guest kernel of its own, a fresh identity and random state
 //! per restored sandbox, failures (QEMU killed, guest panic, guest OOM) contained and
-//! reported, re-adoption after a server restart, pause/resume, and clear refusals of what
-//! vm sandboxes cannot do yet. The exec/stream/PTY/files cases shared with `ns` live in
+//! reported, re-adoption after a server restart, pause/resume, hibernate/wake, memory
+//! snapshots and live forks, QEMU's jail. The exec/stream/PTY/files cases shared with `ns` live in
 //! exec.rs, files.rs and pty.rs (`both_backends!`).
 //!
 //! Needs QEMU, qemu-img and mkfs.ext4 (`scripts/deps.sh`); the guest kernel is fetched from
@@ -109,7 +109,7 @@ async fn guests_have_their_own_kernel_hostname_and_randomness() {
 }
 
 #[tokio::test]
-async fn pause_resume_and_refusals_of_what_vm_cannot_do_yet() {
+async fn pause_resume_and_auto_without_kvm() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({"isolation": "vm"})).await;
     let (st, v) = s
@@ -123,33 +123,7 @@ async fn pause_resume_and_refusals_of_what_vm_cannot_do_yet() {
     let (out, _) = s.sh(&id, "echo alive").await;
     assert_eq!(out, "alive\n");
 
-    for (path, body) in [
-        ("hibernate", None),
-        ("snapshots", Some(json!({"name": "warm"}))),
-        ("fork", Some(json!({"count": 1, "mode": "disk"}))),
-    ] {
-        let (st, v) = s
-            .request(Method::POST, &format!("/v1/sandboxes/{id}/{path}"), body)
-            .await;
-        assert_eq!(st, 422, "{path}: {v}");
-        assert_eq!(v["error"]["code"], "not_supported", "{path}: {v}");
-        assert!(
-            v["error"]["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains("not supported on vm"),
-            "{v}"
-        );
-    }
     assert_eq!(state_of(&s, &id).await["state"], "running");
-    let (st, v) = s
-        .request(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(json!({"isolation": "vm", "idle_hibernate_seconds": 60})),
-        )
-        .await;
-    assert_eq!(st, 422, "{v}");
 
     // Without hardware virtualization `auto` means ns.
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -313,4 +287,245 @@ async fn qemu_runs_jailed_with_its_own_uid_namespaces_and_cgroup() {
         !std::path::Path::new(&cgroup_dir).exists(),
         "the cgroup is removed with the sandbox"
     );
+}
+
+#[tokio::test]
+async fn a_template_can_default_to_vm() {
+    // A templates directory of this test's own, kept between runs like the shared one (so
+    // its image and snapshot in the vm cache are reused, not made again on every run).
+    let templates = common::templates_dir().with_file_name("templates-default-vm");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(common::hutch_bin())
+            .args(args)
+            .arg("--templates-dir")
+            .arg(&templates)
+            .output()
+            .expect("run hutch");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["template", "build", "minimal"]);
+    let said = run(&["template", "set-isolation", "minimal", "vm"]);
+    assert!(said.contains("default isolation vm"), "{said}");
+    let s = TestServer::start_in(templates.clone(), &[]).await;
+    let v = s.create(json!({})).await;
+    assert_eq!(v["isolation"], "vm", "{v}");
+    let v = s.create(json!({"isolation": "ns"})).await;
+    assert_eq!(v["isolation"], "ns", "an explicit choice wins: {v}");
+    let out = std::process::Command::new(common::hutch_bin())
+        .args([
+            "template",
+            "set-isolation",
+            "minimal",
+            "kvm",
+            "--templates-dir",
+        ])
+        .arg(&templates)
+        .output()
+        .expect("run hutch");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use auto, ns or vm"));
+}
+
+#[tokio::test]
+async fn a_missing_qemu_is_a_clear_422_and_ns_still_works() {
+    let s = TestServer::start_with(&["--qemu", "/nonexistent/qemu-system-x86_64"]).await;
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"isolation": "vm"})),
+        )
+        .await;
+    assert_eq!(st, 422, "{v}");
+    assert_eq!(v["error"]["code"], "not_supported", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("/nonexistent/qemu-system-x86_64 not found")
+            && message.contains("qemu-system-x86"),
+        "{message}"
+    );
+    let v = s.create(json!({"isolation": "auto"})).await;
+    assert_eq!(v["isolation"], "ns");
+    let v = s.create(json!({})).await;
+    assert_eq!(v["isolation"], "ns");
+}
+
+#[tokio::test]
+async fn hibernate_and_wake_keep_memory_and_processes() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({"isolation": "vm"})).await;
+    // State only in RAM: a tmpfs file and a running process.
+    let (_, code) = s
+        .sh(
+            &id,
+            "echo in-ram > /dev/shm/x; setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo started",
+        )
+        .await;
+    assert_eq!(code, 0);
+    let (st, v) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+        .await;
+    assert_eq!((st, v["state"].as_str()), (200, Some("hibernated")), "{v}");
+    assert!(qemu_pid(&s, &id).is_none(), "a hibernated vm holds no QEMU");
+    let saved = s
+        .state_dir
+        .join("sandboxes")
+        .join(&id)
+        .join("hibernated.state");
+    assert!(saved.is_file(), "memory saved to disk");
+    // The next exec wakes it transparently, with its memory and processes.
+    let (out, code) = s
+        .sh(
+            &id,
+            "cat /dev/shm/x; ps | grep -q '[s]leep 1000' && echo sleeping; date +%s; hostname",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["in-ram", "sleeping"], "{out}");
+    let guest_now: i64 = lines[2].parse().expect("date");
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    assert!(
+        (guest_now - host_now).abs() <= 5,
+        "clock set on wake: {out}"
+    );
+    assert_eq!(lines[3], id.replace('_', "-"));
+    assert_eq!(state_of(&s, &id).await["state"], "running");
+    assert!(!saved.exists(), "the saved state is dropped once awake");
+    // Explicitly, once more.
+    let (st, _) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+        .await;
+    assert_eq!(st, 200);
+    let (st, v) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/wake"), None)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(s.sh(&id, "cat /dev/shm/x").await.0, "in-ram\n");
+}
+
+#[tokio::test]
+async fn an_idle_vm_hibernates_by_itself_and_wakes_on_the_next_call() {
+    let s = TestServer::start().await;
+    let id = s
+        .create_id(json!({"isolation": "vm", "idle_hibernate_seconds": 2}))
+        .await;
+    s.sh(&id, "echo kept > /dev/shm/k").await;
+    // The state says hibernated as soon as it starts; QEMU exits once the memory is saved.
+    let hibernated = wait_until(Duration::from_secs(20), async || {
+        (state_of(&s, &id).await["state"] == "hibernated" && qemu_pid(&s, &id).is_none())
+            .then_some(())
+    })
+    .await;
+    assert!(
+        hibernated.is_some(),
+        "an idle vm sandbox was not hibernated"
+    );
+    assert_eq!(s.sh(&id, "cat /dev/shm/k").await.0, "kept\n");
+    assert_eq!(state_of(&s, &id).await["state"], "running");
+}
+
+async fn sh_ok(s: &TestServer, id: &str, script: &str) -> String {
+    let (out, code) = s.sh(id, script).await;
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
+#[tokio::test]
+async fn memory_snapshots_create_from_them_and_live_forks() {
+    let s = TestServer::start().await;
+    let parent = s.create_id(json!({"isolation": "vm"})).await;
+    sh_ok(
+        &s,
+        &parent,
+        "echo mem > /dev/shm/m; echo disk > /root/d; setsid sleep 1000 > /dev/null 2>&1 < /dev/null &",
+    )
+    .await;
+    let (st, snap) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/snapshots"),
+            Some(json!({"name": "warm"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{snap}");
+    assert_eq!(snap["kind"], "memory", "{snap}");
+    let snap_id = snap["id"].as_str().expect("id").to_string();
+    // The parent goes on.
+    assert_eq!(sh_ok(&s, &parent, "echo after").await, "after\n");
+
+    // A sandbox created from it has its memory, processes and files, and its own identity.
+    let child = s.create(json!({"snapshot": snap_id})).await;
+    assert_eq!(child["isolation"], "vm", "{child}");
+    let cid = child["id"].as_str().expect("id").to_string();
+    let check = "cat /dev/shm/m /root/d; ps | grep -c '[s]leep 1000'; hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'";
+    let out = sh_ok(&s, &cid, check).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..3], ["mem", "disk", "1"], "{out}");
+    assert_eq!(lines[3], cid.replace('_', "-"));
+    let parent_random = sh_ok(
+        &s,
+        &parent,
+        "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'",
+    )
+    .await;
+    assert_ne!(lines[4], parent_random.trim());
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"snapshot": snap_id, "memory_mib": 512})),
+        )
+        .await;
+    assert_eq!(st, 422, "a memory snapshot keeps its size: {v}");
+
+    // Live fork: two children with the parent's memory; their disks are their own.
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/fork"),
+            Some(json!({"count": 2, "mode": "live"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let kids: Vec<String> = v["sandboxes"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(kids.len(), 2);
+    sh_ok(&s, &kids[0], "echo only-here > /root/k").await;
+    for k in &kids {
+        assert_eq!(sh_ok(&s, k, "cat /dev/shm/m").await, "mem\n");
+    }
+    let out = sh_ok(&s, &kids[1], "cat /root/k 2>/dev/null || echo none").await;
+    assert_eq!(out, "none\n");
+
+    // Explore: each command in its own child, the winner kept.
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/explore"),
+            Some(json!({"commands": ["cat /dev/shm/m; exit 1", "cat /dev/shm/m"], "timeout_seconds": 60})),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["winner"]["index"], 1, "{v}");
+    assert_eq!(v["winner"]["stdout"], "mem\n", "{v}");
+
+    // The named snapshot is kept while a sandbox uses it.
+    let (st, _) = s
+        .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
+        .await;
+    assert_eq!(st, 409);
+    assert_eq!(s.kill(&cid).await, 204);
+    let (st, _) = s
+        .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
+        .await;
+    assert_eq!(st, 204);
 }

@@ -90,11 +90,16 @@ pub trait Backend: Send + Sync {
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
     /// Whether forks can carry memory and running processes (`live`), not only files.
     fn live_fork(&self) -> bool;
-    /// Whether [`Backend::hibernate`], [`Backend::wake`] and [`Backend::snapshot`] are
-    /// implemented; the manager refuses those calls up front (422) when not, so a sandbox's
-    /// state never changes for an operation its backend cannot do.
-    fn supports_state_on_disk(&self) -> bool {
+    /// Whether [`Backend::snapshot`] is implemented (and so forks and explore); the manager
+    /// refuses those calls up front (422) when not, so a sandbox's state never changes for
+    /// an operation its backend cannot do.
+    fn supports_snapshots(&self) -> bool {
         true
+    }
+    /// CPU time per second the sandbox uses while nothing runs in it (a VM's timer ticks
+    /// under TCG), not counted as activity by idle hibernation.
+    fn idle_cpu_ns_per_sec(&self) -> u64 {
+        0
     }
     /// Why the sandbox died, given how its init exited (`status`), for its `error` field.
     fn exit_reason(&self, _record: &SandboxRecord, status: &str) -> String {

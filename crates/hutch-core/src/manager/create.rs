@@ -162,7 +162,14 @@ impl Manager {
                 }
                 s.isolation
             }
-            None => self.resolve_isolation(cmd.isolation)?,
+            // A template's default isolation applies when the request leaves it to us.
+            None => {
+                self.resolve_isolation(match (cmd.isolation, info.defaults.isolation.as_deref()) {
+                    (IsolationRequest::Auto, Some("ns")) => IsolationRequest::Ns,
+                    (IsolationRequest::Auto, Some("vm")) => IsolationRequest::Vm,
+                    (requested, _) => requested,
+                })?
+            }
         };
         let defaults = match source {
             Some(s) => s.defaults.clone(),
@@ -174,6 +181,21 @@ impl Manager {
                 env: info.defaults.env.clone(),
             },
         };
+        if let (Some(s), crate::model::Isolation::Vm) = (source, isolation) {
+            // A memory snapshot restores into a machine of the same shape.
+            let memory = cmd.memory_mib.unwrap_or(defaults.memory_mib);
+            let vcpus = |c: f64| c.ceil().max(1.0) as u32;
+            if memory != defaults.memory_mib
+                || vcpus(cmd.cpus.unwrap_or(defaults.cpus)) != vcpus(defaults.cpus)
+            {
+                return Err(CoreError::InvalidArgument(format!(
+                    "snapshot {} is a vm memory snapshot of a {} MiB, {} vCPU guest: sandboxes created from it have the same memory_mib and the same whole number of cpus",
+                    s.id,
+                    defaults.memory_mib,
+                    vcpus(defaults.cpus)
+                )));
+            }
+        }
         let cpus = cmd.cpus.unwrap_or(defaults.cpus);
         if !(0.05..=self.cfg.max_cpus).contains(&cpus) {
             return Err(CoreError::InvalidArgument(format!(
@@ -203,12 +225,6 @@ impl Manager {
             )));
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
-        if isolation == crate::model::Isolation::Vm && idle_hibernate_seconds.is_some() {
-            return Err(CoreError::Unsupported(
-                "idle_hibernate_seconds: hibernation is not supported on vm sandboxes yet (it is on ns)"
-                    .into(),
-            ));
-        }
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
         let now = now_ms();

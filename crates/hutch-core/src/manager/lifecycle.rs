@@ -17,7 +17,8 @@ use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::time::now_ms;
 
 /// CPU time per second of wall time above which a sandbox counts as busy for idle
-/// hibernation (1 %: an idle agent uses far less).
+/// hibernation, beyond what its backend uses while idle ([`Backend::idle_cpu_ns_per_sec`]):
+/// 1 % (an idle agent uses far less).
 const BUSY_NS_PER_SEC: u64 = 10_000_000;
 
 /// The result of an explicit wake.
@@ -76,16 +77,15 @@ impl Manager {
         self.load(id)?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id)?;
-        self.check_state_on_disk(&r, "hibernation")?;
         if !r.state.can_hibernate() {
             return Err(wrong_state(&r, Some("hibernate")));
         }
         Ok(self.hibernate_locked(r, None).await?.view())
     }
 
-    /// Refuse `what` (422) when the sandbox's backend cannot keep its state on disk.
-    pub(super) fn check_state_on_disk(&self, r: &SandboxRecord, what: &str) -> CoreResult<()> {
-        if self.backend(r.isolation)?.supports_state_on_disk() {
+    /// Refuse `what` (422) when the sandbox's backend cannot take snapshots.
+    pub(super) fn check_snapshots(&self, r: &SandboxRecord, what: &str) -> CoreResult<()> {
+        if self.backend(r.isolation)?.supports_snapshots() {
             return Ok(());
         }
         Err(CoreError::Unsupported(format!(
@@ -181,7 +181,11 @@ impl Manager {
                 .collect();
             Ok(())
         })?;
-        let client = match self.connect_agent(backend.as_ref(), &r.id).await {
+        let connected = match started.agent {
+            Some(client) => Ok(client),
+            None => self.connect_agent(backend.as_ref(), &r.id).await,
+        };
+        let client = match connected {
             Ok(c) => c,
             Err(e) => {
                 // Back to hibernated, files kept.
@@ -230,12 +234,14 @@ impl Manager {
             if r.state != SandboxState::Running {
                 continue;
             }
-            let cpu = self
-                .backend(r.isolation)
-                .ok()
+            let backend = self.backend(r.isolation).ok();
+            let cpu = backend
+                .as_ref()
                 .and_then(|b| b.usage(&r))
                 .map(|u| u.cpu_usage_ns)
                 .unwrap_or(0);
+            let busy_ns_per_sec =
+                BUSY_NS_PER_SEC + backend.as_ref().map_or(0, |b| b.idle_cpu_ns_per_sec());
             let busy_at = {
                 let mut seen = self.cpu_seen.lock().unwrap_or_else(|p| p.into_inner());
                 let (last_cpu, checked_at, busy_at) =
@@ -243,7 +249,7 @@ impl Manager {
                 let elapsed_ms = u64::try_from(now - *checked_at).unwrap_or(0).max(1);
                 let used_ns = cpu.saturating_sub(*last_cpu);
                 if self.has_sessions(&r.id)
-                    || used_ns.saturating_mul(1000) > BUSY_NS_PER_SEC.saturating_mul(elapsed_ms)
+                    || used_ns.saturating_mul(1000) > busy_ns_per_sec.saturating_mul(elapsed_ms)
                 {
                     *busy_at = now;
                 }

@@ -43,7 +43,7 @@ impl Manager {
         self.load(id)?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id)?;
-        self.check_state_on_disk(&r, "snapshots")?;
+        self.check_snapshots(&r, "snapshots")?;
         if !r.state.can_snapshot() {
             return Err(wrong_state(&r, Some("snapshot")));
         }
@@ -65,6 +65,11 @@ impl Manager {
         let backend = self.backend(r.isolation)?;
         std::fs::create_dir(&tmp)
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
+        if backend.live_fork() {
+            // A memory snapshot must not catch the agent mid-session with this server: hang
+            // up first (the next call reconnects), so restored copies wait for a new host.
+            self.lock_agents().remove(&r.id);
+        }
         let taken = {
             let (backend, rec, tmp) = (backend.clone(), r.clone(), tmp.clone());
             blocking(move || backend.snapshot(&rec, &tmp)).await

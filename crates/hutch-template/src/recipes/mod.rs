@@ -87,6 +87,7 @@ impl Recipe {
                     "PATH",
                     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 )]),
+                isolation: None,
             },
             Self::Base => ResourceDefaults {
                 cpus: 1.0,
@@ -100,6 +101,7 @@ impl Recipe {
                     ),
                     ("LANG", "C.UTF-8"),
                 ]),
+                isolation: None,
             },
         }
     }

@@ -96,6 +96,30 @@ fn minimal_builds_and_is_ready() {
         assert!(api.get(key).is_some(), "template object lacks {key}: {api}");
     }
 
+    // A default isolation can be set and cleared; bad values and names are refused.
+    assert_eq!(info.defaults.isolation, None);
+    let vm = store.set_isolation("minimal", "vm").expect("set vm");
+    assert_eq!(vm.defaults.isolation.as_deref(), Some("vm"));
+    assert_eq!(
+        store
+            .get("minimal")
+            .expect("ready")
+            .defaults
+            .isolation
+            .as_deref(),
+        Some("vm")
+    );
+    assert!(matches!(
+        store.set_isolation("minimal", "kvm"),
+        Err(TemplateError::InvalidIsolation(_))
+    ));
+    assert!(matches!(
+        store.set_isolation("nope", "ns"),
+        Err(TemplateError::NotReady(_))
+    ));
+    let auto = store.set_isolation("minimal", "auto").expect("set auto");
+    assert_eq!(auto, info);
+
     let root = store.rootfs("minimal");
     assert_eq!(mode(&root), 0o755);
     assert_eq!(mode(&root.join("bin/busybox")), 0o755);

@@ -20,6 +20,17 @@ pub enum TemplateCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Set the isolation of sandboxes created from a template when the request says
+    /// `auto` or nothing (`auto` removes the default).
+    SetIsolation {
+        /// Template name.
+        name: String,
+        /// `auto`, `ns` or `vm`.
+        isolation: String,
+        /// Templates directory (default `<state-dir>/templates`).
+        #[arg(long)]
+        templates_dir: Option<PathBuf>,
+    },
     /// List templates.
     Ls {
         /// Templates directory (default `<state-dir>/templates`).
@@ -46,6 +57,23 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             .await??;
             if json_out {
                 print_json(&serde_json::to_value(info)?);
+            }
+            Ok(())
+        }
+        TemplateCommand::SetIsolation {
+            name,
+            isolation,
+            templates_dir,
+        } => {
+            let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
+            let info = TemplateStore::open(&dir)?.set_isolation(&name, &isolation)?;
+            if json_out {
+                print_json(&serde_json::to_value(&info)?);
+            } else {
+                println!(
+                    "template {name}: default isolation {}",
+                    info.defaults.isolation.as_deref().unwrap_or("auto")
+                );
             }
             Ok(())
         }

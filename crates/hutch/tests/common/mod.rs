@@ -104,6 +104,7 @@ pub struct TestServer {
     child: Option<Child>,
     pub http: reqwest::Client,
     extra_args: Vec<String>,
+    templates_dir: PathBuf,
 }
 
 /// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.
@@ -129,6 +130,12 @@ impl TestServer {
     /// Start a server with extra `hutch serve` flags.
     pub async fn start_with(extra: &[&str]) -> Self {
         MINIMAL.get_or_init(|| ensure_template("minimal"));
+        Self::start_in(templates_dir(), extra).await
+    }
+
+    /// Start a server on a templates directory of the test's own (its `minimal` must be
+    /// built), for tests that change templates.
+    pub async fn start_in(templates: PathBuf, extra: &[&str]) -> Self {
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-test-")
             .tempdir_in("/tmp")
@@ -143,6 +150,7 @@ impl TestServer {
             child: None,
             http: reqwest::Client::new(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            templates_dir: templates,
         };
         s.spawn_server().await;
         s
@@ -163,7 +171,7 @@ impl TestServer {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--templates-dir")
-            .arg(templates_dir())
+            .arg(&self.templates_dir)
             .arg("--agent")
             .arg(agent_bin())
             .arg("--vm-dir")
