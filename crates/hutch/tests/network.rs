@@ -737,5 +737,23 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
         assert!(out.contains("shared host="), "{out}");
         let (out, _) = s.sh(&id, "nslookup plain.test 2>&1").await;
         assert!(out.contains("203.0.113.10"), "{out}");
+
+        // Hibernate and wake (a new QEMU from the saved memory, a new TAP on the same slot).
+        let (st, v) = s
+            .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+            .await;
+        assert_eq!(st, 200, "{v}");
+        let (out, _) = s.sh(&id, "echo | nc 203.0.113.10 3000").await;
+        assert_eq!(out.trim(), "hello3000", "after wake");
+        // A live fork child: the parent's memory, its own slot, address and route.
+        let (st, v) = s
+            .request(Method::POST, &format!("/v1/sandboxes/{id}/fork"), Some(json!({"count": 1, "mode": "live"})))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let child = v["sandboxes"][0]["id"].as_str().expect("child").to_string();
+        let child_addr = v["sandboxes"][0]["network"]["address"].as_str().expect("child address").to_string();
+        assert_ne!(child_addr, address);
+        let (out, _) = s.sh(&child, "ip -o -4 addr show; echo | nc 203.0.113.10 3000").await;
+        assert!(out.contains(&format!("{child_addr}/30")) && out.contains("hello3000"), "{out}");
     });
 }
