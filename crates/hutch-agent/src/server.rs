@@ -140,9 +140,11 @@ async fn serial_loop(agent: Arc<Agent>, path: PathBuf) {
         let report = match opened {
             Ok(port) => {
                 log!("serial: host connected");
-                serve_connection(Arc::clone(&agent), port)
-                    .await
-                    .map(|failure| format!("connection on {} failed: {failure}", path.display()))
+                let ended = serve_connection(Arc::clone(&agent), port).await;
+                if ended.is_none() {
+                    log!("serial: host went away");
+                }
+                ended.map(|failure| format!("connection on {} failed: {failure}", path.display()))
             }
             Err(e) => Some(format!("{e} (retrying)")),
         };

@@ -12,6 +12,8 @@ use std::process::{Child, Command, Stdio};
 
 use crate::initramfs::AGENT_PORT;
 
+/// Device id of the agent's virtio-serial port (names its `VSERPORT_CHANGE` events).
+pub const AGENT_PORT_ID: &str = "agent-port";
 /// Default QEMU binary.
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";
 /// Oldest QEMU this driver is written against (Debian 12).
@@ -205,7 +207,7 @@ impl VmConfig {
         push(&["-device", "virtio-serial-device,max_ports=2"]);
         push(&[
             "-device",
-            &format!("virtserialport,chardev=agent,name={AGENT_PORT}"),
+            &format!("virtserialport,chardev=agent,name={AGENT_PORT},id={AGENT_PORT_ID}"),
         ]);
         // No vnet header on either backend, so a guest baked on the hub restores on a TAP.
         match &self.tap {
@@ -437,7 +439,9 @@ mod tests {
             "{argv}"
         );
         assert!(argv.contains("-qmp unix:/run/vm,,1/qmp.sock,server=on,wait=off"));
-        assert!(argv.contains("-device virtserialport,chardev=agent,name=hutch.agent"));
+        assert!(
+            argv.contains("-device virtserialport,chardev=agent,name=hutch.agent,id=agent-port")
+        );
         assert!(!argv.contains("-incoming"));
     }
 

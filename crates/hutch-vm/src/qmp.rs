@@ -61,6 +61,8 @@ pub enum QmpError {
 pub struct Qmp {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// Events read while waiting for replies, oldest first.
+    events: std::collections::VecDeque<Value>,
 }
 
 impl Qmp {
@@ -83,6 +85,7 @@ impl Qmp {
         let mut qmp = Self {
             stream,
             buf: Vec::new(),
+            events: std::collections::VecDeque::new(),
         };
         let greeting = qmp.read_message().await?;
         if greeting.get("QMP").is_none() {
@@ -126,6 +129,58 @@ impl Qmp {
                 });
             }
             tracing::debug!(event = %msg, "QMP event");
+            if msg.get("event").is_some() {
+                self.events.push_back(msg);
+            }
+        }
+    }
+
+    /// Forget the events seen so far (after reading whatever QEMU has sent up to now).
+    pub async fn clear_events(&mut self) -> Result<(), QmpError> {
+        self.execute("query-status", None).await?;
+        self.events.clear();
+        Ok(())
+    }
+
+    /// Wait until the guest has closed the virtio-serial port with device id `port` and
+    /// opened it again since [`Qmp::clear_events`] (or the connection): the agent has ended
+    /// its session with the host that hung up and waits for a new one. QEMU throttles
+    /// `VSERPORT_CHANGE` to one per second per port, keeping the last, so a close and a
+    /// quick reopen arrive as one `open: true` (up to a second late); any `open: true`
+    /// after the hang-up means the port was closed and reopened. `false` when `timeout`
+    /// passes first.
+    pub async fn wait_port_reopened(
+        &mut self,
+        port: &str,
+        timeout: Duration,
+    ) -> Result<bool, QmpError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            while let Some(event) = self.events.pop_front() {
+                if event.get("event").and_then(Value::as_str) != Some("VSERPORT_CHANGE") {
+                    continue;
+                }
+                let data = event.get("data");
+                if data.and_then(|d| d.get("id")).and_then(Value::as_str) != Some(port) {
+                    continue;
+                }
+                if data.and_then(|d| d.get("open")).and_then(Value::as_bool) == Some(true) {
+                    return Ok(true);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            match tokio::time::timeout(left, self.read_message()).await {
+                Ok(msg) => {
+                    let msg = msg?;
+                    if msg.get("event").is_some() {
+                        self.events.push_back(msg);
+                    }
+                }
+                Err(_) => return Ok(false),
+            }
         }
     }
 
@@ -333,6 +388,7 @@ mod tests {
         let mut qmp = Qmp {
             stream: ours,
             buf: Vec::new(),
+            events: Default::default(),
         };
         let greeting = qmp.read_message().await.expect("greeting");
         assert!(greeting.get("QMP").is_some());
@@ -347,6 +403,40 @@ mod tests {
         );
         let seen = server.join().expect("server");
         assert_eq!(seen[1], r#"{"execute":"stop"}"#);
+        assert_eq!(qmp.events.len(), 1, "the STOP event is kept");
+    }
+
+    #[tokio::test]
+    async fn waits_for_the_port_to_close_then_open() {
+        let (ours, mut theirs) = UnixStream::pair().expect("pair");
+        let mut qmp = Qmp {
+            stream: ours,
+            buf: Vec::new(),
+            events: Default::default(),
+        };
+        let change = |id: &str, open: bool| {
+            format!("{{\"event\": \"VSERPORT_CHANGE\", \"data\": {{\"id\": \"{id}\", \"open\": {open}}}}}\n")
+        };
+        // Another port, our port closing (not enough), an unrelated event, our port open.
+        let script = [
+            change("other", true),
+            change("agent-port", false),
+            "{\"event\": \"RESUME\"}\n".to_string(),
+            change("agent-port", true),
+        ]
+        .concat();
+        theirs.write_all(script.as_bytes()).await.expect("write");
+        let seen = qmp
+            .wait_port_reopened("agent-port", Duration::from_secs(5))
+            .await
+            .expect("read");
+        assert!(seen);
+        // Nothing more comes: a timeout is `false`, not an error.
+        let again = qmp
+            .wait_port_reopened("agent-port", Duration::from_millis(50))
+            .await
+            .expect("read");
+        assert!(!again);
     }
 
     #[tokio::test]

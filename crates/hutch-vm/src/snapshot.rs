@@ -25,16 +25,10 @@ use crate::VmError;
 
 /// How long QEMU gets to create its QMP socket.
 const QMP_CONNECT: Duration = Duration::from_secs(10);
-/// How long one attempt to reach the agent may take before reconnecting (during a cold
-/// boot the agent is not serving yet; a connection made then is answered once it does).
-const AGENT_ATTEMPT: Duration = Duration::from_secs(2);
-/// Budget of the first attempt; later ones double up to [`AGENT_ATTEMPT`]. A host that
-/// reconnects before the guest noticed its previous hang-up can have its handshake eaten
-/// by the ending session (virtio-serial is one byte stream, whoever the host is), so a
-/// silent attempt is abandoned early.
-const FIRST_ATTEMPT: Duration = Duration::from_millis(250);
-/// Time for the agent to notice the host went away before the bake snapshot.
-const SETTLE: Duration = Duration::from_millis(300);
+/// How often a wait for the agent checks that QEMU is still running.
+const EXIT_CHECK: Duration = Duration::from_millis(100);
+/// How long a bake waits for the agent to end its session after the host hung up.
+const QUIESCE: Duration = Duration::from_secs(20);
 /// Bound on saving or loading device state.
 const MIGRATION: Duration = Duration::from_secs(30);
 
@@ -179,51 +173,65 @@ impl Guest {
         }
     }
 
-    /// Like [`Guest::agent`], trying the already-connected `first` stream first.
+    /// Like [`Guest::agent`], speaking over the already-connected `first` stream if given.
+    ///
+    /// One connection at a time, never abandoned while it may be live: QEMU's chardev
+    /// serves one client and queues the others, so a connection given up on would be
+    /// accepted later, as a new host, and its handshake would land in whatever session the
+    /// agent then has. A connection is replaced only after it failed outright (closed).
     pub async fn agent_on(
         &mut self,
         mut first: Option<UnixStream>,
         timeout: Duration,
     ) -> Result<(AgentClient, AgentInfo), VmError> {
         let started = Instant::now();
-        let mut last = String::from("no attempt");
-        let mut attempts = 0u32;
-        while started.elapsed() < timeout {
-            if let Some(status) = self.process.try_exit() {
-                return Err(VmError::Exited {
-                    status: status.to_string(),
-                    log: self.log_tail(),
-                });
-            }
-            let given = first.take();
+        let mut last = String::from("no reply");
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            let stream = match first.take() {
+                Some(stream) => stream,
+                None => self.agent_socket(left).await?,
+            };
             let attempt = async {
-                let stream = match given {
-                    Some(stream) => stream,
-                    None => UnixStream::connect(&self.config.agent_socket)
-                        .await
-                        .map_err(|e| format!("connect: {e}"))?,
-                };
                 let client = AgentClient::handshake(stream)
                     .await
                     .map_err(|e| e.to_string())?;
                 let info = client.info().await.map_err(|e| e.to_string())?;
                 Ok::<_, String>((client, info))
             };
-            let budget = FIRST_ATTEMPT
-                .saturating_mul(1 << attempts.min(4))
-                .min(AGENT_ATTEMPT);
-            attempts += 1;
-            let left = timeout.saturating_sub(started.elapsed()).min(budget);
-            match tokio::time::timeout(left, attempt).await {
-                Ok(Ok(ready)) => return Ok(ready),
-                Ok(Err(e)) => {
-                    last = e;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::pin!(attempt);
+            let failed = loop {
+                let left = timeout.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    break None;
                 }
-                Err(_) => last = format!("no reply within {left:?}"),
+                match tokio::time::timeout(left.min(EXIT_CHECK), &mut attempt).await {
+                    Ok(Ok(ready)) => return Ok(ready),
+                    Ok(Err(e)) => break Some(e),
+                    Err(_) => {
+                        if let Some(status) = self.process.try_exit() {
+                            return Err(VmError::Exited {
+                                status: status.to_string(),
+                                log: self.log_tail(),
+                            });
+                        }
+                    }
+                }
+            };
+            match failed {
+                // Closed: safe to try again on a new connection.
+                Some(e) if started.elapsed() < timeout => {
+                    tracing::debug!(error = %e, "agent connection failed; reconnecting");
+                    last = e;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Some(e) => {
+                    last = e;
+                    break;
+                }
+                None => break,
             }
         }
-        tracing::debug!(attempts, "agent did not answer");
         Err(VmError::AgentTimeout {
             seconds: timeout.as_secs_f64(),
             last,
@@ -289,9 +297,17 @@ pub async fn bake(
     let (client, info) = guest.agent(boot_timeout).await?;
     let cold_boot = started.elapsed();
     warm_up(&client).await;
-    // Hang up so the agent's session ends before the snapshot.
+    // Hang up and wait until the agent has ended that session and waits for a new host,
+    // so no restore starts in the middle of an old session.
+    guest.qmp.clear_events().await?;
     drop(client);
-    tokio::time::sleep(SETTLE).await;
+    if !guest
+        .qmp
+        .wait_port_reopened(crate::qemu::AGENT_PORT_ID, QUIESCE)
+        .await?
+    {
+        tracing::warn!("the agent did not reopen its port after the hang-up; baking anyway");
+    }
 
     let saving = Instant::now();
     guest.qmp.stop().await?;

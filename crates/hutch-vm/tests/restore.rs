@@ -139,11 +139,21 @@ async fn bake_restore_and_ask_the_agent() {
         assert_eq!(sh(&client, "hostname").await, format!("guest-{i}"));
         randoms.push(sh(&client, "head -c 16 /dev/urandom | od -An -tx1").await);
         sh(&client, "echo written > /etc/mine").await;
-        // Hang up and reconnect: the agent must serve the next host at once.
+        // Hang up, wait until the agent has ended that session, reconnect.
+        let mut guest = guest;
+        guest.qmp.clear_events().await.expect("events");
         drop(client);
         let t = Instant::now();
+        let reopened = guest
+            .qmp
+            .wait_port_reopened(hutch_vm::qemu::AGENT_PORT_ID, Duration::from_secs(10))
+            .await
+            .expect("events");
+        assert!(
+            reopened,
+            "the agent closed and reopened its port after the hang-up"
+        );
         let (again, info) = {
-            let mut guest = guest;
             let r = guest
                 .agent(Duration::from_secs(10))
                 .await

@@ -90,6 +90,13 @@ pub trait Backend: Send + Sync {
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
     /// Whether forks can carry memory and running processes (`live`), not only files.
     fn live_fork(&self) -> bool;
+    /// End the server's agent session before the sandbox's memory is saved (hibernation,
+    /// a memory snapshot): `hang_up` drops the server's connection; a backend that saves
+    /// memory waits until the agent has ended that session and waits for a new host, so no
+    /// copy of the memory is caught mid-session. Blocking.
+    fn quiesce(&self, _record: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
+        hang_up();
+    }
     /// Whether [`Backend::snapshot`] is implemented (and so forks and explore); the manager
     /// refuses those calls up front (422) when not, so a sandbox's state never changes for
     /// an operation its backend cannot do.

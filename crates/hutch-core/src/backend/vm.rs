@@ -45,8 +45,8 @@ const SNAPSHOT_STATE: &str = "state";
 const SNAPSHOT_DISK: &str = "disk.qcow2";
 /// Where a hibernated guest's memory and device state are kept, in its directory.
 const HIBERNATED: &str = "hibernated.state";
-/// Time for the guest to notice the host hung up before its state is saved.
-const HANG_UP_SETTLE: Duration = Duration::from_millis(200);
+/// How long a hang-up waits for the agent to end its session before memory is saved.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on saving a guest's memory (all of its RAM is written).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// CPU an idle guest's QEMU uses under TCG (timer ticks, ~2 % measured), with margin.
@@ -359,7 +359,6 @@ impl VmBackend {
     /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
     /// disk while it is stopped (migration has flushed it), let it run again.
     async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
-        tokio::time::sleep(HANG_UP_SETTLE).await;
         let state = dir.join(SNAPSHOT_STATE);
         let file = std::fs::File::create(&state)
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", state.display())))?;
@@ -384,9 +383,6 @@ impl VmBackend {
 
     /// Save the running guest's memory and device state to `saved` (hibernation).
     async fn save_memory(&self, r: &SandboxRecord, saved: &Path) -> CoreResult<()> {
-        // The manager has just dropped its connection: let the guest's agent see the hang-up
-        // first, so the saved agent is waiting for a new host, not mid-session.
-        tokio::time::sleep(HANG_UP_SETTLE).await;
         let tmp = saved.with_extension("tmp");
         let file = std::fs::File::create(&tmp)
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
@@ -675,6 +671,26 @@ impl Backend for VmBackend {
 
     fn live_fork(&self) -> bool {
         true
+    }
+
+    fn quiesce(&self, r: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
+        let socket = self.dir(&r.id).join("qmp.sock");
+        let waited = tokio::runtime::Handle::current().block_on(async {
+            let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT).await?;
+            qmp.clear_events().await?;
+            hang_up();
+            qmp.wait_port_reopened(hutch_vm::qemu::AGENT_PORT_ID, QUIESCE_TIMEOUT)
+                .await
+        });
+        match waited {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(id = %r.id, "the agent kept its session after the hang-up (a client still connected?)")
+            }
+            Err(e) => {
+                tracing::warn!(id = %r.id, error = %e, "waiting for the agent to end its session")
+            }
+        }
     }
 
     fn exit_reason(&self, r: &SandboxRecord, status: &str) -> String {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{blocking, wrong_state, Manager};
+use crate::backend::Backend;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::time::now_ms;
@@ -83,6 +84,22 @@ impl Manager {
         Ok(self.hibernate_locked(r, None).await?.view())
     }
 
+    /// Drop the server's connection to the sandbox's agent, letting the backend wait until
+    /// the agent has ended that session ([`Backend::quiesce`]).
+    pub(super) async fn hang_up_agent(&self, backend: Arc<dyn Backend>, r: &SandboxRecord) {
+        let Some(client) = self.lock_agents().remove(&r.id) else {
+            return;
+        };
+        if client.is_closed() {
+            return;
+        }
+        let rec = r.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            backend.quiesce(&rec, Box::new(move || drop(client)));
+        })
+        .await;
+    }
+
     /// Refuse `what` (422) when the sandbox's backend cannot take snapshots.
     pub(super) fn check_snapshots(&self, r: &SandboxRecord, what: &str) -> CoreResult<()> {
         if self.backend(r.isolation)?.supports_snapshots() {
@@ -105,8 +122,8 @@ impl Manager {
             r.state = SandboxState::Hibernated;
             Ok(())
         })?;
-        self.lock_agents().remove(&r.id);
         let backend = self.backend(r.isolation)?;
+        self.hang_up_agent(backend.clone(), &r).await;
         let rec = r.clone();
         if let Err(e) = blocking(move || backend.hibernate(&rec)).await {
             // The files are intact; the next wake cleans up whatever is left and retries.

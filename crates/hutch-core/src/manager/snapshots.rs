@@ -68,7 +68,7 @@ impl Manager {
         if backend.live_fork() {
             // A memory snapshot must not catch the agent mid-session with this server: hang
             // up first (the next call reconnects), so restored copies wait for a new host.
-            self.lock_agents().remove(&r.id);
+            self.hang_up_agent(backend.clone(), r).await;
         }
         let taken = {
             let (backend, rec, tmp) = (backend.clone(), r.clone(), tmp.clone());
