@@ -120,20 +120,12 @@ async fn configure(
         .execute()
         .await
         .map_err(nl(format!("address {} on {name}", addrs.gateway)))?;
-    host.link()
-        .set(LinkUnspec::new_with_index(host_index).up().build())
-        .execute()
-        .await
-        .map_err(nl(format!("set {name} up")))?;
+    set_up(host, host_index, &name).await?;
 
     let lo = index_of(slot, "lo")
         .await?
         .ok_or_else(|| NetError::Invalid("no lo in a new namespace".into()))?;
-    slot.link()
-        .set(LinkUnspec::new_with_index(lo).up().build())
-        .execute()
-        .await
-        .map_err(nl("set lo up"))?;
+    set_up(slot, lo, "lo").await?;
     let eth0 = index_of(slot, "eth0")
         .await?
         .ok_or_else(|| NetError::Invalid("eth0 missing in the slot namespace".into()))?;
@@ -142,11 +134,7 @@ async fn configure(
         .execute()
         .await
         .map_err(nl(format!("address {} on eth0", addrs.sandbox)))?;
-    slot.link()
-        .set(LinkUnspec::new_with_index(eth0).up().build())
-        .execute()
-        .await
-        .map_err(nl("set eth0 up"))?;
+    set_up(slot, eth0, "eth0").await?;
     let route = RouteMessageBuilder::<Ipv4Addr>::new()
         .gateway(addrs.gateway)
         .output_interface(eth0)
@@ -157,6 +145,15 @@ async fn configure(
         .await
         .map_err(nl(format!("default route via {}", addrs.gateway)))?;
     Ok(())
+}
+
+async fn set_up(handle: &Handle, index: u32, name: &str) -> Result<(), NetError> {
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await
+        .map_err(nl(format!("set {name} up")))
 }
 
 async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>, NetError> {

@@ -92,41 +92,36 @@ impl BenchServer {
 
     /// POST JSON; the answer's JSON (Null for 204).
     pub async fn post(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        self.send_json(reqwest::Method::POST, path, body).await
+    }
+
+    /// PUT JSON; the answer's JSON.
+    pub async fn put(&self, path: &str, body: Value) -> anyhow::Result<Value> {
+        self.send_json(reqwest::Method::PUT, path, body).await
+    }
+
+    async fn send_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Value,
+    ) -> anyhow::Result<Value> {
         let r = self
             .http
-            .post(format!("{}{}", self.url, path))
+            .request(method.clone(), format!("{}{}", self.url, path))
             .bearer_auth(&self.key)
             .json(&body)
             .send()
             .await?;
         if !r.status().is_success() {
             bail!(
-                "{path}: {} {}",
+                "{method} {path}: {} {}",
                 r.status(),
                 r.text().await.unwrap_or_default()
             );
         }
         if r.status().as_u16() == 204 {
             return Ok(Value::Null);
-        }
-        Ok(r.json().await?)
-    }
-
-    /// PUT JSON; the answer's JSON.
-    pub async fn put(&self, path: &str, body: Value) -> anyhow::Result<Value> {
-        let r = self
-            .http
-            .put(format!("{}{}", self.url, path))
-            .bearer_auth(&self.key)
-            .json(&body)
-            .send()
-            .await?;
-        if !r.status().is_success() {
-            bail!(
-                "PUT {path}: {} {}",
-                r.status(),
-                r.text().await.unwrap_or_default()
-            );
         }
         Ok(r.json().await?)
     }
