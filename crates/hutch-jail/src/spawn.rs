@@ -287,6 +287,14 @@ fn build(
             undo.mounts.push(at.clone());
         }
         for (v, at) in spec.volumes.iter().zip(&paths.volumes) {
+            // A volume's source must be its mounted filesystem, never the bare directory
+            // under it (which would silently hand the sandbox an empty, unlimited tree).
+            if !crate::volume::is_mounted(&v.source)? {
+                return Err(JailError::InvalidSpec(format!(
+                    "volume source {} is not mounted",
+                    v.source.display()
+                )));
+            }
             create_dir_journaled(at, undo)?;
             mounts::idmapped_bind_volume(&v.source, at, &userns, v.read_only)?;
             undo.mounts.push(at.clone());

@@ -150,7 +150,15 @@ pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
         );
         // The loop device stays bound only while mounted (autoclear once `dev` closes).
         drop(dev);
-        return mounted.map_err(JailError::from);
+        mounted?;
+        if !is_mounted(dir)? {
+            return Err(JailError::Setup(format!(
+                "mounting {} at {} did not take",
+                image.display(),
+                dir.display()
+            )));
+        }
+        return Ok(());
     }
     Err(JailError::Setup(format!(
         "no free loop device for {}",

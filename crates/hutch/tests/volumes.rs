@@ -74,7 +74,7 @@ async fn a_volume_outlives_its_sandboxes_and_the_server() {
     let (out, _) = s
         .sh(
             &b,
-            "cat /mnt/in/ro/f; (echo x > /mnt/in/ro/g) 2>&1; echo rc=$?",
+            "cat /mnt/in/ro/f 2>&1; (echo x > /mnt/in/ro/g) 2>&1; echo rc=$?; ls -la /mnt/in/ro; grep /mnt/in /proc/self/mountinfo",
         )
         .await;
     assert!(out.starts_with("kept\n"), "{out}");
