@@ -128,6 +128,45 @@ impl VmBackend {
             .map_err(|e| CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {e}")))
     }
 
+    /// Delete cache entries unused for [`hutch_vm::gc::MAX_UNUSED`], keeping the bakes and
+    /// images behind every vm sandbox and snapshot of this server (followed through their
+    /// disks' qcow2 backing files, and marked used for other servers sharing the cache).
+    /// Blocking.
+    pub fn collect_garbage(&self) {
+        let mut keep = std::collections::HashSet::new();
+        let dirs = [
+            self.cfg.state_dir.join("sandboxes"),
+            self.cfg.snapshots_dir(),
+        ];
+        for parent in dirs {
+            let Ok(entries) = std::fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let mut disk = Some(entry.path().join("disk.qcow2"));
+                // overlay → bake disk → template image.
+                for _ in 0..4 {
+                    let Some(backing) = disk.as_deref().and_then(disk::qcow2_backing) else {
+                        break;
+                    };
+                    let entry = match backing.parent() {
+                        Some(p) if p.parent().is_some_and(|b| b.ends_with("bakes")) => {
+                            p.to_path_buf()
+                        }
+                        _ => backing.clone(),
+                    };
+                    hutch_vm::gc::touch(&entry);
+                    keep.insert(entry);
+                    disk = Some(backing);
+                }
+            }
+        }
+        let collected = hutch_vm::gc::collect(&self.cfg.vm_dir, hutch_vm::gc::MAX_UNUSED, &keep);
+        if !collected.removed.is_empty() {
+            tracing::info!(removed = ?collected.removed, "unused vm cache entries removed");
+        }
+    }
+
     /// The accelerator choice if it was made already ([`VmBackend::accel`]).
     pub fn accel_if_known(&self) -> Option<AccelChoice> {
         self.accel.get().cloned()
@@ -222,6 +261,14 @@ impl VmBackend {
             .snapshot(&boot, &image, memory, vcpus)
             .await
             .map_err(vm_error)?;
+        // In use: keep them from garbage collection (gc.rs).
+        for used in [
+            boot.vmlinux.parent(),
+            Some(image.as_path()),
+            snap.state.parent(),
+        ] {
+            used.map(hutch_vm::gc::touch);
+        }
         let t0 = std::time::Instant::now();
         let dir = self.dir(&r.id);
         let uid = r.uid_slot * UID_RANGE;
