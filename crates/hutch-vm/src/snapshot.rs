@@ -49,6 +49,10 @@ pub struct Snapshot {
     pub config: VmConfig,
     /// The device-state file.
     pub state: PathBuf,
+    /// Whether `state` was saved with `x-ignore-shared` (RAM left in the memory file: bakes
+    /// and shared snapshots) or carries all RAM (hibernation, a memory snapshot's stream).
+    /// A load must use the same setting.
+    pub ram_in_memory_file: bool,
 }
 
 impl Snapshot {
@@ -325,6 +329,7 @@ pub async fn bake(
         .map_err(io_err(format!("stat {}", state.display())))?
         .len();
     let snapshot = Snapshot {
+        ram_in_memory_file: true,
         config,
         state: state.to_path_buf(),
     };
@@ -366,7 +371,7 @@ pub async fn restore(
     let started = Instant::now();
     let mut guest = Guest::start(config, &dir.join("qemu.log")).await?;
     let qmp_ready = started.elapsed();
-    guest.qmp.set_ignore_shared().await?;
+    guest.qmp.ignore_shared(snapshot.ram_in_memory_file).await?;
     let file = std::fs::File::open(&snapshot.state)
         .map_err(io_err(format!("open {}", snapshot.state.display())))?;
     guest.qmp.getfd("state", file.as_fd()).await?;
