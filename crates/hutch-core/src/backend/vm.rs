@@ -73,6 +73,9 @@ fn vm_error(e: VmError) -> CoreError {
         VmError::Disk(d @ disk::DiskError::MissingTool { .. }) => {
             CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {d}"))
         }
+        VmError::Package(p) => CoreError::Unsupported(format!(
+            "isolation \"vm\" is unavailable: cannot get the guest kernel ({p}); check that apt-get can reach Debian's registry, or pass --vm-kernel-root"
+        )),
         VmError::Exited { .. } | VmError::AgentTimeout { .. } => {
             CoreError::SandboxFailed(e.to_string())
         }
