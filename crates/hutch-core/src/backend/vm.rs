@@ -48,7 +48,7 @@ const SNAPSHOT_DISK: &str = "disk.qcow2";
 /// Where a hibernated guest's memory and device state are kept, in its directory.
 const HIBERNATED: &str = "hibernated.state";
 /// How long a hang-up waits for the agent to end its session before memory is saved.
-const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on saving a guest's memory (all of its RAM is written).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// CPU an idle guest's QEMU uses under TCG (timer ticks, ~2 % measured), with margin.
