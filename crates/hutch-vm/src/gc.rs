@@ -2,7 +2,8 @@
 //!
 //! Every input change (a new agent build, a rebuilt template, a kernel update) makes new
 //! cache entries and leaves the old ones behind: a boot directory, template images, and
-//! bakes with a guest-RAM-sized memory file each. Each use of an entry refreshes its
+//! bakes with a guest-RAM-sized memory file each; and a server whose state directory is
+//! deleted without deleting its memory snapshots leaves their shared memory behind. Each use of an entry refreshes its
 //! modification time ([`touch`]); [`collect`] deletes entries unused for longer than a
 //! limit, skipping any whose lock is held (being built) and any the caller names as still
 //! referenced (the bakes and images behind its sandboxes' disks, found by following qcow2
@@ -32,12 +33,12 @@ pub struct Collected {
     pub removed: Vec<PathBuf>,
 }
 
-/// Delete entries of the cache `dir` (`boot/`, `bakes/`, `images/`) not modified for
+/// Delete entries of the cache `dir` (`boot/`, `bakes/`, `images/`, `shared/`) not modified for
 /// `max_unused`, except those in `keep` and those being built.
 pub fn collect(dir: &Path, max_unused: Duration, keep: &HashSet<PathBuf>) -> Collected {
     let mut collected = Collected::default();
     let now = SystemTime::now();
-    for sub in ["boot", "bakes", "images"] {
+    for sub in ["boot", "bakes", "images", "shared"] {
         let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
             continue;
         };

@@ -148,6 +148,10 @@ impl VmBackend {
                 continue;
             };
             for entry in entries.flatten() {
+                if let Some(shared) = hutch_vm::share::shared_dir(&entry.path()) {
+                    hutch_vm::gc::touch(&shared);
+                    keep.insert(shared);
+                }
                 let mut disk = Some(entry.path().join("disk.qcow2"));
                 // overlay → bake disk → template image.
                 for _ in 0..4 {
@@ -275,6 +279,7 @@ impl VmBackend {
                 match hutch_vm::share::shared_dir(&from) {
                     // Its RAM in a shared memory file, mapped copy-on-write (share.rs).
                     Some(shared) => {
+                        hutch_vm::gc::touch(&shared);
                         snap.config.memory_file = shared.join("memory");
                         snap.state = shared.join("state");
                     }
