@@ -184,6 +184,7 @@ impl Manager {
                     let choice = vm.accel();
                     tracing::info!(accel = ?choice.accel, why = %choice.why, "vm acceleration");
                 }
+                vm.collect_garbage();
             });
         }
         mgr.readopt().await?;

@@ -9,7 +9,7 @@
 //!
 //! ```json
 //! {"format": 1, "recipe": "minimal", "name": "minimal", "ready": true,
-//!  "isolations": ["ns"], "size_bytes": 2105344, "created_at": "2025-05-20T12:00:00Z",
+//!  "isolations": ["ns", "vm"], "size_bytes": 2105344, "created_at": "2025-05-20T12:00:00Z",
 //!  "description": "…",
 //!  "defaults": {"cpus": 1.0, "memory_mib": 256, "disk_mib": 512, "pids_max": 256,
 //!               "env": {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}}}
@@ -31,7 +31,7 @@ pub struct TemplateInfo {
     pub name: String,
     /// Whether the template finished building and may be used.
     pub ready: bool,
-    /// Isolation backends that can run this template (`"ns"`; `"vm"` later).
+    /// Isolation backends that can run this template (`"ns"`, `"vm"`).
     pub isolations: Vec<String>,
     /// Disk usage of the root filesystem in bytes (hard links counted once).
     pub size_bytes: u64,

@@ -215,7 +215,7 @@ impl TemplateStore {
         let info = TemplateInfo {
             name: name.to_owned(),
             ready: true,
-            isolations: vec![String::from("ns")],
+            isolations: vec![String::from("ns"), String::from("vm")],
             size_bytes: tree::disk_usage(&rootfs)?,
             created_at: Some(rfc3339_utc(SystemTime::now())),
             description: recipe.description(),
@@ -296,6 +296,9 @@ impl TemplateStore {
             {
                 TemplateInfo {
                     name: name.to_owned(),
+                    // Every template runs on both backends (vm makes its image on first
+                    // use), also those built before vm existed.
+                    isolations: vec![String::from("ns"), String::from("vm")],
                     ..file.info
                 }
             }

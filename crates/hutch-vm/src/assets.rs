@@ -249,6 +249,7 @@ impl Assets {
         config.console_log = Some(dir.join("console.log"));
         config.root_disk = Some(dir.join("disk.qcow2"));
         let snap = Snapshot {
+            ram_in_memory_file: true,
             config: config.clone(),
             state: dir.join("state"),
         };
@@ -300,6 +301,7 @@ impl Assets {
         }
         let (snap, report) = baked?;
         let snap = Snapshot {
+            ram_in_memory_file: true,
             config: Snapshot::restorable(snap.config),
             ..snap
         };

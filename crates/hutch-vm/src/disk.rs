@@ -5,7 +5,7 @@
 //! boots on a qcow2 overlay of it, and every sandbox restored from that snapshot gets its
 //! own qcow2 overlay of the bake's overlay (`qemu-img create -b`), deleted with the sandbox.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Why a disk could not be made.
@@ -105,6 +105,26 @@ pub fn make_overlay(backing: &Path, backing_format: &str, out: &Path) -> Result<
     )
 }
 
+/// The backing file named in the header of the qcow2 image at `path`, if any.
+pub fn qcow2_backing(path: &Path) -> Option<PathBuf> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut header = [0u8; 20];
+    f.read_exact(&mut header).ok()?;
+    if &header[..4] != b"QFI\xfb" {
+        return None;
+    }
+    let offset = u64::from_be_bytes(header[8..16].try_into().ok()?);
+    let size = u32::from_be_bytes(header[16..20].try_into().ok()?) as usize;
+    if offset == 0 || size == 0 || size > 4096 {
+        return None;
+    }
+    f.seek(SeekFrom::Start(offset)).ok()?;
+    let mut name = vec![0u8; size];
+    f.read_exact(&mut name).ok()?;
+    Some(PathBuf::from(String::from_utf8(name).ok()?))
+}
+
 /// Bytes used by the files under `root` (apparent sizes, hard links counted once), to
 /// size an image. Does not follow symlinks or cross into other filesystems' mounts.
 pub fn tree_bytes(root: &Path) -> Result<u64, DiskError> {
@@ -167,6 +187,8 @@ mod tests {
         }
         let head = std::fs::read(&overlay).expect("overlay");
         assert_eq!(&head[..4], b"QFI\xfb", "a qcow2 file");
+        assert_eq!(qcow2_backing(&overlay), Some(image.clone()));
+        assert_eq!(qcow2_backing(&image), None, "raw: no qcow2 header");
     }
 
     #[test]

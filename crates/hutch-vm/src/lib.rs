@@ -12,12 +12,15 @@
 //! * [`package`]: Debian's cloud kernel package, fetched with `apt-get download`.
 //! * [`assets`]: the cache of kernels, initramfs, images and bakes, keyed by input hashes.
 //! * [`accel`]: KVM or TCG, and why.
+//! * [`share`]: one memory file for every guest restored from a memory snapshot.
+//! * [`gc`]: deleting cache entries unused for a week.
 //!
 //! See `docs/vm.md` for what was measured on the development machine.
 
 pub mod accel;
 pub mod assets;
 pub mod disk;
+pub mod gc;
 pub mod initramfs;
 pub mod kernel;
 mod lock;
@@ -25,6 +28,7 @@ pub mod modules;
 pub mod package;
 pub mod qemu;
 pub mod qmp;
+pub mod share;
 pub mod snapshot;
 
 /// Any failure of this crate.

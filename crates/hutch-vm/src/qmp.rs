@@ -248,7 +248,14 @@ impl Qmp {
 
     /// Enable `x-ignore-shared`: RAM in a shared memory backend is not migrated.
     pub async fn set_ignore_shared(&mut self) -> Result<(), QmpError> {
-        let caps = json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]});
+        self.ignore_shared(true).await
+    }
+
+    /// Turn `x-ignore-shared` on or off. A stream saved with it on can only be loaded with
+    /// it on, which refuses RAM pages for a shared memory backend; so streams meant to be
+    /// loaded into a shared memory file (`share.rs`) are saved with it off.
+    pub async fn ignore_shared(&mut self, on: bool) -> Result<(), QmpError> {
+        let caps = json!({"capabilities": [{"capability": "x-ignore-shared", "state": on}]});
         self.execute("migrate-set-capabilities", Some(caps))
             .await
             .map(drop)

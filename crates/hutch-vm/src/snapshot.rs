@@ -49,6 +49,10 @@ pub struct Snapshot {
     pub config: VmConfig,
     /// The device-state file.
     pub state: PathBuf,
+    /// Whether `state` was saved with `x-ignore-shared` (RAM left in the memory file: bakes
+    /// and shared snapshots) or carries all RAM (hibernation, a memory snapshot's stream).
+    /// A load must use the same setting.
+    pub ram_in_memory_file: bool,
 }
 
 impl Snapshot {
@@ -152,7 +156,7 @@ impl Guest {
     /// Connect to the agent's socket and wait until `GET /v1/info` answers, reconnecting
     /// after each failed attempt, for at most `timeout`.
     pub async fn agent(&mut self, timeout: Duration) -> Result<(AgentClient, AgentInfo), VmError> {
-        self.agent_on(None, timeout).await
+        self.agent_on(None, false, timeout).await
     }
 
     /// Connect QEMU's agent chardev socket (retrying while QEMU creates it) without
@@ -178,12 +182,20 @@ impl Guest {
     /// One connection at a time, never abandoned while it may be live: QEMU's chardev
     /// serves one client and queues the others, so a connection given up on would be
     /// accepted later, as a new host, and its handshake would land in whatever session the
-    /// agent then has. A connection is replaced only after it failed outright (closed).
+    /// agent then has. A connection is replaced only after it failed outright (closed), or,
+    /// with `watch_port` (a restored guest, whose agent had its port open when it was
+    /// saved), when the agent closes and reopens its port meanwhile: a session caught in
+    /// the snapshot ended on our handshake, which is then lost, and each new session would
+    /// read the rest of our stream as a bad preface.
     pub async fn agent_on(
         &mut self,
         mut first: Option<UnixStream>,
+        watch_port: bool,
         timeout: Duration,
     ) -> Result<(AgentClient, AgentInfo), VmError> {
+        if watch_port {
+            self.qmp.clear_events().await?;
+        }
         let started = Instant::now();
         let mut last = String::from("no reply");
         loop {
@@ -192,6 +204,13 @@ impl Guest {
                 Some(stream) => stream,
                 None => self.agent_socket(left).await?,
             };
+            // To really close the connection when it is given up on: the HTTP/2 task owns
+            // the stream and may outlive this attempt.
+            let closer = stream
+                .as_fd()
+                .try_clone_to_owned()
+                .map(std::os::unix::net::UnixStream::from)
+                .map_err(io_err("dup the agent connection"))?;
             let attempt = async {
                 let client = AgentClient::handshake(stream)
                     .await
@@ -205,10 +224,30 @@ impl Guest {
                 if left.is_zero() {
                     break None;
                 }
-                match tokio::time::timeout(left.min(EXIT_CHECK), &mut attempt).await {
-                    Ok(Ok(ready)) => return Ok(ready),
-                    Ok(Err(e)) => break Some(e),
-                    Err(_) => {
+                let tick = left.min(EXIT_CHECK);
+                let reopened = async {
+                    if watch_port {
+                        self.qmp
+                            .wait_port_reopened(crate::qemu::AGENT_PORT_ID, tick)
+                            .await
+                    } else {
+                        tokio::time::sleep(tick).await;
+                        Ok(false)
+                    }
+                };
+                let outcome = tokio::select! {
+                    done = &mut attempt => Some(done),
+                    port = reopened => {
+                        if port? {
+                            break Some("the agent restarted its session".to_string());
+                        }
+                        None
+                    }
+                };
+                match outcome {
+                    Some(Ok(ready)) => return Ok(ready),
+                    Some(Err(e)) => break Some(e),
+                    None => {
                         if let Some(status) = self.process.try_exit() {
                             return Err(VmError::Exited {
                                 status: status.to_string(),
@@ -218,6 +257,7 @@ impl Guest {
                     }
                 }
             };
+            let _ = closer.shutdown(std::net::Shutdown::Both);
             match failed {
                 // Closed: safe to try again on a new connection.
                 Some(e) if started.elapsed() < timeout => {
@@ -325,6 +365,7 @@ pub async fn bake(
         .map_err(io_err(format!("stat {}", state.display())))?
         .len();
     let snapshot = Snapshot {
+        ram_in_memory_file: true,
         config,
         state: state.to_path_buf(),
     };
@@ -366,7 +407,7 @@ pub async fn restore(
     let started = Instant::now();
     let mut guest = Guest::start(config, &dir.join("qemu.log")).await?;
     let qmp_ready = started.elapsed();
-    guest.qmp.set_ignore_shared().await?;
+    guest.qmp.ignore_shared(snapshot.ram_in_memory_file).await?;
     let file = std::fs::File::open(&snapshot.state)
         .map_err(io_err(format!("open {}", snapshot.state.display())))?;
     guest.qmp.getfd("state", file.as_fd()).await?;
@@ -377,7 +418,7 @@ pub async fn restore(
     }
     let resumed = started.elapsed();
     let host = guest.agent_socket(QMP_CONNECT).await?;
-    let (client, info) = guest.agent_on(Some(host), timeout).await?;
+    let (client, info) = guest.agent_on(Some(host), true, timeout).await?;
     let to_first_reply = started.elapsed();
     Ok((
         guest,

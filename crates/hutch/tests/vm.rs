@@ -462,6 +462,20 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
     let child = s.create(json!({"snapshot": snap_id})).await;
     assert_eq!(child["isolation"], "vm", "{child}");
     let cid = child["id"].as_str().expect("id").to_string();
+    // Its RAM is the snapshot's shared memory file, mapped copy-on-write.
+    let shared =
+        std::fs::read_to_string(s.state_dir.join("snapshots").join(&snap_id).join("shared"))
+            .expect("the snapshot's memory was shared");
+    let cmdline = std::fs::read(format!(
+        "/proc/{}/cmdline",
+        qemu_pid(&s, &cid).expect("QEMU")
+    ))
+    .expect("cmdline");
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(
+        cmdline.contains(&format!("mem-path={}/memory,share=off", shared.trim())),
+        "{cmdline}"
+    );
     let check = "cat /dev/shm/m /root/d; ps | grep -c '[s]leep 1000'; hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'";
     let out = sh_ok(&s, &cid, check).await;
     let lines: Vec<&str> = out.lines().collect();
@@ -528,4 +542,8 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
         .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
         .await;
     assert_eq!(st, 204);
+    assert!(
+        !std::path::Path::new(shared.trim()).exists(),
+        "the shared memory goes with the snapshot"
+    );
 }

@@ -97,12 +97,6 @@ pub trait Backend: Send + Sync {
     fn quiesce(&self, _record: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
         hang_up();
     }
-    /// Whether [`Backend::snapshot`] is implemented (and so forks and explore); the manager
-    /// refuses those calls up front (422) when not, so a sandbox's state never changes for
-    /// an operation its backend cannot do.
-    fn supports_snapshots(&self) -> bool {
-        true
-    }
     /// CPU time per second the sandbox uses while nothing runs in it (a VM's timer ticks
     /// under TCG), not counted as activity by idle hibernation.
     fn idle_cpu_ns_per_sec(&self) -> u64 {

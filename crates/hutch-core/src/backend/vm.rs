@@ -26,6 +26,8 @@ use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
+mod share;
+
 use super::ns::UID_RANGE;
 use super::{Backend, SnapshotTaken, Started, Usage};
 use crate::config::Config;
@@ -46,7 +48,7 @@ const SNAPSHOT_DISK: &str = "disk.qcow2";
 /// Where a hibernated guest's memory and device state are kept, in its directory.
 const HIBERNATED: &str = "hibernated.state";
 /// How long a hang-up waits for the agent to end its session before memory is saved.
-const QUIESCE_TIMEOUT: Duration = Duration::from_secs(5);
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on saving a guest's memory (all of its RAM is written).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(120);
 /// CPU an idle guest's QEMU uses under TCG (timer ticks, ~2 % measured), with margin.
@@ -71,6 +73,9 @@ fn vm_error(e: VmError) -> CoreError {
         VmError::Disk(d @ disk::DiskError::MissingTool { .. }) => {
             CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {d}"))
         }
+        VmError::Package(p) => CoreError::Unsupported(format!(
+            "isolation \"vm\" is unavailable: cannot get the guest kernel ({p}); check that apt-get can reach Debian's registry, or pass --vm-kernel-root"
+        )),
         VmError::Exited { .. } | VmError::AgentTimeout { .. } => {
             CoreError::SandboxFailed(e.to_string())
         }
@@ -163,6 +168,49 @@ impl VmBackend {
             .map_err(|e| CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {e}")))
     }
 
+    /// Delete cache entries unused for [`hutch_vm::gc::MAX_UNUSED`], keeping the bakes and
+    /// images behind every vm sandbox and snapshot of this server (followed through their
+    /// disks' qcow2 backing files, and marked used for other servers sharing the cache).
+    /// Blocking.
+    pub fn collect_garbage(&self) {
+        let mut keep = std::collections::HashSet::new();
+        let dirs = [
+            self.cfg.state_dir.join("sandboxes"),
+            self.cfg.snapshots_dir(),
+        ];
+        for parent in dirs {
+            let Ok(entries) = std::fs::read_dir(&parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if let Some(shared) = hutch_vm::share::shared_dir(&entry.path()) {
+                    hutch_vm::gc::touch(&shared);
+                    keep.insert(shared);
+                }
+                let mut disk = Some(entry.path().join("disk.qcow2"));
+                // overlay → bake disk → template image.
+                for _ in 0..4 {
+                    let Some(backing) = disk.as_deref().and_then(disk::qcow2_backing) else {
+                        break;
+                    };
+                    let entry = match backing.parent() {
+                        Some(p) if p.parent().is_some_and(|b| b.ends_with("bakes")) => {
+                            p.to_path_buf()
+                        }
+                        _ => backing.clone(),
+                    };
+                    hutch_vm::gc::touch(&entry);
+                    keep.insert(entry);
+                    disk = Some(backing);
+                }
+            }
+        }
+        let collected = hutch_vm::gc::collect(&self.cfg.vm_dir, hutch_vm::gc::MAX_UNUSED, &keep);
+        if !collected.removed.is_empty() {
+            tracing::info!(removed = ?collected.removed, "unused vm cache entries removed");
+        }
+    }
+
     /// The accelerator choice if it was made already ([`VmBackend::accel`]).
     pub fn accel_if_known(&self) -> Option<AccelChoice> {
         self.accel.get().cloned()
@@ -238,26 +286,15 @@ impl VmBackend {
         rootfs: &Path,
         woken: Option<PathBuf>,
     ) -> CoreResult<Started> {
-        let assets = self.assets();
-        let (template, root) = (r.template.clone(), rootfs.to_path_buf());
-        let stamp = template_stamp(rootfs)?;
-        let building = assets.clone();
-        let (boot, image) = tokio::task::spawn_blocking(move || {
-            let assets = building;
-            let boot = assets.boot()?;
-            let image = assets.image(&template, &stamp, &root)?;
-            Ok::<_, VmError>((boot, image))
-        })
-        .await
-        .map_err(|e| CoreError::Internal(e.to_string()))?
-        .map_err(vm_error)?;
-        let vcpus = r.cpus.ceil().max(1.0) as u32;
-        let memory = u32::try_from(r.memory_mib)
-            .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
-        let mut snap = assets
-            .snapshot(&boot, &image, memory, vcpus)
-            .await
-            .map_err(vm_error)?;
+        let (boot, image, mut snap) = self.bake_of(r, rootfs).await?;
+        // In use: keep them from garbage collection (gc.rs).
+        for used in [
+            boot.vmlinux.parent(),
+            Some(image.as_path()),
+            snap.state.parent(),
+        ] {
+            used.map(hutch_vm::gc::touch);
+        }
         let guest_net = self.guest_network(r)?;
         snap.config.tap = guest_net.as_ref().map(|(_, tap)| tap.clone());
         let t0 = std::time::Instant::now();
@@ -268,13 +305,27 @@ impl VmBackend {
         match (woken, &r.layer) {
             // Same command line (devices, memory file); all of the guest's RAM and device
             // state come from the saved stream, its disk is its own overlay as it was.
-            (Some(saved), _) => snap.state = saved,
+            (Some(saved), _) => {
+                snap.state = saved;
+                snap.ram_in_memory_file = false;
+            }
             // From a vm snapshot (or as a fork child): its memory, and a private copy of its
             // disk (the snapshot directory is root-only; the copy holds only the blocks the
             // sandbox had written, backed by the bake's disk).
             (None, Some(layer)) => {
                 let from = self.cfg.snapshot_dir(layer);
-                snap.state = from.join(SNAPSHOT_STATE);
+                match hutch_vm::share::shared_dir(&from) {
+                    // Its RAM in a shared memory file, mapped copy-on-write (share.rs).
+                    Some(shared) => {
+                        hutch_vm::gc::touch(&shared);
+                        snap.config.memory_file = shared.join("memory");
+                        snap.state = shared.join("state");
+                    }
+                    None => {
+                        snap.state = from.join(SNAPSHOT_STATE);
+                        snap.ram_in_memory_file = false;
+                    }
+                }
                 std::fs::copy(from.join(SNAPSHOT_DISK), &overlay).map_err(|e| {
                     CoreError::Internal(format!("copy the disk of snapshot {layer}: {e}"))
                 })?;
@@ -302,7 +353,7 @@ impl VmBackend {
         )
         .map_err(|e| CoreError::Internal(format!("cgroups for QEMU: {e}")))?;
         let mut groups = vec![MEMORY_GID];
-        if assets.config().accel == hutch_vm::qemu::Accel::Kvm {
+        if self.assets().config().accel == hutch_vm::qemu::Accel::Kvm {
             groups.extend(kvm_gid());
         }
         let jail = hutch_vm::qemu::QemuJail {
@@ -366,6 +417,8 @@ impl VmBackend {
             .qmp_within(r, SAVE_TIMEOUT, async |q| {
                 use std::os::fd::AsFd;
                 q.stop().await?;
+                // Loadable into a shared memory file too (hutch_vm::share).
+                q.ignore_shared(false).await?;
                 q.getfd("snapshot", file.as_fd()).await?;
                 q.migrate("fd:snapshot").await?;
                 q.wait_migration(SAVE_TIMEOUT).await
@@ -390,6 +443,8 @@ impl VmBackend {
             .qmp_within(r, SAVE_TIMEOUT, async |q| {
                 use std::os::fd::AsFd;
                 q.stop().await?;
+                // Loadable into a shared memory file too (hutch_vm::share).
+                q.ignore_shared(false).await?;
                 q.getfd("hibernate", file.as_fd()).await?;
                 q.migrate("fd:hibernate").await?;
                 q.wait_migration(SAVE_TIMEOUT).await
@@ -643,16 +698,26 @@ impl Backend for VmBackend {
         } else {
             tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
         }
+        let shared = tokio::runtime::Handle::current().block_on(self.share_memory(r, dir));
+        let shared_bytes = match shared {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // Children then load their own copy of the RAM from the full stream.
+                tracing::warn!(id = %r.id, error = %e, "sharing the snapshot's memory");
+                0
+            }
+        };
         let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
         Ok(SnapshotTaken {
             kind: SnapshotKind::Memory,
-            size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK),
+            size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK) + shared_bytes,
             files: 2,
         })
     }
 
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
-        // Only our two files and the manifest: no mounts in it.
+        self.remove_shared_memory(dir)?;
+        // Only our files and the manifest: no mounts in it.
         match std::fs::remove_dir_all(dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
                 format!("remove {}: {e}", dir.display()),

@@ -32,7 +32,6 @@ impl Manager {
         cmd: ForkCommand,
     ) -> CoreResult<Vec<SandboxView>> {
         let parent = self.touch(id)?;
-        self.check_snapshots(&parent, "fork (and explore)")?;
         let backend = self.backend(parent.isolation)?;
         if cmd.mode == ForkMode::Live && !backend.live_fork() {
             return Err(CoreError::InvalidArgument(format!(

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::{blocking, wrong_state, Manager};
 use crate::backend::Backend;
-use crate::error::{CoreError, CoreResult};
+use crate::error::CoreResult;
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::time::now_ms;
 
@@ -98,17 +98,6 @@ impl Manager {
             backend.quiesce(&rec, Box::new(move || drop(client)));
         })
         .await;
-    }
-
-    /// Refuse `what` (422) when the sandbox's backend cannot take snapshots.
-    pub(super) fn check_snapshots(&self, r: &SandboxRecord, what: &str) -> CoreResult<()> {
-        if self.backend(r.isolation)?.supports_snapshots() {
-            return Ok(());
-        }
-        Err(CoreError::Unsupported(format!(
-            "{what} is not supported on {} sandboxes yet (it is on ns)",
-            r.isolation.as_str()
-        )))
     }
 
     /// Hibernate `r` (its transition lock held and its state checked).

@@ -43,7 +43,6 @@ impl Manager {
         self.load(id)?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id)?;
-        self.check_snapshots(&r, "snapshots")?;
         if !r.state.can_snapshot() {
             return Err(wrong_state(&r, Some("snapshot")));
         }

@@ -66,7 +66,7 @@ fn minimal_builds_and_is_ready() {
     let info = result.expect("minimal builds");
     assert!(info.ready);
     assert_eq!(info.name, "minimal");
-    assert_eq!(info.isolations, vec!["ns".to_owned()]);
+    assert_eq!(info.isolations, vec!["ns".to_owned(), "vm".to_owned()]);
     assert!(
         info.size_bytes > 1_000_000,
         "busybox alone is ~2 MB: {}",

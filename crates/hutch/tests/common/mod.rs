@@ -369,6 +369,26 @@ impl Drop for TestServer {
                                 .await;
                         }
                     }
+                    // Snapshots too: a vm snapshot's shared memory lives in the vm cache,
+                    // outside the state directory removed below.
+                    let Ok(resp) = http
+                        .get(format!("{url}/v1/snapshots"))
+                        .bearer_auth(&key)
+                        .send()
+                        .await
+                    else {
+                        return;
+                    };
+                    let v: Value = resp.json().await.unwrap_or(Value::Null);
+                    for s in v["snapshots"].as_array().cloned().unwrap_or_default() {
+                        if let Some(id) = s["id"].as_str() {
+                            let _ = http
+                                .delete(format!("{url}/v1/snapshots/{id}"))
+                                .bearer_auth(&key)
+                                .send()
+                                .await;
+                        }
+                    }
                 });
             })
             .join();

@@ -1,0 +1,137 @@
+//! The bake a sandbox's guest comes from, and sharing a memory snapshot's RAM among the
+//! sandboxes restored from it (`hutch_vm::share`): the snapshot's full migration stream is
+//! loaded once into a memory file under `<vm-dir>/shared/<random>/` (root, 0755; the memory
+//! file root:[`MEMORY_GID`] 0660 like a bake's, since the snapshot directory itself is
+//! root-only), and children map it copy-on-write. The snapshot directory names that
+//! directory in its `shared` file; deleting the snapshot deletes it.
+
+use std::path::{Path, PathBuf};
+
+use hutch_vm::assets::Boot;
+use hutch_vm::snapshot::Snapshot;
+use hutch_vm::VmError;
+
+use super::{give_to, template_stamp, vm_error, VmBackend, BAKE_UID, MEMORY_GID, SNAPSHOT_STATE};
+use crate::error::{CoreError, CoreResult};
+use crate::model::SandboxRecord;
+
+fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CoreError {
+    CoreError::Internal(format!("{what} {}: {e}", path.display()))
+}
+
+impl VmBackend {
+    /// The kernel, template image and bake of sandbox `r` (built on first use).
+    pub(super) async fn bake_of(
+        &self,
+        r: &SandboxRecord,
+        rootfs: &Path,
+    ) -> CoreResult<(Boot, PathBuf, Snapshot)> {
+        let assets = self.assets();
+        let (template, root) = (r.template.clone(), rootfs.to_path_buf());
+        let stamp = template_stamp(rootfs)?;
+        let building = assets.clone();
+        let (boot, image) = tokio::task::spawn_blocking(move || {
+            let boot = building.boot()?;
+            let image = building.image(&template, &stamp, &root)?;
+            Ok::<_, VmError>((boot, image))
+        })
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))?
+        .map_err(vm_error)?;
+        let vcpus = r.cpus.ceil().max(1.0) as u32;
+        let memory = u32::try_from(r.memory_mib)
+            .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
+        let bake = assets
+            .snapshot(&boot, &image, memory, vcpus)
+            .await
+            .map_err(vm_error)?;
+        Ok((boot, image, bake))
+    }
+
+    /// Load the snapshot in `dir` (its full stream) into a shared memory file; returns the
+    /// bytes that added. The full stream is deleted once children can use the shared copy.
+    pub(super) async fn share_memory(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<u64> {
+        let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
+        let (_, _, bake) = self.bake_of(r, &rootfs).await?;
+        let mut name = [0u8; 8];
+        getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
+        let shared = self.cfg.vm_dir.join("shared").join(name);
+        std::fs::create_dir_all(&shared).map_err(|e| internal("create", &shared, e))?;
+        let result = self.materialize(&bake, dir, &shared).await;
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&shared);
+        }
+        result
+    }
+
+    async fn materialize(&self, bake: &Snapshot, dir: &Path, shared: &Path) -> CoreResult<u64> {
+        // The loading QEMU runs jailed as the bake uid: it writes only here. Its disk is a
+        // scratch overlay of the bake's (the snapshot's own is in the root-only directory);
+        // a paused guest never touches it.
+        give_to(shared, BAKE_UID, 0o700)?;
+        let scratch = shared.join("scratch.qcow2");
+        let base = bake
+            .config
+            .root_disk
+            .clone()
+            .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
+        hutch_vm::disk::make_overlay(&base, "qcow2", &scratch).map_err(|e| vm_error(e.into()))?;
+        give_to(&scratch, BAKE_UID, 0o600)?;
+        let jail = hutch_vm::qemu::QemuJail {
+            uid: BAKE_UID,
+            gid: BAKE_UID,
+            groups: vec![],
+            cgroup_procs: vec![],
+        };
+        let loaded = hutch_vm::share::materialize(
+            &bake.config,
+            &dir.join(SNAPSHOT_STATE),
+            &scratch,
+            shared,
+            Some(jail),
+        )
+        .await;
+        let _ = std::fs::remove_file(&scratch);
+        loaded.map_err(vm_error)?;
+        // Back to root: restores map the memory file (group read-write, as QEMU 7.2 opens
+        // it so) and read the state by a descriptor; no QEMU may change them.
+        give_to(shared, 0, 0o755)?;
+        let memory = shared.join("memory");
+        std::os::unix::fs::chown(&memory, Some(0), Some(MEMORY_GID))
+            .map_err(|e| internal("chown", &memory, e))?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o660))
+            .map_err(|e| internal("chmod", &memory, e))?;
+        give_to(&shared.join("state"), 0, 0o644)?;
+        let _ = std::fs::remove_file(shared.join("qemu.log"));
+        hutch_vm::share::link_shared(dir, shared).map_err(vm_error)?;
+        let _ = std::fs::remove_file(dir.join(SNAPSHOT_STATE));
+        let used = |p: &Path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(p).map_or(0, |m| m.blocks() * 512)
+        };
+        Ok(used(&memory) + used(&shared.join("state")))
+    }
+
+    /// Delete the shared memory of the snapshot in `dir`, if it has one.
+    pub(super) fn remove_shared_memory(&self, dir: &Path) -> CoreResult<()> {
+        let Some(shared) = hutch_vm::share::shared_dir(dir) else {
+            return Ok(());
+        };
+        // Only ever a directory this backend made.
+        if shared.parent() != Some(self.cfg.vm_dir.join("shared").as_path()) {
+            return Err(CoreError::Internal(format!(
+                "snapshot {} names {} as its shared memory",
+                dir.display(),
+                shared.display()
+            )));
+        }
+        match std::fs::remove_dir_all(&shared) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(internal("remove", &shared, e))
+            }
+            _ => Ok(()),
+        }
+    }
+}
