@@ -98,13 +98,51 @@ pub fn is_mounted(dir: &Path) -> Result<bool, JailError> {
     Ok(mountinfo::read()?.iter().any(|m| m.mount_point == canon))
 }
 
+/// How long an image may stay attached to a loop device after its unmount (a sandbox being
+/// created elsewhere holds a copy of every mount for the few milliseconds until its
+/// `pivot_root`, and with it the filesystem).
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether `image` is attached to a loop device (its filesystem is alive somewhere).
+pub fn image_attached(image: &Path) -> bool {
+    let Ok(canon) = image.canonicalize() else {
+        return false;
+    };
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name().to_string_lossy().starts_with("loop")
+            && std::fs::read_to_string(e.path().join("loop/backing_file"))
+                .is_ok_and(|b| Path::new(b.trim()) == canon)
+    })
+}
+
+fn wait_released(image: &Path) -> Result<(), JailError> {
+    let deadline = std::time::Instant::now() + RELEASE_WAIT;
+    while image_attached(image) {
+        if std::time::Instant::now() > deadline {
+            return Err(JailError::Setup(format!(
+                "{} is still attached to a loop device {} s after its unmount",
+                image.display(),
+                RELEASE_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok(())
+}
+
 /// Mount `image` at `dir` (created if missing) through a free loop device. Already mounted:
-/// nothing to do.
+/// nothing to do. An image whose filesystem is still alive elsewhere (just unmounted here,
+/// a copy still held by a sandbox being created) is waited for: two live instances of one
+/// ext4 would lose each other's writes.
 pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
     std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
     if is_mounted(dir)? {
         return Ok(());
     }
+    wait_released(image)?;
     let backing = OpenOptions::new()
         .read(true)
         .write(true)
@@ -166,11 +204,21 @@ pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
     )))
 }
 
-/// Unmount the volume at `dir` (which releases its loop device). Not mounted: nothing to do.
+/// Unmount the volume at `dir` (which releases its loop device once no other mount
+/// namespace holds a copy). Its data is synced first, so what sandboxes wrote is in the image
+/// whatever holds the filesystem a little longer. Not mounted: nothing to do.
 pub fn unmount_image(dir: &Path) -> Result<(), JailError> {
     if !is_mounted(dir)? {
         return Ok(());
     }
+    let root = File::open(dir).map_err(io(format!("open {}", dir.display())))?;
+    // SAFETY: syncfs takes an open descriptor, valid for the call.
+    if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+        return Err(io(format!("syncfs {}", dir.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    drop(root);
     sys::umount2(dir, 0).map_err(JailError::from)
 }
 
