@@ -63,10 +63,4 @@ if [ -f package-lock.json ]; then
 else
     npm install --no-audit --no-fund --loglevel=error
 fi
-# One retry, announced: a PTY whose command exits at once sometimes closes before its output
-# reaches the client on a loaded machine (a known race, under investigation); a real
-# regression fails twice.
-if ! npm test; then
-    echo "!! the TypeScript suite failed; running it once more (see above for the failure)" >&2
-    npm test
-fi
+npm test

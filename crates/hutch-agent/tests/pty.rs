@@ -133,3 +133,28 @@ async fn signals_reach_the_terminal_job() {
     let exit = finish(&mut session, &mut output).await;
     assert_eq!((exit.exit_code, exit.signal), (130, Some(libc::SIGINT)));
 }
+
+/// A command that prints and exits at once: its output always arrives before its exit, also
+/// many at a time (the host PTY flake).
+#[tokio::test]
+async fn output_of_a_command_that_exits_at_once_is_never_lost() {
+    let agent = TestAgent::start().await;
+    let client = agent.client().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let mut req = request(shell(&format!("echo from-pty-{i}; exit 4")));
+            req.pty = Some(SIZE);
+            let mut session = client.exec(req).await.expect("exec");
+            let mut output = String::new();
+            let exit = finish(&mut session, &mut output).await;
+            (i, exit.exit_code, output)
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (i, code, output) = done.expect("task");
+        assert_eq!(code, 4);
+        assert!(output.contains(&format!("from-pty-{i}")), "exec {i}: {output:?}");
+    }
+}

@@ -94,6 +94,10 @@ export class PtySession implements AsyncDisposable {
   /** @internal Open the WebSocket and wait for the handshake. */
   static async open(url: string, headers: Record<string, string>, openTimeoutMs = 10_000): Promise<PtySession> {
     const ws = new WebSocket(url, { headers, handshakeTimeout: openTimeoutMs, maxPayload: 16 * 1024 * 1024 });
+    // Listen before the handshake completes: `ws` parses frames that arrive in the same TCP
+    // segment as the 101 answer (a command that printed and exited at once) before it emits
+    // 'open', and a listener attached after 'open' never sees them.
+    const session = new PtySession(ws);
     await new Promise<void>((resolve, reject) => {
       let settled = false;
       const settle = (err?: unknown) => {
@@ -117,7 +121,7 @@ export class PtySession implements AsyncDisposable {
         else settle(new ConnectionError(`could not open the terminal: ${e.message}`, { cause: e }));
       });
     });
-    return new PtySession(ws);
+    return session;
   }
 
   private wake(): void {
