@@ -155,6 +155,9 @@ async fn output_of_a_command_that_exits_at_once_is_never_lost() {
     while let Some(done) = tasks.join_next().await {
         let (i, code, output) = done.expect("task");
         assert_eq!(code, 4);
-        assert!(output.contains(&format!("from-pty-{i}")), "exec {i}: {output:?}");
+        assert!(
+            output.contains(&format!("from-pty-{i}")),
+            "exec {i}: {output:?}"
+        );
     }
 }

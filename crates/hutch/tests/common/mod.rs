@@ -403,22 +403,30 @@ impl Drop for TestServer {
     }
 }
 
-/// Compile a C program statically (cached per test binary run) and return its bytes.
+/// Compile a C program statically and return its bytes. Built once per version of its
+/// source into one shared directory (`/tmp/hutch-probe/<name>-<hash>`), atomically, so
+/// parallel test processes share it and nothing piles up.
 pub fn static_c_binary(name: &str) -> Vec<u8> {
+    use std::hash::{Hash, Hasher};
     let src = repo_root()
         .join("crates/hutch/tests/probe")
         .join(format!("{name}.c"));
-    let out_dir = std::env::temp_dir().join(format!("hutch-probe-{}", std::process::id()));
+    let text = std::fs::read(&src).expect("probe source");
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    let out_dir = std::env::temp_dir().join("hutch-probe");
     std::fs::create_dir_all(&out_dir).expect("probe dir");
-    let out = out_dir.join(name);
+    let out = out_dir.join(format!("{name}-{:016x}", h.finish()));
     if !out.exists() {
+        let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
         let status = Command::new("cc")
             .args(["-static", "-O1", "-o"])
-            .arg(&out)
+            .arg(&tmp)
             .arg(&src)
             .status()
             .expect("run cc");
         assert!(status.success(), "compiling {}", src.display());
+        std::fs::rename(&tmp, &out).expect("install probe");
     }
     std::fs::read(&out).expect("read probe")
 }
