@@ -23,7 +23,7 @@ pub struct BuiltSlot {
     pub netns: OwnedFd,
 }
 
-fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
+pub(crate) fn nl(op: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
     let op = op.into();
     move |e| NetError::Netlink {
         op,
@@ -41,6 +41,19 @@ fn runtime() -> Result<tokio::runtime::Runtime, NetError> {
 fn connect() -> Result<(Handle, impl std::future::Future<Output = ()>), NetError> {
     let (conn, handle, _) = rtnetlink::new_connection().map_err(NetError::sys("open netlink"))?;
     Ok((handle, conn))
+}
+
+/// Run `f` with a netlink handle of the calling thread's network namespace, on a runtime of
+/// its own (for the short-lived threads that enter a namespace).
+pub(crate) fn block_on_netlink<T, Fut>(f: impl FnOnce(Handle) -> Fut) -> Result<T, NetError>
+where
+    Fut: std::future::Future<Output = Result<T, NetError>>,
+{
+    let rt = runtime()?;
+    let _guard = rt.enter();
+    let (handle, conn) = connect()?;
+    rt.spawn(conn);
+    rt.block_on(f(handle))
 }
 
 /// Sysctls of every slot namespace: unprivileged ports from 0 (root inside holds no capability
@@ -156,7 +169,7 @@ async fn set_up(handle: &Handle, index: u32, name: &str) -> Result<(), NetError>
         .map_err(nl(format!("set {name} up")))
 }
 
-async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>, NetError> {
+pub(crate) async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>, NetError> {
     let mut links = handle.link().get().match_name(name.to_string()).execute();
     match links.try_next().await {
         Ok(Some(msg)) => Ok(Some(msg.header.index)),
@@ -171,11 +184,7 @@ async fn index_of(handle: &Handle, name: &str) -> Result<Option<u32>, NetError> 
 /// missing link is not an error.
 pub fn remove_host_link(host_ns: &OwnedFd, index: u32) -> Result<(), NetError> {
     netns::run_in(host_ns, move || {
-        let rt = runtime()?;
-        let _guard = rt.enter();
-        let (host, conn) = connect()?;
-        rt.spawn(conn);
-        rt.block_on(async {
+        block_on_netlink(|host| async move {
             let name = host_ifname(index);
             if let Some(i) = index_of(&host, &name).await? {
                 match host.link().del(i).execute().await {
@@ -192,11 +201,7 @@ pub fn remove_host_link(host_ns: &OwnedFd, index: u32) -> Result<(), NetError> {
 /// Names of every `hz<N>` link in `host_ns` with their slot numbers.
 pub fn list_host_links(host_ns: &OwnedFd) -> Result<Vec<u32>, NetError> {
     netns::run_in(host_ns, move || {
-        let rt = runtime()?;
-        let _guard = rt.enter();
-        let (host, conn) = connect()?;
-        rt.spawn(conn);
-        rt.block_on(async {
+        block_on_netlink(|host| async move {
             let mut out = Vec::new();
             let mut links = host.link().get().execute();
             while let Some(msg) = links.try_next().await.map_err(nl("list links"))? {

@@ -308,37 +308,41 @@ pub struct Counter {
 /// Traffic counters of every sandbox interface: (connections, bytes) by interface name.
 pub fn counters() -> Result<HashMap<String, (Counter, Counter)>, NetError> {
     let mut out: HashMap<String, (Counter, Counter)> = HashMap::new();
-    for (set, conns) in [("conn_count", true), ("byte_count", false)] {
-        let res = Command::new("nft")
-            .args(["-j", "list", "set", "inet", "hutch", set])
-            .output()
-            .map_err(|e| NetError::Nft(format!("run nft: {e}")))?;
-        if !res.status.success() {
-            return Err(NetError::Nft(format!(
-                "listing {set}: {}",
-                String::from_utf8_lossy(&res.stderr).trim()
-            )));
-        }
-        let v: serde_json::Value = serde_json::from_slice(&res.stdout)
-            .map_err(|e| NetError::Nft(format!("nft -j output: {e}")))?;
-        for item in v["nftables"].as_array().into_iter().flatten() {
-            for e in item["set"]["elem"].as_array().into_iter().flatten() {
-                // An element is a bare name until its rule has counted something.
-                let (name, c) = match e.as_str() {
-                    Some(n) => (Some(n), &serde_json::Value::Null),
-                    None => (e["elem"]["val"].as_str(), &e["elem"]["counter"]),
-                };
-                let Some(name) = name else { continue };
-                let counter = Counter {
-                    packets: c["packets"].as_u64().unwrap_or(0),
-                    bytes: c["bytes"].as_u64().unwrap_or(0),
-                };
-                let entry = out.entry(name.to_string()).or_default();
-                if conns {
-                    entry.0 = counter;
-                } else {
-                    entry.1 = counter;
-                }
+    // One `nft` run lists every set of the table with its elements and their counters.
+    let res = Command::new("nft")
+        .args(["-j", "list", "sets", "table", "inet", "hutch"])
+        .output()
+        .map_err(|e| NetError::Nft(format!("run nft: {e}")))?;
+    if !res.status.success() {
+        return Err(NetError::Nft(format!(
+            "listing the counter sets: {}",
+            String::from_utf8_lossy(&res.stderr).trim()
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&res.stdout)
+        .map_err(|e| NetError::Nft(format!("nft -j output: {e}")))?;
+    for set in v["nftables"].as_array().into_iter().flatten() {
+        let conns = match set["set"]["name"].as_str() {
+            Some("conn_count") => true,
+            Some("byte_count") => false,
+            _ => continue,
+        };
+        for e in set["set"]["elem"].as_array().into_iter().flatten() {
+            // An element is a bare name until its rule has counted something.
+            let (name, c) = match e.as_str() {
+                Some(n) => (Some(n), &serde_json::Value::Null),
+                None => (e["elem"]["val"].as_str(), &e["elem"]["counter"]),
+            };
+            let Some(name) = name else { continue };
+            let counter = Counter {
+                packets: c["packets"].as_u64().unwrap_or(0),
+                bytes: c["bytes"].as_u64().unwrap_or(0),
+            };
+            let entry = out.entry(name.to_string()).or_default();
+            if conns {
+                entry.0 = counter;
+            } else {
+                entry.1 = counter;
             }
         }
     }

@@ -12,6 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use futures_util::TryStreamExt;
 use rtnetlink::{Handle, LinkBridge, LinkUnspec};
 
+use crate::link::{self, nl};
 use crate::{netns, NetError};
 
 /// Name of the TAP device in a slot namespace.
@@ -28,13 +29,6 @@ struct IfReq {
     name: [u8; libc::IFNAMSIZ],
     flags: libc::c_short,
     _pad: [u8; 22],
-}
-
-fn nl(op: &'static str) -> impl FnOnce(rtnetlink::Error) -> NetError {
-    move |e| NetError::Netlink {
-        op: op.into(),
-        message: e.to_string(),
-    }
 }
 
 /// Create the TAP device in the slot namespace `slot_ns`, bridge it with `eth0`, move the
@@ -62,27 +56,16 @@ pub fn attach_tap(slot_ns: &OwnedFd) -> Result<OwnedFd, NetError> {
                 std::io::Error::last_os_error(),
             ));
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(NetError::sys("start a netlink runtime"))?;
-        let _guard = rt.enter();
-        let (conn, handle, _) =
-            rtnetlink::new_connection().map_err(NetError::sys("open netlink"))?;
-        rt.spawn(conn);
-        rt.block_on(bridge(&handle))?;
+        link::block_on_netlink(|handle| async move { bridge(&handle).await })?;
         Ok(OwnedFd::from(tun))
     })
 }
 
+/// The index of `name`, which must exist.
 async fn index_of(h: &Handle, name: &str) -> Result<u32, NetError> {
-    let mut links = h.link().get().match_name(name.to_string()).execute();
-    match links.try_next().await {
-        Ok(Some(m)) => Ok(m.header.index),
-        _ => Err(NetError::Invalid(format!(
-            "{name} is missing in the slot namespace"
-        ))),
-    }
+    link::index_of(h, name)
+        .await?
+        .ok_or_else(|| NetError::Invalid(format!("{name} is missing in the slot namespace")))
 }
 
 async fn bridge(h: &Handle) -> Result<(), NetError> {
