@@ -228,6 +228,16 @@ async fn check(s: &TestServer, id: &str, args: &str) -> String {
     out.trim().to_string()
 }
 
+/// `PUT /v1/sandboxes/{id}/network` with `policy`; status and answer.
+async fn put_network(s: &TestServer, id: &str, policy: Value) -> (u16, Value) {
+    s.request(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(policy),
+    )
+    .await
+}
+
 fn gateway_of(v: &Value) -> String {
     let addr: std::net::Ipv4Addr = v["network"]["address"]
         .as_str()
@@ -452,13 +462,12 @@ fn deny_with_a_domain_allowlist_admits_only_those_names() {
             "raw IP port reachable"
         );
         // Rebinding: an allowed name answering with an inside address is refused.
-        let (st, _) = s
-            .request(
-                Method::PUT,
-                &format!("/v1/sandboxes/{id}/network"),
-                Some(json!({"egress": "deny", "allow": ["rebind.test", "meta.test"]})),
-            )
-            .await;
+        let (st, _) = put_network(
+            &s,
+            &id,
+            json!({"egress": "deny", "allow": ["rebind.test", "meta.test"]}),
+        )
+        .await;
         assert_eq!(st, 200);
         assert!(
             check(&s, &id, "resolve rebind.test")
@@ -471,13 +480,12 @@ fn deny_with_a_domain_allowlist_admits_only_those_names() {
             "link-local answer passed"
         );
         // IP allow entries work without names.
-        let (st, v) = s
-            .request(
-                Method::PUT,
-                &format!("/v1/sandboxes/{id}/network"),
-                Some(json!({"egress": "deny", "allow": ["203.0.113.10/32"]})),
-            )
-            .await;
+        let (st, v) = put_network(
+            &s,
+            &id,
+            json!({"egress": "deny", "allow": ["203.0.113.10/32"]}),
+        )
+        .await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["network"]["allow"], json!(["203.0.113.10"]));
         assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
@@ -508,13 +516,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
             "the stream runs: {ticks}"
         );
         let t0 = Instant::now();
-        let (st, v) = s
-            .request(
-                Method::PUT,
-                &format!("/v1/sandboxes/{id}/network"),
-                Some(json!({"egress": "deny"})),
-            )
-            .await;
+        let (st, v) = put_network(&s, &id, json!({"egress": "deny"})).await;
         assert_eq!(st, 200, "{v}");
         let ended = wait_for(
             || async { s.sh(&id, "cat /tmp/hold").await.0 },
@@ -530,13 +532,12 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
             .await
             .starts_with("err"));
         // Back to allow: reachable again.
-        let (st, _) = s
-            .request(
-                Method::PUT,
-                &format!("/v1/sandboxes/{id}/network"),
-                Some(json!({"egress": "allow", "deny": ["203.0.113.10"]})),
-            )
-            .await;
+        let (st, _) = put_network(
+            &s,
+            &id,
+            json!({"egress": "allow", "deny": ["203.0.113.10"]}),
+        )
+        .await;
         assert_eq!(st, 200);
         assert!(
             check(&s, &id, "tcp 203.0.113.10 3000")
@@ -594,13 +595,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
             .await
             .starts_with("err"));
         // It cannot gain a network later; bad policies are 4xx with a message.
-        let (st, _) = s
-            .request(
-                Method::PUT,
-                &format!("/v1/sandboxes/{none}/network"),
-                Some(json!({"egress": "allow"})),
-            )
-            .await;
+        let (st, _) = put_network(&s, &none, json!({"egress": "allow"})).await;
         assert_eq!(st, 409);
         for (body, want) in [
             (json!({"egress": "sometimes"}), 400),
@@ -608,13 +603,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
             (json!({"allow": ["bad name.test"]}), 422),
             (json!({"egress": "allow", "extra": 1}), 400),
         ] {
-            let (st, v) = s
-                .request(
-                    Method::PUT,
-                    &format!("/v1/sandboxes/{id}/network"),
-                    Some(body.clone()),
-                )
-                .await;
+            let (st, v) = put_network(&s, &id, body.clone()).await;
             assert_eq!(st, want, "{body} -> {v}");
             assert!(
                 v["error"]["message"]
@@ -623,13 +612,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
                 "{v}"
             );
         }
-        let (st, _) = s
-            .request(
-                Method::PUT,
-                "/v1/sandboxes/sbx_nope/network",
-                Some(json!({})),
-            )
-            .await;
+        let (st, _) = put_network(&s, "sbx_nope", json!({})).await;
         assert_eq!(st, 404);
     });
 }
@@ -729,9 +712,7 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
         let (out, _) = s.sh(&id, &get("169.254.169.254")).await;
         assert!(!out.contains("metadata") && !out.contains("rc=139"), "metadata reached: {out}");
         // Live change, and DNS through Hutch's resolver.
-        let (st, _) = s
-            .request(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(json!({"egress": "allow"})))
-            .await;
+        let (st, _) = put_network(&s, &id, json!({"egress": "allow"})).await;
         assert_eq!(st, 200);
         let (out, _) = s.sh(&id, &get("203.0.113.20")).await;
         assert!(out.contains("shared host="), "{out}");

@@ -338,6 +338,28 @@ impl TestServer {
     }
 }
 
+/// Delete every object listed at `/v1/{collection}` (best effort, for cleanup).
+async fn delete_all(http: &reqwest::Client, url: &str, key: &str, collection: &str) {
+    let Ok(resp) = http
+        .get(format!("{url}/v1/{collection}"))
+        .bearer_auth(key)
+        .send()
+        .await
+    else {
+        return;
+    };
+    let v: Value = resp.json().await.unwrap_or(Value::Null);
+    for item in v[collection].as_array().cloned().unwrap_or_default() {
+        if let Some(id) = item["id"].as_str() {
+            let _ = http
+                .delete(format!("{url}/v1/{collection}/{id}"))
+                .bearer_auth(key)
+                .send()
+                .await;
+        }
+    }
+}
+
 impl Drop for TestServer {
     fn drop(&mut self) {
         // Destroy every sandbox through the API, then stop the server.
@@ -351,44 +373,10 @@ impl Drop for TestServer {
                 let Ok(rt) = rt else { return };
                 rt.block_on(async {
                     let http = reqwest::Client::new();
-                    let Ok(resp) = http
-                        .get(format!("{url}/v1/sandboxes"))
-                        .bearer_auth(&key)
-                        .send()
-                        .await
-                    else {
-                        return;
-                    };
-                    let v: Value = resp.json().await.unwrap_or(Value::Null);
-                    for s in v["sandboxes"].as_array().cloned().unwrap_or_default() {
-                        if let Some(id) = s["id"].as_str() {
-                            let _ = http
-                                .delete(format!("{url}/v1/sandboxes/{id}"))
-                                .bearer_auth(&key)
-                                .send()
-                                .await;
-                        }
-                    }
+                    delete_all(&http, &url, &key, "sandboxes").await;
                     // Snapshots too: a vm snapshot's shared memory lives in the vm cache,
                     // outside the state directory removed below.
-                    let Ok(resp) = http
-                        .get(format!("{url}/v1/snapshots"))
-                        .bearer_auth(&key)
-                        .send()
-                        .await
-                    else {
-                        return;
-                    };
-                    let v: Value = resp.json().await.unwrap_or(Value::Null);
-                    for s in v["snapshots"].as_array().cloned().unwrap_or_default() {
-                        if let Some(id) = s["id"].as_str() {
-                            let _ = http
-                                .delete(format!("{url}/v1/snapshots/{id}"))
-                                .bearer_auth(&key)
-                                .send()
-                                .await;
-                        }
-                    }
+                    delete_all(&http, &url, &key, "snapshots").await;
                 });
             })
             .join();
