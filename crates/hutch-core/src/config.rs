@@ -45,6 +45,9 @@ pub struct Config {
     pub busybox: PathBuf,
     /// An unpacked Debian kernel package to boot instead of fetching one.
     pub vm_kernel_root: Option<PathBuf>,
+    /// Warm `vm` guests kept ready per template and guest shape once one was asked for
+    /// (`manager/warm.rs`; 0: every create restores on demand).
+    pub vm_warm: usize,
 }
 
 impl Config {
@@ -73,6 +76,7 @@ impl Config {
             qemu: PathBuf::from("qemu-system-x86_64"),
             busybox: PathBuf::from("/bin/busybox"),
             vm_kernel_root: None,
+            vm_warm: 0,
         }
     }
 

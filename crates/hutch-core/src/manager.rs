@@ -19,6 +19,7 @@ mod network;
 mod ports;
 mod snapshots;
 mod volumes;
+mod warm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -60,6 +61,8 @@ pub struct Manager {
     /// Sandbox networking (`None`: loopback only).
     network: Option<hutch_net::Network>,
     vm: Arc<VmBackend>,
+    /// Warm `vm` guests waiting to become sandboxes.
+    warm: warm::WarmPool,
     agents: Mutex<HashMap<String, AgentClient>>,
     events: EventBus,
     metrics: Metrics,
@@ -163,6 +166,7 @@ impl Manager {
         let mgr = Arc::new(Self {
             ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
             vm: Arc::new(VmBackend::new(cfg.clone()).with_network(network.clone())),
+            warm: warm::WarmPool::default(),
             network,
             cfg,
             store,
@@ -209,6 +213,7 @@ impl Manager {
                 let Some(m) = weak.upgrade() else { break };
                 m.reap_expired().await;
                 m.hibernate_idle().await;
+                m.retire_warm().await;
             }
         });
         Ok(mgr)
@@ -330,8 +335,10 @@ impl Manager {
         if !ids::is_sandbox_id(id) {
             return Err(CoreError::NotFound(format!("sandbox {id} does not exist")));
         }
+        // A warm guest of the pool is not a sandbox (yet).
         self.store
             .get(id)?
+            .filter(|r| r.state != SandboxState::Pooled)
             .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))
     }
 
@@ -602,6 +609,14 @@ impl Manager {
             })
             .collect();
         let mut text = self.metrics.render(&states);
+        {
+            use std::fmt::Write as _;
+            let _ = writeln!(
+                text,
+                "# HELP hutch_vm_warm_guests Warm vm guests ready to become sandboxes.\n# TYPE hutch_vm_warm_guests gauge\nhutch_vm_warm_guests {}",
+                self.warm.len()
+            );
+        }
         let traffic = self.traffic_all();
         if self.network.is_some() {
             use std::fmt::Write as _;
@@ -631,6 +646,7 @@ impl Manager {
     /// sandboxes stay paused; hibernated ones stay hibernated (after removing whatever a wake
     /// interrupted by the restart left running).
     pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
+        self.drain_warm().await;
         for r in self.store.all()? {
             if r.state == SandboxState::Hibernated {
                 let backend = self.backend(r.isolation)?;
@@ -697,6 +713,11 @@ impl Manager {
             let Ok(Some(rec)) = m.store.get(&id) else {
                 return;
             };
+            if rec.state == SandboxState::Pooled && rec.init_pid == Some(pid) {
+                tracing::warn!(%id, %status, "a warm vm guest stopped");
+                m.replace_warm(&rec).await;
+                return;
+            }
             if !rec.state.holds_resources() || rec.init_pid != Some(pid) {
                 return;
             }

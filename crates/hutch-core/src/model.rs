@@ -20,6 +20,9 @@ pub enum SandboxState {
     Stopped,
     /// Died or could not be created; see `error`.
     Failed,
+    /// A warm `vm` guest waiting in the pool to become a sandbox (`manager/warm.rs`): never
+    /// shown by the API, not in [`SandboxState::ALL`].
+    Pooled,
 }
 
 impl SandboxState {
@@ -42,6 +45,7 @@ impl SandboxState {
             Self::Hibernated => "hibernated",
             Self::Stopped => "stopped",
             Self::Failed => "failed",
+            Self::Pooled => "pooled",
         }
     }
 
@@ -83,7 +87,10 @@ impl SandboxState {
 
     /// Whether the sandbox holds host resources (processes, mounts, cgroups).
     pub fn holds_resources(self) -> bool {
-        matches!(self, Self::Starting | Self::Running | Self::Paused)
+        matches!(
+            self,
+            Self::Starting | Self::Running | Self::Paused | Self::Pooled
+        )
     }
 
     /// Whether the sandbox keeps files on disk (its upper layer, and so the snapshot it was
@@ -103,7 +110,7 @@ impl SandboxState {
             ),
             Self::Starting => "wait until it is running".into(),
             Self::Failed | Self::Stopped => "it cannot run again: create a new sandbox".into(),
-            Self::Running => String::new(),
+            Self::Running | Self::Pooled => String::new(),
         }
     }
 }

@@ -255,10 +255,19 @@ impl Store {
             .transpose()
     }
 
-    /// Every record, oldest first.
+    /// Every sandbox, oldest first (the pool's warm guests left out: [`Store::pooled`]).
     pub fn all(&self) -> CoreResult<Vec<SandboxRecord>> {
+        self.select("SELECT record FROM sandboxes WHERE state != 'pooled' ORDER BY rowid")
+    }
+
+    /// The warm guests of the pool (state `pooled`), which [`Store::all`] leaves out.
+    pub fn pooled(&self) -> CoreResult<Vec<SandboxRecord>> {
+        self.select("SELECT record FROM sandboxes WHERE state = 'pooled' ORDER BY rowid")
+    }
+
+    fn select(&self, sql: &str) -> CoreResult<Vec<SandboxRecord>> {
         let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT record FROM sandboxes ORDER BY rowid")?;
+        let mut stmt = conn.prepare(sql)?;
         let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
         let mut out = Vec::new();
         for row in rows {

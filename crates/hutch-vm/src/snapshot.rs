@@ -299,6 +299,14 @@ async fn warm_up(client: &AgentClient) {
     if let Err(e) = client.identity(&identity).await {
         tracing::debug!(error = %e, "bake warm-up: identity");
     }
+    run_first_programs(client).await;
+}
+
+/// Run a program and a shell command once (`true`, `sh -c true`): what a sandbox's first
+/// exec runs. In a bake this fills the guest's page cache; in a restored guest it also has
+/// TCG translate the guest's fork/exec/exit paths, which are not part of a snapshot and
+/// cost a new QEMU's first exec 100–180 ms. Failures only cost that.
+pub async fn run_first_programs(client: &AgentClient) {
     for cmd in [
         hutch_proto::Command::Argv(vec!["true".into()]),
         hutch_proto::Command::Shell("true".into()),
@@ -314,7 +322,7 @@ async fn warm_up(client: &AgentClient) {
             background: false,
         };
         if let Err(e) = client.exec_collect(request, None, 1 << 16).await {
-            tracing::debug!(error = %e, "bake warm-up: exec");
+            tracing::debug!(error = %e, "warm-up exec");
         }
     }
 }

@@ -197,16 +197,21 @@ fn rand_u32() -> u32 {
 }
 
 async fn server() -> TestServer {
+    server_with(&[]).await
+}
+
+async fn server_with(extra: &[&str]) -> TestServer {
     common::ensure_template("base");
-    TestServer::start_with(&[
+    let mut args = vec![
         "--network",
         "on",
         "--listen",
         "0.0.0.0:0",
         "--net-upstream-dns",
         "203.0.113.53",
-    ])
-    .await
+    ];
+    args.extend_from_slice(extra);
+    TestServer::start_with(&args).await
 }
 
 const CLIENT: &str = include_str!("net/client.py");
@@ -693,7 +698,8 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
     warm_vm_cache();
     let world = World::build();
     world.run(|| async {
-        let s = server().await;
+        // One warm guest kept ready: the second create below claims it.
+        let s = server_with(&["--vm-warm", "1"]).await;
         let v = s
             .create(json!({"isolation": "vm", "network": {"egress": "deny", "allow": ["203.0.113.10"]}}))
             .await;
@@ -736,5 +742,36 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
         assert_ne!(child_addr, address);
         let (out, _) = s.sh(&child, "ip -o -4 addr show; echo | nc 203.0.113.10 3000").await;
         assert!(out.contains(&format!("{child_addr}/30")) && out.contains("hello3000"), "{out}");
+
+        // A warm guest (restored with its slot closed: egress deny, no address yet) takes the
+        // claiming create's policy and address.
+        let hidden = || {
+            std::fs::read_dir(s.state_dir.join("sandboxes"))
+                .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        let known = [id.clone(), child.clone()];
+        let warm = common::wait_until(std::time::Duration::from_secs(60), async || {
+            let (_, list) = s.request(Method::GET, "/v1/sandboxes", None).await;
+            let listed = list.to_string();
+            hidden().into_iter().find(|d| !known.contains(d) && !listed.contains(d.as_str()))
+        })
+        .await
+        .expect("a warm guest");
+        let v = s
+            .create(json!({"isolation": "vm", "network": {"egress": "deny", "allow": ["203.0.113.20"]}}))
+            .await;
+        let claimed = v["id"].as_str().expect("id").to_string();
+        assert_eq!(claimed, warm, "the create claimed the warm guest");
+        let claimed_addr = v["network"]["address"].as_str().expect("address").to_string();
+        assert!(claimed_addr != address && claimed_addr != child_addr);
+        let (out, _) = s.sh(&claimed, "ip -o -4 addr show").await;
+        assert!(out.contains(&format!("{claimed_addr}/30")), "{out}");
+        let (out, _) = s.sh(&claimed, &get("203.0.113.20")).await;
+        assert!(out.contains("shared host="), "the claim's allow rule: {out}");
+        let (out, _) = s.sh(&claimed, "echo | nc -w 3 203.0.113.10 3000 2>&1").await;
+        assert!(!out.contains("hello3000"), "denied for the claimed guest: {out}");
+        let (out, _) = s.sh(&claimed, &get("169.254.169.254")).await;
+        assert!(!out.contains("metadata") && !out.contains("rc=139"), "metadata reached: {out}");
     });
 }

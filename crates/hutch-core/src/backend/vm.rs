@@ -27,6 +27,7 @@ use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
 mod share;
+mod warm;
 
 use super::ns::UID_RANGE;
 use super::{Backend, SnapshotTaken, Started, Usage};
@@ -106,25 +107,32 @@ impl VmBackend {
         &self,
         r: &SandboxRecord,
     ) -> CoreResult<Option<(hutch_proto::GuestNetwork, Arc<std::os::fd::OwnedFd>)>> {
+        let (Some(net), Some(config)) = (&self.network, self.guest_config(r)?) else {
+            return Ok(None);
+        };
+        let index = r.net_slot.unwrap_or_default();
+        let tap = net
+            .attach_tap(index, &r.id)
+            .map_err(|e| CoreError::Internal(format!("the guest's network: {e}")))?;
+        Ok(Some((config, Arc::new(tap))))
+    }
+
+    /// The address, gateway and resolver the agent gives the guest's NIC, when `r` holds a
+    /// slot.
+    fn guest_config(&self, r: &SandboxRecord) -> CoreResult<Option<hutch_proto::GuestNetwork>> {
         let (Some(net), Some(index)) = (&self.network, r.net_slot) else {
             return Ok(None);
         };
         let addrs = net
             .slot_addrs(index)
             .ok_or_else(|| CoreError::Internal(format!("slot {index} is outside the pool")))?;
-        let tap = net
-            .attach_tap(index, &r.id)
-            .map_err(|e| CoreError::Internal(format!("the guest's network: {e}")))?;
         let (address, gateway, dns) = hutch_net::tap::guest_config(&addrs);
-        Ok(Some((
-            hutch_proto::GuestNetwork {
-                interface: None,
-                address,
-                gateway: gateway.to_string(),
-                nameservers: vec![dns.to_string()],
-            },
-            Arc::new(tap),
-        )))
+        Ok(Some(hutch_proto::GuestNetwork {
+            interface: None,
+            address,
+            gateway: gateway.to_string(),
+            nameservers: vec![dns.to_string()],
+        }))
     }
 
     /// A backend using `cfg`'s paths; nothing is built or probed until first use.
@@ -280,11 +288,15 @@ impl VmBackend {
 
     /// Start the sandbox's guest: from the template's bake onto a new overlay (`woken:
     /// None`, a create), or from the memory it was hibernated with onto its kept overlay.
+    ///
+    /// A `warm` guest (for the pool, `warm.rs`) gets the record's identity without its
+    /// network, runs the first programs once and is left paused.
     async fn restore(
         &self,
         r: &SandboxRecord,
         rootfs: &Path,
         woken: Option<PathBuf>,
+        warm: bool,
     ) -> CoreResult<Started> {
         let (boot, image, mut snap) = self.bake_of(r, rootfs).await?;
         // In use: keep them from garbage collection (gc.rs).
@@ -364,16 +376,23 @@ impl VmBackend {
         };
         let prepared_ms = t0.elapsed().as_millis() as u64;
         let started = async {
-            let (guest, client, report) =
+            let (mut guest, client, report) =
                 snapshot::restore(&snap, &dir, Some(overlay), Some(jail), RESTORE_TIMEOUT)
                     .await
                     .map_err(vm_error)?;
             // On failure from here on, dropping `guest` kills QEMU.
             let mut identity = Self::identity(r)?;
-            identity.network = guest_net.map(|(n, _)| n);
+            identity.network = guest_net.filter(|_| !warm).map(|(n, _)| n);
             client.identity(&identity).await.map_err(|e| {
                 CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
             })?;
+            if warm {
+                hutch_vm::snapshot::run_first_programs(&client).await;
+                // Through the restore's own QMP connection (QEMU serves one at a time).
+                guest.qmp.stop().await.map_err(|e| {
+                    CoreError::SandboxFailed(format!("pausing the warm guest: {e}"))
+                })?;
+            }
             let pid = guest.detach() as i32;
             let start = hutch_jail::start_time(pid).ok_or_else(|| {
                 CoreError::SandboxFailed(format!("QEMU (pid {pid}) exited right after the restore"))
@@ -578,7 +597,7 @@ impl Backend for VmBackend {
     fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         self.check()?;
         let handle = tokio::runtime::Handle::current();
-        let started = handle.block_on(self.restore(record, rootfs, None));
+        let started = handle.block_on(self.restore(record, rootfs, None, false));
         if started.is_err() {
             // Whatever the failed restore left (its QEMU is killed on drop) goes too.
             let _ = std::fs::remove_dir_all(self.dir(&record.id));
@@ -679,6 +698,7 @@ impl Backend for VmBackend {
             r,
             rootfs,
             Some(saved.clone()),
+            false,
         ))?;
         if let Err(e) = std::fs::remove_file(&saved) {
             tracing::warn!(id = %r.id, error = %e, "removing the hibernated state");

@@ -39,6 +39,17 @@ impl Manager {
         let mut record = self.new_record(&cmd, source.as_ref())?;
         record.forked_from = forked_from;
         let backend = self.backend(record.isolation)?;
+        if let Some(key) = self.warm_key(&record) {
+            let claimed = self.claim_warm(&key, &record).await;
+            self.fill_warm(key);
+            if let Some(record) = claimed {
+                self.metrics.observe_create(t0.elapsed().as_secs_f64());
+                self.events
+                    .publish("sandbox.created", &record.id, record.tenant(), None);
+                tracing::info!(id = %record.id, template = %record.template, warm = true, ms = t0.elapsed().as_millis() as u64, "sandbox created");
+                return Ok(record.view());
+            }
+        }
         {
             // A snapshot in use cannot be deleted: check it still exists and insert the
             // sandbox that uses it under one lock.
@@ -315,7 +326,7 @@ impl Manager {
         e
     }
 
-    fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
+    pub(super) fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
         for _ in 0..64 {
             record.uid_slot = MIN_UID_SLOT + ids::random_u32() % UID_SLOTS;
             match self.store.insert(record) {

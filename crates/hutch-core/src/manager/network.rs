@@ -41,7 +41,10 @@ fn without_status(v: &serde_json::Value) -> serde_json::Value {
     v
 }
 
-fn policy_json(policy: &Policy, address: Option<std::net::Ipv4Addr>) -> serde_json::Value {
+pub(super) fn policy_json(
+    policy: &Policy,
+    address: Option<std::net::Ipv4Addr>,
+) -> serde_json::Value {
     let mut v = serde_json::to_value(policy.to_spec()).unwrap_or_default();
     if let (Some(o), Some(a)) = (v.as_object_mut(), address) {
         o.insert("address".into(), a.to_string().into());

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use super::{create, kill_all, remove_dirs, wait_empty, Created, Layout};
+use super::{
+    cpu_quota_us, create, kill_all, remove_dirs, wait_empty, write, Created, Layout, CPU_PERIOD_US,
+};
 use crate::{JailError, Limits};
 
 /// Create the cgroups `<parent>/<id>` in every hierarchy with `limits`; returns their
@@ -39,4 +41,19 @@ pub fn release_process_cgroups(id: &str, dirs: &[PathBuf]) -> Result<(), JailErr
     let used_cgroup_kill = kill_all(dirs);
     wait_empty(dirs, !used_cgroup_kill)?;
     remove_dirs(dirs)
+}
+
+/// Change the CPU bandwidth of cgroups made by [`create_process_cgroups`] to `cpu_millis`
+/// thousandths of a CPU (0: unlimited); directories of other controllers are left alone.
+pub fn set_process_cpu_limit(dirs: &[PathBuf], cpu_millis: u32) -> Result<(), JailError> {
+    for dir in dirs {
+        if dir.join("cpu.cfs_quota_us").exists() {
+            let quota = cpu_quota_us(cpu_millis).map_or("-1".to_string(), |q| q.to_string());
+            write(dir, "cpu.cfs_quota_us", &quota)?;
+        } else if dir.join("cpu.max").exists() {
+            let quota = cpu_quota_us(cpu_millis).map_or("max".to_string(), |q| q.to_string());
+            write(dir, "cpu.max", &format!("{quota} {CPU_PERIOD_US}"))?;
+        }
+    }
+    Ok(())
 }

@@ -125,7 +125,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         );
         tokio::task::spawn_blocking(move || network::run(&dir, &tpl, &vm, n)).await?
     };
-    let srv = server::BenchServer::start(&templates_dir, &args.template, &vm_dir, false).await?;
+    let srv = server::BenchServer::start(&templates_dir, &args.template, &vm_dir, false, 0).await?;
     let result = async {
         let mut doc = if args.vm_only {
             json!({"machine": machine_info()})
@@ -133,7 +133,14 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
             measure(&args, &srv, net).await?
         };
         if args.vm > 0 {
-            let r = vm::run(&srv, &vm_dir, args.vm, args.vm_idle, args.vm_execs).await?;
+            // A second server keeps one warm guest ready (`--vm-warm 1`).
+            let warm =
+                server::BenchServer::start(&templates_dir, &args.template, &vm_dir, false, 1)
+                    .await?;
+            let r = vm::run(&srv, &warm, &vm_dir, args.vm, args.vm_idle, args.vm_execs).await;
+            warm.destroy_all().await;
+            warm.stop();
+            let r = r?;
             print_vm(&r);
             doc["vm"] = json!({"series": r.series, "figures": r.figures});
         }

@@ -82,8 +82,8 @@ async fn measure(
     n: usize,
 ) -> anyhow::Result<Vec<Summary>> {
     eprintln!("network: create-to-first-exec ×{n} with networking off and on, interleaved…");
-    let off = BenchServer::start(templates_dir, template, vm_dir, false).await?;
-    let on = match BenchServer::start(templates_dir, template, vm_dir, true).await {
+    let off = BenchServer::start(templates_dir, template, vm_dir, false, 0).await?;
+    let on = match BenchServer::start(templates_dir, template, vm_dir, true, 0).await {
         Ok(s) => s,
         Err(e) => {
             off.stop();

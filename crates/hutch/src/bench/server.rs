@@ -21,12 +21,14 @@ pub struct BenchServer {
 }
 
 impl BenchServer {
-    /// Start it (builds the template first if needed).
+    /// Start it (builds the template first if needed), with `vm_warm` warm vm guests per
+    /// shape (`hutch serve --vm-warm`).
     pub async fn start(
         templates_dir: &Path,
         template: &str,
         vm_dir: &Path,
         network: bool,
+        vm_warm: usize,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let state_dir = tempfile::Builder::new()
@@ -51,6 +53,7 @@ impl BenchServer {
             .arg(templates_dir)
             .arg("--vm-dir")
             .arg(vm_dir)
+            .args(["--vm-warm", &vm_warm.to_string()])
             .env("HUTCH_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -83,6 +86,23 @@ impl BenchServer {
             child,
             state_dir,
         })
+    }
+
+    /// The value of an unlabelled gauge or counter of `/metrics`.
+    pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(&self.key)
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {name} in /metrics"))
     }
 
     /// The template every sandbox is created from.

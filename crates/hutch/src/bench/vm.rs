@@ -1,5 +1,6 @@
-//! The `vm` series: create-to-first-exec of sandboxes restored from the template's snapshot,
-//! a cold boot of the same guest for comparison, warm exec round trips, and the PSS of idle
+//! The `vm` series: create-to-first-exec of sandboxes restored from the template's snapshot
+//! on demand, and claimed from a warm pool (a second server with `--vm-warm 1`, each create
+//! made once the pool refilled), a cold boot of the same guest for comparison, warm exec round trips, and the PSS of idle
 //! vm sandboxes running side by side from one template (their RAM is one memory file mapped
 //! copy-on-write, so most of it is shared).
 
@@ -71,6 +72,7 @@ async fn cold_boot(vm_dir: &Path) -> anyhow::Result<f64> {
 /// Run the vm series: `n` sequential creates, then `idle` sandboxes at once for density.
 pub async fn run(
     srv: &BenchServer,
+    warm: &BenchServer,
     vm_dir: &Path,
     n: usize,
     idle: usize,
@@ -95,6 +97,24 @@ pub async fn run(
         let t0 = Instant::now();
         srv.kill(&id).await?;
         kill_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+    }
+
+    eprintln!("vm: create-to-first-exec from the warm pool ×{n}…");
+    let first = create_vm(warm).await?;
+    warm.kill(&first).await?;
+    let mut from_pool = Vec::new();
+    for _ in 0..n {
+        // Steady state: the pool was refilled since the last create.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while warm.metric("hutch_vm_warm_guests").await? < 1.0 {
+            anyhow::ensure!(Instant::now() < deadline, "the warm pool did not refill");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let t0 = Instant::now();
+        let id = create_vm(warm).await?;
+        warm.exec_true(&id).await?;
+        from_pool.push(t0.elapsed().as_secs_f64() * 1000.0);
+        warm.kill(&id).await?;
     }
 
     eprintln!("vm: warm exec round trips ×{execs}…");
@@ -131,6 +151,7 @@ pub async fn run(
     Ok(VmResults {
         series: vec![
             summarize("vm_create_to_first_exec", "ms", &c2e),
+            summarize("vm_create_to_first_exec_warm_pool", "ms", &from_pool),
             summarize("vm_create", "ms", &create_only),
             summarize("vm_kill", "ms", &kill_ms),
             summarize("vm_exec_round_trip_warm", "ms", &rt),

@@ -161,8 +161,13 @@ impl TestServer {
         let mut cmd = Command::new(hutch_bin());
         cmd.arg("serve");
         // Tests run on the machine's own network: sandboxes get loopback only unless a test
-        // builds its own world of namespaces and asks for `--network on` inside it.
-        for (flag, default) in [("--listen", "127.0.0.1:0"), ("--network", "off")] {
+        // builds its own world of namespaces and asks for `--network on` inside it. No warm
+        // vm guests unless a test asks (they would run beside every other test's guests).
+        for (flag, default) in [
+            ("--listen", "127.0.0.1:0"),
+            ("--network", "off"),
+            ("--vm-warm", "0"),
+        ] {
             if !self.extra_args.iter().any(|a| a == flag) {
                 cmd.args([flag, default]);
             }
