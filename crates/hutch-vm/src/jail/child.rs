@@ -114,8 +114,6 @@ pub(super) struct Prepared {
     /// (source, target relative to the root, is the own directory, is a directory, remount
     /// flags).
     pub binds: Vec<(CString, CString, bool, bool, libc::c_ulong)>,
-    /// The working directory QEMU starts in.
-    pub cwd: CString,
     pub groups: Vec<u32>,
     pub uid: u32,
     pub gid: u32,
@@ -380,7 +378,7 @@ fn enter_root(p: &Prepared) -> Result<(), (Step, usize)> {
             Step::DetachOldRoot,
             0,
         )?;
-        check(libc::chdir(p.cwd.as_ptr()).into(), Step::Chdir, 0)?;
+        check(libc::chdir(c"/".as_ptr()).into(), Step::Chdir, 0)?;
     }
     check(
         mount(

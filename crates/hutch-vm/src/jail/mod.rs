@@ -74,6 +74,7 @@ pub(crate) fn spawn(config: &VmConfig, jail: &QemuJail, log: &File) -> Result<i3
     let started = std::time::Instant::now();
     let program = root::program_files(&config.qemu)?;
     let cwd = std::env::current_dir().map_err(io("the working directory"))?;
+    let config = &root::with_absolute_paths(config, &cwd);
     let plan = root::RootPlan::new(config, &program, &cwd)?;
 
     // Everything the child uses, made before the clone.
@@ -122,7 +123,6 @@ pub(crate) fn spawn(config: &VmConfig, jail: &QemuJail, log: &File) -> Result<i3
         own_dir: c_path(&plan.own_dir)?,
         dirs,
         binds,
-        cwd: c_path(&plan.cwd)?,
         groups: jail.groups.clone(),
         uid: jail.uid,
         gid: jail.gid,

@@ -66,8 +66,6 @@ pub(crate) struct Bind {
 pub(crate) struct RootPlan {
     /// The directory with QEMU's sockets and logs (the directory of its QMP socket).
     pub own_dir: PathBuf,
-    /// The working directory QEMU starts in (relative paths on its command line).
-    pub cwd: PathBuf,
     /// Everything bound, `own_dir` included.
     pub binds: Vec<Bind>,
 }
@@ -115,7 +113,8 @@ pub(crate) fn absolute(path: &Path, cwd: &Path) -> PathBuf {
 
 impl RootPlan {
     /// The root for `config`, whose QEMU installation is `program`; relative paths are
-    /// taken from `cwd` (QEMU's working directory).
+    /// taken from `cwd` (they must be made absolute on QEMU's command line too, see
+    /// [`with_absolute_paths`]).
     pub(crate) fn new(
         config: &VmConfig,
         program: &ProgramFiles,
@@ -210,21 +209,15 @@ impl RootPlan {
         }
         Ok(Self {
             own_dir,
-            cwd: abs(cwd),
             binds: kept,
         })
     }
 
     /// Directories to create in the empty root (relative to it), parents first: every
-    /// bind's ancestors, the directory binds themselves and the working directory.
+    /// bind's ancestors and the directory binds themselves.
     pub(crate) fn directories(&self) -> Vec<PathBuf> {
         let mut dirs = std::collections::BTreeSet::new();
-        let targets = self
-            .binds
-            .iter()
-            .map(|b| (b.path.as_path(), b.dir))
-            .chain(std::iter::once((self.cwd.as_path(), true)));
-        for (path, dir) in targets {
+        for (path, dir) in self.binds.iter().map(|b| (b.path.as_path(), b.dir)) {
             let relative = path.strip_prefix("/").unwrap_or(path);
             let mut ancestors: Vec<&Path> = relative
                 .ancestors()
@@ -244,6 +237,22 @@ impl RootPlan {
                 })
             })
             .collect()
+    }
+}
+
+/// `config` with every path QEMU opens made absolute against `cwd` (QEMU starts in the root
+/// of its jail, where the server's working directory does not exist).
+pub(crate) fn with_absolute_paths(config: &VmConfig, cwd: &Path) -> VmConfig {
+    let abs = |p: &Path| absolute(p, cwd);
+    VmConfig {
+        kernel: abs(&config.kernel),
+        initrd: abs(&config.initrd),
+        memory_file: abs(&config.memory_file),
+        qmp_socket: abs(&config.qmp_socket),
+        agent_socket: abs(&config.agent_socket),
+        console_log: config.console_log.as_deref().map(abs),
+        root_disk: config.root_disk.as_deref().map(abs),
+        ..config.clone()
     }
 }
 
@@ -376,6 +385,16 @@ mod tests {
             ])
         );
         assert!(parse_loaded_objects("\tlibfoo.so.1 => not found\n").is_err());
+    }
+
+    #[test]
+    fn relative_paths_on_the_command_line_become_absolute() {
+        let config = VmConfig::new("boot/vmlinux".into(), "/b/initrd".into(), Path::new("s/a"));
+        let fixed = with_absolute_paths(&config, Path::new("/srv"));
+        assert_eq!(fixed.kernel, Path::new("/srv/boot/vmlinux"));
+        assert_eq!(fixed.initrd, Path::new("/b/initrd"));
+        assert_eq!(fixed.qmp_socket, Path::new("/srv/s/a/qmp.sock"));
+        assert_eq!(fixed.memory_file, Path::new("/srv/s/a/memory"));
     }
 
     #[test]
