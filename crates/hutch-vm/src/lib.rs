@@ -4,6 +4,8 @@
 //! * [`modules`]: find virtio modules in an unpacked kernel package, dependency-ordered.
 //! * [`initramfs`]: a reproducible newc cpio with busybox, the static agent and an `/init`.
 //! * [`qemu`]: the QEMU `microvm` command line and a process handle killed on drop.
+//! * `jail`: QEMU cloned into its own mount, pid, IPC, UTS and network namespaces with
+//!   a minimal root, an unprivileged uid, cgroups ([`qemu::QemuJail`]).
 //! * [`qmp`]: an async QMP client, including `getfd` with `SCM_RIGHTS`.
 //! * [`snapshot`]: bake a template snapshot (cold boot, device state with RAM in a memory
 //!   file) and restore it copy-on-write until the agent answers `GET /v1/info`.
@@ -22,6 +24,7 @@ pub mod assets;
 pub mod disk;
 pub mod gc;
 pub mod initramfs;
+mod jail;
 pub mod kernel;
 mod lock;
 pub mod modules;

@@ -7,8 +7,9 @@
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 
 use crate::initramfs::AGENT_PORT;
 
@@ -31,6 +32,9 @@ pub enum QemuError {
         /// The version it reported.
         found: String,
     },
+    /// The jail for QEMU cannot be built (a path it needs, its libraries).
+    #[error("cannot confine QEMU: {0}")]
+    Jail(String),
     /// `--version` output that does not parse.
     #[error("cannot parse QEMU version from {0:?}")]
     UnknownVersion(String),
@@ -53,22 +57,7 @@ pub enum Accel {
     Tcg,
 }
 
-/// How QEMU is confined when it starts (the `vm` backend's defense in depth: code that
-/// escapes the guest into QEMU is still in this). Applied in the child between `fork` and
-/// `exec`: join the cgroups, new IPC, UTS and network namespaces, then an unprivileged uid
-/// and gid with no capabilities and `no_new_privs`. QEMU's own seccomp filter (`-sandbox`)
-/// comes on top.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QemuJail {
-    /// The uid QEMU runs as (never 0).
-    pub uid: u32,
-    /// Its gid.
-    pub gid: u32,
-    /// Supplementary groups (the group that may open template memory files; `kvm`).
-    pub groups: Vec<u32>,
-    /// `cgroup.procs` files QEMU moves itself into.
-    pub cgroup_procs: Vec<PathBuf>,
-}
+pub use crate::jail::QemuJail;
 
 /// Everything that defines one VM's command line.
 #[derive(Debug, Clone)]
@@ -261,45 +250,74 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, String)> {
     Some((major, minor, full))
 }
 
-/// The child side of [`QemuJail`] (between fork and exec: no allocation).
-fn confine(cgroup_fds: &[i32], uid: u32, gid: u32, groups: &[u32]) -> std::io::Result<()> {
-    let check = |rc: libc::c_int| {
-        if rc < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
-    for &fd in cgroup_fds {
-        // SAFETY: writes two bytes from a static buffer to an fd opened before the fork.
-        let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    // SAFETY: unshare, setgroups, setresgid, setresuid and prctl take plain values and a
-    // pointer to `groups`, which outlives the calls.
-    unsafe {
-        check(libc::unshare(
-            libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET,
-        ))?;
-        check(libc::setgroups(groups.len(), groups.as_ptr()))?;
-        check(libc::setresgid(gid, gid, gid))?;
-        check(libc::setresuid(uid, uid, uid))?;
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-    }
-    Ok(())
-}
-
 /// A running QEMU, killed (SIGKILL by pid) and reaped when dropped, unless detached.
 #[derive(Debug)]
 pub struct QemuProcess {
-    child: Option<Child>,
+    handle: Option<Handle>,
     log: PathBuf,
 }
 
+/// How this process knows its QEMU child.
+#[derive(Debug)]
+enum Handle {
+    /// Started with `Command` (no jail).
+    Command(Child),
+    /// Cloned into its jail ([`crate::jail`]); `exited` once reaped.
+    Jailed {
+        pid: libc::pid_t,
+        exited: Option<ExitStatus>,
+    },
+}
+
+impl Handle {
+    fn pid(&self) -> u32 {
+        match self {
+            Handle::Command(child) => child.id(),
+            Handle::Jailed { pid, .. } => *pid as u32,
+        }
+    }
+
+    fn try_exit(&mut self) -> Option<ExitStatus> {
+        match self {
+            Handle::Command(child) => child.try_wait().ok().flatten(),
+            Handle::Jailed { pid, exited } => {
+                if exited.is_none() {
+                    let mut status = 0;
+                    // SAFETY: waitpid on our own child with a valid status pointer; WNOHANG.
+                    if unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) } == *pid {
+                        *exited = Some(ExitStatus::from_raw(status));
+                    }
+                }
+                *exited
+            }
+        }
+    }
+
+    /// SIGKILL unless it exited, then reap.
+    fn kill(&mut self) {
+        match self {
+            Handle::Command(child) => {
+                if child.try_wait().ok().flatten().is_none() {
+                    let _ = child.kill();
+                }
+                let _ = child.wait();
+            }
+            Handle::Jailed { pid, exited } => {
+                if exited.is_none() {
+                    // SAFETY: our own child, not reaped yet (so the pid is still its).
+                    unsafe {
+                        libc::kill(*pid, libc::SIGKILL);
+                        libc::waitpid(*pid, std::ptr::null_mut(), 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl QemuProcess {
-    /// Start QEMU for `config`; its stdout and stderr go to `log`.
+    /// Start QEMU for `config` (in its jail when it has one, see [`crate::jail`]); its
+    /// stdout and stderr go to `log`.
     pub fn spawn(config: &VmConfig, log: &Path) -> Result<Self, QemuError> {
         let io = |what: String| move |source| QemuError::Io { what, source };
         for socket in [&config.qmp_socket, &config.agent_socket] {
@@ -311,6 +329,13 @@ impl QemuProcess {
             }
         }
         let out = std::fs::File::create(log).map_err(io(format!("create {}", log.display())))?;
+        if let Some(jail) = &config.jail {
+            let pid = crate::jail::spawn(config, jail, &out)?;
+            return Ok(Self {
+                handle: Some(Handle::Jailed { pid, exited: None }),
+                log: log.to_path_buf(),
+            });
+        }
         let err = out.try_clone().map_err(io("dup log".into()))?;
         let mut command = Command::new(&config.qemu);
         command
@@ -331,31 +356,6 @@ impl QemuProcess {
                 });
             }
         }
-        // Kept open until the child has exec'd (they are close-on-exec).
-        let mut cgroup_files = Vec::new();
-        if let Some(jail) = &config.jail {
-            if jail.uid == 0 {
-                return Err(QemuError::Io {
-                    what: "confine QEMU".into(),
-                    source: std::io::Error::other("refusing to run a jailed QEMU as uid 0"),
-                });
-            }
-            for procs in &jail.cgroup_procs {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(procs)
-                    .map_err(io(format!("open {}", procs.display())))?;
-                cgroup_files.push(f);
-            }
-            let fds: Vec<i32> = cgroup_files.iter().map(|f| f.as_raw_fd()).collect();
-            let (uid, gid, groups) = (jail.uid, jail.gid, jail.groups.clone());
-            // SAFETY: the closure runs in the forked child before exec and only makes
-            // async-signal-safe system calls (write, unshare, setgroups, setres[ug]id,
-            // prctl) on values prepared before the fork; it allocates nothing.
-            unsafe {
-                command.pre_exec(move || confine(&fds, uid, gid, &groups));
-            }
-        }
         let child = command.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => QemuError::Missing(config.qemu.display().to_string()),
             _ => QemuError::Io {
@@ -363,28 +363,27 @@ impl QemuProcess {
                 source: e,
             },
         })?;
-        drop(cgroup_files);
         Ok(Self {
-            child: Some(child),
+            handle: Some(Handle::Command(child)),
             log: log.to_path_buf(),
         })
     }
 
-    /// QEMU's pid.
+    /// QEMU's pid (on the host: in its jail it is pid 1).
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+        self.handle.as_ref().map_or(0, Handle::pid)
     }
 
     /// `Some(status)` once QEMU has exited.
-    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut()?.try_wait().ok().flatten()
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.handle.as_mut()?.try_exit()
     }
 
     /// Let QEMU run on without this handle: it is no longer killed on drop, and whoever
     /// owns its pid (the server, through a pidfd) must reap it. Returns the pid.
     pub fn detach(mut self) -> u32 {
         let pid = self.pid();
-        self.child = None;
+        self.handle = None;
         pid
     }
 
@@ -398,13 +397,9 @@ impl QemuProcess {
 
 impl Drop for QemuProcess {
     fn drop(&mut self) {
-        let Some(child) = self.child.as_mut() else {
-            return;
-        };
-        if child.try_wait().ok().flatten().is_none() {
-            let _ = child.kill();
+        if let Some(handle) = self.handle.as_mut() {
+            handle.kill();
         }
-        let _ = child.wait();
     }
 }
 

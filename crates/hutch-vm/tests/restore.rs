@@ -79,8 +79,10 @@ async fn bake_restore_and_ask_the_agent() {
         busybox: busybox.clone(),
         kernel_root: std::env::var_os("HUTCH_VM_KERNEL_ROOT").map(PathBuf::from),
         accel: Accel::Tcg,
-        memory_group: None,
-        bake_uid: None,
+        // As root, the bake and every other restore run jailed (own root, pid namespace,
+        // uid), with the backend's memory group and bake uid (the cache may be shared).
+        memory_group: root_user().then_some(MEMORY_GID),
+        bake_uid: root_user().then_some(MEMORY_GID - 1),
     });
 
     let t = Instant::now();
@@ -101,8 +103,10 @@ async fn bake_restore_and_ask_the_agent() {
 
     let host = host_release();
     let mut firsts = Vec::new();
+    let mut jailed_firsts = Vec::new();
     let mut randoms = Vec::new();
-    for i in 0..4 {
+    let guests = if root_user() { 8 } else { 4 };
+    for i in 0..guests {
         let dir = w.join(format!("r{i}"));
         std::fs::create_dir(&dir).expect("mkdir");
         let overlay = dir.join("disk.qcow2");
@@ -114,10 +118,36 @@ async fn bake_restore_and_ask_the_agent() {
         )
         .expect("overlay");
         let overlay_time = t.elapsed();
+        let jail = (i % 2 == 1 && root_user()).then(|| {
+            for path in [&dir, &overlay] {
+                std::os::unix::fs::chown(path, Some(JAIL_UID), Some(JAIL_UID)).expect("chown");
+            }
+            qemu::QemuJail {
+                uid: JAIL_UID,
+                gid: JAIL_UID,
+                groups: vec![MEMORY_GID],
+                cgroup_procs: vec![],
+            }
+        });
+        let jailed = jail.is_some();
         let (guest, client, report) =
-            snapshot::restore(&snap, &dir, Some(overlay), None, Duration::from_secs(20))
+            snapshot::restore(&snap, &dir, Some(overlay), jail, Duration::from_secs(20))
                 .await
                 .expect("restore");
+        if jailed {
+            let pid = guest.pid();
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+            assert!(
+                status
+                    .lines()
+                    .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
+                "a jailed QEMU is pid 1 of its namespace: {status}"
+            );
+            assert!(
+                !Path::new(&format!("/proc/{pid}/root/etc")).exists(),
+                "a jailed QEMU has its own root"
+            );
+        }
         assert_ne!(
             report.info.kernel, host,
             "guest kernel differs from the host's"
@@ -164,10 +194,16 @@ async fn bake_restore_and_ask_the_agent() {
         assert_eq!(info.1.pid, 1);
         assert_eq!(sh(&info.0, "cat /etc/mine").await, "written");
         println!(
-            "restore {i}: overlay {overlay_time:?}, QMP ready {:?}, running {:?}, first /v1/info {:?}, reconnect {reconnect:?}",
+            "restore {i}{}: overlay {overlay_time:?}, QMP ready {:?}, running {:?}, first /v1/info {:?}, reconnect {reconnect:?}",
+            if jailed { " (jailed)" } else { "" },
             report.qmp_ready, report.resumed, report.to_first_reply
         );
-        firsts.push(report.to_first_reply);
+        let times = (report.qmp_ready, report.to_first_reply);
+        if jailed {
+            jailed_firsts.push(times);
+        } else {
+            firsts.push(times);
+        }
         drop(info);
         again.shutdown().await.expect("shutdown");
     }
@@ -175,12 +211,75 @@ async fn bake_restore_and_ask_the_agent() {
     randoms.dedup();
     assert_eq!(
         randoms.len(),
-        4,
+        guests,
         "every restored guest reads its own random bytes"
     );
-    firsts.sort();
-    println!(
-        "restore-to-first-reply median {:?}",
-        firsts[firsts.len() / 2]
-    );
+    for (what, times) in [("unjailed", firsts), ("jailed", jailed_firsts)] {
+        let median = |mut d: Vec<Duration>| {
+            d.sort();
+            d.get(d.len() / 2).copied()
+        };
+        if let (Some(qmp), Some(reply)) = (
+            median(times.iter().map(|t| t.0).collect()),
+            median(times.iter().map(|t| t.1).collect()),
+        ) {
+            println!(
+                "{what}: median QEMU start to QMP ready {qmp:?}, to the first reply {reply:?}"
+            );
+        }
+    }
+}
+
+/// The backend's memory group (`hutch_core::backend::vm::MEMORY_GID`).
+const MEMORY_GID: u32 = 16 * 65536 - 1;
+/// The uid of this test's jailed QEMUs.
+const JAIL_UID: u32 = MEMORY_GID - 2;
+
+fn root_user() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// What the jail costs a QEMU start: `QemuProcess::spawn` returns once QEMU is exec'd, so
+/// its time is the fork (clone) plus, jailed, the namespaces, the new root and the uid.
+#[test]
+#[ignore = "needs QEMU and root"]
+fn jail_setup_cost() {
+    if !root_user() {
+        return;
+    }
+    let work = tempfile::tempdir().expect("tempdir");
+    let w = work.path();
+    for file in ["vmlinux", "initrd"] {
+        std::fs::write(w.join(file), b"not a kernel").expect("write");
+    }
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..40 {
+        let jailed = i % 2 == 1;
+        let dir = w.join(format!("q{i}"));
+        std::fs::create_dir(&dir).expect("mkdir");
+        let mut config = qemu::VmConfig::new(w.join("vmlinux"), w.join("initrd"), &dir);
+        if jailed {
+            std::os::unix::fs::chown(&dir, Some(JAIL_UID), Some(JAIL_UID)).expect("chown");
+            config.jail = Some(qemu::QemuJail {
+                uid: JAIL_UID,
+                gid: JAIL_UID,
+                groups: vec![],
+                cgroup_procs: vec![],
+            });
+        }
+        let t = Instant::now();
+        let process = qemu::QemuProcess::spawn(&config, &dir.join("qemu.log")).expect("spawn");
+        times[usize::from(jailed)].push(t.elapsed());
+        drop(process);
+    }
+    for (what, mut t) in ["unjailed", "jailed"].into_iter().zip(times) {
+        t.sort();
+        println!(
+            "{what}: spawn to exec min {:?}, median {:?}, max {:?}",
+            t[0],
+            t[t.len() / 2],
+            t[t.len() - 1]
+        );
+    }
 }

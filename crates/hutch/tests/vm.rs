@@ -289,6 +289,105 @@ async fn qemu_runs_jailed_with_its_own_uid_namespaces_and_cgroup() {
     );
 }
 
+/// QEMU's mount and pid namespaces, seen from the host: a root with only its own files (not
+/// the host's, not another sandbox's), read-only but for its directory; pid 1 of its own pid
+/// namespace, the host pid being the one the server watches.
+#[tokio::test]
+async fn qemu_sees_only_its_own_files_as_pid_1_of_its_namespace() {
+    let s = TestServer::start().await;
+    let a = s.create_id(json!({"isolation": "vm"})).await;
+    let b = s.create_id(json!({"isolation": "vm"})).await;
+    let pid = qemu_pid(&s, &a).expect("QEMU");
+    let ns = |pid: &str, kind: &str| {
+        std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).expect("ns link")
+    };
+    for kind in ["mnt", "pid"] {
+        assert_ne!(
+            ns(&pid.to_string(), kind),
+            ns("self", kind),
+            "QEMU shares the server's {kind} namespace"
+        );
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let nspid: Vec<&str> = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .expect("NSpid")
+        .split_whitespace()
+        .collect();
+    assert_eq!(nspid, [pid.to_string().as_str(), "1"], "{status}");
+
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    let inside = |p: &std::path::Path| root.join(p.strip_prefix("/").expect("absolute"));
+    let sandboxes = s.state_dir.join("sandboxes");
+    assert!(
+        inside(&sandboxes.join(&a).join("disk.qcow2")).is_file(),
+        "QEMU does not see its own overlay"
+    );
+    assert!(
+        inside(&sandboxes.join(&a).join("qmp.sock")).exists(),
+        "QEMU does not see its own QMP socket"
+    );
+    for hidden in [
+        sandboxes.join(&b),
+        s.state_dir.join("state.db"),
+        s.state_dir.join("templates"),
+        "/etc/shadow".into(),
+        "/etc".into(),
+        "/home".into(),
+        "/root".into(),
+        "/proc/self".into(),
+        "/sys/fs".into(),
+        "/usr/bin/sh".into(),
+    ] {
+        let path = inside(&hidden);
+        assert!(
+            std::fs::symlink_metadata(&path).is_err(),
+            "QEMU sees {}",
+            hidden.display()
+        );
+    }
+    assert!(
+        inside(std::path::Path::new("/usr/bin/qemu-system-x86_64")).is_file()
+            || std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|exe| inside(&exe).is_file()),
+        "QEMU's binary is in its root"
+    );
+    // Few mounts, the root read-only, only its own directory writable.
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mountinfo");
+    let mounts: Vec<Vec<&str>> = mountinfo
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(mounts.len() < 100, "{mountinfo}");
+    let root_mount = mounts.iter().find(|m| m[4] == "/").expect("a root mount");
+    assert!(
+        root_mount[5].split(',').any(|o| o == "ro"),
+        "the root is writable: {mountinfo}"
+    );
+    let own = sandboxes.join(&a);
+    let own = own.to_string_lossy();
+    for m in &mounts {
+        let writable = m[5].split(',').any(|o| o == "rw");
+        if writable {
+            let allowed = m[4] == own
+                || m[4] == "/dev/null"
+                || m[4] == "/dev/kvm"
+                || m[4].ends_with("/memory");
+            assert!(allowed, "{} is writable for QEMU: {mountinfo}", m[4]);
+        }
+    }
+    // The sandbox works, and goes when killed (SIGKILL from the host reaches a pid 1).
+    assert_eq!(s.sh(&a, "echo jailed").await, ("jailed\n".to_string(), 0));
+    assert_eq!(s.kill(&a).await, 204);
+    let gone = wait_until(Duration::from_secs(10), async || {
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "QEMU of a killed sandbox is gone");
+    assert_eq!(s.kill(&b).await, 204);
+}
+
 #[tokio::test]
 async fn a_template_can_default_to_vm() {
     // A templates directory of this test's own, kept between runs like the shared one (so
