@@ -89,6 +89,11 @@ pub struct ExecExit {
     pub timed_out: bool,
     /// Wall time from spawn to exit in milliseconds.
     pub duration_ms: u64,
+    /// Processes of this exec the OOM killer killed, counted in a cgroup of the exec's own
+    /// (a `vm` guest's agent); `None` when the agent cannot tell (on `ns` the host counts
+    /// the sandbox's OOM kills instead; older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
 }
 
 /// `Signal` frame inside an exec body.

@@ -197,24 +197,48 @@ async fn a_restarted_server_readopts_running_vms() {
 async fn a_guest_using_more_than_its_ram_is_oom_killed_inside_the_guest() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({"isolation": "vm"})).await;
-    let host_before = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    // A concurrent exec killed by SIGKILL after the OOM kill, but not by the OOM killer: the
+    // agent counts OOM kills per exec (a cgroup each), so it is not flagged.
+    let bystander = s.exec(
+        &id,
+        json!({"cmd": "until dmesg | grep -q -i 'killed process'; do sleep 0.2; done; kill -9 $$", "timeout_seconds": 120}),
+    );
     // Doubles a string until the guest kernel's OOM killer stops it (256 MiB guest).
-    let v = s
-        .exec(
-            &id,
-            json!({"cmd": ["awk", "BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }"], "timeout_seconds": 120}),
-        )
-        .await;
+    let hog = s.exec(
+        &id,
+        json!({"cmd": ["awk", "BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }"], "timeout_seconds": 120}),
+    );
+    let (bystander, v) = tokio::join!(bystander, hog);
     assert_eq!(v["exit_code"], 137, "killed by SIGKILL: {v}");
     assert_eq!(v["timed_out"], false, "{v}");
+    assert_eq!(
+        v["oom_killed"], true,
+        "the guest's OOM kill is reported: {v}"
+    );
+    assert_eq!(bystander["exit_code"], 137, "{bystander}");
+    assert_eq!(
+        bystander["oom_killed"], false,
+        "another exec's OOM kill is not its own: {bystander}"
+    );
     // The guest's init survived, and the sandbox keeps working.
-    assert_eq!(s.sh(&id, "echo fine").await.0, "fine\n");
+    let v = s.exec(&id, json!({"cmd": "echo fine"})).await;
+    assert_eq!(
+        (v["stdout"].as_str(), v["oom_killed"].as_bool()),
+        (Some("fine\n"), Some(false)),
+        "{v}"
+    );
     let (log, _) = s
         .sh(&id, "dmesg | grep -c -i 'out of memory' || true")
         .await;
     assert_ne!(log.trim(), "0", "the guest kernel logged its OOM kill");
+    // Every exec ran in a cgroup of its own; they are reused, so there are only as many as
+    // execs ran at once (two above; a third if one was still being emptied).
+    let (cgroups, _) = s
+        .sh(&id, "ls /sys/fs/cgroup | grep -c hutch-exec- || true")
+        .await;
+    let cgroups: u32 = cgroups.trim().parse().expect("count");
+    assert!((1..=3).contains(&cgroups), "{cgroups} exec cgroups");
     assert_eq!(state_of(&s, &id).await["state"], "running");
-    assert!(!host_before.is_empty());
 }
 
 #[tokio::test]
