@@ -20,6 +20,7 @@ mod netconf;
 mod passwd;
 mod pty;
 mod reaper;
+mod rootfs;
 mod server;
 mod state;
 mod sys;

@@ -189,6 +189,11 @@ pub struct IdentityRequest {
     /// network is configured from outside and this stays `None`).
     #[serde(default)]
     pub network: Option<GuestNetwork>,
+    /// The size the root disk was grown to (`vm`, a sandbox with a `disk_mib` beyond its
+    /// template image's): the agent waits until the root's block device shows it and grows
+    /// the mounted root filesystem to fill it. The call fails if that cannot be done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_disk_bytes: Option<u64>,
 }
 
 /// A guest's IPv4 settings.

@@ -571,3 +571,64 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
         "the shared memory goes with the snapshot"
     );
 }
+
+/// `df -m /` of a sandbox: (total, available) MiB of its root filesystem.
+async fn root_df_mib(s: &TestServer, id: &str) -> (u64, u64) {
+    let out = sh_ok(s, id, "df -m / | tail -n 1").await;
+    let fields: Vec<u64> = out
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    match fields[..] {
+        [total, _used, avail, ..] => (total, avail),
+        _ => panic!("df: {out}"),
+    }
+}
+
+#[tokio::test]
+async fn a_vm_root_disk_has_the_size_asked_for_and_never_less_than_its_image() {
+    let s = TestServer::start().await;
+    // Bigger than the template image (its files + 1 GiB): grown after the restore.
+    let v = s.create(json!({"isolation": "vm", "disk_mib": 2048})).await;
+    assert_eq!(v["disk_mib"], 2048, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    let (total, avail) = root_df_mib(&s, &id).await;
+    assert!(
+        (1900..=2048).contains(&total),
+        "the root filesystem has about 2048 MiB: {total}"
+    );
+    // Nearly all of it can be used, then a write past it fails, only that write.
+    sh_ok(
+        &s,
+        &id,
+        &format!("fallocate -l {}M /root/fill", avail.saturating_sub(8)),
+    )
+    .await;
+    let (out, code) = s
+        .sh(&id, "dd if=/dev/zero of=/root/more bs=1M count=64 2>&1")
+        .await;
+    assert!(out.contains("No space left"), "{out}");
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(sh_ok(&s, &id, "echo still fine").await, "still fine\n");
+    sh_ok(&s, &id, "rm /root/fill /root/more; echo ok > /root/after").await;
+    assert_eq!(sh_ok(&s, &id, "cat /root/after").await, "ok\n");
+
+    // Less than the image: the disk keeps the image's size, and the sandbox says so.
+    let v = s.create(json!({"isolation": "vm", "disk_mib": 64})).await;
+    let got = v["disk_mib"].as_u64().expect("disk_mib");
+    assert!(got > 1024, "a vm disk is never smaller than its image: {v}");
+    let small = v["id"].as_str().expect("id").to_string();
+    let (total, _) = root_df_mib(&s, &small).await;
+    assert!(
+        total <= got && total + 100 >= got,
+        "df {total} MiB vs {got}"
+    );
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"isolation": "vm", "disk_mib": 2_000_000})),
+        )
+        .await;
+    assert_eq!(st, 422, "{v}");
+}

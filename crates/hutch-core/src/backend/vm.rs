@@ -26,6 +26,7 @@ use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
+mod resize;
 mod share;
 
 use super::ns::UID_RANGE;
@@ -275,6 +276,7 @@ impl VmBackend {
             entropy,
             unix_time_ms: Some(crate::time::now_ms().max(0) as u64),
             network: None,
+            root_disk_bytes: None,
         })
     }
 
@@ -287,6 +289,7 @@ impl VmBackend {
         woken: Option<PathBuf>,
     ) -> CoreResult<Started> {
         let (boot, image, mut snap) = self.bake_of(r, rootfs).await?;
+        let woken_disk = woken.is_some();
         // In use: keep them from garbage collection (gc.rs).
         for used in [
             boot.vmlinux.parent(),
@@ -341,6 +344,11 @@ impl VmBackend {
                 give_to(&overlay, uid, 0o600)?;
             }
         }
+        // A woken guest keeps its disk as it was; others grow to `disk_mib` (resize.rs).
+        let (grow, disk_mib) = match (woken_disk, disk::qcow2_virtual_size(&overlay)) {
+            (false, Some(current)) => resize::plan(r.disk_mib, current),
+            _ => (None, r.disk_mib),
+        };
         let cgroups = hutch_jail::create_process_cgroups(
             &self.cfg.cgroup_parent,
             &r.id,
@@ -364,13 +372,21 @@ impl VmBackend {
         };
         let prepared_ms = t0.elapsed().as_millis() as u64;
         let started = async {
-            let (guest, client, report) =
+            let (mut guest, client, report) =
                 snapshot::restore(&snap, &dir, Some(overlay), Some(jail), RESTORE_TIMEOUT)
                     .await
                     .map_err(vm_error)?;
             // On failure from here on, dropping `guest` kills QEMU.
             let mut identity = Self::identity(r)?;
             identity.network = guest_net.map(|(n, _)| n);
+            if let Some(bytes) = grow {
+                guest
+                    .qmp
+                    .block_resize(resize::ROOT_DRIVE, bytes)
+                    .await
+                    .map_err(|e| CoreError::SandboxFailed(format!("growing the disk: {e}")))?;
+                identity.root_disk_bytes = Some(bytes);
+            }
             client.identity(&identity).await.map_err(|e| {
                 CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
             })?;
@@ -397,6 +413,7 @@ impl VmBackend {
                 init_start_time,
                 cgroups,
                 agent: Some(client),
+                disk_mib: Some(disk_mib),
             }),
             Err(e) => {
                 if let Err(c) = hutch_jail::release_process_cgroups(&r.id, &cgroups) {
