@@ -632,3 +632,92 @@ async fn a_vm_root_disk_has_the_size_asked_for_and_never_less_than_its_image() {
         .await;
     assert_eq!(st, 422, "{v}");
 }
+
+/// The count of the counting process started by [`start_counter`] in sandbox `id`.
+async fn count(s: &TestServer, id: &str) -> u64 {
+    let out = sh_ok(s, id, "cat /dev/shm/count").await;
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("count in {id}: {out:?}"))
+}
+
+/// Wait until the count in `id` passes `above`; returns it.
+async fn count_passes(s: &TestServer, id: &str, above: u64) -> u64 {
+    wait_until(Duration::from_secs(30), async || {
+        let n = count(s, id).await;
+        (n > above).then_some(n)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the count in {id} stopped at {above} or below"))
+}
+
+#[tokio::test]
+async fn a_live_fork_of_three_continues_a_counting_process_in_each_child_independently() {
+    let s = TestServer::start().await;
+    let parent = s.create_id(json!({"isolation": "vm"})).await;
+    // A background process counting in memory (a shell variable); it publishes each value
+    // to /dev/shm/count (written aside and renamed, so readers never see half a number).
+    // SIGUSR1 makes it jump by a million: a way to change one copy of it.
+    sh_ok(
+        &s,
+        &parent,
+        "setsid sh -c 'echo $$ > /dev/shm/pid; n=0; trap \"n=\\$((n + 1000000))\" USR1; \
+         while :; do n=$((n + 1)); echo $n > /dev/shm/c; mv /dev/shm/c /dev/shm/count; sleep 0.2; done' \
+         > /dev/null 2>&1 < /dev/null &",
+    )
+    .await;
+    wait_until(Duration::from_secs(30), async || {
+        let (out, _) = s.sh(&parent, "cat /dev/shm/count 2>/dev/null").await;
+        (out.trim().parse::<u64>().unwrap_or(0) >= 3).then_some(())
+    })
+    .await
+    .expect("the parent's process counts");
+    let before_fork = count(&s, &parent).await;
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/fork"),
+            Some(json!({"count": 3, "mode": "live"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let kids: Vec<String> = v["sandboxes"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(kids.len(), 3, "{v}");
+    // Each child's process goes on from the parent's count, not from zero.
+    for k in &kids {
+        let first = count(&s, k).await;
+        assert!(
+            first >= before_fork && first < 1_000_000,
+            "child {k} starts at {first}, the parent was at {before_fork}"
+        );
+        count_passes(&s, k, first).await;
+    }
+    // Independently: the first child's copy jumps; the others and the parent's do not.
+    sh_ok(&s, &kids[0], "kill -USR1 $(cat /dev/shm/pid)").await;
+    count_passes(&s, &kids[0], 1_000_000).await;
+    for other in [&kids[1], &kids[2], &parent] {
+        let n = count(&s, other).await;
+        assert!(n < 1_000_000, "{other} counts on its own: {n}");
+        count_passes(&s, other, n).await;
+    }
+    // A file written in one child is invisible to its siblings and the parent.
+    sh_ok(&s, &kids[0], "echo mine > /root/only-in-first").await;
+    assert_eq!(
+        sh_ok(&s, &kids[0], "cat /root/only-in-first").await,
+        "mine\n"
+    );
+    for other in [&kids[1], &kids[2], &parent] {
+        let out = sh_ok(
+            &s,
+            other,
+            "cat /root/only-in-first 2>/dev/null || echo absent",
+        )
+        .await;
+        assert_eq!(out, "absent\n", "in {other}");
+    }
+}
