@@ -18,6 +18,8 @@ use crate::sys;
 
 /// Most entropy bytes accepted in one identity call.
 pub const MAX_ENTROPY: usize = 4096;
+/// How long the agent waits for the guest kernel to see a grown root disk.
+const DISK_RESIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Longest hostname the kernel accepts.
 const MAX_HOSTNAME: usize = 64;
 /// `RNDADDENTROPY` = `_IOW('R', 0x03, int[2])`; not exported by the libc crate.
@@ -79,6 +81,8 @@ pub struct Applied {
     pub clock: bool,
     /// The guest's interface was configured.
     pub network: bool,
+    /// The root filesystem was grown to this many bytes.
+    pub root_bytes: Option<u64>,
 }
 
 /// `POST /v1/identity` (blocking: writes to `/dev/urandom`).
@@ -110,6 +114,11 @@ pub fn apply(agent: &Agent, request: IdentityRequest, is_init: bool) -> Result<A
         if let Some(net) = &request.network {
             crate::netconf::apply(net).map_err(Failure::BadRequest)?;
             applied.network = true;
+        }
+        if let Some(bytes) = request.root_disk_bytes {
+            let grown = crate::rootfs::grow_root(bytes, DISK_RESIZE_WAIT)
+                .map_err(|e| Failure::Internal(e.to_string()))?;
+            applied.root_bytes = Some(grown);
         }
     }
     agent.set_identity_env(request.env);
@@ -183,6 +192,7 @@ mod tests {
             entropy: vec![1, 2, 3],
             unix_time_ms: Some(0),
             network: None,
+            root_disk_bytes: Some(1 << 40),
         };
         let applied = apply(&agent, request, false).expect("applies");
         assert_eq!(applied, Applied::default());

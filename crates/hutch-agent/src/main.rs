@@ -7,6 +7,7 @@
 //! Runtime: one tokio `current_thread` runtime (an idle agent costs little memory) plus the
 //! blocking pool for file I/O. The agent never exits because of a request or a connection.
 
+mod cgroups;
 mod cli;
 mod error;
 mod exec;
@@ -19,6 +20,7 @@ mod netconf;
 mod passwd;
 mod pty;
 mod reaper;
+mod rootfs;
 mod server;
 mod state;
 mod sys;
@@ -66,6 +68,7 @@ fn run(Serve { listeners, root }: Serve) -> ExitCode {
     sys::ensure_std_fds();
     sys::set_umask(0o022);
     let pid = sys::getpid();
+    let guest_init = root.is_some();
     if let Some(root) = root {
         if pid != 1 {
             log!("--root is only for the guest's init (pid 1); refusing to chroot as pid {pid}");
@@ -81,6 +84,14 @@ fn run(Serve { listeners, root }: Serve) -> ExitCode {
             log!("cannot become a child subreaper ({e}); orphans will not be reaped by the agent");
         }
     }
+    // A vm guest's init: every exec gets a cgroup, which counts its OOM kills.
+    let exec_cgroups = guest_init
+        .then(|| {
+            cgroups::ExecCgroups::setup()
+                .inspect_err(|e| log!("no exec cgroups, OOM kills are not reported: {e}"))
+                .ok()
+        })
+        .flatten();
     let nofile = sys::raise_nofile_limit();
     let agent_env: Vec<(String, String)> = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
@@ -100,7 +111,9 @@ fn run(Serve { listeners, root }: Serve) -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let reaper = Reaper::start()?;
-        let agent = Arc::new(Agent::new(reaper, agent_env, nofile, sys::geteuid()));
+        let agent = Arc::new(
+            Agent::new(reaper, agent_env, nofile, sys::geteuid()).with_exec_cgroups(exec_cgroups),
+        );
         log!(
             "hutch-agent {} starting as pid {pid}",
             env!("CARGO_PKG_VERSION")

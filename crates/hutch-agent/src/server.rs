@@ -292,10 +292,11 @@ async fn apply_identity(agent: Arc<Agent>, body: Incoming) -> Result<(), Failure
         .map_err(|e| Failure::Internal(format!("identity did not finish: {e}")))??;
     if is_init {
         log!(
-            "identity applied (hostname set: {}, entropy added: {}, clock set: {})",
+            "identity applied (hostname set: {}, entropy added: {}, clock set: {}, root grown to: {:?} bytes)",
             applied.hostname,
             applied.entropy,
-            applied.clock
+            applied.clock,
+            applied.root_bytes
         );
     }
     Ok(())

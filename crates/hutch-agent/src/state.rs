@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use crate::cgroups::ExecCgroups;
 use crate::reaper::Reaper;
 
 /// Shared state of the agent; one per process.
@@ -17,6 +18,8 @@ pub struct Agent {
     pub nofile: Option<libc::rlimit>,
     /// The agent's effective uid.
     pub euid: u32,
+    /// A cgroup per exec (`vm` guests: the agent is init), to count OOM kills.
+    pub exec_cgroups: Option<ExecCgroups>,
     identity_env: RwLock<BTreeMap<String, String>>,
     running: Mutex<HashSet<u32>>,
 }
@@ -34,9 +37,16 @@ impl Agent {
             agent_env,
             nofile,
             euid,
+            exec_cgroups: None,
             identity_env: RwLock::default(),
             running: Mutex::default(),
         }
+    }
+
+    /// The same agent putting every exec into a cgroup of its own.
+    pub fn with_exec_cgroups(mut self, cgroups: Option<ExecCgroups>) -> Self {
+        self.exec_cgroups = cgroups;
+        self
     }
 
     /// The environment set by the last identity call.

@@ -544,9 +544,14 @@ impl Manager {
         if exit.timed_out {
             self.metrics.exec_timeouts.fetch_add(1, Ordering::Relaxed);
         }
+        // A vm guest's agent counts the OOM kills of the exec's own cgroup (exact per exec);
+        // otherwise (ns) the sandbox's host cgroup counter moved during the exec.
         let oom_killed = exit.signal == Some(libc::SIGKILL)
             && !exit.timed_out
-            && backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0) > oom_before;
+            && match exit.oom_kills {
+                Some(kills) => kills > 0,
+                None => backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0) > oom_before,
+            };
         if oom_killed {
             self.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
             self.events.publish(

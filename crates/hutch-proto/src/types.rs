@@ -89,6 +89,11 @@ pub struct ExecExit {
     pub timed_out: bool,
     /// Wall time from spawn to exit in milliseconds.
     pub duration_ms: u64,
+    /// Processes of this exec the OOM killer killed, counted in a cgroup of the exec's own
+    /// (a `vm` guest's agent); `None` when the agent cannot tell (on `ns` the host counts
+    /// the sandbox's OOM kills instead; older agents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
 }
 
 /// `Signal` frame inside an exec body.
@@ -184,6 +189,11 @@ pub struct IdentityRequest {
     /// network is configured from outside and this stays `None`).
     #[serde(default)]
     pub network: Option<GuestNetwork>,
+    /// The size the root disk was grown to (`vm`, a sandbox with a `disk_mib` beyond its
+    /// template image's): the agent waits until the root's block device shows it and grows
+    /// the mounted root filesystem to fill it. The call fails if that cannot be done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_disk_bytes: Option<u64>,
 }
 
 /// A guest's IPv4 settings.

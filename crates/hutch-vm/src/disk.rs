@@ -125,6 +125,20 @@ pub fn qcow2_backing(path: &Path) -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8(name).ok()?))
 }
 
+/// The virtual size (what the guest sees) in the header of the qcow2 image at `path`.
+pub fn qcow2_virtual_size(path: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut header = [0u8; 32];
+    std::fs::File::open(path)
+        .ok()?
+        .read_exact(&mut header)
+        .ok()?;
+    if &header[..4] != b"QFI\xfb" {
+        return None;
+    }
+    Some(u64::from_be_bytes(header[24..32].try_into().ok()?))
+}
+
 /// Bytes used by the files under `root` (apparent sizes, hard links counted once), to
 /// size an image. Does not follow symlinks or cross into other filesystems' mounts.
 pub fn tree_bytes(root: &Path) -> Result<u64, DiskError> {
@@ -189,6 +203,8 @@ mod tests {
         assert_eq!(&head[..4], b"QFI\xfb", "a qcow2 file");
         assert_eq!(qcow2_backing(&overlay), Some(image.clone()));
         assert_eq!(qcow2_backing(&image), None, "raw: no qcow2 header");
+        assert_eq!(qcow2_virtual_size(&overlay), Some(16 << 20));
+        assert_eq!(qcow2_virtual_size(&image), None);
     }
 
     #[test]

@@ -242,6 +242,17 @@ impl Qmp {
         self.execute("cont", None).await.map(drop)
     }
 
+    /// `block_resize`: grow the disk of block device `device` (a `-drive id=`) to `bytes`
+    /// (a multiple of 512). A running guest is told through a virtio config change.
+    pub async fn block_resize(&mut self, device: &str, bytes: u64) -> Result<(), QmpError> {
+        self.execute(
+            "block_resize",
+            Some(json!({"device": device, "size": bytes})),
+        )
+        .await
+        .map(drop)
+    }
+
     /// The run state (`running`, `paused`, `inmigrate`, ...).
     pub async fn status(&mut self) -> Result<String, QmpError> {
         let r = self.execute("query-status", None).await?;

@@ -197,24 +197,48 @@ async fn a_restarted_server_readopts_running_vms() {
 async fn a_guest_using_more_than_its_ram_is_oom_killed_inside_the_guest() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({"isolation": "vm"})).await;
-    let host_before = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    // A concurrent exec killed by SIGKILL after the OOM kill, but not by the OOM killer: the
+    // agent counts OOM kills per exec (a cgroup each), so it is not flagged.
+    let bystander = s.exec(
+        &id,
+        json!({"cmd": "until dmesg | grep -q -i 'killed process'; do sleep 0.2; done; kill -9 $$", "timeout_seconds": 120}),
+    );
     // Doubles a string until the guest kernel's OOM killer stops it (256 MiB guest).
-    let v = s
-        .exec(
-            &id,
-            json!({"cmd": ["awk", "BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }"], "timeout_seconds": 120}),
-        )
-        .await;
+    let hog = s.exec(
+        &id,
+        json!({"cmd": ["awk", "BEGIN { s = \"xxxxxxxxxxxxxxxx\"; while (1) s = s s }"], "timeout_seconds": 120}),
+    );
+    let (bystander, v) = tokio::join!(bystander, hog);
     assert_eq!(v["exit_code"], 137, "killed by SIGKILL: {v}");
     assert_eq!(v["timed_out"], false, "{v}");
+    assert_eq!(
+        v["oom_killed"], true,
+        "the guest's OOM kill is reported: {v}"
+    );
+    assert_eq!(bystander["exit_code"], 137, "{bystander}");
+    assert_eq!(
+        bystander["oom_killed"], false,
+        "another exec's OOM kill is not its own: {bystander}"
+    );
     // The guest's init survived, and the sandbox keeps working.
-    assert_eq!(s.sh(&id, "echo fine").await.0, "fine\n");
+    let v = s.exec(&id, json!({"cmd": "echo fine"})).await;
+    assert_eq!(
+        (v["stdout"].as_str(), v["oom_killed"].as_bool()),
+        (Some("fine\n"), Some(false)),
+        "{v}"
+    );
     let (log, _) = s
         .sh(&id, "dmesg | grep -c -i 'out of memory' || true")
         .await;
     assert_ne!(log.trim(), "0", "the guest kernel logged its OOM kill");
+    // Every exec ran in a cgroup of its own; they are reused, so there are only as many as
+    // execs ran at once (two above; a third if one was still being emptied).
+    let (cgroups, _) = s
+        .sh(&id, "ls /sys/fs/cgroup | grep -c hutch-exec- || true")
+        .await;
+    let cgroups: u32 = cgroups.trim().parse().expect("count");
+    assert!((1..=3).contains(&cgroups), "{cgroups} exec cgroups");
     assert_eq!(state_of(&s, &id).await["state"], "running");
-    assert!(!host_before.is_empty());
 }
 
 #[tokio::test]
@@ -645,4 +669,160 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
         !std::path::Path::new(shared.trim()).exists(),
         "the shared memory goes with the snapshot"
     );
+}
+
+/// `df -m /` of a sandbox: (total, available) MiB of its root filesystem.
+async fn root_df_mib(s: &TestServer, id: &str) -> (u64, u64) {
+    let out = sh_ok(s, id, "df -m / | tail -n 1").await;
+    let fields: Vec<u64> = out
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    match fields[..] {
+        [total, _used, avail, ..] => (total, avail),
+        _ => panic!("df: {out}"),
+    }
+}
+
+#[tokio::test]
+async fn a_vm_root_disk_has_the_size_asked_for_and_never_less_than_its_image() {
+    let s = TestServer::start().await;
+    // Bigger than the template image (its files + 1 GiB): grown after the restore.
+    let v = s.create(json!({"isolation": "vm", "disk_mib": 2048})).await;
+    assert_eq!(v["disk_mib"], 2048, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    let (total, avail) = root_df_mib(&s, &id).await;
+    assert!(
+        (1900..=2048).contains(&total),
+        "the root filesystem has about 2048 MiB: {total}"
+    );
+    // Nearly all of it can be used, then a write past it fails, only that write.
+    sh_ok(
+        &s,
+        &id,
+        &format!("fallocate -l {}M /root/fill", avail.saturating_sub(8)),
+    )
+    .await;
+    let (out, code) = s
+        .sh(&id, "dd if=/dev/zero of=/root/more bs=1M count=64 2>&1")
+        .await;
+    assert!(out.contains("No space left"), "{out}");
+    assert_ne!(code, 0, "{out}");
+    assert_eq!(sh_ok(&s, &id, "echo still fine").await, "still fine\n");
+    sh_ok(&s, &id, "rm /root/fill /root/more; echo ok > /root/after").await;
+    assert_eq!(sh_ok(&s, &id, "cat /root/after").await, "ok\n");
+
+    // Less than the image: the disk keeps the image's size, and the sandbox says so.
+    let v = s.create(json!({"isolation": "vm", "disk_mib": 64})).await;
+    let got = v["disk_mib"].as_u64().expect("disk_mib");
+    assert!(got > 1024, "a vm disk is never smaller than its image: {v}");
+    let small = v["id"].as_str().expect("id").to_string();
+    let (total, _) = root_df_mib(&s, &small).await;
+    assert!(
+        total <= got && total + 100 >= got,
+        "df {total} MiB vs {got}"
+    );
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"isolation": "vm", "disk_mib": 2_000_000})),
+        )
+        .await;
+    assert_eq!(st, 422, "{v}");
+}
+
+/// The count of the counting process started by [`start_counter`] in sandbox `id`.
+async fn count(s: &TestServer, id: &str) -> u64 {
+    // The writer truncates then writes: an empty read is retried.
+    let out = sh_ok(
+        s,
+        id,
+        "while :; do c=$(cat /dev/shm/count); [ -n \"$c\" ] && break; done; echo $c",
+    )
+    .await;
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("count in {id}: {out:?}"))
+}
+
+/// Wait until the count in `id` passes `above`; returns it.
+async fn count_passes(s: &TestServer, id: &str, above: u64) -> u64 {
+    wait_until(Duration::from_secs(30), async || {
+        let n = count(s, id).await;
+        (n > above).then_some(n)
+    })
+    .await
+    .unwrap_or_else(|| panic!("the count in {id} stopped at {above} or below"))
+}
+
+#[tokio::test]
+async fn a_live_fork_of_three_continues_a_counting_process_in_each_child_independently() {
+    let s = TestServer::start().await;
+    let parent = s.create_id(json!({"isolation": "vm"})).await;
+    // A background process counting in memory (a shell variable); it publishes each value
+    // to /dev/shm/count with shell builtins only (light on TCG guests). SIGUSR1 makes it
+    // jump by a million: a way to change one copy of it.
+    sh_ok(
+        &s,
+        &parent,
+        "setsid sh -c 'echo $$ > /dev/shm/pid; n=0; trap \"n=\\$((n + 1000000))\" USR1; \
+         while :; do n=$((n + 1)); echo $n > /dev/shm/count; sleep 0.2; done' \
+         > /dev/null 2>&1 < /dev/null &",
+    )
+    .await;
+    wait_until(Duration::from_secs(30), async || {
+        let (out, _) = s.sh(&parent, "cat /dev/shm/count 2>/dev/null").await;
+        (out.trim().parse::<u64>().unwrap_or(0) >= 3).then_some(())
+    })
+    .await
+    .expect("the parent's process counts");
+    let before_fork = count(&s, &parent).await;
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/fork"),
+            Some(json!({"count": 3, "mode": "live"})),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let kids: Vec<String> = v["sandboxes"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .map(|c| c["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(kids.len(), 3, "{v}");
+    // Each child's process goes on from the parent's count, not from zero.
+    for k in &kids {
+        let first = count(&s, k).await;
+        assert!(
+            first >= before_fork && first < 1_000_000,
+            "child {k} starts at {first}, the parent was at {before_fork}"
+        );
+        count_passes(&s, k, first).await;
+    }
+    // Independently: the first child's copy jumps; the others and the parent's do not.
+    sh_ok(&s, &kids[0], "kill -USR1 $(cat /dev/shm/pid)").await;
+    count_passes(&s, &kids[0], 1_000_000).await;
+    for other in [&kids[1], &kids[2], &parent] {
+        let n = count(&s, other).await;
+        assert!(n < 1_000_000, "{other} counts on its own: {n}");
+        count_passes(&s, other, n).await;
+    }
+    // A file written in one child is invisible to its siblings and the parent.
+    sh_ok(&s, &kids[0], "echo mine > /root/only-in-first").await;
+    assert_eq!(
+        sh_ok(&s, &kids[0], "cat /root/only-in-first").await,
+        "mine\n"
+    );
+    for other in [&kids[1], &kids[2], &parent] {
+        let out = sh_ok(
+            &s,
+            other,
+            "cat /root/only-in-first 2>/dev/null || echo absent",
+        )
+        .await;
+        assert_eq!(out, "absent\n", "in {other}");
+    }
 }

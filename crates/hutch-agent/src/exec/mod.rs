@@ -8,7 +8,9 @@
 //!
 //! Every process leads its own session and process group, so signals, the timeout and the
 //! "host went away" kill reach everything it started (unless it called `setsid` itself).
-//! Exit statuses come from the [`crate::reaper`].
+//! Exit statuses come from the [`crate::reaper`]. In a `vm` guest every exec runs in a
+//! cgroup of its own ([`crate::cgroups`]), so its `Exit` frame says how many of its
+//! processes the guest kernel's OOM killer killed.
 
 mod input;
 mod output;
@@ -31,6 +33,7 @@ use self::input::{InputEnd, InputFrames, StdinTarget};
 use self::output::{pump, FrameSink};
 use self::plan::{PlanError, Resolved};
 use self::spawn::{ChildStdio, SpawnError, SpawnPlan};
+use crate::cgroups::ExecCgroup;
 use crate::error::{code_of_io, Failure};
 use crate::fdio::FdIo;
 use crate::http::{self, AgentBody};
@@ -106,6 +109,8 @@ struct Started {
     spawned_at: Instant,
     outputs: Vec<(Arc<FdIo>, FrameKind)>,
     stdin: StdinTarget,
+    /// The cgroup the process joined (`vm` guests).
+    cgroup: Option<ExecCgroup>,
 }
 
 /// Why an exec ended before its process ran.
@@ -134,6 +139,7 @@ async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut si
                 signal: None,
                 timed_out: false,
                 duration_ms: 0,
+                oom_kills: None,
             };
             sink.send(encode_json_frame(FrameKind::Exit, &exit)).await;
             return;
@@ -145,6 +151,7 @@ async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut si
         spawned_at,
         outputs,
         stdin,
+        cgroup,
     } = started;
     let running = agent.register_exec(pid);
     sink.send(encode_json_frame(FrameKind::Started, &ExecStarted { pid }))
@@ -162,12 +169,14 @@ async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut si
 
     let supervised = supervise(pid, &request, status, &sink, &mut input_task).await;
     let duration = spawned_at.elapsed();
+    let oom_kills = finish_cgroup(&agent, cgroup);
     let _ = exited_tx.send(Some(Instant::now()));
     for pump in pumps {
         let _ = pump.await;
     }
     drop(running);
-    let exit = exit_frame(supervised.status, supervised.timed_out, duration);
+    let mut exit = exit_frame(supervised.status, supervised.timed_out, duration);
+    exit.oom_kills = oom_kills;
     sink.send(encode_json_frame(FrameKind::Exit, &exit)).await;
     drop(sink);
     input_task.abort();
@@ -227,6 +236,12 @@ async fn supervise(
     }
 }
 
+/// Read the OOM kills of the exec's cgroup and give it back (see [`crate::cgroups`]).
+fn finish_cgroup(agent: &Agent, cgroup: Option<ExecCgroup>) -> Option<u64> {
+    let (cgroups, cgroup) = (agent.exec_cgroups.as_ref()?, cgroup?);
+    cgroups.finish(cgroup)
+}
+
 fn exit_frame(status: Option<ExitStatus>, timed_out: bool, duration: Duration) -> ExecExit {
     let (exit_code, signal) = match status {
         Some(ExitStatus::Exited(code)) => (code, None),
@@ -238,6 +253,7 @@ fn exit_frame(status: Option<ExitStatus>, timed_out: bool, duration: Duration) -
         signal,
         timed_out,
         duration_ms: duration.as_millis() as u64,
+        oom_kills: None,
     }
 }
 
@@ -246,7 +262,7 @@ async fn start(agent: &Arc<Agent>, request: &ExecRequest) -> Result<Started, Ref
     let resolved = resolve(agent, request).await?;
     let stdio = Stdio::new(request).map_err(|e| internal(format!("cannot create pipes: {e}")))?;
     let credentials = plan::credentials(&resolved.account, agent.euid);
-    let plan = SpawnPlan::new(
+    let mut plan = SpawnPlan::new(
         &resolved.program,
         &resolved.argv,
         &resolved.env,
@@ -260,14 +276,41 @@ async fn start(agent: &Arc<Agent>, request: &ExecRequest) -> Result<Started, Ref
             "command, environment and cwd must not contain NUL bytes",
         )
     })?;
+    let cgroup = agent
+        .exec_cgroups
+        .as_ref()
+        .and_then(|cgroups| match cgroups.create() {
+            Ok(cgroup) => Some(cgroup),
+            Err(e) => {
+                log!("exec without a cgroup (OOM kills are not counted): {e}");
+                None
+            }
+        });
+    if let Some(cgroup) = &cgroup {
+        plan.join_cgroup(cgroup.procs_fd());
+    }
     let child_stdio = stdio.child();
     let spawned_at = Instant::now();
-    let (pid, status) = agent
+    let mut joined = false;
+    let spawned = agent
         .reaper
-        .spawn(|| spawn::spawn(&plan, child_stdio))
-        .map_err(|e| spawn_refusal(e, &resolved))?;
+        .spawn(|| spawn::spawn(&plan, child_stdio, &mut joined));
+    // Not joined, or nothing runs: the cgroup goes back to the pool at once.
+    let cgroup = match cgroup {
+        Some(cgroup) if joined && spawned.is_ok() => Some(cgroup),
+        unused => {
+            if unused.is_some() && spawned.is_ok() {
+                log!("an exec could not join its cgroup (OOM kills are not counted)");
+            }
+            finish_cgroup(agent, unused);
+            None
+        }
+    };
+    let (pid, status) = spawned.map_err(|e| spawn_refusal(e, &resolved))?;
     let pid = u32::try_from(pid).map_err(|_| internal("fork returned a negative pid".into()))?;
-    Ok(stdio.into_started(pid, status, spawned_at))
+    let mut started = stdio.into_started(pid, status, spawned_at);
+    started.cgroup = cgroup;
+    Ok(started)
 }
 
 async fn resolve(agent: &Arc<Agent>, request: &ExecRequest) -> Result<Resolved, Refused> {
@@ -410,6 +453,7 @@ impl Stdio {
             spawned_at,
             outputs: Vec::new(),
             stdin: StdinTarget::Closed,
+            cgroup: None,
         };
         let register = |fd: OwnedFd| match FdIo::new(fd) {
             Ok(io) => Some(Arc::new(io)),

@@ -8,14 +8,17 @@
 //!    exec),
 //! 2. `setsid` (own session and process group: the group id is the pid, so the agent can
 //!    signal or kill the whole tree it started),
-//! 3. stdio onto fds 0, 1, 2, and `TIOCSCTTY` for a PTY,
-//! 4. `oom_score_adj` back to 0 (the jail gives the agent -999 so the OOM killer prefers
+//! 3. join the exec's cgroup (`vm` guests, [`crate::cgroups`]): best effort, a failure is
+//!    reported and the process runs on uncounted,
+//! 4. stdio onto fds 0, 1, 2, and `TIOCSCTTY` for a PTY,
+//! 5. `oom_score_adj` back to 0 (the jail gives the agent -999 so the OOM killer prefers
 //!    the workload), the original `RLIMIT_NOFILE`,
-//! 5. `setgroups`, `setresgid`, `setresuid` when switching users,
-//! 6. `chdir`, then `execve`.
+//! 6. `setgroups`, `setresgid`, `setresuid` when switching users,
+//! 7. `chdir`, then `execve`.
 //!
 //! A failing step writes `[step, errno]` to a close-on-exec pipe and exits 127; the parent
-//! reads the pipe (empty means exec succeeded) and reports a typed [`SpawnError`].
+//! reads the pipe (empty means exec succeeded) and reports a typed [`SpawnError`]. A cgroup
+//! that could not be joined is a single [`NOT_JOINED`] byte ahead of that.
 
 use std::ffi::{CString, NulError};
 use std::io;
@@ -47,6 +50,7 @@ pub struct SpawnPlan {
     cwd: CString,
     credentials: Option<Credentials>,
     nofile: Option<libc::rlimit>,
+    cgroup_procs: Option<RawFd>,
 }
 
 // SAFETY: the raw pointers point into the CStrings owned by the same plan, which are never
@@ -91,7 +95,14 @@ impl SpawnPlan {
             cwd: CString::new(cwd)?,
             credentials,
             nofile,
+            cgroup_procs: None,
         })
+    }
+
+    /// Make the child join the cgroup whose `cgroup.procs` is open as `procs` (writing `0`
+    /// moves the writer), before anything else it starts.
+    pub fn join_cgroup(&mut self, procs: RawFd) {
+        self.cgroup_procs = Some(procs);
     }
 }
 
@@ -114,6 +125,9 @@ enum Step {
     Exec = 4,
 }
 
+/// Report byte of a child that could not join its cgroup (and went on without it).
+const NOT_JOINED: u8 = 9;
+
 /// Why a process could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
@@ -134,9 +148,14 @@ pub enum SpawnError {
     Exec(#[source] io::Error),
 }
 
-/// Fork and exec per `plan`. Returns the child's pid once `execve` has succeeded.
+/// Fork and exec per `plan`. Returns the child's pid once `execve` has succeeded; `joined`
+/// says whether it joined the plan's cgroup (false without one).
 /// Call it under [`crate::reaper::Reaper::spawn`] so the child is registered atomically.
-pub fn spawn(plan: &SpawnPlan, stdio: ChildStdio) -> Result<libc::pid_t, SpawnError> {
+pub fn spawn(
+    plan: &SpawnPlan,
+    stdio: ChildStdio,
+    joined: &mut bool,
+) -> Result<libc::pid_t, SpawnError> {
     let (report_read, report_write) = pipe().map_err(SpawnError::Fork)?;
     // SAFETY: fork has no memory effects in the parent. In the child we only run
     // `child_after_fork`, which makes async-signal-safe calls on data prepared before the
@@ -150,7 +169,7 @@ pub fn spawn(plan: &SpawnPlan, stdio: ChildStdio) -> Result<libc::pid_t, SpawnEr
         unsafe { child_after_fork(plan, stdio, report_write.as_raw_fd()) }
     }
     drop(report_write);
-    let mut report = [0u8; 5];
+    let mut report = [0u8; 6];
     let mut filled = 0;
     while filled < report.len() {
         let rest = &mut report[filled..];
@@ -168,7 +187,13 @@ pub fn spawn(plan: &SpawnPlan, stdio: ChildStdio) -> Result<libc::pid_t, SpawnEr
         }
         filled += n as usize;
     }
-    if filled == 0 {
+    *joined = plan.cgroup_procs.is_some();
+    let mut report = &report[..filled];
+    if report.first() == Some(&NOT_JOINED) {
+        *joined = false;
+        report = &report[1..];
+    }
+    if report.len() < 5 {
         return Ok(pid);
     }
     // The child reported a failure and exits with 127; the reaper collects it.
@@ -208,6 +233,11 @@ unsafe fn child_after_fork(plan: &SpawnPlan, stdio: ChildStdio, report: RawFd) -
 
         if libc::setsid() < 0 {
             fail(Step::Setup);
+        }
+        if let Some(procs) = plan.cgroup_procs {
+            if libc::write(procs, b"0".as_ptr().cast(), 1) != 1 {
+                libc::write(report, [NOT_JOINED].as_ptr().cast(), 1);
+            }
         }
         for (target, &source) in stdio.fds.iter().enumerate() {
             let target = target as RawFd;

@@ -32,6 +32,9 @@ pub struct Started {
     pub init_start_time: u64,
     /// cgroup directories to read usage from.
     pub cgroups: Vec<PathBuf>,
+    /// The disk size the sandbox really got, when it differs from its `disk_mib` (`vm`: a
+    /// root disk is never smaller than its template image).
+    pub disk_mib: Option<u64>,
 }
 
 /// Resource usage of one sandbox.

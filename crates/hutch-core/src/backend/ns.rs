@@ -179,6 +179,7 @@ impl Backend for NsBackend {
                 init_pid: s.init_pid,
                 init_start_time: s.init_start_time,
                 cgroups: s.cgroups,
+                disk_mib: None,
             }),
             _ => {
                 let msg = serde_json::from_slice::<serde_json::Value>(&out.stdout)

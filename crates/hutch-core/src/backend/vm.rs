@@ -26,6 +26,7 @@ use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
+mod resize;
 mod share;
 mod warm;
 
@@ -283,6 +284,7 @@ impl VmBackend {
             entropy,
             unix_time_ms: Some(crate::time::now_ms().max(0) as u64),
             network: None,
+            root_disk_bytes: None,
         })
     }
 
@@ -299,6 +301,7 @@ impl VmBackend {
         warm: bool,
     ) -> CoreResult<Started> {
         let (boot, image, mut snap) = self.bake_of(r, rootfs).await?;
+        let woken_disk = woken.is_some();
         // In use: keep them from garbage collection (gc.rs).
         for used in [
             boot.vmlinux.parent(),
@@ -353,6 +356,11 @@ impl VmBackend {
                 give_to(&overlay, uid, 0o600)?;
             }
         }
+        // A woken guest keeps its disk as it was; others grow to `disk_mib` (resize.rs).
+        let (grow, disk_mib) = match (woken_disk, disk::qcow2_virtual_size(&overlay)) {
+            (false, Some(current)) => resize::plan(r.disk_mib, current),
+            _ => (None, r.disk_mib),
+        };
         let cgroups = hutch_jail::create_process_cgroups(
             &self.cfg.cgroup_parent,
             &r.id,
@@ -383,6 +391,14 @@ impl VmBackend {
             // On failure from here on, dropping `guest` kills QEMU.
             let mut identity = Self::identity(r)?;
             identity.network = guest_net.filter(|_| !warm).map(|(n, _)| n);
+            if let Some(bytes) = grow {
+                guest
+                    .qmp
+                    .block_resize(resize::ROOT_DRIVE, bytes)
+                    .await
+                    .map_err(|e| CoreError::SandboxFailed(format!("growing the disk: {e}")))?;
+                identity.root_disk_bytes = Some(bytes);
+            }
             client.identity(&identity).await.map_err(|e| {
                 CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
             })?;
@@ -416,6 +432,7 @@ impl VmBackend {
                 init_start_time,
                 cgroups,
                 agent: Some(client),
+                disk_mib: Some(disk_mib),
             }),
             Err(e) => {
                 if let Err(c) = hutch_jail::release_process_cgroups(&r.id, &cgroups) {

@@ -13,6 +13,10 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::{CreateSandbox, IsolationRequest, SandboxRecord, SandboxState, SandboxView};
 use crate::snapshot::{SnapshotDefaults, SnapshotRecord};
+
+/// Largest `disk_mib` (1 TiB): a vm root disk grows online to at most 1024 times its
+/// template image's size (ext4's reserved descriptor blocks).
+const MAX_DISK_MIB: u64 = 1 << 20;
 use crate::time::now_ms;
 
 /// How long a new (or woken) sandbox's agent may take to answer.
@@ -103,6 +107,9 @@ impl Manager {
         };
         record.init_pid = Some(started.init_pid);
         record.init_start_time = Some(started.init_start_time);
+        if let Some(disk_mib) = started.disk_mib {
+            record.disk_mib = disk_mib;
+        }
         record.cgroups = started
             .cgroups
             .iter()
@@ -221,6 +228,12 @@ impl Manager {
                 self.cfg.max_memory_mib
             )));
         }
+        let disk_mib = cmd.disk_mib.unwrap_or(defaults.disk_mib);
+        if !(1..=MAX_DISK_MIB).contains(&disk_mib) {
+            return Err(CoreError::InvalidArgument(format!(
+                "disk_mib must be between 1 and {MAX_DISK_MIB} (1 TiB), got {disk_mib}"
+            )));
+        }
         let pids_max = cmd.pids_max.unwrap_or(defaults.pids_max);
         if !(8..=self.cfg.max_pids).contains(&pids_max) {
             return Err(CoreError::InvalidArgument(format!(
@@ -248,7 +261,7 @@ impl Manager {
             env,
             cpus,
             memory_mib,
-            disk_mib: cmd.disk_mib.unwrap_or(defaults.disk_mib),
+            disk_mib,
             pids_max,
             ttl_seconds,
             persistent: cmd.persistent,

@@ -127,6 +127,8 @@ impl Manager {
         rec.init_pid = pooled.init_pid;
         rec.init_start_time = pooled.init_start_time;
         rec.cgroups = pooled.cgroups.clone();
+        // The disk it got (the image's size when asked for less).
+        rec.disk_mib = pooled.disk_mib;
         rec.state = SandboxState::Starting;
         let address = pooled.network.as_ref().and_then(|n| n.get("address"));
         if let (Some(o), Some(a)) = (
@@ -293,6 +295,9 @@ impl Manager {
         };
         record.net_slot = rec.net_slot;
         record.network = rec.network;
+        if let Some(disk_mib) = started.disk_mib {
+            record.disk_mib = disk_mib;
+        }
         record.init_pid = Some(started.init_pid);
         record.init_start_time = Some(started.init_start_time);
         record.cgroups = started
