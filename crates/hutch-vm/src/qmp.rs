@@ -282,7 +282,8 @@ impl Qmp {
     /// iterating until the rest fits in a 300 ms downtime) only slows it down: it is lifted
     /// first.
     pub async fn migrate(&mut self, uri: &str) -> Result<(), QmpError> {
-        let unthrottled = json!({"max-bandwidth": SAVE_BANDWIDTH, "downtime-limit": SAVE_DOWNTIME_MS});
+        let unthrottled =
+            json!({"max-bandwidth": SAVE_BANDWIDTH, "downtime-limit": SAVE_DOWNTIME_MS});
         self.execute("migrate-set-parameters", Some(unthrottled))
             .await?;
         self.execute("migrate", Some(json!({"uri": uri})))
