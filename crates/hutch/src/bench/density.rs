@@ -7,6 +7,12 @@ use hutch_core::config::proc_kib;
 
 /// PSS in KiB of every process in the sandbox's cgroup (v1 `pids` or v2 hierarchy).
 pub fn sandbox_pss_kib(id: &str) -> u64 {
+    sandbox_kib(id, &["Pss"])
+}
+
+/// The sum of the `smaps_rollup` fields `keys` (KiB) over every process in the sandbox's
+/// cgroup (v1 `pids` or v2 hierarchy).
+pub fn sandbox_kib(id: &str, keys: &[&str]) -> u64 {
     let candidates = [
         format!("/sys/fs/cgroup/pids/hutch/{id}/cgroup.procs"),
         format!("/sys/fs/cgroup/hutch/{id}/cgroup.procs"),
@@ -21,17 +27,14 @@ pub fn sandbox_pss_kib(id: &str) -> u64 {
         .lines()
         .filter_map(|l| l.trim().parse::<u32>().ok())
         .map(|pid| {
-            process_pss_kib(
-                &Path::new("/proc")
-                    .join(pid.to_string())
-                    .join("smaps_rollup"),
-            )
+            let rollup = Path::new("/proc")
+                .join(pid.to_string())
+                .join("smaps_rollup");
+            keys.iter()
+                .map(|k| proc_kib(&rollup, k).unwrap_or(0))
+                .sum::<u64>()
         })
         .sum()
-}
-
-fn process_pss_kib(smaps_rollup: &Path) -> u64 {
-    proc_kib(smaps_rollup, "Pss").unwrap_or(0)
 }
 
 /// `MemAvailable` in KiB.

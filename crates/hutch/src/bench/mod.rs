@@ -8,6 +8,7 @@ mod network;
 mod server;
 mod stats;
 mod vm;
+mod vm_lifecycle;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +51,10 @@ pub struct BenchArgs {
     /// Warm exec round trips on a vm sandbox.
     #[arg(long, default_value_t = 100)]
     pub vm_execs: usize,
+    /// Repetitions of each vm lifecycle series (pause, resume, hibernate, wake, live fork of
+    /// 1 and 8; 0 skips them).
+    #[arg(long, default_value_t = 5)]
+    pub vm_lifecycle: usize,
     /// Only the vm series.
     #[arg(long)]
     pub vm_only: bool,
@@ -143,6 +148,12 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
             let r = r?;
             print_vm(&r);
             doc["vm"] = json!({"series": r.series, "figures": r.figures});
+            if args.vm_lifecycle > 0 {
+                eprintln!("vm: lifecycle ×{}…", args.vm_lifecycle);
+                let l = vm_lifecycle::run(&srv, args.vm_lifecycle).await?;
+                print_vm_lifecycle(&l);
+                doc["vm_lifecycle"] = json!({"series": l.series, "siblings": l.siblings});
+            }
         }
         if let Some(path) = &args.json_out {
             std::fs::write(path, serde_json::to_string_pretty(&doc)?)
@@ -157,6 +168,25 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     }
     srv.stop();
     result
+}
+
+fn print_vm_lifecycle(l: &vm_lifecycle::VmLifecycle) {
+    println!(
+        "{:<34} {:>5} {:>9} {:>9} {:>9}",
+        "vm lifecycle series", "n", "p50 ms", "p95 ms", "p99 ms"
+    );
+    for s in &l.series {
+        println!("{}", row(s, None));
+    }
+    let f = &l.siblings;
+    println!(
+        "{} live-fork siblings of a {} MiB guest: per child PSS {:.1} MiB, shared {:.1} MiB, private {:.1} MiB (medians)",
+        f["children"],
+        f["guest_memory_mib"],
+        f["pss_mib_p50"].as_f64().unwrap_or(0.0),
+        f["shared_mib_p50"].as_f64().unwrap_or(0.0),
+        f["private_mib_p50"].as_f64().unwrap_or(0.0)
+    );
 }
 
 fn print_vm(r: &vm::VmResults) {
