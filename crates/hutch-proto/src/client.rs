@@ -83,6 +83,9 @@ pub type ClientResult<T> = Result<T, ClientError>;
 #[derive(Clone)]
 pub struct AgentClient {
     sender: http2::SendRequest<RequestBody>,
+    /// A duplicate of the unix socket underneath, to end the connection at once whatever
+    /// clones or streams are still alive ([`AgentClient::hang_up`]).
+    socket: Option<std::sync::Arc<std::os::unix::net::UnixStream>>,
 }
 
 impl std::fmt::Debug for AgentClient {
@@ -100,7 +103,29 @@ impl AgentClient {
         let stream = tokio::net::UnixStream::connect(path)
             .await
             .map_err(|e| ClientError::Transport(format!("connect to {}: {e}", path.display())))?;
-        Self::handshake(stream).await
+        Self::handshake_unix(stream).await
+    }
+
+    /// Speak the protocol over a connected unix socket, keeping a duplicate of it so that
+    /// [`AgentClient::hang_up`] can end the connection.
+    pub async fn handshake_unix(stream: tokio::net::UnixStream) -> ClientResult<Self> {
+        use std::os::fd::AsFd;
+        let socket = stream
+            .as_fd()
+            .try_clone_to_owned()
+            .map(std::os::unix::net::UnixStream::from)
+            .map_err(|e| ClientError::Transport(format!("duplicate the agent socket: {e}")))?;
+        let mut client = Self::handshake(stream).await?;
+        client.socket = Some(std::sync::Arc::new(socket));
+        Ok(client)
+    }
+
+    /// End the connection now, for every clone and open stream (the agent sees it close
+    /// and ends its session). A no-op for clients made over other byte streams.
+    pub fn hang_up(&self) {
+        if let Some(socket) = &self.socket {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// Speak the protocol over any byte stream (a unix socket, a serial port bridged by the
@@ -122,7 +147,10 @@ impl AgentClient {
                 tracing::debug!(error = %describe(&e), "agent connection ended");
             }
         });
-        Ok(Self { sender })
+        Ok(Self {
+            sender,
+            socket: None,
+        })
     }
 
     /// True once the connection is gone; a new client must be connected.

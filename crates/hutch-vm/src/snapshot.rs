@@ -212,7 +212,7 @@ impl Guest {
                 .map(std::os::unix::net::UnixStream::from)
                 .map_err(io_err("dup the agent connection"))?;
             let attempt = async {
-                let client = AgentClient::handshake(stream)
+                let client = AgentClient::handshake_unix(stream)
                     .await
                     .map_err(|e| e.to_string())?;
                 let info = client.info().await.map_err(|e| e.to_string())?;

@@ -95,7 +95,9 @@ impl Manager {
         }
         let rec = r.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            backend.quiesce(&rec, Box::new(move || drop(client)));
+            // Shut the socket down rather than only drop the client: a clone held by a
+            // call still in flight would keep the session open.
+            backend.quiesce(&rec, Box::new(move || client.hang_up()));
         })
         .await;
     }
