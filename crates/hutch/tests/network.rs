@@ -370,16 +370,7 @@ fn default_allow_reaches_the_internet_and_nothing_forbidden() {
         );
         assert!(v["network"]["bytes_out"].as_u64().unwrap_or(0) > 0, "{v}");
         let (_, _) = s.request(Method::GET, "/healthz", None).await;
-        let metrics = s
-            .http
-            .get(format!("{}/metrics", s.url))
-            .bearer_auth(&s.key)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let metrics = s.metrics_text().await;
         assert!(
             metrics.contains(&format!(
                 "hutch_sandbox_network_bytes_out{{sandbox=\"{a}\"}}"

@@ -621,20 +621,7 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
     assert_eq!(st, 422, "a memory snapshot keeps its size: {v}");
 
     // Live fork: two children with the parent's memory; their disks are their own.
-    let (st, v) = s
-        .request(
-            Method::POST,
-            &format!("/v1/sandboxes/{parent}/fork"),
-            Some(json!({"count": 2, "mode": "live"})),
-        )
-        .await;
-    assert_eq!(st, 201, "{v}");
-    let kids: Vec<String> = v["sandboxes"]
-        .as_array()
-        .expect("children")
-        .iter()
-        .map(|c| c["id"].as_str().expect("id").to_string())
-        .collect();
+    let kids = s.fork(&parent, 2, "live").await;
     assert_eq!(kids.len(), 2);
     sh_ok(&s, &kids[0], "echo only-here > /root/k").await;
     for k in &kids {
@@ -778,21 +765,8 @@ async fn a_live_fork_of_three_continues_a_counting_process_in_each_child_indepen
     .await
     .expect("the parent's process counts");
     let before_fork = count(&s, &parent).await;
-    let (st, v) = s
-        .request(
-            Method::POST,
-            &format!("/v1/sandboxes/{parent}/fork"),
-            Some(json!({"count": 3, "mode": "live"})),
-        )
-        .await;
-    assert_eq!(st, 201, "{v}");
-    let kids: Vec<String> = v["sandboxes"]
-        .as_array()
-        .expect("children")
-        .iter()
-        .map(|c| c["id"].as_str().expect("id").to_string())
-        .collect();
-    assert_eq!(kids.len(), 3, "{v}");
+    let kids = s.fork(&parent, 3, "live").await;
+    assert_eq!(kids.len(), 3);
     // Each child's process goes on from the parent's count, not from zero.
     for k in &kids {
         let first = count(&s, k).await;

@@ -36,15 +36,7 @@ async fn listed(s: &TestServer) -> BTreeSet<String> {
 }
 
 async fn warm_count(s: &TestServer) -> u64 {
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = s.metrics_text().await;
     text.lines()
         .find_map(|l| l.strip_prefix("hutch_vm_warm_guests "))
         .and_then(|n| n.trim().parse().ok())

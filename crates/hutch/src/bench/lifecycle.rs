@@ -24,7 +24,8 @@ where
     Ok(summarize(name, "ms", &samples))
 }
 
-fn ids_of(v: &Value) -> Vec<String> {
+/// The ids of the sandboxes in a fork answer.
+pub(super) fn ids_of(v: &Value) -> Vec<String> {
     v["sandboxes"]
         .as_array()
         .map(|a| {

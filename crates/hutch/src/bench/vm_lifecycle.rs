@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::density::sandbox_kib;
+use super::lifecycle::ids_of;
 use super::server::BenchServer;
 use super::stats::{summarize, Summary};
 
@@ -28,17 +29,6 @@ async fn timed(
     let t0 = Instant::now();
     let v = f.await?;
     Ok((t0.elapsed().as_secs_f64() * 1000.0, v))
-}
-
-fn child_ids(v: &Value) -> Vec<String> {
-    v["sandboxes"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s["id"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Run each series `n` times on one parent.
@@ -71,7 +61,7 @@ pub async fn run(srv: &BenchServer, n: usize) -> anyhow::Result<VmLifecycle> {
             let (ms, v) =
                 timed(srv.post(&at("fork"), json!({"count": count, "mode": "live"}))).await?;
             samples.push(ms);
-            for child in child_ids(&v) {
+            for child in ids_of(&v) {
                 srv.kill(&child).await?;
             }
         }
@@ -81,7 +71,7 @@ pub async fn run(srv: &BenchServer, n: usize) -> anyhow::Result<VmLifecycle> {
     let v = srv
         .post(&at("fork"), json!({"count": 8, "mode": "live"}))
         .await?;
-    let children = child_ids(&v);
+    let children = ids_of(&v);
     for child in &children {
         srv.exec_true(child).await?;
     }

@@ -227,6 +227,37 @@ impl TestServer {
         }
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// Live-fork (or disk-fork) `parent` into `count` children; returns their ids.
+    pub async fn fork(&self, parent: &str, count: u32, mode: &str) -> Vec<String> {
+        let (st, v) = self
+            .request(
+                Method::POST,
+                &format!("/v1/sandboxes/{parent}/fork"),
+                Some(serde_json::json!({"count": count, "mode": mode})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        v["sandboxes"]
+            .as_array()
+            .expect("children")
+            .iter()
+            .map(|c| c["id"].as_str().expect("id").to_string())
+            .collect()
+    }
+
     /// Any request; returns status and JSON (Null when empty or not JSON).
     pub async fn request(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
         let mut req = self
