@@ -376,12 +376,20 @@ impl Manager {
         })
     }
 
-    /// One sandbox (refreshes its TTL).
-    pub fn get(&self, id: &str) -> CoreResult<SandboxView> {
+    /// One sandbox (refreshes its TTL). A networked sandbox's traffic counters are read with
+    /// `nft` on the blocking pool.
+    pub async fn get(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
         let r = self.touch(id)?;
         let mut view = r.view();
-        self.add_traffic(&r, &mut view);
-        Ok(view)
+        if r.net_slot.is_none() {
+            return Ok(view);
+        }
+        let mgr = self.clone();
+        blocking(move || {
+            mgr.add_traffic(&r, &mut view);
+            Ok(view)
+        })
+        .await
     }
 
     /// Sandboxes matching `filter`.

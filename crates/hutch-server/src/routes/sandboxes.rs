@@ -229,7 +229,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
     authorize(&state, &caller, &id)?;
-    Ok(Json(state.manager.get(&id)?))
+    Ok(Json(state.manager.get(&id).await?))
 }
 
 /// `PATCH /v1/sandboxes/{id}` body.
