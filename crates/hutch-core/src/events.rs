@@ -6,7 +6,8 @@ use tokio::sync::broadcast;
 /// One lifecycle event.
 #[derive(Debug, Clone, Serialize)]
 pub struct Event {
-    /// `sandbox.created`, `sandbox.killed`, `sandbox.expired`, `sandbox.failed`, `sandbox.oom`.
+    /// `sandbox.created`, `sandbox.killed`, `sandbox.expired`, `sandbox.failed`, `sandbox.oom`,
+    /// `sandbox.preparing` (a create building vm assets on first use; `detail` says which)…
     #[serde(rename = "type")]
     pub kind: String,
     /// The sandbox concerned.

@@ -163,16 +163,27 @@ impl Manager {
             ),
             None => None,
         };
+        let events = EventBus::new();
+        let progress = {
+            let events = events.clone();
+            Arc::new(move |r: &SandboxRecord, what: String| {
+                events.publish("sandbox.preparing", &r.id, r.tenant(), Some(what));
+            })
+        };
         let mgr = Arc::new(Self {
             ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
-            vm: Arc::new(VmBackend::new(cfg.clone()).with_network(network.clone())),
+            vm: Arc::new(
+                VmBackend::new(cfg.clone())
+                    .with_network(network.clone())
+                    .with_progress(progress),
+            ),
             warm: warm::WarmPool::default(),
             network,
             cfg,
             store,
             templates,
             agents: Mutex::new(HashMap::new()),
-            events: EventBus::new(),
+            events,
             metrics: Metrics::default(),
             ops: Mutex::new(HashMap::new()),
             snapshots_lock: Mutex::new(()),

@@ -800,3 +800,66 @@ async fn a_live_fork_of_three_continues_a_counting_process_in_each_child_indepen
         assert_eq!(out, "absent\n", "in {other}");
     }
 }
+
+/// The first vm create of a template builds its disk image and bakes its snapshot: `hutch
+/// create` shows that on stderr (from the server's `sandbox.preparing` events) while it
+/// waits. A vm cache of this test's own (the guest kernel borrowed, unpacked, from the shared
+/// one) makes every run build them afresh.
+#[tokio::test]
+async fn a_first_vm_create_shows_what_it_builds() {
+    // Make sure the shared cache has an unpacked kernel, then borrow it.
+    {
+        let shared = TestServer::start().await;
+        let id = shared.create_id(json!({"isolation": "vm"})).await;
+        assert_eq!(shared.kill(&id).await, 204);
+    }
+    let kernel_root = std::fs::read_dir(common::vm_cache_dir().join("kernel"))
+        .expect("kernel cache")
+        .flatten()
+        .map(|e| e.path().join("root"))
+        .find(|p| p.is_dir())
+        .expect("an unpacked guest kernel");
+    let vm_dir = tempfile::Builder::new()
+        .prefix("hutch-test-vm-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let s = TestServer::start_with(&[
+        "--vm-dir",
+        vm_dir.path().to_str().expect("utf-8"),
+        "--vm-kernel-root",
+        kernel_root.to_str().expect("utf-8"),
+    ])
+    .await;
+    let out = std::process::Command::new(common::hutch_bin())
+        .args(["create", "--isolation", "vm"])
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_STATE_DIR", &s.state_dir)
+        .env_remove("HUTCH_API_KEY")
+        .output()
+        .expect("run hutch");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("hutch: baking the snapshot of template minimal")
+            && stderr.contains("done in"),
+        "no progress shown: {stderr}"
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (_, code) = s.sh(&id, "true").await;
+    assert_eq!(code, 0);
+    // Cached now: a second create says nothing.
+    let out = std::process::Command::new(common::hutch_bin())
+        .args(["create", "--isolation", "vm"])
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_STATE_DIR", &s.state_dir)
+        .env_remove("HUTCH_API_KEY")
+        .output()
+        .expect("run hutch");
+    assert!(out.status.success());
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("baking"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(s);
+}

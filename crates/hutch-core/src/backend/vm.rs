@@ -85,10 +85,15 @@ fn vm_error(e: VmError) -> CoreError {
     }
 }
 
+/// Told what a create is waiting for when it builds vm assets (kernel, image, bake).
+pub type Progress = Arc<dyn Fn(&SandboxRecord, String) + Send + Sync>;
+
 /// The microVM backend.
 pub struct VmBackend {
     /// Sandbox networking: a networked guest gets a TAP on its slot.
     network: Option<hutch_net::Network>,
+    /// Where slow first-use steps are announced (the manager's event bus).
+    progress: Option<Progress>,
     cfg: Config,
     /// The cache, made with the accelerator chosen (bakes depend on it).
     assets: OnceLock<Arc<Assets>>,
@@ -100,6 +105,13 @@ impl VmBackend {
     /// The same backend giving networked guests a TAP on their slot.
     pub fn with_network(mut self, network: Option<hutch_net::Network>) -> Self {
         self.network = network;
+        self
+    }
+
+    /// The same backend announcing slow first-use steps (building the guest kernel, a
+    /// template's image, a bake) through `progress`.
+    pub fn with_progress(mut self, progress: Progress) -> Self {
+        self.progress = Some(progress);
         self
     }
 
@@ -140,6 +152,7 @@ impl VmBackend {
     pub fn new(cfg: Config) -> Self {
         Self {
             network: None,
+            progress: None,
             cfg,
             assets: OnceLock::new(),
             accel: OnceLock::new(),

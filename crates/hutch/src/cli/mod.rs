@@ -6,6 +6,7 @@ mod lifecycle;
 mod network;
 mod output;
 mod ports;
+mod progress;
 mod sandbox;
 mod shell;
 mod stream;

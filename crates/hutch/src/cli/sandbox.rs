@@ -170,6 +170,25 @@ pub struct RunArgs {
     command: CommandOpts,
 }
 
+/// `POST /v1/sandboxes`; unless the sandbox is asked to be `ns`, what a vm create waits for
+/// on first use (kernel, image, bake) is shown on stderr meanwhile.
+async fn create_showing_progress(
+    api: &Api,
+    sandbox: &SandboxOpts,
+    persistent: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let body = sandbox.body(persistent)?;
+    let watcher = match sandbox.isolation.as_deref() {
+        Some("ns") => None,
+        _ => super::progress::watch(api).await,
+    };
+    let created = api.call(Method::POST, "/v1/sandboxes", Some(&body)).await;
+    if let Some(w) = watcher {
+        w.abort();
+    }
+    created
+}
+
 /// `hutch create`.
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
@@ -278,13 +297,7 @@ async fn exec_in(api: &Api, id: &str, cmd: &CommandOpts, json_out: bool) -> anyh
 /// `hutch run`: create, run, print, destroy; exits with the command's code.
 pub async fn run(args: RunArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let api = Api::from_env(state_dir)?;
-    let sb = api
-        .call(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(&args.sandbox.body(false)?),
-        )
-        .await?;
+    let sb = create_showing_progress(&api, &args.sandbox, false).await?;
     let id = field(&sb, "id").to_string();
     let result = tokio::select! {
         r = exec_in(&api, &id, &args.command, json_out) => r,
@@ -302,13 +315,7 @@ pub async fn run(args: RunArgs, state_dir: &Path, json_out: bool) -> anyhow::Res
 /// `hutch create`.
 pub async fn create(args: CreateArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
     let api = Api::from_env(state_dir)?;
-    let sb = api
-        .call(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(&args.sandbox.body(args.persistent)?),
-        )
-        .await?;
+    let sb = create_showing_progress(&api, &args.sandbox, args.persistent).await?;
     if json_out {
         print_json(&sb);
     } else {

@@ -163,10 +163,12 @@ impl TestServer {
         // Tests run on the machine's own network: sandboxes get loopback only unless a test
         // builds its own world of namespaces and asks for `--network on` inside it. No warm
         // vm guests unless a test asks (they would run beside every other test's guests).
+        let vm_dir = vm_cache_dir();
         for (flag, default) in [
             ("--listen", "127.0.0.1:0"),
             ("--network", "off"),
             ("--vm-warm", "0"),
+            ("--vm-dir", vm_dir.to_str().expect("utf-8 path")),
         ] {
             if !self.extra_args.iter().any(|a| a == flag) {
                 cmd.args([flag, default]);
@@ -179,8 +181,6 @@ impl TestServer {
             .arg(&self.templates_dir)
             .arg("--agent")
             .arg(agent_bin())
-            .arg("--vm-dir")
-            .arg(vm_cache_dir())
             .args(&self.extra_args)
             .env("HUTCH_LOG", "warn")
             .stdin(Stdio::null())

@@ -13,7 +13,20 @@ use hutch_vm::VmError;
 
 use super::{give_to, template_stamp, vm_error, VmBackend, BAKE_UID, MEMORY_GID, SNAPSHOT_STATE};
 use crate::error::{CoreError, CoreResult};
-use crate::model::SandboxRecord;
+use crate::model::{SandboxRecord, SandboxState};
+
+/// How long a first-use step may take before it is announced.
+const ANNOUNCE_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Run a blocking `hutch-vm` build step on the blocking pool.
+async fn blocking_vm<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, VmError> + Send + 'static,
+) -> CoreResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))?
+        .map_err(vm_error)
+}
 
 fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CoreError {
     CoreError::Internal(format!("{what} {}: {e}", path.display()))
@@ -30,22 +43,69 @@ impl VmBackend {
         let (template, root) = (r.template.clone(), rootfs.to_path_buf());
         let stamp = template_stamp(rootfs)?;
         let building = assets.clone();
-        let (boot, image) = tokio::task::spawn_blocking(move || {
-            let boot = building.boot()?;
-            let image = building.image(&template, &stamp, &root)?;
-            Ok::<_, VmError>((boot, image))
-        })
-        .await
-        .map_err(|e| CoreError::Internal(e.to_string()))?
-        .map_err(vm_error)?;
+        let boot = self
+            .announced(
+                r,
+                "preparing the guest kernel and initramfs (first vm use, or a new agent)",
+                blocking_vm(move || building.boot()),
+            )
+            .await?;
+        let building = assets.clone();
+        let image = self
+            .announced(
+                r,
+                &format!("building the vm disk image of template {template}"),
+                blocking_vm(move || building.image(&template, &stamp, &root)),
+            )
+            .await?;
         let vcpus = r.cpus.ceil().max(1.0) as u32;
         let memory = u32::try_from(r.memory_mib)
             .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
-        let bake = assets
-            .snapshot(&boot, &image, memory, vcpus)
-            .await
-            .map_err(vm_error)?;
+        let bake = self
+            .announced(
+                r,
+                &format!(
+                    "baking the snapshot of template {} for {memory} MiB, {vcpus} vCPU guests (a cold boot, once)",
+                    r.template
+                ),
+                async { assets.snapshot(&boot, &image, memory, vcpus).await.map_err(vm_error) },
+            )
+            .await?;
         Ok((boot, image, bake))
+    }
+
+    /// Run `step`; if it takes longer than [`ANNOUNCE_AFTER`] (it is building rather than
+    /// finding something cached), say so through the progress hook, and say when it is done.
+    async fn announced<T>(
+        &self,
+        r: &SandboxRecord,
+        what: &str,
+        step: impl std::future::Future<Output = CoreResult<T>>,
+    ) -> CoreResult<T> {
+        let Some(progress) = self
+            .progress
+            .as_ref()
+            .filter(|_| r.state != SandboxState::Pooled)
+        else {
+            return step.await;
+        };
+        let t0 = std::time::Instant::now();
+        tokio::pin!(step);
+        tokio::select! {
+            done = &mut step => return done,
+            () = tokio::time::sleep(ANNOUNCE_AFTER) => {}
+        }
+        progress(r, format!("{what}…"));
+        let done = step.await;
+        let outcome = match &done {
+            Ok(_) => "done",
+            Err(_) => "failed",
+        };
+        progress(
+            r,
+            format!("{what}: {outcome} in {:.1} s", t0.elapsed().as_secs_f64()),
+        );
+        done
     }
 
     /// Load the snapshot in `dir` (its full stream) into a shared memory file; returns the
