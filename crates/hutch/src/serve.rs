@@ -53,7 +53,7 @@ pub struct ServeArgs {
     /// sandboxes' writable layers, each a subvolume limited to the sandbox's `disk_mib`
     /// (default: the size of the state directory's filesystem; 0: no image, `disk_mib` is
     /// not enforced on ns). Without btrfs or mkfs.btrfs ns sandboxes have no disk limit.
-    #[arg(long)]
+    #[arg(long, env = "HUTCH_NS_DISK_POOL_GIB")]
     pub ns_disk_pool_gib: Option<u64>,
     /// Give sandboxes a network (`on`: a namespace, a veth, NAT and the egress policy,
     /// enforced in this server's network namespace with nftables; `off`: loopback only).
