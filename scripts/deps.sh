@@ -6,6 +6,8 @@ pkgs=(busybox-static debootstrap bubblewrap gcc libc6-dev curl ca-certificates i
 pkgs+=(nftables openssl)
 # The vm backend: QEMU microvm, qemu-img for overlays; mkfs.ext4 for template images and volumes.
 pkgs+=(qemu-system-x86 qemu-utils e2fsprogs)
+# The ns disk quota: mkfs.btrfs for the image holding sandboxes' upper layers.
+pkgs+=(btrfs-progs)
 # Node.js for the TypeScript SDK: the machine's own if present, else Debian's.
 command -v node >/dev/null || pkgs+=(nodejs npm)
 missing=()

@@ -48,6 +48,10 @@ pub struct Config {
     /// Warm `vm` guests kept ready per template and guest shape once one was asked for
     /// (`manager/warm.rs`; 0: every create restores on demand).
     pub vm_warm: usize,
+    /// Size of the sparse btrfs image `<state_dir>/layers.btrfs` holding `ns` sandboxes'
+    /// upper layers, one subvolume each limited to its `disk_mib` (`None`: the size of the
+    /// state directory's filesystem; `Some(0)`: no image, `disk_mib` not enforced on `ns`).
+    pub ns_disk_pool_bytes: Option<u64>,
 }
 
 impl Config {
@@ -77,7 +81,18 @@ impl Config {
             busybox: PathBuf::from("/bin/busybox"),
             vm_kernel_root: None,
             vm_warm: 0,
+            ns_disk_pool_bytes: None,
         }
+    }
+
+    /// The btrfs image holding `ns` sandboxes' upper layers.
+    pub fn disk_pool_image(&self) -> PathBuf {
+        self.state_dir.join("layers.btrfs")
+    }
+
+    /// Where [`Config::disk_pool_image`] is mounted (a subvolume per `ns` sandbox).
+    pub fn disk_pool_dir(&self) -> PathBuf {
+        self.state_dir.join("layers")
     }
 
     /// Directory of one sandbox's files.

@@ -474,6 +474,12 @@ impl Manager {
         Ok(())
     }
 
+    /// Unmount the `ns` disk pool when no sandbox has files in it (server shutdown).
+    pub async fn release_disk_pool(&self) {
+        let ns = self.ns.clone();
+        let _ = tokio::task::spawn_blocking(move || ns.release_pool()).await;
+    }
+
     async fn destroy_resources(&self, r: &SandboxRecord) -> CoreResult<()> {
         let backend = self.backend(r.isolation)?;
         let rec = r.clone();

@@ -18,6 +18,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod btrfs;
 mod caps;
 mod cgroup;
 mod child;
@@ -135,6 +136,11 @@ pub struct JailSpec {
     /// range. At most [`MAX_VOLUMES`].
     #[serde(default)]
     pub volumes: Vec<VolumeBind>,
+    /// Where the overlay's `upper` and `work` directories are, when not in `sandbox_dir`
+    /// (`ns`: a btrfs subvolume with the sandbox's disk quota, see [`btrfs`]). Must be on one
+    /// filesystem; kept by [`stop`] like `sandbox_dir/upper`.
+    #[serde(default)]
+    pub upper_dir: Option<PathBuf>,
 }
 
 /// Most volumes one sandbox may mount.

@@ -211,6 +211,10 @@ fn build(
     t0: Instant,
 ) -> Result<SpawnedJail, JailError> {
     let mut paths = SandboxPaths::with_layers(&spec.sandbox_dir, spec.layers.len());
+    if let Some(dir) = &spec.upper_dir {
+        paths.upper = dir.join("upper");
+        paths.work = dir.join("work");
+    }
     paths.volumes = (0..spec.volumes.len())
         .map(|i| spec.sandbox_dir.join(format!("vol-{i}")))
         .collect();

@@ -172,16 +172,21 @@ pub(crate) fn validate(spec: &JailSpec) -> Result<(), JailError> {
     if spec.sandbox_dir.parent().is_none() {
         return Err(invalid("sandbox_dir must not be /"));
     }
-    // The overlay's option string is comma- and colon-separated.
-    let dir = spec.sandbox_dir.as_os_str().as_encoded_bytes();
-    if dir
-        .iter()
-        .any(|b| matches!(b, b',' | b':' | b'\\' | b' ' | b'\t'))
-    {
-        return Err(invalid(format!(
-            "sandbox_dir {} must not contain `,`, `:`, `\\` or whitespace (overlayfs options)",
-            spec.sandbox_dir.display()
-        )));
+    let dirs = std::iter::once(("sandbox_dir", &spec.sandbox_dir))
+        .chain(spec.upper_dir.iter().map(|d| ("upper_dir", d)));
+    for (what, d) in dirs {
+        check_absolute(what, d)?;
+        // The overlay's option string is comma- and colon-separated.
+        let bytes = d.as_os_str().as_encoded_bytes();
+        if bytes
+            .iter()
+            .any(|b| matches!(b, b',' | b':' | b'\\' | b' ' | b'\t'))
+        {
+            return Err(invalid(format!(
+                "{what} {} must not contain `,`, `:`, `\\` or whitespace (overlayfs options)",
+                d.display()
+            )));
+        }
     }
     if spec.agent_socket.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(invalid(format!(
@@ -289,6 +294,7 @@ mod tests {
             netns: None,
             resolv_conf: None,
             volumes: vec![],
+            upper_dir: None,
         }
     }
 

@@ -138,6 +138,15 @@ fn wait_released(image: &Path) -> Result<(), JailError> {
 /// a copy still held by a sandbox being created) is waited for: two live instances of one
 /// ext4 would lose each other's writes.
 pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
+    mount_loop(image, dir, c"ext4")
+}
+
+/// Mount the filesystem `fstype` of `image` at `dir` (see [`mount_image`]).
+pub(crate) fn mount_loop(
+    image: &Path,
+    dir: &Path,
+    fstype: &std::ffi::CStr,
+) -> Result<(), JailError> {
     std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
     if is_mounted(dir)? {
         return Ok(());
@@ -181,10 +190,10 @@ pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
         let mounted = sys::mount(
             Some(&src),
             dir,
-            Some(c"ext4"),
+            Some(fstype),
             libc::MS_NODEV | libc::MS_NOSUID,
             None,
-            "mount volume",
+            "mount loop image",
         );
         // The loop device stays bound only while mounted (autoclear once `dev` closes).
         drop(dev);

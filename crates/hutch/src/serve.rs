@@ -49,6 +49,12 @@ pub struct ServeArgs {
     /// (0: restore on every create). Each costs ~40 MiB of host memory and no CPU.
     #[arg(long, default_value_t = 2)]
     pub vm_warm: usize,
+    /// Size in GiB of the sparse btrfs image (`<state-dir>/layers.btrfs`) holding ns
+    /// sandboxes' writable layers, each a subvolume limited to the sandbox's `disk_mib`
+    /// (default: the size of the state directory's filesystem; 0: no image, `disk_mib` is
+    /// not enforced on ns). Without btrfs or mkfs.btrfs ns sandboxes have no disk limit.
+    #[arg(long, env = "HUTCH_NS_DISK_POOL_GIB")]
+    pub ns_disk_pool_gib: Option<u64>,
     /// Give sandboxes a network (`on`: a namespace, a veth, NAT and the egress policy,
     /// enforced in this server's network namespace with nftables; `off`: loopback only).
     #[arg(long, value_enum, default_value_t = NetworkMode::On)]
@@ -195,6 +201,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.qemu = args.qemu.clone();
     cfg.vm_kernel_root = args.vm_kernel_root.clone();
     cfg.vm_warm = args.vm_warm;
+    cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];
@@ -237,6 +244,8 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     // Warm vm guests are not sandboxes: nothing would re-adopt them.
     manager.drain_warm().await;
+    // The ns disk pool stays mounted while sandboxes (to re-adopt) have their files there.
+    manager.release_disk_pool().await;
     Ok(())
 }
 

@@ -85,13 +85,17 @@ async fn writes_to_etc_stay_in_the_sandbox_and_the_template_is_unchanged() {
         .sh(&other, "grep -c evil /etc/passwd; ls /etc/new-file 2>&1")
         .await;
     assert!(out.starts_with('0'), "{out}");
-    // The change is in the first sandbox's upper layer on the host.
-    let upper = s
-        .state_dir
-        .join("sandboxes")
-        .join(&id)
-        .join("upper/etc/new-file");
-    assert!(upper.exists(), "expected copy-up at {}", upper.display());
+    // The change is in the first sandbox's upper layer on the host (its subvolume of the
+    // disk pool, or its sandbox directory where there is no pool).
+    let upper = [
+        s.state_dir.join("layers").join(&id),
+        s.state_dir.join("sandboxes").join(&id),
+    ]
+    .map(|d| d.join("upper/etc/new-file"));
+    assert!(
+        upper.iter().any(|u| u.exists()),
+        "expected copy-up at {upper:?}"
+    );
 }
 
 #[tokio::test]
@@ -278,4 +282,48 @@ async fn two_sandboxes_cannot_see_each_other() {
         seen.is_some(),
         "a's own background process should be visible to a"
     );
+}
+
+#[tokio::test]
+async fn disk_quota_fails_the_write_that_does_not_fit_and_nothing_else() {
+    let s = TestServer::start().await;
+    let full = s
+        .create_id(json!({"isolation": "ns", "disk_mib": 32}))
+        .await;
+    let bystander = s.create_id(json!({"isolation": "ns"})).await;
+    let (out, code) = s
+        .sh(
+            &full,
+            "dd if=/dev/zero of=/big bs=1M count=64 conv=fsync 2>&1; echo rc=$?; ls -l /big",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("Disk quota exceeded") || out.contains("No space left"),
+        "64 MiB written under a 32 MiB disk_mib: {out}"
+    );
+    assert!(!out.contains("rc=0"), "{out}");
+    // Freeing space makes the sandbox writable again; it carries on.
+    let (out, code) = s
+        .sh(
+            &full,
+            "rm /big && echo small > /small && cat /small && dd if=/dev/zero of=/mid bs=1M count=8 conv=fsync 2>/dev/null && echo wrote",
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("small\nwrote\n", 0));
+    // Another sandbox is not limited by it, and the server answers.
+    let (out, code) = s
+        .sh(
+            &bystander,
+            "dd if=/dev/zero of=/big bs=1M count=64 conv=fsync 2>/dev/null && echo wrote",
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("wrote\n", 0));
+    let (status, _) = s.request(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(status, 200);
+    // Destroying the sandbox deletes its subvolume.
+    let subvol = s.state_dir.join("layers").join(&full);
+    assert!(subvol.exists(), "no subvolume at {}", subvol.display());
+    s.kill(&full).await;
+    assert!(!subvol.exists(), "{} left after destroy", subvol.display());
 }

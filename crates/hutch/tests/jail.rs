@@ -323,6 +323,7 @@ impl Template {
             netns: None,
             resolv_conf: None,
             volumes: vec![],
+            upper_dir: None,
         }
     }
 

@@ -6,10 +6,17 @@
 //! upper layer (`hutch_jail::stop`), wake spawns the jail again over it; a snapshot is the
 //! upper layer exported as a 0-based read-only layer (`hutch_jail::export_layer`, the sandbox
 //! frozen meanwhile), which sandboxes created from it stack under their own upper layer.
+//!
+//! Disk quota: the upper layer (and the overlay's work directory) of a sandbox lives in its own
+//! subvolume of one loop-mounted btrfs image (`<state>/layers.btrfs` at `<state>/layers/`),
+//! limited to the sandbox's `disk_mib` with a qgroup ([`hutch_jail::btrfs`]). Without btrfs or
+//! `mkfs.btrfs` (logged once), uppers stay in `<sandbox_dir>/upper` with no limit; so do the
+//! uppers of sandboxes created before the image existed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 use hutch_jail::{JailError, JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
 
@@ -34,12 +41,107 @@ fn internal(e: JailError) -> CoreError {
 pub struct NsBackend {
     cfg: Config,
     network: Option<hutch_net::Network>,
+    /// The disk pool: `None` until first needed, then whether it is usable.
+    pool: Mutex<Option<bool>>,
 }
 
 impl NsBackend {
-    /// A backend using `cfg`'s paths.
+    /// A backend using `cfg`'s paths. A disk pool an earlier server made is mounted again
+    /// now, before sandboxes are re-adopted.
     pub fn new(cfg: Config, network: Option<hutch_net::Network>) -> Self {
-        Self { cfg, network }
+        let b = Self {
+            cfg,
+            network,
+            pool: Mutex::new(None),
+        };
+        if b.cfg.disk_pool_image().exists() {
+            b.pool();
+        }
+        b
+    }
+
+    /// The mounted disk pool, set up on first use (`None`: not available, no disk limit).
+    fn pool(&self) -> Option<PathBuf> {
+        let mut state = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let ready = *state.get_or_insert_with(|| self.setup_pool());
+        ready.then(|| self.cfg.disk_pool_dir())
+    }
+
+    fn setup_pool(&self) -> bool {
+        let image = self.cfg.disk_pool_image();
+        let size = match self.cfg.ns_disk_pool_bytes {
+            Some(0) => {
+                tracing::info!("ns disk pool disabled: disk_mib is not enforced on ns");
+                return false;
+            }
+            Some(n) => n,
+            None => hutch_jail::btrfs::fs_size(&self.cfg.state_dir).unwrap_or(64 << 30),
+        };
+        match hutch_jail::btrfs::setup_pool(&image, &self.cfg.disk_pool_dir(), size) {
+            Ok(()) => {
+                tracing::info!(image = %image.display(), size, "ns disk pool ready (btrfs qgroups)");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no ns disk pool: disk_mib is not enforced on ns sandboxes");
+                false
+            }
+        }
+    }
+
+    /// Unmount the disk pool if no sandbox has files in it (nothing to re-adopt).
+    pub fn release_pool(&self) {
+        let state = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if *state != Some(true) {
+            return;
+        }
+        let dir = self.cfg.disk_pool_dir();
+        let empty = std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
+        if empty {
+            if let Err(e) = hutch_jail::volume::unmount_image(&dir) {
+                tracing::warn!(error = %e, "unmounting the ns disk pool");
+            }
+        }
+    }
+
+    /// The directory holding `r`'s upper and work directories when not its sandbox directory.
+    fn upper_dir(&self, r: &SandboxRecord) -> Option<PathBuf> {
+        if self.cfg.sandbox_dir(&r.id).join("upper").exists() {
+            return None;
+        }
+        let dir = self.pool()?.join(&r.id);
+        dir.exists().then_some(dir)
+    }
+
+    /// `r`'s upper layer.
+    fn upper(&self, r: &SandboxRecord) -> PathBuf {
+        match self.upper_dir(r) {
+            Some(d) => d.join("upper"),
+            None => self.cfg.sandbox_dir(&r.id).join("upper"),
+        }
+    }
+
+    /// Make `r`'s subvolume (kept if it exists) with its limit; whether it was made now.
+    fn prepare_upper(&self, r: &SandboxRecord) -> CoreResult<bool> {
+        if self.cfg.sandbox_dir(&r.id).join("upper").exists() {
+            return Ok(false);
+        }
+        let Some(pool) = self.pool() else {
+            return Ok(false);
+        };
+        let fresh = !pool.join(&r.id).exists();
+        hutch_jail::btrfs::create_subvolume(&pool, &r.id, r.disk_mib.saturating_mul(1 << 20))
+            .map_err(internal)?;
+        Ok(fresh)
+    }
+
+    fn delete_upper(&self, r: &SandboxRecord) -> CoreResult<()> {
+        let state = *self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if state == Some(true) {
+            hutch_jail::btrfs::delete_subvolume(&self.cfg.disk_pool_dir(), &r.id)
+                .map_err(internal)?;
+        }
+        Ok(())
     }
 
     /// The volumes to bind (their filesystems are mounted by the manager first).
@@ -118,6 +220,7 @@ impl NsBackend {
             netns,
             resolv_conf,
             volumes: self.volume_binds(r),
+            upper_dir: self.upper_dir(r),
         }
     }
 
@@ -136,14 +239,9 @@ impl NsBackend {
             cgroup_parent: self.cfg.cgroup_parent.clone(),
         }
     }
-}
 
-impl Backend for NsBackend {
-    fn isolation(&self) -> Isolation {
-        Isolation::Ns
-    }
-
-    fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+    /// Run the jail helper for `record`.
+    fn spawn(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         let spec = self.spec(record, rootfs);
         if spec.agent_socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(CoreError::Internal(format!(
@@ -196,9 +294,27 @@ impl Backend for NsBackend {
             }
         }
     }
+}
+
+impl Backend for NsBackend {
+    fn isolation(&self) -> Isolation {
+        Isolation::Ns
+    }
+
+    fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        let fresh = self.prepare_upper(record)?;
+        let started = self.spawn(record, rootfs);
+        if started.is_err() && fresh {
+            if let Err(e) = self.delete_upper(record) {
+                tracing::warn!(id = %record.id, error = %e, "deleting the subvolume of a failed create");
+            }
+        }
+        started
+    }
 
     fn destroy(&self, record: &SandboxRecord) -> CoreResult<()> {
-        hutch_jail::destroy(&self.teardown(record)).map_err(internal)
+        hutch_jail::destroy(&self.teardown(record)).map_err(internal)?;
+        self.delete_upper(record)
     }
 
     fn agent_socket(&self, id: &str) -> PathBuf {
@@ -251,7 +367,7 @@ impl Backend for NsBackend {
             hutch_jail::freeze(&cgroups).map_err(internal)?;
         }
         let exported = hutch_jail::export_layer(&LayerExport {
-            upper: self.cfg.sandbox_dir(&r.id).join("upper"),
+            upper: self.upper(r),
             base: r.layer.as_deref().map(|s| self.layer_dir(s)),
             dst: dir.join(SNAPSHOT_LAYER),
             uid_base: r.uid_slot * UID_RANGE,

@@ -1,0 +1,255 @@
+//! Disk quota of `ns` sandboxes: one btrfs filesystem (a sparse image attached through a loop
+//! device with `LOOP_CONFIGURE` and autoclear, like volumes) holds every sandbox's upper
+//! layer, each in its own subvolume with a qgroup limit. A write that does not fit answers
+//! `EDQUOT` to that write only; the host's disk and other sandboxes are not affected.
+//!
+//! Only the filesystem is made by a tool (`mkfs.btrfs`, once); quota, subvolumes and limits
+//! are ioctls (linux/btrfs.h), so a sandbox create costs no process spawn.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use crate::JailError;
+
+/// `_IOW(0x94, 14, struct btrfs_ioctl_vol_args)`: create subvolume `name` in the directory.
+const BTRFS_IOC_SUBVOL_CREATE: libc::c_ulong = 0x5000_940E;
+/// `_IOW(0x94, 15, struct btrfs_ioctl_vol_args)`: delete subvolume `name` of the directory
+/// (with its contents).
+const BTRFS_IOC_SNAP_DESTROY: libc::c_ulong = 0x5000_940F;
+/// `_IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)`.
+const BTRFS_IOC_QUOTA_CTL: libc::c_ulong = 0xC010_9428;
+/// `_IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)`.
+const BTRFS_IOC_QGROUP_LIMIT: libc::c_ulong = 0x8030_942B;
+/// `BTRFS_QUOTA_CTL_ENABLE` (full qgroup accounting).
+const BTRFS_QUOTA_CTL_ENABLE: u64 = 1;
+/// `BTRFS_QGROUP_LIMIT_MAX_RFER`: limit the bytes the subvolume references.
+const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1;
+/// `BTRFS_PATH_NAME_MAX`.
+const PATH_NAME_MAX: usize = 4087;
+/// `BTRFS_SUPER_MAGIC` (statfs `f_type`).
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+
+/// `struct btrfs_ioctl_vol_args` (4096 bytes).
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; PATH_NAME_MAX + 1],
+}
+
+/// `struct btrfs_ioctl_quota_ctl_args`.
+#[repr(C)]
+struct QuotaCtlArgs {
+    cmd: u64,
+    status: u64,
+}
+
+/// `struct btrfs_qgroup_limit`.
+#[repr(C)]
+struct QgroupLimit {
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+
+/// `struct btrfs_ioctl_qgroup_limit_args` (qgroupid 0: the subvolume of the descriptor).
+#[repr(C)]
+struct QgroupLimitArgs {
+    qgroupid: u64,
+    lim: QgroupLimit,
+}
+
+fn io(op: String) -> impl FnOnce(std::io::Error) -> JailError {
+    move |source| JailError::Sys { op, source }
+}
+
+fn open_dir(dir: &Path) -> Result<File, JailError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(io(format!("open {}", dir.display())))
+}
+
+/// Whether the filesystem at `dir` is btrfs.
+pub fn is_btrfs(dir: &Path) -> bool {
+    let Ok(f) = open_dir(dir) else {
+        return false;
+    };
+    // SAFETY: statfs is plain old data; all-zero is valid to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `f` is an open descriptor and `st` a valid out-pointer for the call.
+    let ret = unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) };
+    ret == 0 && st.f_type as i64 == BTRFS_SUPER_MAGIC
+}
+
+/// Make sure the btrfs `image` (created sparse with `size_bytes` and `mkfs.btrfs` when
+/// missing) is mounted at `dir` with quota enabled. Idempotent: a server restart finds it
+/// mounted or mounts it again.
+pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailError> {
+    if !image.exists() {
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(image)
+            .map_err(io(format!("create {}", image.display())))?;
+        f.set_len(size_bytes)
+            .map_err(io(format!("size {}", image.display())))?;
+        drop(f);
+        let out = Command::new("mkfs.btrfs")
+            .args(["-q", "-f"])
+            .arg(image)
+            .output();
+        let failed = match out {
+            Err(e) => Some(format!("run mkfs.btrfs (install btrfs-progs): {e}")),
+            Ok(o) if !o.status.success() => Some(format!(
+                "mkfs.btrfs {}: {}",
+                image.display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Ok(_) => None,
+        };
+        if let Some(msg) = failed {
+            let _ = std::fs::remove_file(image);
+            return Err(JailError::Unsupported(msg));
+        }
+    }
+    crate::volume::mount_loop(image, dir, c"btrfs")?;
+    if !is_btrfs(dir) {
+        return Err(JailError::Setup(format!(
+            "{} is not a btrfs filesystem",
+            dir.display()
+        )));
+    }
+    let root = open_dir(dir)?;
+    let mut args = QuotaCtlArgs {
+        cmd: BTRFS_QUOTA_CTL_ENABLE,
+        status: 0,
+    };
+    // SAFETY: `args` is a valid quota_ctl_args that outlives the call.
+    let ret = unsafe { libc::ioctl(root.as_raw_fd(), BTRFS_IOC_QUOTA_CTL, &mut args) };
+    if ret != 0 {
+        return Err(io(format!("enable btrfs quota on {}", dir.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+fn vol_args(name: &str) -> Result<Box<VolArgs>, JailError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty()
+        || bytes.len() > PATH_NAME_MAX
+        || name == "."
+        || name == ".."
+        || bytes.iter().any(|&b| b == b'/' || b == 0)
+    {
+        return Err(JailError::InvalidSpec(format!(
+            "{name:?} is not a subvolume name"
+        )));
+    }
+    let mut args = Box::new(VolArgs {
+        fd: 0,
+        name: [0; PATH_NAME_MAX + 1],
+    });
+    args.name[..bytes.len()].copy_from_slice(bytes);
+    Ok(args)
+}
+
+/// Create subvolume `parent/name` (kept if it exists: a woken or re-adopted sandbox) and
+/// limit what it references to `limit_bytes`.
+pub fn create_subvolume(parent: &Path, name: &str, limit_bytes: u64) -> Result<(), JailError> {
+    let args = vol_args(name)?;
+    let path = parent.join(name);
+    if path.symlink_metadata().is_ok() {
+        return set_limit(&path, limit_bytes);
+    }
+    let dir = open_dir(parent)?;
+    // SAFETY: `args` is a valid, NUL-terminated vol_args that outlives the call.
+    let ret = unsafe { libc::ioctl(dir.as_raw_fd(), BTRFS_IOC_SUBVOL_CREATE, &*args) };
+    if ret != 0 {
+        return Err(io(format!("create subvolume {}", path.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let limited = set_limit(&path, limit_bytes);
+    if limited.is_err() {
+        let _ = delete_subvolume(parent, name);
+    }
+    limited
+}
+
+/// Limit the bytes subvolume `subvol` references (its files and their metadata).
+pub fn set_limit(subvol: &Path, limit_bytes: u64) -> Result<(), JailError> {
+    let f = open_dir(subvol)?;
+    let mut args = QgroupLimitArgs {
+        qgroupid: 0,
+        lim: QgroupLimit {
+            flags: BTRFS_QGROUP_LIMIT_MAX_RFER,
+            max_rfer: limit_bytes,
+            max_excl: 0,
+            rsv_rfer: 0,
+            rsv_excl: 0,
+        },
+    };
+    // SAFETY: `args` is a valid qgroup_limit_args that outlives the call.
+    let ret = unsafe { libc::ioctl(f.as_raw_fd(), BTRFS_IOC_QGROUP_LIMIT, &mut args) };
+    if ret != 0 {
+        return Err(io(format!("limit subvolume {}", subvol.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+/// Delete subvolume `parent/name` and everything in it (one ioctl: no walk through the
+/// sandbox's files). Missing: nothing to do.
+pub fn delete_subvolume(parent: &Path, name: &str) -> Result<(), JailError> {
+    let args = vol_args(name)?;
+    let path = parent.join(name);
+    if path.symlink_metadata().is_err() {
+        return Ok(());
+    }
+    let dir = open_dir(parent)?;
+    // SAFETY: `args` is a valid, NUL-terminated vol_args that outlives the call.
+    let ret = unsafe { libc::ioctl(dir.as_raw_fd(), BTRFS_IOC_SNAP_DESTROY, &*args) };
+    if ret != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(io(format!("delete subvolume {}", path.display()))(e));
+        }
+    }
+    Ok(())
+}
+
+/// Size of the filesystem holding `dir`, in bytes (the default size of the pool's image).
+pub fn fs_size(dir: &Path) -> Option<u64> {
+    crate::volume::usage(dir).ok().map(|(_, total)| total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_sizes_match_the_ioctl_numbers() {
+        assert_eq!(std::mem::size_of::<VolArgs>(), 4096);
+        assert_eq!(std::mem::size_of::<QuotaCtlArgs>(), 16);
+        assert_eq!(std::mem::size_of::<QgroupLimitArgs>(), 48);
+        assert_eq!((BTRFS_IOC_SUBVOL_CREATE >> 16) & 0x3fff, 4096);
+        assert_eq!((BTRFS_IOC_QGROUP_LIMIT >> 16) & 0x3fff, 48);
+        assert_eq!((BTRFS_IOC_QUOTA_CTL >> 16) & 0x3fff, 16);
+    }
+
+    #[test]
+    fn names_are_one_component() {
+        assert!(vol_args("sbx_1").is_ok());
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(vol_args(bad).is_err(), "{bad:?}");
+        }
+    }
+}
