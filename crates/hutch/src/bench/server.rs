@@ -279,6 +279,21 @@ impl BenchServer {
         // SAFETY: signalling the server child we started, by its pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.state_dir);
+        // Never delete through a mount point: a server stopped with sandboxes left keeps its
+        // layers image (or a volume) mounted under the state directory.
+        let prefix = format!("{}/", self.state_dir.display());
+        let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4))
+            .any(|m| m.starts_with(&prefix));
+        if mounted {
+            eprintln!(
+                "hutch bench: {} still has mounts; left in place",
+                self.state_dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
     }
 }
