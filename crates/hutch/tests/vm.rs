@@ -830,13 +830,16 @@ async fn a_first_vm_create_shows_what_it_builds() {
         kernel_root.to_str().expect("utf-8"),
     ])
     .await;
-    let out = std::process::Command::new(common::hutch_bin())
-        .args(["create", "--isolation", "vm"])
-        .env("HUTCH_URL", &s.url)
-        .env("HUTCH_STATE_DIR", &s.state_dir)
-        .env_remove("HUTCH_API_KEY")
-        .output()
-        .expect("run hutch");
+    let create = || {
+        std::process::Command::new(common::hutch_bin())
+            .args(["create", "--isolation", "vm"])
+            .env("HUTCH_URL", &s.url)
+            .env("HUTCH_STATE_DIR", &s.state_dir)
+            .env_remove("HUTCH_API_KEY")
+            .output()
+            .expect("run hutch")
+    };
+    let out = create();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -848,13 +851,7 @@ async fn a_first_vm_create_shows_what_it_builds() {
     let (_, code) = s.sh(&id, "true").await;
     assert_eq!(code, 0);
     // Cached now: a second create says nothing.
-    let out = std::process::Command::new(common::hutch_bin())
-        .args(["create", "--isolation", "vm"])
-        .env("HUTCH_URL", &s.url)
-        .env("HUTCH_STATE_DIR", &s.state_dir)
-        .env_remove("HUTCH_API_KEY")
-        .output()
-        .expect("run hutch");
+    let out = create();
     assert!(out.status.success());
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("baking"),
