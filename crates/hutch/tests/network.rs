@@ -696,6 +696,25 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
             .await;
         let id = v["id"].as_str().expect("id").to_string();
         let address = v["network"]["address"].as_str().expect("address").to_string();
+        // Wait for the warm guest the create above asked for: its restore would otherwise
+        // compete for the 2 cores with the timing-sensitive checks below.
+        let hidden = || {
+            std::fs::read_dir(s.state_dir.join("sandboxes"))
+                .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        let known = [id.clone()];
+        let warm = common::wait_until(std::time::Duration::from_secs(60), async || {
+            // Ready (restored, warmed up, paused), not merely being restored.
+            if !s.metrics_text().await.contains("hutch_vm_warm_guests 1") {
+                return None;
+            }
+            let (_, list) = s.request(Method::GET, "/v1/sandboxes", None).await;
+            let listed = list.to_string();
+            hidden().into_iter().find(|d| !known.contains(d) && !listed.contains(d.as_str()))
+        })
+        .await
+        .expect("a warm guest");
         // The guest's own interface carries the slot's address.
         let (out, _) = s.sh(&id, "ip -o -4 addr show; cat /etc/resolv.conf").await;
         assert!(out.contains(&format!("{address}/30")), "{out}");
@@ -734,21 +753,8 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
         let (out, _) = s.sh(&child, "ip -o -4 addr show; echo | nc 203.0.113.10 3000").await;
         assert!(out.contains(&format!("{child_addr}/30")) && out.contains("hello3000"), "{out}");
 
-        // A warm guest (restored with its slot closed: egress deny, no address yet) takes the
-        // claiming create's policy and address.
-        let hidden = || {
-            std::fs::read_dir(s.state_dir.join("sandboxes"))
-                .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).collect::<Vec<_>>())
-                .unwrap_or_default()
-        };
-        let known = [id.clone(), child.clone()];
-        let warm = common::wait_until(std::time::Duration::from_secs(60), async || {
-            let (_, list) = s.request(Method::GET, "/v1/sandboxes", None).await;
-            let listed = list.to_string();
-            hidden().into_iter().find(|d| !known.contains(d) && !listed.contains(d.as_str()))
-        })
-        .await
-        .expect("a warm guest");
+        // The warm guest restored meanwhile (its slot closed: egress deny, no address yet)
+        // takes the claiming create's policy and address.
         let v = s
             .create(json!({"isolation": "vm", "network": {"egress": "deny", "allow": ["203.0.113.20"]}}))
             .await;
