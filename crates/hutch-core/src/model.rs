@@ -309,6 +309,12 @@ pub struct SandboxView {
     pub volumes: Vec<crate::volume::VolumeMount>,
 }
 
+/// Whole vCPUs of a vm guest given `cpus` (a fraction of a CPU is one vCPU, its bandwidth
+/// limited by the cgroup).
+pub fn vcpus(cpus: f64) -> u32 {
+    cpus.ceil().max(1.0) as u32
+}
+
 impl SandboxRecord {
     /// The API view of this record.
     pub fn view(&self) -> SandboxView {

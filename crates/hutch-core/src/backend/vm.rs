@@ -459,21 +459,7 @@ impl VmBackend {
     /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
     /// disk while it is stopped (migration has flushed it), let it run again.
     async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
-        let state = dir.join(SNAPSHOT_STATE);
-        let file = std::fs::File::create(&state)
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", state.display())))?;
-        let saved = self
-            .qmp_within(r, SAVE_TIMEOUT, async |q| {
-                use std::os::fd::AsFd;
-                q.stop().await?;
-                // Loadable into a shared memory file too (hutch_vm::share).
-                q.ignore_shared(false).await?;
-                q.getfd("snapshot", file.as_fd()).await?;
-                q.migrate("fd:snapshot").await?;
-                q.wait_migration(SAVE_TIMEOUT).await
-            })
-            .await;
-        drop(file);
+        let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
         let copied = saved.and_then(|()| {
             std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
                 .map(drop)
@@ -483,24 +469,26 @@ impl VmBackend {
         copied.and(resumed)
     }
 
+    /// Stop the guest and write its RAM and device state to a new file `path` (left stopped;
+    /// the stream is loadable into a shared memory file too, `hutch_vm::share`).
+    async fn stop_and_save(&self, r: &SandboxRecord, path: &Path) -> CoreResult<()> {
+        let file = std::fs::File::create(path)
+            .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
+        self.qmp_within(r, SAVE_TIMEOUT, async |q| {
+            use std::os::fd::AsFd;
+            q.stop().await?;
+            q.ignore_shared(false).await?;
+            q.getfd("save", file.as_fd()).await?;
+            q.migrate("fd:save").await?;
+            q.wait_migration(SAVE_TIMEOUT).await
+        })
+        .await
+    }
+
     /// Save the running guest's memory and device state to `saved` (hibernation).
     async fn save_memory(&self, r: &SandboxRecord, saved: &Path) -> CoreResult<()> {
         let tmp = saved.with_extension("tmp");
-        let file = std::fs::File::create(&tmp)
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
-        let result = self
-            .qmp_within(r, SAVE_TIMEOUT, async |q| {
-                use std::os::fd::AsFd;
-                q.stop().await?;
-                // Loadable into a shared memory file too (hutch_vm::share).
-                q.ignore_shared(false).await?;
-                q.getfd("hibernate", file.as_fd()).await?;
-                q.migrate("fd:hibernate").await?;
-                q.wait_migration(SAVE_TIMEOUT).await
-            })
-            .await;
-        drop(file);
-        if let Err(e) = result {
+        if let Err(e) = self.stop_and_save(r, &tmp).await {
             let _ = std::fs::remove_file(&tmp);
             // Let the guest run on; the manager reports the failure.
             let _ = self.qmp(r, async |q| q.cont().await).await;

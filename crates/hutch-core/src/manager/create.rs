@@ -202,7 +202,7 @@ impl Manager {
         if let (Some(s), crate::model::Isolation::Vm) = (source, isolation) {
             // A memory snapshot restores into a machine of the same shape.
             let memory = cmd.memory_mib.unwrap_or(defaults.memory_mib);
-            let vcpus = |c: f64| c.ceil().max(1.0) as u32;
+            let vcpus = crate::model::vcpus;
             if memory != defaults.memory_mib
                 || vcpus(cmd.cpus.unwrap_or(defaults.cpus)) != vcpus(defaults.cpus)
             {

@@ -30,6 +30,15 @@ pub(crate) fn record_policy(r: &SandboxRecord) -> Policy {
         })
 }
 
+/// The address of `r`'s slot, as stored with its policy.
+pub(crate) fn record_address(r: &SandboxRecord) -> Option<std::net::Ipv4Addr> {
+    r.network
+        .as_ref()
+        .and_then(|v| v.get("address"))
+        .and_then(|a| a.as_str())
+        .and_then(|a| a.parse().ok())
+}
+
 /// A stored network value without the status fields the server adds (address, traffic).
 fn without_status(v: &serde_json::Value) -> serde_json::Value {
     let mut v = v.clone();
@@ -143,12 +152,7 @@ impl Manager {
                 "sandbox {id} was created without a network (egress \"none\"); it cannot gain one: create a new sandbox with a network policy"
             )));
         }
-        let address = r
-            .network
-            .as_ref()
-            .and_then(|v| v.get("address"))
-            .and_then(|a| a.as_str())
-            .and_then(|a| a.parse().ok());
+        let address = record_address(&r);
         if let (Some(net), Some(index)) = (self.network.clone(), r.net_slot) {
             if net.netns_path(index, id).is_some() {
                 let p = policy.clone();

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use hutch_net::policy::{Egress, Policy, PolicySpec};
 use hutch_proto::client::AgentClient;
 
-use super::network::{net_error, policy_json, record_policy};
+use super::network::{net_error, policy_json, record_address, record_policy};
 use super::{blocking, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
-use crate::model::{Isolation, SandboxRecord, SandboxState};
+use crate::model::{vcpus, Isolation, SandboxRecord, SandboxState};
 use crate::time::now_ms;
 
 /// How long a shape stays warm after the last create that asked for it.
@@ -101,7 +101,7 @@ impl Manager {
             template: record.template.clone(),
             build,
             memory_mib: record.memory_mib,
-            vcpus: record.cpus.ceil().max(1.0) as u32,
+            vcpus: vcpus(record.cpus),
             disk_mib: record.disk_mib,
             networked: self.network.is_some() && record_policy(record).networked(),
         })
@@ -130,13 +130,8 @@ impl Manager {
         // The disk it got (the image's size when asked for less).
         rec.disk_mib = pooled.disk_mib;
         rec.state = SandboxState::Starting;
-        let address = pooled.network.as_ref().and_then(|n| n.get("address"));
-        if let (Some(o), Some(a)) = (
-            rec.network.as_mut().and_then(|n| n.as_object_mut()),
-            address,
-        ) {
-            o.insert("address".into(), a.clone());
-        }
+        // The requested policy, at the slot's address.
+        rec.network = Some(policy_json(&record_policy(wanted), record_address(&pooled)));
         let claimed = match self.store.update(&rec) {
             Ok(()) => {
                 let (mgr, r, agent) = (self.clone(), rec.clone(), guest.agent.clone());

@@ -58,7 +58,7 @@ impl VmBackend {
                 blocking_vm(move || building.image(&template, &stamp, &root)),
             )
             .await?;
-        let vcpus = r.cpus.ceil().max(1.0) as u32;
+        let vcpus = crate::model::vcpus(r.cpus);
         let memory = u32::try_from(r.memory_mib)
             .map_err(|_| CoreError::InvalidArgument("memory_mib is too large".into()))?;
         let bake = self
