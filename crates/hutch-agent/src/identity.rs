@@ -20,6 +20,8 @@ use crate::sys;
 pub const MAX_ENTROPY: usize = 4096;
 /// How long the agent waits for the guest kernel to see a grown root disk.
 const DISK_RESIZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long the agent waits for a volume's disk to be probed again.
+const VOLUME_PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Longest hostname the kernel accepts.
 const MAX_HOSTNAME: usize = 64;
 /// `RNDADDENTROPY` = `_IOW('R', 0x03, int[2])`; not exported by the libc crate.
@@ -83,6 +85,8 @@ pub struct Applied {
     pub network: bool,
     /// The root filesystem was grown to this many bytes.
     pub root_bytes: Option<u64>,
+    /// Volumes mounted.
+    pub volumes: usize,
 }
 
 /// `POST /v1/identity` (blocking: writes to `/dev/urandom`).
@@ -120,6 +124,10 @@ pub fn apply(agent: &Agent, request: IdentityRequest, is_init: bool) -> Result<A
                 .map_err(|e| Failure::Internal(e.to_string()))?;
             applied.root_bytes = Some(grown);
         }
+        crate::volumes::detach(&request.unmount).map_err(|e| Failure::Internal(e.to_string()))?;
+        crate::volumes::mount_all(&request.volumes, VOLUME_PROBE_WAIT)
+            .map_err(|e| Failure::Internal(e.to_string()))?;
+        applied.volumes = request.volumes.len();
     }
     agent.set_identity_env(request.env);
     Ok(applied)
@@ -193,6 +201,12 @@ mod tests {
             unix_time_ms: Some(0),
             network: None,
             root_disk_bytes: Some(1 << 40),
+            unmount: vec!["/".into()],
+            volumes: vec![hutch_proto::GuestVolume {
+                serial: "hutch-vol0".into(),
+                path: "/must-not-be-mounted".into(),
+                read_only: false,
+            }],
         };
         let applied = apply(&agent, request, false).expect("applies");
         assert_eq!(applied, Applied::default());

@@ -25,6 +25,7 @@ mod server;
 mod state;
 mod sys;
 mod tunnel;
+mod volumes;
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -235,6 +235,7 @@ const ROUTES: &[&str] = &[
     "/v1/files/mkdir",
     "/v1/files/move",
     "/v1/identity",
+    "/v1/sync",
     "/v1/tcp",
 ];
 
@@ -271,6 +272,7 @@ async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentB
         (&Method::POST, "/v1/files/mkdir") => files::mkdir(body).await.map(|()| done()),
         (&Method::POST, "/v1/files/move") => files::rename(body).await.map(|()| done()),
         (&Method::POST, "/v1/identity") => apply_identity(agent, body).await.map(|()| done()),
+        (&Method::POST, "/v1/sync") => sync_all().await.map(|()| done()),
         (&Method::POST, "/v1/tcp") => match Query::parse(query) {
             Ok(q) => tunnel::handle_tcp(&q, body).await,
             Err(e) => Err(e),
@@ -292,12 +294,21 @@ async fn apply_identity(agent: Arc<Agent>, body: Incoming) -> Result<(), Failure
         .map_err(|e| Failure::Internal(format!("identity did not finish: {e}")))??;
     if is_init {
         log!(
-            "identity applied (hostname set: {}, entropy added: {}, clock set: {}, root grown to: {:?} bytes)",
+            "identity applied (hostname set: {}, entropy added: {}, clock set: {}, root grown to: {:?} bytes, volumes mounted: {})",
             applied.hostname,
             applied.entropy,
             applied.clock,
-            applied.root_bytes
+            applied.root_bytes,
+            applied.volumes
         );
     }
     Ok(())
+}
+
+/// `POST /v1/sync`: flush every filesystem's dirty pages to its disk.
+async fn sync_all() -> Result<(), Failure> {
+    // SAFETY: sync has no arguments and cannot fail.
+    tokio::task::spawn_blocking(|| unsafe { libc::sync() })
+        .await
+        .map_err(|e| Failure::Internal(format!("sync did not finish: {e}")))
 }

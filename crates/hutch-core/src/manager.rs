@@ -458,7 +458,10 @@ impl Manager {
     async fn remove(&self, r: SandboxRecord, event: &str) -> CoreResult<()> {
         // Forget it first so the death watcher treats the exit as intended.
         self.store.delete(&r.id)?;
-        self.lock_agents().remove(&r.id);
+        let client = self.lock_agents().remove(&r.id);
+        if let Some(client) = client {
+            self.sync_volumes(&r, &client).await;
+        }
         self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -118,7 +118,7 @@ pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailE
             return Err(JailError::Unsupported(msg));
         }
     }
-    crate::volume::mount_loop(image, dir, c"btrfs")?;
+    crate::volume::mount_loop(image, dir, c"btrfs", false)?;
     if !is_btrfs(dir) {
         return Err(JailError::Setup(format!(
             "{} is not a btrfs filesystem",

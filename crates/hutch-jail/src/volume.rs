@@ -17,6 +17,7 @@ use crate::{mountinfo, JailError};
 
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_READ_ONLY: u32 = 1;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
 /// `struct loop_info64` (linux/loop.h).
@@ -118,7 +119,9 @@ pub fn image_attached(image: &Path) -> bool {
     })
 }
 
-fn wait_released(image: &Path) -> Result<(), JailError> {
+/// Wait until no loop device holds `image` (its host filesystem is gone everywhere), so
+/// something else (a `vm` guest) may open it.
+pub fn wait_released(image: &Path) -> Result<(), JailError> {
     let deadline = std::time::Instant::now() + RELEASE_WAIT;
     while image_attached(image) {
         if std::time::Instant::now() > deadline {
@@ -136,9 +139,10 @@ fn wait_released(image: &Path) -> Result<(), JailError> {
 /// Mount `image` at `dir` (created if missing) through a free loop device. Already mounted:
 /// nothing to do. An image whose filesystem is still alive elsewhere (just unmounted here,
 /// a copy still held by a sandbox being created) is waited for: two live instances of one
-/// ext4 would lose each other's writes.
-pub fn mount_image(image: &Path, dir: &Path) -> Result<(), JailError> {
-    mount_loop(image, dir, c"ext4")
+/// ext4 would lose each other's writes. `read_only` attaches and mounts it read-only (the
+/// host then never writes the image, so `vm` guests may read it at the same time).
+pub fn mount_image(image: &Path, dir: &Path, read_only: bool) -> Result<(), JailError> {
+    mount_loop(image, dir, c"ext4", read_only)
 }
 
 /// Mount the filesystem `fstype` of `image` at `dir` (see [`mount_image`]).
@@ -146,6 +150,7 @@ pub(crate) fn mount_loop(
     image: &Path,
     dir: &Path,
     fstype: &std::ffi::CStr,
+    read_only: bool,
 ) -> Result<(), JailError> {
     std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
     if is_mounted(dir)? {
@@ -154,7 +159,7 @@ pub(crate) fn mount_loop(
     wait_released(image)?;
     let backing = OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(image)
         .map_err(io(format!("open {}", image.display())))?;
     let ctl = File::open("/dev/loop-control").map_err(io("open /dev/loop-control".into()))?;
@@ -177,6 +182,9 @@ pub(crate) fn mount_loop(
         let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
         cfg.fd = backing.as_raw_fd() as u32;
         cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        if read_only {
+            cfg.info.lo_flags |= LO_FLAGS_READ_ONLY;
+        }
         // SAFETY: `cfg` is a valid loop_config that outlives the call.
         let ret = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg) };
         if ret != 0 {
@@ -191,7 +199,7 @@ pub(crate) fn mount_loop(
             Some(&src),
             dir,
             Some(fstype),
-            libc::MS_NODEV | libc::MS_NOSUID,
+            libc::MS_NODEV | libc::MS_NOSUID | if read_only { libc::MS_RDONLY } else { 0 },
             None,
             "mount loop image",
         );

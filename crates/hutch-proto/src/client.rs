@@ -303,6 +303,12 @@ impl AgentClient {
             .await
     }
 
+    /// `POST /v1/sync`: write every dirty page of the sandbox's filesystems to their disks
+    /// (`vm`: before a volume's guest stops, so its data is on the volume's image).
+    pub async fn sync(&self) -> ClientResult<()> {
+        self.empty_call(Method::POST, "/v1/sync", None).await
+    }
+
     /// Send a request; a non-2xx answer becomes [`ClientError::Agent`].
     pub(crate) async fn call(
         &self,

@@ -27,6 +27,7 @@
 //! | POST | `/v1/files/mkdir` | [`MkdirRequest`] JSON | 204 |
 //! | POST | `/v1/files/move` | [`MoveRequest`] JSON | 204 |
 //! | POST | `/v1/identity` | [`IdentityRequest`] JSON | 204 |
+//! | POST | `/v1/sync` | — | 204 (every filesystem flushed to its disk) |
 //! | POST | `/v1/tcp?port=` | raw bytes to the port (streamed) | raw bytes from it (streamed) |
 //!
 //! Errors are a non-2xx status with an [`AgentError`] JSON body.

@@ -194,6 +194,25 @@ pub struct IdentityRequest {
     /// the mounted root filesystem to fill it. The call fails if that cannot be done.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_disk_bytes: Option<u64>,
+    /// Mount points to detach first (`vm`): volumes the guest's memory had mounted that this
+    /// sandbox does not have (a child of a parent's read-write volume). Detached lazily.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmount: Vec<String>,
+    /// Volumes to mount (`vm`): disks attached to slots that were empty in the guest's memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<GuestVolume>,
+}
+
+/// A volume disk the agent mounts in a `vm` guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestVolume {
+    /// The virtio-blk serial number that names the disk (`/sys/block/vdX/serial`).
+    pub serial: String,
+    /// Absolute mount point (created with its parents).
+    pub path: String,
+    /// Mount read-only (the host also attaches the disk read-only).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// A guest's IPv4 settings.

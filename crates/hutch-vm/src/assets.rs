@@ -39,7 +39,7 @@ const COMPLETE: &str = "complete";
 /// How long a bake's cold boot may take (TCG on a busy host is slow).
 const BAKE_BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bumped when the command line or the bake procedure changes, so old bakes are not used.
-const BAKE_FORMAT: &str = "hutch-bake-5";
+const BAKE_FORMAT: &str = "hutch-bake-6";
 /// Free space given to a template image beyond its files.
 const IMAGE_HEADROOM_MIB: u64 = 1024;
 

@@ -98,6 +98,28 @@ pub struct VmConfig {
     /// QEMU as fd [`TAP_FD`]. Without one the guest's NIC sits on an empty hub: the device
     /// set is the same either way, so every restore matches the bake.
     pub tap: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// What each of the [`VOLUME_SLOTS`] volume slots holds (`None`: an empty placeholder,
+    /// QEMU's `null-co` driver, which opens no file and discards writes).
+    pub volumes: [Option<VolumeDrive>; VOLUME_SLOTS],
+}
+
+/// How many volume slots every guest has. Each is a `virtio-blk` device that exists in every
+/// bake and every restore (a restore's device set must be the bake's), backed by an empty
+/// placeholder unless a volume is attached there.
+pub const VOLUME_SLOTS: usize = 4;
+
+/// The serial number the guest sees on volume slot `slot` (`/sys/block/vdX/serial`).
+pub fn volume_serial(slot: usize) -> String {
+    format!("hutch-vol{slot}")
+}
+
+/// A volume image attached to a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeDrive {
+    /// The raw ext4 image.
+    pub image: PathBuf,
+    /// Attach read-only: QEMU opens the image read-only and offers the guest a read-only disk.
+    pub read_only: bool,
 }
 
 /// The descriptor number QEMU finds the TAP device at.
@@ -126,6 +148,7 @@ impl VmConfig {
             seccomp: true,
             jail: None,
             tap: None,
+            volumes: Default::default(),
         }
     }
 
@@ -192,6 +215,31 @@ impl VmConfig {
                 ),
             ]);
             push(&["-device", "virtio-blk-device,drive=root"]);
+        }
+        for (slot, volume) in self.volumes.iter().enumerate() {
+            let drive = match volume {
+                Some(v) => format!(
+                    "file={},format=raw,if=none,id=vol{slot},cache=writeback,readonly={}",
+                    escape(&v.image),
+                    if v.read_only { "on" } else { "off" }
+                ),
+                // Writable in a bake, where the guest negotiates the disk's features: a
+                // guest that took the read-only bit could not be restored onto a writable
+                // disk. Read-only in a restore: an unused slot (or one whose volume the
+                // guest had but this sandbox has not) takes no writes.
+                None => format!(
+                    "driver=null-co,read-zeroes=on,size=0,if=none,id=vol{slot},readonly={}",
+                    if self.incoming { "on" } else { "off" }
+                ),
+            };
+            push(&["-drive", &drive]);
+            push(&[
+                "-device",
+                &format!(
+                    "virtio-blk-device,drive=vol{slot},serial={}",
+                    volume_serial(slot)
+                ),
+            ]);
         }
         push(&["-device", "virtio-serial-device,max_ports=2"]);
         push(&[
@@ -452,8 +500,54 @@ mod tests {
         let r = joined(&restore);
         assert_eq!(
             r,
-            format!("{} -incoming defer", b.replace("share=on", "share=off"))
+            format!(
+                "{} -incoming defer",
+                b.replace("share=on", "share=off")
+                    .replace(
+                        ",size=0,if=none,id=vol0,readonly=off",
+                        ",size=0,if=none,id=vol0,readonly=on"
+                    )
+                    .replace(
+                        ",size=0,if=none,id=vol1,readonly=off",
+                        ",size=0,if=none,id=vol1,readonly=on"
+                    )
+                    .replace(
+                        ",size=0,if=none,id=vol2,readonly=off",
+                        ",size=0,if=none,id=vol2,readonly=on"
+                    )
+                    .replace(
+                        ",size=0,if=none,id=vol3,readonly=off",
+                        ",size=0,if=none,id=vol3,readonly=on"
+                    )
+            )
         );
+    }
+
+    #[test]
+    fn volume_slots_are_always_there() {
+        let mut config = config();
+        let empty = joined(&config);
+        for slot in 0..VOLUME_SLOTS {
+            assert!(empty.contains(&format!(
+                "-drive driver=null-co,read-zeroes=on,size=0,if=none,id=vol{slot},readonly=off -device virtio-blk-device,drive=vol{slot},serial=hutch-vol{slot}"
+            )), "{empty}");
+        }
+        config.volumes[2] = Some(VolumeDrive {
+            image: "/v/a,b.ext4".into(),
+            read_only: true,
+        });
+        let attached = joined(&config);
+        assert!(attached.contains(
+            "-drive file=/v/a,,b.ext4,format=raw,if=none,id=vol2,cache=writeback,readonly=on -device virtio-blk-device,drive=vol2,serial=hutch-vol2"
+        ), "{attached}");
+        // The device set (what a restore must match) is the same.
+        let devices = |argv: &str| {
+            argv.split(" -")
+                .filter(|a| a.starts_with("device"))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(devices(&empty), devices(&attached));
     }
 
     #[test]

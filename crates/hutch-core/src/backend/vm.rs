@@ -28,6 +28,7 @@ use hutch_vm::{disk, snapshot, VmError};
 
 mod resize;
 mod share;
+mod volumes;
 mod warm;
 
 use super::ns::UID_RANGE;
@@ -296,8 +297,7 @@ impl VmBackend {
             env,
             entropy,
             unix_time_ms: Some(crate::time::now_ms().max(0) as u64),
-            network: None,
-            root_disk_bytes: None,
+            ..IdentityRequest::default()
         })
     }
 
@@ -325,10 +325,13 @@ impl VmBackend {
         }
         let guest_net = self.guest_network(r)?;
         snap.config.tap = guest_net.as_ref().map(|(_, tap)| tap.clone());
+        let volume_plan = volumes::plan(&self.cfg, r)?;
+        snap.config.volumes = volume_plan.drives.clone();
         let t0 = std::time::Instant::now();
         let dir = self.dir(&r.id);
         let uid = r.uid_slot * UID_RANGE;
         create_private_dir(&dir, uid)?;
+        volumes::grant(&volume_plan, uid)?;
         let overlay = dir.join("disk.qcow2");
         match (woken, &r.layer) {
             // Same command line (devices, memory file); all of the guest's RAM and device
@@ -404,6 +407,11 @@ impl VmBackend {
             // On failure from here on, dropping `guest` kills QEMU.
             let mut identity = Self::identity(r)?;
             identity.network = guest_net.filter(|_| !warm).map(|(n, _)| n);
+            // A woken guest has its volumes mounted already (they are in its memory).
+            if !woken_disk {
+                identity.unmount = volume_plan.unmount;
+                identity.volumes = volume_plan.mount;
+            }
             if let Some(bytes) = grow {
                 guest
                     .qmp
@@ -736,6 +744,7 @@ impl Backend for VmBackend {
         } else {
             tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
         }
+        volumes::write_layout(&self.cfg, r, dir)?;
         let shared = tokio::runtime::Handle::current().block_on(self.share_memory(r, dir));
         let shared_bytes = match shared {
             Ok(bytes) => bytes,

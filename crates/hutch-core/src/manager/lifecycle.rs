@@ -93,6 +93,7 @@ impl Manager {
         if client.is_closed() {
             return;
         }
+        self.sync_volumes(r, &client).await;
         let rec = r.clone();
         let _ = tokio::task::spawn_blocking(move || {
             // Shut the socket down rather than only drop the client: a clone held by a

@@ -7,17 +7,20 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hutch_jail::volume as vol;
+use hutch_proto::client::AgentClient;
 
 use super::{blocking, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
-use crate::model::{SandboxRecord, SandboxState};
+use crate::model::{Isolation, SandboxRecord, SandboxState};
 use crate::volume::{VolumeAttachment, VolumeMount, VolumeRecord, VolumeView};
 
 /// Largest volume (1 TiB; the image is sparse).
 const MAX_VOLUME_MIB: u64 = 1 << 20;
 /// Smallest volume ext4 accepts comfortably.
 const MIN_VOLUME_MIB: u64 = 4;
+/// How long a `vm` guest may take to flush its volumes before it is stopped anyway.
+const VOLUME_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 fn jail_error(e: hutch_jail::JailError) -> CoreError {
     CoreError::Internal(format!("volume: {e}"))
@@ -193,17 +196,16 @@ impl Manager {
         &self,
         wanted: &[VolumeMount],
         tenant: Option<&String>,
-        isolation: crate::model::Isolation,
+        isolation: Isolation,
     ) -> CoreResult<Vec<VolumeMount>> {
-        if !wanted.is_empty() && isolation == crate::model::Isolation::Vm {
-            return Err(CoreError::InvalidArgument(
-                "volumes are not available to vm sandboxes yet (ns only)".into(),
-            ));
-        }
-        if wanted.len() > hutch_jail::MAX_VOLUMES {
+        let most = match isolation {
+            Isolation::Vm => hutch_vm::qemu::VOLUME_SLOTS,
+            Isolation::Ns => hutch_jail::MAX_VOLUMES,
+        };
+        if wanted.len() > most {
             return Err(CoreError::InvalidArgument(format!(
-                "at most {} volumes per sandbox",
-                hutch_jail::MAX_VOLUMES
+                "at most {most} volumes per {} sandbox",
+                isolation.as_str()
             )));
         }
         let mut paths = BTreeSet::new();
@@ -256,13 +258,35 @@ impl Manager {
         Ok(())
     }
 
-    /// Mount `r`'s volumes on the host (blocking; already mounted ones are kept).
+    /// Make `r`'s volumes ready for its backend (blocking). `ns`: mount each on the host
+    /// (read-only when attached read-only; an already mounted one is kept). `vm`: QEMU opens
+    /// the image itself, so one attached read-write must have no host filesystem left.
     pub(super) fn mount_volumes(&self, r: &SandboxRecord) -> CoreResult<()> {
         for m in &r.volumes {
             let dir = self.cfg.volume_dir(&m.volume);
-            vol::mount_image(&dir.join("disk.ext4"), &dir.join("mnt")).map_err(jail_error)?;
+            let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
+            match r.isolation {
+                Isolation::Ns => vol::mount_image(&image, &mnt, m.read_only),
+                Isolation::Vm if m.read_only => Ok(()),
+                Isolation::Vm => vol::unmount_image(&mnt).and_then(|()| vol::wait_released(&image)),
+            }
+            .map_err(jail_error)?;
         }
         Ok(())
+    }
+
+    /// Flush a `vm` guest's page cache to its read-write volumes' images before its memory
+    /// is saved or its QEMU killed (a guest keeps written data in memory for up to 30 s).
+    pub(super) async fn sync_volumes(&self, r: &SandboxRecord, client: &AgentClient) {
+        let writable = r.isolation == Isolation::Vm && r.volumes.iter().any(|m| !m.read_only);
+        if !writable || r.state == SandboxState::Paused || client.is_closed() {
+            return;
+        }
+        match tokio::time::timeout(VOLUME_SYNC_TIMEOUT, client.sync()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(id = %r.id, error = %e, "syncing the guest's volumes"),
+            Err(_) => tracing::warn!(id = %r.id, "syncing the guest's volumes timed out"),
+        }
     }
 
     /// Unmount volumes no sandbox with processes uses any more (blocking).

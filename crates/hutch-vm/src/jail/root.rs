@@ -192,6 +192,16 @@ impl RootPlan {
                 current = backing;
             }
         }
+        // Attached volumes only (an empty slot opens no file); a read-only one is bound
+        // read-only, so QEMU could not write it even if it tried.
+        for volume in config.volumes.iter().flatten() {
+            let access = if volume.read_only {
+                Access::Data
+            } else {
+                Access::Writable
+            };
+            add(&volume.image, false, access);
+        }
         add(Path::new("/dev/null"), false, Access::Device);
         add(Path::new("/dev/urandom"), false, Access::DeviceReadOnly);
         if config.accel == Accel::Kvm {
@@ -252,6 +262,12 @@ pub(crate) fn with_absolute_paths(config: &VmConfig, cwd: &Path) -> VmConfig {
         agent_socket: abs(&config.agent_socket),
         console_log: config.console_log.as_deref().map(abs),
         root_disk: config.root_disk.as_deref().map(abs),
+        volumes: config.volumes.clone().map(|slot| {
+            slot.map(|v| crate::qemu::VolumeDrive {
+                image: abs(&v.image),
+                ..v
+            })
+        }),
         ..config.clone()
     }
 }
