@@ -650,6 +650,18 @@ impl Manager {
                 self.warm.len()
             );
         }
+        if let Some(quota) = self.ns.disk_quota_known() {
+            use std::fmt::Write as _;
+            let (on, mib) = match quota {
+                crate::backend::ns::DiskQuota::Enforced { pool_mib } => (1, pool_mib),
+                crate::backend::ns::DiskQuota::Off { .. } => (0, 0),
+            };
+            let _ = writeln!(
+                text,
+                "# HELP hutch_ns_disk_quota_enforced Whether disk_mib is enforced on ns sandboxes (btrfs disk pool; known after the first ns create).\n# TYPE hutch_ns_disk_quota_enforced gauge\nhutch_ns_disk_quota_enforced {on}\n# HELP hutch_ns_disk_pool_bytes Size of the ns disk pool (0 without one).\n# TYPE hutch_ns_disk_pool_bytes gauge\nhutch_ns_disk_pool_bytes {}",
+                mib << 20
+            );
+        }
         let traffic = self.traffic_all();
         if self.network.is_some() {
             use std::fmt::Write as _;

@@ -226,6 +226,36 @@ pub fn delete_subvolume(parent: &Path, name: &str) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Whether the running kernel has btrfs: built in or loaded (`/proc/filesystems`), or a
+/// module the first mount would load.
+pub fn kernel_has_btrfs() -> bool {
+    let listed = std::fs::read_to_string("/proc/filesystems").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().last() == Some("btrfs"))
+    });
+    listed || {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let dir = Path::new("/lib/modules")
+            .join(release.trim())
+            .join("kernel/fs/btrfs");
+        std::fs::read_dir(dir).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("btrfs.ko")))
+        })
+    }
+}
+
+/// Where `mkfs.btrfs` is found on `PATH` (as [`setup_pool`] runs it), if anywhere.
+pub fn mkfs_path() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("mkfs.btrfs"))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// Size of the filesystem holding `dir`, in bytes (the default size of the pool's image).
 pub fn fs_size(dir: &Path) -> Option<u64> {
     crate::volume::usage(dir).ok().map(|(_, total)| total)

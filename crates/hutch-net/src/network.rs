@@ -114,6 +114,10 @@ pub(crate) struct Inner {
     pub pool: Pool,
     host_ns: OwnedFd,
     state: Mutex<State>,
+    /// Held by a policy change and by a pin, each over its state update and its nft run, so
+    /// the kernel's pins never hold an address the current policy does not allow (see
+    /// [`Network::pin`]).
+    rules: Mutex<()>,
     generation: AtomicU32,
     next_conn: AtomicU64,
     pub resolver_port: u16,
@@ -171,6 +175,7 @@ impl Network {
                 pool,
                 host_ns,
                 state: Mutex::new(State::default()),
+                rules: Mutex::new(()),
                 generation: AtomicU32::new(1),
                 next_conn: AtomicU64::new(1),
                 resolver_port,
@@ -194,6 +199,10 @@ impl Network {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rules_lock(&self) -> MutexGuard<'_, ()> {
+        self.inner.rules.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn next_generation(&self) -> u32 {
@@ -442,8 +451,11 @@ impl Network {
 
     /// Change slot `index`'s policy at once: new rules under a new generation (so open
     /// connections are judged again), pins kept only for names still allowed, proxied
-    /// connections the new policy forbids cut.
+    /// connections the new policy forbids cut. When it returns, the new policy decides every
+    /// packet and every DNS answer: an answer that was in flight is judged again and pinned
+    /// only if the new policy allows its name ([`Network::pin`]).
     pub fn set_policy(&self, index: u32, policy: &Policy) -> Result<(), NetError> {
+        let _rules = self.rules_lock();
         let now = Instant::now();
         let pins: Vec<(Ipv4Addr, u32)> = {
             let mut st = self.state();
@@ -510,16 +522,18 @@ impl Network {
         st.used.get(&index).map(|s| (index, s.policy.clone()))
     }
 
-    /// Record that `name` resolved to `ips` for slot `index` and pin them in nft.
+    /// Pin `ips`, which `name` resolved to, for slot `index` (state and nft) if the slot's
+    /// policy *now* pins answers for `name` (egress deny, `name` allowed); `Ok(false)` if it
+    /// does not (the policy changed while the answer was upstream; the slot is gone), and
+    /// nothing is pinned. Serialized with [`Network::set_policy`]: a change that returned
+    /// first is judged by here, and a change that comes after sees (and re-judges) the pin.
     pub(crate) fn pin(
         &self,
         index: u32,
         name: &str,
         ips: &[(Ipv4Addr, u32)],
-    ) -> Result<(), NetError> {
-        if ips.is_empty() {
-            return Ok(());
-        }
+    ) -> Result<bool, NetError> {
+        let _rules = self.rules_lock();
         let now = Instant::now();
         let ttls: Vec<(Ipv4Addr, u32)> = ips
             .iter()
@@ -528,8 +542,14 @@ impl Network {
         {
             let mut st = self.state();
             let Some(slot) = st.used.get_mut(&index) else {
-                return Ok(());
+                return Ok(false);
             };
+            if !pins_answers_for(&slot.policy, name) {
+                return Ok(false);
+            }
+            if ttls.is_empty() {
+                return Ok(true);
+            }
             for (ip, ttl) in &ttls {
                 let pin = slot.pins.entry(*ip).or_insert_with(|| Pin {
                     names: BTreeSet::new(),
@@ -539,7 +559,8 @@ impl Network {
                 pin.expires = pin.expires.max(now + Duration::from_secs(u64::from(*ttl)));
             }
         }
-        nft::run(&nft::add_pins(index, &ttls))
+        nft::run(&nft::add_pins(index, &ttls))?;
+        Ok(true)
     }
 
     /// Names `ip` was resolved for (unexpired) in slot `index`.
@@ -579,6 +600,14 @@ fn traffic_of(all: &HashMap<String, (nft::Counter, nft::Counter)>, index: u32) -
         connections_out: conns.packets,
         bytes_out: bytes.bytes,
     }
+}
+
+/// Whether the resolver pins the answers for `name` under `policy`: domain rules, egress
+/// deny, `name` allowed.
+pub(crate) fn pins_answers_for(policy: &Policy, name: &str) -> bool {
+    policy.has_domain_rules()
+        && policy.egress == crate::policy::Egress::Deny
+        && policy.name(name) == Verdict::Allow
 }
 
 /// The proxy's verdict on a connection to `dst` naming `name` (SNI or Host).

@@ -4,14 +4,16 @@
 //! refused, and with `egress: deny` the answer's addresses are pinned into the sandbox's
 //! nftables set for their TTL.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::oneshot;
 
 use crate::dnsmsg::{self, RCODE_NXDOMAIN, RCODE_REFUSED, RCODE_SERVFAIL};
-use crate::network::Network;
+use crate::network::{pins_answers_for, Network};
 use crate::policy::{Egress, Verdict};
 use crate::NetError;
 
@@ -39,8 +41,78 @@ pub(crate) async fn bind() -> Result<(UdpSocket, TcpListener), NetError> {
     })
 }
 
+/// Replies to UDP queries that share a source and an ID leave in the order the queries came.
+///
+/// Queries are answered concurrently, so replies may overtake each other, which DNS allows.
+/// But a client can tell replies apart only by source and ID, and some give two queries of
+/// one lookup the same ID: busybox `nslookup` (through glibc's `res_mkquery`, whose IDs come
+/// from `CLOCK_MONOTONIC`) does so when the clock is coarse, as in a TCG guest. It takes the
+/// first reply with an ID for the first query with that ID (A before AAAA) and drops the
+/// other as a duplicate: an AAAA reply overtaking the A reply loses the A record. So a query
+/// waits, before sending its reply, for the reply of the previous query with its source and
+/// ID; queries with other IDs never wait.
+/// The latest query of each (source, ID): its number and a receiver that ends once its reply
+/// is sent (or abandoned).
+type LastQueries = HashMap<(SocketAddr, u16), (u64, oneshot::Receiver<()>)>;
+
+#[derive(Default)]
+struct ReplyOrder {
+    last: std::sync::Mutex<LastQueries>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// A query's place in its (source, ID) order.
+struct Turn {
+    key: (SocketAddr, u16),
+    seq: u64,
+    previous: Option<oneshot::Receiver<()>>,
+    sent: oneshot::Sender<()>,
+}
+
+impl ReplyOrder {
+    fn map(&self) -> std::sync::MutexGuard<'_, LastQueries> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Take a turn; call in arrival order.
+    fn arrive(&self, src: SocketAddr, query: &[u8]) -> Option<Turn> {
+        let id = u16::from_be_bytes([*query.first()?, *query.get(1)?]);
+        let key = (src, id);
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (sent, rx) = oneshot::channel();
+        let previous = self.map().insert(key, (seq, rx)).map(|(_, prev)| prev);
+        Some(Turn {
+            key,
+            seq,
+            previous,
+            sent,
+        })
+    }
+
+    /// Wait until the previous reply of `turn`'s source and ID is out.
+    async fn wait(turn: &mut Turn) {
+        if let Some(prev) = turn.previous.as_mut() {
+            // An error means the previous query's task ended without a reply: go on.
+            let _ = prev.await;
+        }
+        turn.previous = None;
+    }
+
+    /// The reply of `turn` is out (or abandoned): let the next one go, forget the key if
+    /// no query came after.
+    fn done(&self, turn: Turn) {
+        let mut map = self.map();
+        if map.get(&turn.key).is_some_and(|(seq, _)| *seq == turn.seq) {
+            map.remove(&turn.key);
+        }
+        drop(map);
+        let _ = turn.sent.send(());
+    }
+}
+
 pub(crate) fn spawn(net: Network, udp: UdpSocket, tcp: TcpListener) {
     let udp = std::sync::Arc::new(udp);
+    let order = std::sync::Arc::new(ReplyOrder::default());
     let n = net.clone();
     tokio::spawn(async move {
         let mut buf = vec![0u8; 4096];
@@ -49,11 +121,17 @@ pub(crate) fn spawn(net: Network, udp: UdpSocket, tcp: TcpListener) {
                 continue;
             };
             let query = buf[..len].to_vec();
-            let (n, udp) = (n.clone(), udp.clone());
+            let Some(mut turn) = order.arrive(src, &query) else {
+                continue;
+            };
+            let (n, udp, order) = (n.clone(), udp.clone(), order.clone());
             tokio::spawn(async move {
-                if let Some(reply) = answer(&n, src, &query, false).await {
+                let reply = answer(&n, src, &query, false).await;
+                ReplyOrder::wait(&mut turn).await;
+                if let Some(reply) = reply {
                     let _ = udp.send_to(&reply, src).await;
                 }
+                order.done(turn);
             });
         }
     });
@@ -108,6 +186,15 @@ async fn answer(net: &Network, src: SocketAddr, query: &[u8], tcp: bool) -> Opti
             return Some(dnsmsg::reply_with(query, &q, RCODE_SERVFAIL));
         }
     };
+    // The policy may have changed while the query was upstream (a live change returns as
+    // soon as its rules are in): the answer follows the policy of now, not of the question.
+    let Some((index, policy)) = net.policy_of(src_ip) else {
+        return Some(dnsmsg::reply_with(query, &q, RCODE_REFUSED));
+    };
+    if policy.name(&q.name) == Verdict::Deny {
+        tracing::debug!(name = %q.name, index, "resolver: name denied by a policy changed meanwhile");
+        return Some(dnsmsg::reply_with(query, &q, RCODE_NXDOMAIN));
+    }
     if !policy.has_domain_rules() {
         return Some(reply);
     }
@@ -119,10 +206,22 @@ async fn answer(net: &Network, src: SocketAddr, query: &[u8], tcp: bool) -> Opti
     if policy.egress == Egress::Deny && !ips.is_empty() {
         let (n, name) = (net.clone(), q.name.clone());
         let pinned: Vec<(Ipv4Addr, u32)> = ips;
-        let res = tokio::task::spawn_blocking(move || n.pin(index, &name, &pinned)).await;
-        if !matches!(res, Ok(Ok(()))) {
-            tracing::warn!(name = %q.name, index, "resolver: pinning failed; answering SERVFAIL");
-            return Some(dnsmsg::reply_with(query, &q, RCODE_SERVFAIL));
+        match tokio::task::spawn_blocking(move || n.pin(index, &name, &pinned)).await {
+            Ok(Ok(true)) => {}
+            // Not pinned: the policy changed again since it was read above; the newest one
+            // decides (it may allow the name without pins, egress allow).
+            Ok(Ok(false)) => {
+                let allowed = net.policy_of(src_ip).is_some_and(|(_, p)| {
+                    p.name(&q.name) == Verdict::Allow && !pins_answers_for(&p, &q.name)
+                });
+                if !allowed {
+                    return Some(dnsmsg::reply_with(query, &q, RCODE_NXDOMAIN));
+                }
+            }
+            _ => {
+                tracing::warn!(name = %q.name, index, "resolver: pinning failed; answering SERVFAIL");
+                return Some(dnsmsg::reply_with(query, &q, RCODE_SERVFAIL));
+            }
         }
     }
     Some(reply)
@@ -164,4 +263,45 @@ async fn forward(upstream: SocketAddr, query: &[u8], tcp: bool) -> std::io::Resu
         std::io::ErrorKind::TimedOut,
         "upstream did not answer",
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_reply_waits_for_the_previous_one_of_its_source_and_id_only() {
+        let order = ReplyOrder::default();
+        let src: SocketAddr = "10.213.0.2:5000".parse().unwrap();
+        let other_src: SocketAddr = "10.213.0.6:5000".parse().unwrap();
+        let q7 = dnsmsg::build_query(7, "a.test", dnsmsg::TYPE_A);
+        let q8 = dnsmsg::build_query(8, "a.test", dnsmsg::TYPE_A);
+        let first = order.arrive(src, &q7).unwrap();
+        let mut second = order.arrive(src, &q7).unwrap();
+        let mut other_id = order.arrive(src, &q8).unwrap();
+        let mut other_source = order.arrive(other_src, &q7).unwrap();
+        let soon = Duration::from_millis(50);
+        for t in [&mut other_id, &mut other_source] {
+            tokio::time::timeout(soon, ReplyOrder::wait(t))
+                .await
+                .expect("another ID or source does not wait");
+        }
+        assert!(
+            tokio::time::timeout(soon, ReplyOrder::wait(&mut second))
+                .await
+                .is_err(),
+            "the second reply with one ID waits for the first"
+        );
+        order.done(first);
+        tokio::time::timeout(soon, ReplyOrder::wait(&mut second))
+            .await
+            .expect("released once the first is out");
+        for t in [second, other_id, other_source] {
+            order.done(t);
+        }
+        assert!(
+            order.map().is_empty(),
+            "nothing kept once every reply is out"
+        );
+    }
 }

@@ -147,6 +147,14 @@ fn doctor_reports_namespace_support() {
         !v["isolation"]["why"].as_str().unwrap_or("").is_empty(),
         "{v}"
     );
+    // This machine has btrfs and mkfs.btrfs: a server would enforce disk_mib on ns.
+    assert_eq!(v["ns_disk_quota"]["enforced"], true, "{v}");
+    assert!(
+        v["ns_disk_quota"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("GiB")),
+        "{v}"
+    );
 }
 
 /// The "done when": `hutch run -- python3 -c 'print(6*7)'` on the `base` template.

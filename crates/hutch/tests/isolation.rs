@@ -327,3 +327,105 @@ async fn disk_quota_fails_the_write_that_does_not_fit_and_nothing_else() {
     s.kill(&full).await;
     assert!(!subvol.exists(), "{} left after destroy", subvol.display());
 }
+
+#[tokio::test]
+async fn disk_mib_larger_than_the_pool_is_refused_and_overcommit_is_allowed() {
+    let s = TestServer::start_with(&["--ns-disk-pool-gib", "1"]).await;
+    // The pool is made on the first ns create.
+    let first = s
+        .create_id(json!({"isolation": "ns", "disk_mib": 700}))
+        .await;
+    let metrics = s.metrics_text().await;
+    assert!(
+        metrics.contains("hutch_ns_disk_quota_enforced 1"),
+        "{metrics}"
+    );
+    let pool: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("hutch_ns_disk_pool_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("pool size in the metrics");
+    assert!(pool > 512 << 20 && pool <= 1 << 30, "{pool}");
+    // More than the whole pool: a sandbox could never use it.
+    let (st, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"isolation": "ns", "disk_mib": 2048})),
+        )
+        .await;
+    assert_eq!(st, 422, "{v}");
+    assert!(v.to_string().contains("ns disk pool"), "{v}");
+    // Together more than the pool (700 + 700 > 1024): allowed, like thin provisioning.
+    let second = s
+        .create_id(json!({"isolation": "ns", "disk_mib": 700}))
+        .await;
+    let (out, code) = s.sh(&second, "echo ok > /f && cat /f").await;
+    assert_eq!((out.as_str(), code), ("ok\n", 0));
+    s.kill(&first).await;
+    s.kill(&second).await;
+}
+
+/// A directory of links to every program on `PATH` but `mkfs.btrfs`.
+fn path_without_mkfs_btrfs() -> tempfile::TempDir {
+    let bin = tempfile::Builder::new()
+        .prefix("hutch-test-path-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let path = std::env::var_os("PATH").expect("PATH");
+    for dir in std::env::split_paths(&path) {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = bin.path().join(&name);
+            if name == "mkfs.btrfs" || link.symlink_metadata().is_ok() {
+                continue;
+            }
+            std::os::unix::fs::symlink(e.path(), link).expect("symlink");
+        }
+    }
+    bin
+}
+
+#[tokio::test]
+async fn without_mkfs_btrfs_ns_sandboxes_run_without_a_disk_limit_and_say_so() {
+    let bin = path_without_mkfs_btrfs();
+    let path = bin.path().to_str().expect("utf-8").to_string();
+    let s = TestServer::start_with_env(&[], &[("PATH", &path)]).await;
+    let id = s
+        .create_id(json!({"isolation": "ns", "disk_mib": 16}))
+        .await;
+    // No limit: 32 MiB fit under a 16 MiB disk_mib.
+    let (out, code) = s
+        .sh(
+            &id,
+            "dd if=/dev/zero of=/big bs=1M count=32 conv=fsync 2>/dev/null && echo wrote",
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("wrote\n", 0));
+    assert!(!s.state_dir.join("layers.btrfs").exists());
+    let metrics = s.metrics_text().await;
+    assert!(
+        metrics.contains("hutch_ns_disk_quota_enforced 0"),
+        "{metrics}"
+    );
+    // `hutch doctor` with the same PATH says why.
+    let o = std::process::Command::new(common::hutch_bin())
+        .args(["--json", "doctor"])
+        .env("PATH", &path)
+        .env("HUTCH_AGENT", common::agent_bin())
+        .env("HUTCH_STATE_DIR", &s.state_dir)
+        .output()
+        .expect("doctor");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["ns_disk_quota"]["enforced"], false, "{v}");
+    assert!(
+        v["ns_disk_quota"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("mkfs.btrfs")),
+        "{v}"
+    );
+    s.kill(&id).await;
+}

@@ -613,6 +613,74 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
     });
 }
 
+/// Wait (up to 10 s) until the world's DNS server has been asked for slow.test `n` times.
+async fn slow_test_asked(dir: &std::path::Path, n: usize) -> bool {
+    let file = dir.join("asked-slow.test");
+    common::wait_until(Duration::from_secs(10), async || {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        (text.lines().count() >= n).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+#[test]
+fn an_answer_upstream_during_a_policy_change_follows_the_new_policy() {
+    let world = World::build();
+    let dir = world.dir.clone();
+    world.run(move || async move {
+        let s = server().await;
+        let (id, _) = sandbox(&s, json!({"egress": "deny", "allow": ["slow.test"]})).await;
+        // The world's DNS server answers slow.test's A query 1.5 s late: while the resolver
+        // waits for it, the policy changes and no longer allows the name.
+        s.sh(
+            &id,
+            "nohup python3 /root/c.py resolve slow.test > /tmp/r 2>&1 &",
+        )
+        .await;
+        assert!(slow_test_asked(&dir, 1).await, "the query reached upstream");
+        let (st, v) =
+            put_network(&s, &id, json!({"egress": "deny", "allow": ["plain.test"]})).await;
+        assert_eq!(st, 200, "{v}");
+        let out = wait_for(
+            || async { s.sh(&id, "cat /tmp/r").await.0 },
+            |o| !o.trim().is_empty(),
+        )
+        .await;
+        assert!(
+            out.trim().starts_with("err"),
+            "answered under the policy of before the change: {out}"
+        );
+        assert!(
+            check(&s, &id, "tcp 203.0.113.10 3000")
+                .await
+                .starts_with("err"),
+            "the answer pinned its address after the change"
+        );
+        // The name allowed now still resolves and is pinned.
+        assert_eq!(
+            check(&s, &id, "resolve plain.test").await,
+            "ok 203.0.113.10"
+        );
+        assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
+    });
+}
+
+#[test]
+fn replies_to_queries_sharing_an_id_keep_their_order() {
+    // busybox nslookup in a guest with a coarse clock sends its A and AAAA queries with one
+    // ID and takes the first reply for the A query: an AAAA reply overtaking it (here: the
+    // A answer comes 1.5 s late upstream) lost the A record.
+    let world = World::build();
+    let dir = world.dir.clone();
+    world.run(move || async move {
+        let s = server().await;
+        let (id, _) = sandbox(&s, json!({"egress": "allow"})).await;
+        assert_eq!(check(&s, &id, "sameid slow.test").await, "order 1 28");
+        assert!(slow_test_asked(&dir, 2).await, "both queries went upstream");
+    });
+}
+
 #[test]
 fn the_network_survives_hibernation_and_a_server_restart() {
     let world = World::build();

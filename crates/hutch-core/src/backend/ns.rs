@@ -37,12 +37,28 @@ fn internal(e: JailError) -> CoreError {
     CoreError::Internal(e.to_string())
 }
 
+/// Whether `disk_mib` is enforced on `ns` sandboxes (the btrfs disk pool), once known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskQuota {
+    /// Every `ns` sandbox's writable layer is a subvolume limited to its `disk_mib`.
+    Enforced {
+        /// Size of the pool's filesystem, in MiB: no sandbox can use more; the sum of
+        /// `disk_mib` over sandboxes may be larger (thin provisioning).
+        pool_mib: u64,
+    },
+    /// No limit on `ns` sandboxes' disk use, and why.
+    Off {
+        /// The reason (logged once at setup).
+        why: String,
+    },
+}
+
 /// The namespace backend.
 pub struct NsBackend {
     cfg: Config,
     network: Option<hutch_net::Network>,
-    /// The disk pool: `None` until first needed, then whether it is usable.
-    pool: Mutex<Option<bool>>,
+    /// The disk pool: `None` until first needed, then whether (and how big) it is.
+    pool: Mutex<Option<DiskQuota>>,
 }
 
 impl NsBackend {
@@ -62,29 +78,45 @@ impl NsBackend {
 
     /// The mounted disk pool, set up on first use (`None`: not available, no disk limit).
     fn pool(&self) -> Option<PathBuf> {
-        let mut state = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        let ready = *state.get_or_insert_with(|| self.setup_pool());
-        ready.then(|| self.cfg.disk_pool_dir())
+        matches!(self.disk_quota(), DiskQuota::Enforced { .. }).then(|| self.cfg.disk_pool_dir())
     }
 
-    fn setup_pool(&self) -> bool {
+    /// Whether `disk_mib` is enforced on `ns`, setting the disk pool up on first use
+    /// (blocking: may run `mkfs.btrfs` once).
+    pub fn disk_quota(&self) -> DiskQuota {
+        let mut state = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        state.get_or_insert_with(|| self.setup_pool()).clone()
+    }
+
+    /// What [`NsBackend::disk_quota`] found, if the pool was set up already.
+    pub fn disk_quota_known(&self) -> Option<DiskQuota> {
+        self.pool.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn setup_pool(&self) -> DiskQuota {
         let image = self.cfg.disk_pool_image();
         let size = match self.cfg.ns_disk_pool_bytes {
             Some(0) => {
-                tracing::info!("ns disk pool disabled: disk_mib is not enforced on ns");
-                return false;
+                let why = "the ns disk pool is disabled (--ns-disk-pool-gib 0)".to_string();
+                tracing::info!("{why}: disk_mib is not enforced on ns");
+                return DiskQuota::Off { why };
             }
             Some(n) => n,
             None => hutch_jail::btrfs::fs_size(&self.cfg.state_dir).unwrap_or(64 << 30),
         };
-        match hutch_jail::btrfs::setup_pool(&image, &self.cfg.disk_pool_dir(), size) {
+        let dir = self.cfg.disk_pool_dir();
+        match hutch_jail::btrfs::setup_pool(&image, &dir, size) {
             Ok(()) => {
-                tracing::info!(image = %image.display(), size, "ns disk pool ready (btrfs qgroups)");
-                true
+                // An image an earlier server made keeps its size: ask the filesystem.
+                let bytes = hutch_jail::btrfs::fs_size(&dir).unwrap_or(size);
+                tracing::info!(image = %image.display(), size = bytes, "ns disk pool ready (btrfs qgroups)");
+                DiskQuota::Enforced {
+                    pool_mib: bytes >> 20,
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no ns disk pool: disk_mib is not enforced on ns sandboxes");
-                false
+                DiskQuota::Off { why: e.to_string() }
             }
         }
     }
@@ -92,7 +124,7 @@ impl NsBackend {
     /// Unmount the disk pool if no sandbox has files in it (nothing to re-adopt).
     pub fn release_pool(&self) {
         let state = self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        if *state != Some(true) {
+        if !matches!(*state, Some(DiskQuota::Enforced { .. })) {
             return;
         }
         let dir = self.cfg.disk_pool_dir();
@@ -136,8 +168,8 @@ impl NsBackend {
     }
 
     fn delete_upper(&self, r: &SandboxRecord) -> CoreResult<()> {
-        let state = *self.pool.lock().unwrap_or_else(|e| e.into_inner());
-        if state == Some(true) {
+        let enforced = matches!(self.disk_quota_known(), Some(DiskQuota::Enforced { .. }));
+        if enforced {
             hutch_jail::btrfs::delete_subvolume(&self.cfg.disk_pool_dir(), &r.id)
                 .map_err(internal)?;
         }

@@ -42,6 +42,7 @@ impl Manager {
         };
         let mut record = self.new_record(&cmd, source.as_ref())?;
         record.forked_from = forked_from;
+        self.check_ns_disk(&record).await?;
         let backend = self.backend(record.isolation)?;
         if let Some(key) = self.warm_key(&record) {
             let claimed = self.claim_warm(&key, &record).await;
@@ -285,6 +286,29 @@ impl Manager {
                 isolation,
             )?,
         })
+    }
+
+    /// Refuse an `ns` sandbox whose `disk_mib` is larger than the disk pool (it could never
+    /// be used: the pool would be full first). The sum over sandboxes may exceed the pool:
+    /// like thin provisioning, a sandbox is promised at most its `disk_mib`, not that much
+    /// free space (docs/isolation.md). Sets the pool up on the first `ns` create.
+    async fn check_ns_disk(&self, r: &SandboxRecord) -> CoreResult<()> {
+        if r.isolation != crate::model::Isolation::Ns {
+            return Ok(());
+        }
+        let ns = self.ns.clone();
+        let quota = tokio::task::spawn_blocking(move || ns.disk_quota())
+            .await
+            .map_err(|e| CoreError::Internal(e.to_string()))?;
+        match quota {
+            crate::backend::ns::DiskQuota::Enforced { pool_mib } if r.disk_mib > pool_mib => {
+                Err(CoreError::InvalidArgument(format!(
+                    "disk_mib {} is larger than this server's ns disk pool ({pool_mib} MiB, hutch serve --ns-disk-pool-gib): an ns sandbox could never fill it; ask for at most {pool_mib} (sandboxes share the pool: their disk_mib together may exceed it)",
+                    r.disk_mib
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `Some(n)` for a positive idle-hibernation delay, `None` for 0 or none; bounded by the

@@ -32,8 +32,10 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
         _ => "none",
     };
     let network = network_line();
+    let disk = disk_quota_line(state_dir);
     let out = json!({
         "network": {"ok": network.is_ok(), "detail": match &network { Ok(d) | Err(d) => d.clone() }},
+        "ns_disk_quota": {"enforced": disk.is_ok(), "detail": match &disk { Ok(d) | Err(d) => d.clone() }},
         "host": report_json,
         "agent": agent_json,
         "templates": templates,
@@ -77,6 +79,10 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
         match &network {
             Ok(d) => println!("ok   network: {d}"),
             Err(d) => println!("--   network: {d}"),
+        }
+        match &disk {
+            Ok(d) => println!("ok   ns disk quota: {d}"),
+            Err(d) => println!("--   ns disk quota: {d}"),
         }
         println!("auto isolation: {auto}");
     }
@@ -131,4 +137,62 @@ fn network_line() -> Result<String, String> {
         "{version}; a namespace, veth and /30 per sandbox, policy in table inet hutch; IPv4 forwarding is {} (hutch serve turns it on)",
         if forward.trim() == "1" { "on" } else { "off" }
     ))
+}
+
+/// Whether `hutch serve` on `state_dir` enforces `disk_mib` on ns sandboxes (a btrfs image of
+/// subvolumes with qgroup limits, `<state>/layers.btrfs`), with the pool's size; or why not.
+/// Reads `HUTCH_NS_DISK_POOL_GIB` as `hutch serve --ns-disk-pool-gib` does.
+fn disk_quota_line(state_dir: &Path) -> Result<String, String> {
+    use hutch_jail::btrfs;
+    let image = state_dir.join("layers.btrfs");
+    let dir = state_dir.join("layers");
+    let gib = std::env::var("HUTCH_NS_DISK_POOL_GIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let off = "ns sandboxes get no disk limit (disk_mib is not enforced)";
+    if gib == Some(0) {
+        return Err(format!("off (--ns-disk-pool-gib 0): {off}"));
+    }
+    if !btrfs::kernel_has_btrfs() {
+        return Err(format!(
+            "not enforced: the kernel has no btrfs (CONFIG_BTRFS_FS); {off}"
+        ));
+    }
+    if btrfs::is_btrfs(&dir) {
+        let size = btrfs::fs_size(&dir).unwrap_or(0);
+        return Ok(format!(
+            "enforced (btrfs qgroups): pool {} mounted at {}, {}",
+            image.display(),
+            dir.display(),
+            gib_text(size)
+        ));
+    }
+    if let Ok(m) = image.metadata() {
+        return Ok(format!(
+            "enforced (btrfs qgroups): pool {} of {}, mounted by hutch serve when it starts",
+            image.display(),
+            gib_text(m.len())
+        ));
+    }
+    let Some(mkfs) = btrfs::mkfs_path() else {
+        return Err(format!(
+            "not enforced: mkfs.btrfs is not on PATH (apt-get install btrfs-progs); {off}"
+        ));
+    };
+    let size = gib.map(|g| g << 30).unwrap_or_else(|| {
+        state_dir
+            .ancestors()
+            .find_map(btrfs::fs_size)
+            .unwrap_or(64 << 30)
+    });
+    Ok(format!(
+        "enforced (btrfs qgroups): hutch serve makes a sparse {} pool {} with {} on the first ns create",
+        gib_text(size),
+        image.display(),
+        mkfs.display()
+    ))
+}
+
+fn gib_text(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
 }

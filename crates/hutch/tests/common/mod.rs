@@ -104,6 +104,8 @@ pub struct TestServer {
     child: Option<Child>,
     pub http: reqwest::Client,
     extra_args: Vec<String>,
+    /// Environment variables set for the server process.
+    env: Vec<(String, String)>,
     templates_dir: PathBuf,
 }
 
@@ -136,6 +138,16 @@ impl TestServer {
     /// Start a server on a templates directory of the test's own (its `minimal` must be
     /// built), for tests that change templates.
     pub async fn start_in(templates: PathBuf, extra: &[&str]) -> Self {
+        Self::start_in_env(templates, extra, &[]).await
+    }
+
+    /// Start a server with extra flags and environment variables (e.g. another `PATH`).
+    pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        MINIMAL.get_or_init(|| ensure_template("minimal"));
+        Self::start_in_env(templates_dir(), extra, env).await
+    }
+
+    async fn start_in_env(templates: PathBuf, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-test-")
             .tempdir_in("/tmp")
@@ -150,6 +162,10 @@ impl TestServer {
             child: None,
             http: reqwest::Client::new(),
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             templates_dir: templates,
         };
         s.spawn_server().await;
@@ -183,6 +199,7 @@ impl TestServer {
             .arg(agent_bin())
             .args(&self.extra_args)
             .env("HUTCH_LOG", "warn")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

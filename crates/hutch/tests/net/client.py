@@ -5,9 +5,13 @@
   client.py tls SNI IP            -> body of a TLS request with that SNI | "err ..."
   client.py tcp IP PORT           -> first bytes | "err ..."
   client.py hold IP PORT SECS     -> "ticks N ended REASON" after the stream ends or SECS pass
+  client.py sameid NAME           -> "order T1 T2": query types of the replies, in arrival
+                                     order, to an A then an AAAA query for NAME sent at once
+                                     with one ID from one socket (as busybox nslookup may)
 """
 import socket
 import ssl
+import struct
 import sys
 import time
 
@@ -65,6 +69,20 @@ def main(a):
             with open("/tmp/ticks", "w") as f:
                 f.write(str(ticks))
         return f"ticks {ticks} ended {reason}"
+    if a[0] == "sameid":
+        ns = next(l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver"))
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(T + 2)
+        s.connect((ns, 53))
+        name = b"".join(bytes([len(l)]) + l.encode() for l in a[1].split(".")) + b"\0"
+        for qtype in (1, 28):
+            s.send(struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0) + name + struct.pack(">HH", qtype, 1))
+        types = []
+        for _ in range(2):
+            r = s.recv(4096)
+            i = 12 + len(name)
+            types.append(str(struct.unpack(">H", r[i : i + 2])[0]))
+        return "order " + " ".join(types)
     return "usage"
 
 

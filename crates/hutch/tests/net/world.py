@@ -10,7 +10,9 @@ world namespace). Serves:
   203.0.113.10:3333  a fake mining pool (raw TCP), sends "mined"
   203.0.113.10:3000  raw TCP, sends "hello3000"
   203.0.113.10:7000  raw TCP, sends "tick" every 100 ms until the peer goes away
-  203.0.113.53:53    DNS (UDP) for the test zone
+  203.0.113.53:53    DNS (UDP) for the test zone; the A record of slow.test comes SLOW
+                     seconds late (its AAAA answer at once), and each query for it is
+                     counted in the file <certs dir>/asked-slow.test
 Prints "ready" once every socket is bound.
 """
 import socket
@@ -29,7 +31,9 @@ ZONE = {
     "plain.test": "203.0.113.10",
     "rebind.test": "10.0.0.5",
     "meta.test": "169.254.169.254",
+    "slow.test": "203.0.113.10",
 }
+SLOW = 1.5
 
 
 def listen(ip, port):
@@ -148,7 +152,14 @@ def dns():
                     count = 1
                     answers = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(ip)
                 head = q[:2] + struct.pack(">HHHHH", flags, 1, count, 0, 0)
-                s.sendto(head + q[12:end] + answers, peer)
+                reply = head + q[12:end] + answers
+                if name == "slow.test":
+                    with open(f"{CERTS}/asked-slow.test", "a") as f:
+                        f.write(f"{qtype}\n")
+                if name == "slow.test" and qtype == 1:
+                    threading.Timer(SLOW, s.sendto, args=(reply, peer)).start()
+                else:
+                    s.sendto(reply, peer)
             except Exception:
                 pass
 
