@@ -77,7 +77,11 @@ async fn what_a_guest_writes_to_a_volume_is_read_by_the_next_sandbox_and_read_on
         (12..=16).contains(&size_mib),
         "the guest sees the volume's size: {out}"
     );
-    // Killed without a sync by anyone: the server flushes the guest first.
+    // Killed while paused, without a sync by anyone: the server flushes the guest first.
+    let (st, v) = s
+        .request(Method::POST, &format!("/v1/sandboxes/{a}/pause"), None)
+        .await;
+    assert_eq!((st, v["state"].as_str()), (200, Some("paused")), "{v}");
     assert_eq!(s.kill(&a).await, 204);
 
     let b = sandbox(

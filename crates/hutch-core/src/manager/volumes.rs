@@ -277,10 +277,24 @@ impl Manager {
 
     /// Flush a `vm` guest's page cache to its read-write volumes' images before its memory
     /// is saved or its QEMU killed (a guest keeps written data in memory for up to 30 s).
+    /// A paused guest is let run for it (it is about to go).
     pub(super) async fn sync_volumes(&self, r: &SandboxRecord, client: &AgentClient) {
         let writable = r.isolation == Isolation::Vm && r.volumes.iter().any(|m| !m.read_only);
-        if !writable || r.state == SandboxState::Paused || client.is_closed() {
+        if !writable || client.is_closed() {
             return;
+        }
+        if r.state == SandboxState::Paused {
+            let resumed = match self.backend(r.isolation) {
+                Ok(backend) => {
+                    let rec = r.clone();
+                    blocking(move || backend.resume(&rec)).await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = resumed {
+                tracing::warn!(id = %r.id, error = %e, "resuming a paused guest to flush its volumes");
+                return;
+            }
         }
         match tokio::time::timeout(VOLUME_SYNC_TIMEOUT, client.sync()).await {
             Ok(Ok(())) => {}
