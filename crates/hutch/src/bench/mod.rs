@@ -96,7 +96,7 @@ fn row(s: &Summary, baseline: Option<&Summary>) -> String {
         .map(|b| format!("{:>7.2}x {}", s.p50 / b.p50, b.name))
         .unwrap_or_default();
     format!(
-        "{:<34} {:>5} {:>9.2} {:>9.2} {:>9.2}   {}",
+        "{:<38} {:>5} {:>9.2} {:>9.2} {:>9.2}   {}",
         s.name, s.n, s.p50, s.p95, s.p99, ratio
     )
 }
@@ -172,7 +172,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
 
 fn print_vm_lifecycle(l: &vm_lifecycle::VmLifecycle) {
     println!(
-        "{:<34} {:>5} {:>9} {:>9} {:>9}",
+        "{:<38} {:>5} {:>9} {:>9} {:>9}",
         "vm lifecycle series", "n", "p50 ms", "p95 ms", "p99 ms"
     );
     for s in &l.series {
@@ -191,7 +191,7 @@ fn print_vm_lifecycle(l: &vm_lifecycle::VmLifecycle) {
 
 fn print_vm(r: &vm::VmResults) {
     println!(
-        "{:<34} {:>5} {:>9} {:>9} {:>9}",
+        "{:<38} {:>5} {:>9} {:>9} {:>9}",
         "vm series", "n", "p50 ms", "p95 ms", "p99 ms"
     );
     for s in &r.series {
@@ -317,7 +317,7 @@ async fn measure(
     let forkexec = find("fork_exec_true");
     println!("{}", machine_info());
     println!(
-        "{:<34} {:>5} {:>9} {:>9} {:>9}   ratio (p50) vs baseline",
+        "{:<38} {:>5} {:>9} {:>9} {:>9}   ratio (p50) vs baseline",
         "series", "n", "p50 ms", "p95 ms", "p99 ms"
     );
     for b in &base {

@@ -1,6 +1,8 @@
 //! The `vm` series: create-to-first-exec of sandboxes restored from the template's snapshot
 //! on demand, and claimed from a warm pool (a second server with `--vm-warm 1`, each create
-//! made once the pool refilled), a cold boot of the same guest for comparison, warm exec round trips, and the PSS of idle
+//! made once the pool refilled), with a read-write volume attached (interleaved with the
+//! plain creates; its kill includes the guest's flush), a cold boot of the same guest for
+//! comparison, warm exec round trips, and the PSS of idle
 //! vm sandboxes running side by side from one template (their RAM is one memory file mapped
 //! copy-on-write, so most of it is shared).
 
@@ -26,10 +28,15 @@ pub struct VmResults {
 }
 
 async fn create_vm(srv: &BenchServer) -> anyhow::Result<String> {
+    create_vm_with(srv, json!([])).await
+}
+
+async fn create_vm_with(srv: &BenchServer, volumes: Value) -> anyhow::Result<String> {
     let v = srv
         .post(
             "/v1/sandboxes",
-            json!({"template": srv.template(), "isolation": "vm", "memory_mib": MEMORY_MIB, "ttl_seconds": 600}),
+            json!({"template": srv.template(), "isolation": "vm", "memory_mib": MEMORY_MIB,
+                   "ttl_seconds": 600, "volumes": volumes}),
         )
         .await?;
     v["id"].as_str().map(String::from).context("no id")
@@ -85,8 +92,17 @@ pub async fn run(
     let first_ms = t0.elapsed().as_secs_f64() * 1000.0;
     srv.kill(&first).await?;
 
-    eprintln!("vm: create-to-first-exec ×{n}…");
+    eprintln!("vm: create-to-first-exec ×{n}, and with a read-write volume (interleaved)…");
+    let volume = srv
+        .post(
+            "/v1/volumes",
+            json!({"name": format!("bench-{}", std::process::id()), "size_mib": 64}),
+        )
+        .await?;
+    let volume = volume["id"].as_str().context("no volume id")?.to_string();
+    let mounts = json!([{"volume": volume, "path": "/data"}]);
     let (mut c2e, mut create_only, mut kill_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut with_volume, mut kill_with_volume) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let t0 = Instant::now();
         let id = create_vm(srv).await?;
@@ -97,7 +113,16 @@ pub async fn run(
         let t0 = Instant::now();
         srv.kill(&id).await?;
         kill_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+
+        let t0 = Instant::now();
+        let id = create_vm_with(srv, mounts.clone()).await?;
+        srv.exec_true(&id).await?;
+        with_volume.push(t0.elapsed().as_secs_f64() * 1000.0);
+        let t0 = Instant::now();
+        srv.kill(&id).await?;
+        kill_with_volume.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
+    srv.delete(&format!("/v1/volumes/{volume}")).await?;
 
     eprintln!("vm: create-to-first-exec from the warm pool ×{n}…");
     let first = create_vm(warm).await?;
@@ -152,8 +177,10 @@ pub async fn run(
         series: vec![
             summarize("vm_create_to_first_exec", "ms", &c2e),
             summarize("vm_create_to_first_exec_warm_pool", "ms", &from_pool),
+            summarize("vm_create_to_first_exec_with_volume", "ms", &with_volume),
             summarize("vm_create", "ms", &create_only),
             summarize("vm_kill", "ms", &kill_ms),
+            summarize("vm_kill_with_volume", "ms", &kill_with_volume),
             summarize("vm_exec_round_trip_warm", "ms", &rt),
         ],
         figures: json!({
