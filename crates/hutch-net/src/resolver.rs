@@ -41,20 +41,20 @@ pub(crate) async fn bind() -> Result<(UdpSocket, TcpListener), NetError> {
     })
 }
 
+/// The latest query of each (source, ID): its number and a receiver that ends once its reply
+/// is sent (or abandoned).
+type LastQueries = HashMap<(SocketAddr, u16), (u64, oneshot::Receiver<()>)>;
+
 /// Replies to UDP queries that share a source and an ID leave in the order the queries came.
 ///
 /// Queries are answered concurrently, so replies may overtake each other, which DNS allows.
 /// But a client can tell replies apart only by source and ID, and some give two queries of
 /// one lookup the same ID: busybox `nslookup` (through glibc's `res_mkquery`, whose IDs come
-/// from `CLOCK_MONOTONIC`) does so when the clock is coarse, as in a TCG guest. It takes the
+/// from `CLOCK_MONOTONIC`) was seen to do so in TCG guests. It takes the
 /// first reply with an ID for the first query with that ID (A before AAAA) and drops the
 /// other as a duplicate: an AAAA reply overtaking the A reply loses the A record. So a query
 /// waits, before sending its reply, for the reply of the previous query with its source and
 /// ID; queries with other IDs never wait.
-/// The latest query of each (source, ID): its number and a receiver that ends once its reply
-/// is sent (or abandoned).
-type LastQueries = HashMap<(SocketAddr, u16), (u64, oneshot::Receiver<()>)>;
-
 #[derive(Default)]
 struct ReplyOrder {
     last: std::sync::Mutex<LastQueries>,
