@@ -10,18 +10,6 @@ use common::TestServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-async fn volume(s: &TestServer, name: &str, size_mib: u64) -> String {
-    let (st, v) = s
-        .request(
-            Method::POST,
-            "/v1/volumes",
-            Some(json!({"name": name, "size_mib": size_mib})),
-        )
-        .await;
-    assert_eq!(st, 201, "{v}");
-    v["id"].as_str().expect("id").to_string()
-}
-
 async fn create(s: &TestServer, isolation: &str, volumes: Value) -> (u16, Value) {
     s.request(
         Method::POST,
@@ -56,7 +44,7 @@ fn sha256(path: &std::path::Path) -> String {
 #[tokio::test]
 async fn what_a_guest_writes_to_a_volume_is_read_by_the_next_sandbox_and_read_only_holds() {
     let s = TestServer::start().await;
-    let vol = volume(&s, "shared", 16).await;
+    let vol = s.volume("shared", 16).await;
     let a = sandbox(&s, "vm", json!([{"volume": vol, "path": "/data"}])).await;
     let (out, code) = s
         .sh(
@@ -156,8 +144,8 @@ async fn what_a_guest_writes_to_a_volume_is_read_by_the_next_sandbox_and_read_on
 #[tokio::test]
 async fn hibernation_keeps_a_guest_volume_and_fork_children_keep_only_read_only_ones() {
     let s = TestServer::start().await;
-    let rw = volume(&s, "rw", 8).await;
-    let ro = volume(&s, "ro", 8).await;
+    let rw = s.volume("rw", 8).await;
+    let ro = s.volume("ro", 8).await;
     // Something to read in the read-only one.
     let w = sandbox(&s, "vm", json!([{"volume": ro, "path": "/w"}])).await;
     let (_, code) = s.sh(&w, "echo reference > /w/r").await;
@@ -222,7 +210,7 @@ async fn hibernation_keeps_a_guest_volume_and_fork_children_keep_only_read_only_
     // More volumes than a guest has slots is a clear 422.
     let mut many = Vec::new();
     for i in 0..5 {
-        let id = volume(&s, &format!("m{i}"), 4).await;
+        let id = s.volume(&format!("m{i}"), 4).await;
         many.push(json!({"volume": id, "path": format!("/m{i}")}));
     }
     let (st, v) = create(&s, "vm", Value::Array(many)).await;

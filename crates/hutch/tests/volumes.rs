@@ -8,18 +8,6 @@ use common::TestServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-async fn volume(s: &TestServer, name: &str, size_mib: u64) -> String {
-    let (st, v) = s
-        .request(
-            Method::POST,
-            "/v1/volumes",
-            Some(json!({"name": name, "size_mib": size_mib})),
-        )
-        .await;
-    assert_eq!(st, 201, "{v}");
-    v["id"].as_str().expect("id").to_string()
-}
-
 async fn with_volume(s: &TestServer, vol: &str, path: &str, read_only: bool) -> (u16, Value) {
     s.request(
         Method::POST,
@@ -46,7 +34,7 @@ fn host_mounted(path: &std::path::Path) -> bool {
 #[tokio::test]
 async fn a_volume_outlives_its_sandboxes_and_the_server() {
     let mut s = TestServer::start().await;
-    let vol = volume(&s, "data", 16).await;
+    let vol = s.volume("data", 16).await;
     let (st, a) = with_volume(&s, "data", "/data", false).await; // by name
     assert_eq!(st, 201, "{a}");
     let a = a["id"].as_str().expect("id").to_string();
@@ -104,7 +92,7 @@ async fn a_volume_outlives_its_sandboxes_and_the_server() {
 #[tokio::test]
 async fn attachment_rules_and_deletion() {
     let s = TestServer::start().await;
-    let vol = volume(&s, "shared", 8).await;
+    let vol = s.volume("shared", 8).await;
     let (st, a) = with_volume(&s, &vol, "/data", false).await;
     assert_eq!(st, 201);
     let a = a["id"].as_str().expect("id").to_string();
@@ -155,7 +143,7 @@ async fn attachment_rules_and_deletion() {
 #[tokio::test]
 async fn a_full_volume_fails_only_the_write_that_does_not_fit() {
     let s = TestServer::start().await;
-    let vol = volume(&s, "small", 8).await;
+    let vol = s.volume("small", 8).await;
     let (_, a) = with_volume(&s, &vol, "/data", false).await;
     let a = a["id"].as_str().expect("id").to_string();
     let other = s.create_id(json!({})).await;
@@ -191,7 +179,7 @@ async fn a_full_volume_fails_only_the_write_that_does_not_fit() {
 #[tokio::test]
 async fn volume_input_errors_are_4xx() {
     let s = TestServer::start().await;
-    let vol = volume(&s, "v1", 8).await;
+    let vol = s.volume("v1", 8).await;
     for (body, want) in [
         (json!({"name": "bad name", "size_mib": 8}), 422),
         (json!({"name": "ok", "size_mib": 0}), 422),

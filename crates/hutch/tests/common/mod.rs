@@ -302,6 +302,19 @@ impl TestServer {
         v
     }
 
+    /// Create a volume; returns its id.
+    pub async fn volume(&self, name: &str, size_mib: u64) -> String {
+        let (st, v) = self
+            .request(
+                Method::POST,
+                "/v1/volumes",
+                Some(serde_json::json!({"name": name, "size_mib": size_mib})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        v["id"].as_str().expect("id").to_string()
+    }
+
     /// Create a sandbox and return its id.
     pub async fn create_id(&self, body: Value) -> String {
         self.create(body).await["id"]
