@@ -1,7 +1,8 @@
-"""What the sync and async classes share beyond single calls (see :mod:`hutch._ops`):
-configuration and request building, a sandbox's local state, and the bookkeeping of the
-streamed calls (exec output, lifecycle events) and of terminal sessions. Nothing here does
-I/O; the classes in :mod:`hutch.sandbox` and :mod:`hutch.aio` do it around these."""
+"""What the sync and async clients share beyond single calls (those are in
+:mod:`hutch._ops`): configuration, request building and error mapping, a sandbox's local
+state, and the bookkeeping of a streamed exec. Nothing here does I/O; :mod:`hutch.sandbox`
+and :mod:`hutch.aio` do it around these. (Events, files and terminals: :mod:`hutch._events`,
+:mod:`hutch._files`, :mod:`hutch._pty`.)"""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Each function returns a :class:`Call` (or, for the streamed calls, a bare
 :class:`~hutch._protocol.Request`) and does no I/O: :class:`hutch.Client` sends
 ``call.request`` with its ``httpx.Client`` and :class:`hutch.AsyncClient` awaits it with its
 ``httpx.AsyncClient``, and both hand the response to ``call.parse``. Arguments are checked
-here, when the call is built, so both clients raise the same errors before sending anything.
+when the call is built (here, or by the :mod:`hutch._protocol` body builders whose result a
+call takes), so both clients refuse the same arguments alike before sending anything.
 """
 
 from __future__ import annotations
