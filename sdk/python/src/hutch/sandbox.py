@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from contextlib import contextmanager
 from types import TracebackType
@@ -17,20 +15,22 @@ from typing import (
     Optional,
     Sequence,
     Type,
+    TypeVar,
     Union,
 )
 
 import httpx
 
+from . import _ops as ops
 from . import _protocol as p
 from . import errors
-from ._config import resolve
-from ._version import USER_AGENT
+from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
+from ._events import EventStream
+from ._files import Files
+from ._pty import PtySession
 from .models import (
     ExecResult,
     ExploreResult,
-    FileEntry,
-    LifecycleEvent,
     SandboxInfo,
     Snapshot,
     Template,
@@ -40,10 +40,10 @@ from .models import (
 
 __all__ = ["Client", "Sandbox", "Files", "PtySession", "EventStream"]
 
-PathLike = Union[str, "os.PathLike[str]"]
+T = TypeVar("T")
 
 
-class Client:
+class Client(ClientBase):
     """A connection to a Hutch server, shared by the sandboxes created through it.
 
     Most code never builds one: :meth:`Sandbox.create` and friends make their own from
@@ -67,61 +67,25 @@ class Client:
         timeout: float = 30.0,
         state_dir: Optional[PathLike] = None,
     ) -> None:
-        self.config = resolve(url, api_key, state_dir)
-        headers = {"User-Agent": USER_AGENT}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
-        self._timeout = timeout
-        self._http = httpx.Client(
-            base_url=self.config.url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-        )
-        self._implicit = False
-        self._refs = 0
+        self._http: httpx.Client = httpx.Client(**self._setup(url, api_key, timeout, state_dir))
         self._lock = threading.Lock()
-        self._closed = False
-
-    @property
-    def url(self) -> str:
-        """The server's base URL."""
-        return self.config.url
 
     # -- plumbing ---------------------------------------------------------------------
 
-    def _timeout_for(self, req: p.Request) -> Any:
-        if req.timeout is p._UNSET:
-            return httpx.USE_CLIENT_DEFAULT
-        return httpx.Timeout(self._timeout, connect=10.0, read=req.timeout)
-
-    def _build(self, req: p.Request) -> httpx.Request:
-        return self._http.build_request(
-            req.method,
-            req.path,
-            params=tuple(req.params) if req.params is not None else None,
-            json=req.json,
-            content=req.content,
-            timeout=self._timeout_for(req),
-        )
-
     def _raise_for(self, resp: httpx.Response, req: p.Request) -> None:
         if resp.status_code >= 400:
-            err = errors.from_response(resp.status_code, resp.read(), kind=req.kind)
-            raise p.auth_hint(err, self.config)
+            raise self._http_error(resp.status_code, resp.read(), req)
 
     @contextmanager
     def _transport_errors(self) -> Iterator[None]:
         try:
             yield
-        except httpx.TimeoutException as e:
-            raise errors.TimeoutError(f"request to {self.url} timed out: {e}") from e
         except httpx.TransportError as e:
-            raise errors.ConnectionError(f"cannot reach the Hutch server at {self.url}: {e}") from e
+            raise self._transport_error(e) from e
 
     def request(self, req: p.Request) -> httpx.Response:
         """Send ``req``; raise the mapped :class:`~hutch.errors.HutchError` on a non-2xx answer."""
-        if self._closed:
-            raise errors.HutchError("this client is closed")
+        self._check_open()
         with self._transport_errors():
             resp = self._http.send(self._build(req))
         self._raise_for(resp, req)
@@ -131,11 +95,13 @@ class Client:
         """Send ``req`` and decode its JSON answer."""
         return self.request(req).json()
 
+    def _call(self, call: ops.Call[T]) -> T:
+        return call.parse(self.request(call.request))
+
     @contextmanager
     def stream(self, req: p.Request) -> Iterator[httpx.Response]:
         """Send ``req`` and yield the response with its body unread (for SSE)."""
-        if self._closed:
-            raise errors.HutchError("this client is closed")
+        self._check_open()
         with self._transport_errors():
             resp = self._http.send(self._build(req), stream=True)
             try:
@@ -171,12 +137,11 @@ class Client:
 
     def health(self) -> Dict[str, Any]:
         """``GET /healthz``: ``{"status": "ok", "version": …}``. Needs no key."""
-        return dict(self.request_json(p.Request("GET", "/healthz")))
+        return self._call(ops.health())
 
     def templates(self) -> List[Template]:
         """The templates sandboxes can be created from."""
-        doc = self.request_json(p.Request("GET", "/v1/templates"))
-        return [Template.from_json(t) for t in doc.get("templates", [])]
+        return self._call(ops.templates())
 
     def events(self, *, timeout: Optional[float] = None) -> EventStream:
         """Subscribe to lifecycle events (``sandbox.created``, ``sandbox.killed``, …).
@@ -199,8 +164,7 @@ class Client:
         Take one with :meth:`Sandbox.snapshot`. The hidden snapshots behind forks are not
         listed.
         """
-        doc = self.request_json(p.Request("GET", "/v1/snapshots"))
-        return [Snapshot.from_json(s) for s in doc.get("snapshots", [])]
+        return self._call(ops.snapshots())
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot:
         """One snapshot, with the sandboxes that currently use it (:attr:`Snapshot.used_by`).
@@ -208,7 +172,7 @@ class Client:
         Raises:
             NotFoundError: No such snapshot (or another tenant's).
         """
-        return Snapshot.from_json(self.request_json(p.Request("GET", p.snapshot_path(snapshot_id))))
+        return self._call(ops.get_snapshot(snapshot_id))
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete a snapshot and its files.
@@ -222,7 +186,7 @@ class Client:
             ConflictError: Sandboxes created from it still exist (409).
             NotFoundError: No such snapshot.
         """
-        self.request(p.Request("DELETE", p.snapshot_path(snapshot_id), timeout=None))
+        self._call(ops.delete_snapshot(snapshot_id))
 
     def create_volume(self, name: str, size_mib: int = 1024) -> Volume:
         """Create a durable volume: a fixed-size filesystem that outlives sandboxes.
@@ -240,17 +204,11 @@ class Client:
             InvalidRequest: A bad name or size.
             ConflictError: A volume with this name exists already.
         """
-        doc = self.request_json(
-            p.Request(
-                "POST", "/v1/volumes", json={"name": name, "size_mib": size_mib}, timeout=None
-            )
-        )
-        return Volume.from_json(doc)
+        return self._call(ops.create_volume(name, size_mib))
 
     def volumes(self) -> List[Volume]:
         """The volumes this key's tenant may see."""
-        doc = self.request_json(p.Request("GET", "/v1/volumes"))
-        return [Volume.from_json(v) for v in doc.get("volumes", [])]
+        return self._call(ops.volumes())
 
     def get_volume(self, volume: str) -> Volume:
         """One volume, by id (``vol_…``) or name, with where it is attached
@@ -259,7 +217,7 @@ class Client:
         Raises:
             NotFoundError: No such volume (or another tenant's).
         """
-        return Volume.from_json(self.request_json(p.Request("GET", p.volume_path(volume))))
+        return self._call(ops.get_volume(volume))
 
     def delete_volume(self, volume: str) -> None:
         """Delete a volume, by id or name, and its data.
@@ -272,7 +230,7 @@ class Client:
             ConflictError: The volume is attached to a sandbox (409).
             NotFoundError: No such volume.
         """
-        self.request(p.Request("DELETE", p.volume_path(volume), timeout=None))
+        self._call(ops.delete_volume(volume))
 
 
 def _client_for(client: Optional[Client], url: Optional[str], api_key: Optional[str]) -> Client:
@@ -283,54 +241,17 @@ def _client_for(client: Optional[Client], url: Optional[str], api_key: Optional[
     return c
 
 
-class EventStream:
-    """An open ``GET /v1/events`` subscription; iterate it for :class:`LifecycleEvent` s."""
-
-    def __init__(self, client: Client, timeout: Optional[float]) -> None:
-        self._client = client
-        self._timeout = timeout
-        self._cm: Any = None
-        self._resp: Optional[httpx.Response] = None
-
-    def open(self) -> EventStream:
-        """Start the subscription (done by ``with`` or the first iteration)."""
-        if self._resp is None:
-            self._cm = self._client.stream(p.Request("GET", "/v1/events", timeout=self._timeout))
-            self._resp = self._cm.__enter__()
-        return self
-
-    def __enter__(self) -> EventStream:
-        return self.open()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __iter__(self) -> Iterator[LifecycleEvent]:
-        resp = self.open()._resp
-        assert resp is not None
-        parser = p.SSEParser()
-        with self._client._transport_errors():
-            for line in resp.iter_lines():
-                ev = parser.feed(line)
-                if ev is None:
-                    continue
-                try:
-                    doc = json.loads(ev[1])
-                except ValueError:
-                    continue
-                yield LifecycleEvent.from_json(doc, ev[0])
-
-    def close(self) -> None:
-        """End the subscription."""
-        if self._cm is not None:
-            cm, self._cm, self._resp = self._cm, None, None
-            try:
-                cm.__exit__(None, None, None)
-            except errors.HutchError:
-                pass
+def _first_call(c: Client, call: ops.Call[T]) -> T:
+    """``c._call(call)``, closing ``c`` if that fails and ``c`` was made for this call."""
+    try:
+        return c._call(call)
+    except BaseException:
+        if c._implicit:
+            c.close()
+        raise
 
 
-class Sandbox:
+class Sandbox(SandboxBase[Client]):
     """A sandbox on a Hutch server.
 
     Create one with :meth:`create` (best as a context manager, which kills it when the block
@@ -343,10 +264,7 @@ class Sandbox:
 
     def __init__(self, info: SandboxInfo, client: Client) -> None:
         """Wrap an existing sandbox; prefer :meth:`create`, :meth:`connect` or :meth:`list`."""
-        self._info = info
-        self._client = client
-        self._released = False
-        client._retain()
+        super().__init__(info, client)
         self.files = Files(self)
         """File operations inside the sandbox: see :class:`Files`."""
 
@@ -424,30 +342,26 @@ class Sandbox:
             ConflictError: The template is not ready, or a volume is attached elsewhere in a
                 way that excludes this mount.
         """
-        c = _client_for(client, url, api_key)
-        body = p.create_body(
-            template=template,
-            isolation=isolation,
-            ttl_seconds=ttl_seconds,
-            persistent=persistent,
-            metadata=metadata,
-            env=env,
-            cpus=cpus,
-            memory_mib=memory_mib,
-            disk_mib=disk_mib,
-            pids_max=pids_max,
-            network=network,
-            volumes=volumes,
-            snapshot=snapshot,
-            idle_hibernate_seconds=idle_hibernate_seconds,
+        call = ops.create_sandbox(
+            p.create_body(
+                template=template,
+                isolation=isolation,
+                ttl_seconds=ttl_seconds,
+                persistent=persistent,
+                metadata=metadata,
+                env=env,
+                cpus=cpus,
+                memory_mib=memory_mib,
+                disk_mib=disk_mib,
+                pids_max=pids_max,
+                network=network,
+                volumes=volumes,
+                snapshot=snapshot,
+                idle_hibernate_seconds=idle_hibernate_seconds,
+            )
         )
-        try:
-            doc = c.request_json(p.Request("POST", "/v1/sandboxes", json=body, timeout=None))
-        except BaseException:
-            if c._implicit:
-                c.close()
-            raise
-        return cls(SandboxInfo.from_json(doc), c)
+        c = _client_for(client, url, api_key)
+        return cls(_first_call(c, call), c)
 
     @classmethod
     def connect(
@@ -464,13 +378,7 @@ class Sandbox:
             SandboxNotFound: No such sandbox.
         """
         c = _client_for(client, url, api_key)
-        try:
-            doc = c.request_json(p.Request("GET", p.sandbox_path(sandbox_id)))
-        except BaseException:
-            if c._implicit:
-                c.close()
-            raise
-        return cls(SandboxInfo.from_json(doc), c)
+        return cls(_first_call(c, ops.get_sandbox(sandbox_id)), c)
 
     @classmethod
     def list(
@@ -490,10 +398,7 @@ class Sandbox:
         """
         c = _client_for(client, url, api_key)
         try:
-            doc = c.request_json(
-                p.Request("GET", "/v1/sandboxes", params=p.list_params(metadata, state))
-            )
-            sandboxes = [cls(info, c) for info in p.parse_sandboxes(doc)]
+            sandboxes = [cls(info, c) for info in c._call(ops.list_sandboxes(metadata, state))]
         finally:
             if c._implicit and c._refs == 0:
                 c.close()
@@ -501,40 +406,13 @@ class Sandbox:
 
     # -- state ------------------------------------------------------------------------------
 
-    @property
-    def id(self) -> str:
-        """The sandbox id, ``sbx_…``."""
-        return self._info.id
-
-    @property
-    def info(self) -> SandboxInfo:
-        """The sandbox as last seen (see :meth:`refresh`)."""
-        return self._info
-
-    @property
-    def state(self) -> str:
-        """The state as last seen (see :meth:`refresh`)."""
-        return self._info.state
-
-    @property
-    def client(self) -> Client:
-        """The client this sandbox talks through."""
-        return self._client
-
-    def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, template={self._info.template!r}, state={self.state!r})"
-
-    def _set(self, doc: Any) -> SandboxInfo:
-        self._info = SandboxInfo.from_json(doc)
-        return self._info
-
     def refresh(self) -> SandboxInfo:
         """Fetch the sandbox's current state (this also refreshes its TTL).
 
         Raises:
             SandboxNotFound: It was killed or expired.
         """
-        return self._set(self._client.request_json(p.Request("GET", p.sandbox_path(self.id))))
+        return self._set(self._client._call(ops.get_sandbox(self.id)))
 
     def update(
         self,
@@ -546,17 +424,14 @@ class Sandbox:
     ) -> SandboxInfo:
         """Change the TTL, persistence, metadata (which replaces the whole map) or idle
         hibernation delay (``0`` turns it off; see :meth:`create`)."""
-        body = p.drop_none(
-            {
-                "ttl_seconds": ttl_seconds,
-                "persistent": persistent,
-                "metadata": dict(metadata) if metadata is not None else None,
-                "idle_hibernate_seconds": idle_hibernate_seconds,
-            }
+        call = ops.update_sandbox(
+            self.id,
+            ttl_seconds=ttl_seconds,
+            persistent=persistent,
+            metadata=metadata,
+            idle_hibernate_seconds=idle_hibernate_seconds,
         )
-        return self._set(
-            self._client.request_json(p.Request("PATCH", p.sandbox_path(self.id), json=body))
-        )
+        return self._set(self._client._call(call))
 
     def set_ttl(self, ttl_seconds: int) -> SandboxInfo:
         """Set the idle lifetime; the expiry moves to now + ``ttl_seconds``."""
@@ -572,9 +447,7 @@ class Sandbox:
 
     def usage(self) -> Optional[Usage]:
         """Memory, CPU and process counts right now (``None`` if the server cannot read them)."""
-        doc = self._client.request_json(p.Request("GET", p.sandbox_path(self.id, "/usage")))
-        u = doc.get("usage")
-        return Usage.from_json(u) if isinstance(u, dict) else None
+        return self._client._call(ops.usage(self.id))
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -609,15 +482,8 @@ class Sandbox:
             ConflictError: The sandbox is not running.
         """
         body = p.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
-        doc = self._client.request_json(
-            p.Request(
-                "POST",
-                p.sandbox_path(self.id, "/exec"),
-                json=body,
-                timeout=p.exec_read_timeout(timeout),
-            )
-        )
-        return ExecResult.from_json(doc)
+        call = ops.exec_command(self.id, body)
+        return self._client._call(call)
 
     def exec_stream(
         self,
@@ -651,26 +517,15 @@ class Sandbox:
             SandboxFailed: The sandbox died before the command finished.
         """
         body = p.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
-        req = p.Request("POST", p.sandbox_path(self.id, "/exec/stream"), json=body, timeout=None)
-        state = p.ExecStreamState()
-        parser = p.SSEParser()
-        callbacks: Dict[str, Optional[Callable[[Any], Any]]] = {
-            "stdout": on_stdout,
-            "stderr": on_stderr,
-            "start": on_start,
-        }
+        req = ops.exec_stream(self.id, body)
+        run = ExecStreamRun(on_stdout, on_stderr, on_start)
         with self._client.stream(req) as resp, self._client._transport_errors():
             for line in resp.iter_lines():
-                ev = parser.feed(line)
-                if ev is None:
-                    continue
-                for kind, value in state.handle(*ev):
-                    if kind == "exit":
-                        return int(value.get("exit_code", -1))
-                    cb = callbacks.get(kind)
-                    if cb is not None:
-                        cb(value)
-        raise errors.HutchError("the exec stream ended without an exit event")
+                for cb, value in run.feed(line):
+                    cb(value)
+                if run.exit_code is not None:
+                    return run.exit_code
+        raise run.ended()
 
     def pty(
         self,
@@ -699,41 +554,15 @@ class Sandbox:
         """
         from websockets.sync.client import connect
 
-        url = p.pty_url(
-            self._client.url, self.id, cmd=cmd, cols=cols, rows=rows, user=user, cwd=cwd
-        )
+        url, options = self._pty_connect(cmd, cols, rows, user, cwd, open_timeout)
         try:
             # `.__enter__()` gives the open connection on every websockets version >= 13.
-            ws = connect(
-                url,
-                additional_headers=p.ws_headers(self._client.config.api_key),
-                open_timeout=open_timeout,
-                max_size=16 * 1024 * 1024,
-                user_agent_header=USER_AGENT,
-            ).__enter__()
+            ws = connect(url, **options).__enter__()
         except Exception as e:  # noqa: BLE001 - mapped below
             raise p.ws_error(e, self._client.config) from e
         return PtySession(ws)
 
     # -- ports ------------------------------------------------------------------------------
-
-    def port_url(self, port: int, path: str = "/", *, with_token: bool = False) -> str:
-        """The URL at which the server proxies HTTP and WebSocket to ``port`` inside the sandbox.
-
-        The service only needs to listen inside the sandbox (on 127.0.0.1, ::1 or any
-        address); the server reaches it through the sandbox's agent. Requests to the URL
-        need the API key like every call: send the ``Authorization`` header (see
-        :meth:`port_request`), or pass ``with_token=True`` to get a URL a browser can open
-        (``?hutch_token=<key>``; the answer sets a cookie for this port's pages). Such URLs
-        carry the key: do not share or log them.
-
-        Args:
-            port: TCP port inside the sandbox (1-65535).
-            path: Path (and query) below the port, default ``/``.
-            with_token: Append the API key as ``hutch_token`` for browsers.
-        """
-        token = self._client.config.api_key if with_token else None
-        return p.port_url(self._client.url, self.id, port, path, token)
 
     def port_request(
         self,
@@ -761,16 +590,13 @@ class Sandbox:
     def kill(self) -> None:
         """Destroy the sandbox and everything in it. Killing a sandbox twice is not an error."""
         try:
-            self._client.request(p.Request("DELETE", p.sandbox_path(self.id)))
+            self._client._call(ops.kill(self.id))
         except errors.SandboxNotFound:
             pass
         self._info.state = "stopped"
 
     def _lifecycle(self, action: str, body: Any = None) -> SandboxInfo:
-        doc = self._client.request_json(
-            p.Request("POST", p.sandbox_path(self.id, f"/{action}"), json=body, timeout=None)
-        )
-        return self._set(doc)
+        return self._set(self._client._call(ops.lifecycle(self.id, action, body)))
 
     def pause(self) -> SandboxInfo:
         """Freeze every process of a running sandbox; it keeps everything but uses no CPU.
@@ -855,15 +681,7 @@ class Sandbox:
             InvalidRequest: A bad name.
             ConflictError: The sandbox is paused (or otherwise not running or hibernated).
         """
-        doc = self._client.request_json(
-            p.Request(
-                "POST",
-                p.sandbox_path(self.id, "/snapshots"),
-                json={"name": name},
-                timeout=None,
-            )
-        )
-        return Snapshot.from_json(doc)
+        return self._client._call(ops.snapshot(self.id, name))
 
     def fork(self, count: int = 1, *, mode: str = "disk") -> List[Sandbox]:
         """Create ``count`` children of this sandbox, each a sandbox of its own.
@@ -889,15 +707,8 @@ class Sandbox:
             ConflictError: The sandbox is paused (or otherwise not running or hibernated).
             QuotaExceeded: The children would together need more memory than the host has.
         """
-        doc = self._client.request_json(
-            p.Request(
-                "POST",
-                p.sandbox_path(self.id, "/fork"),
-                json=p.fork_body(count, mode),
-                timeout=None,
-            )
-        )
-        return [Sandbox(info, self._client) for info in p.parse_sandboxes(doc)]
+        children = self._client._call(ops.fork(self.id, count, mode))
+        return [Sandbox(info, self._client) for info in children]
 
     def explore(
         self,
@@ -934,16 +745,8 @@ class Sandbox:
                 capture group.
             ConflictError: The sandbox is paused (or otherwise not running or hibernated).
         """
-        body = p.explore_body(commands, timeout=timeout, keep=keep, score_regex=score_regex)
-        doc = self._client.request_json(
-            p.Request(
-                "POST",
-                p.sandbox_path(self.id, "/explore"),
-                json=body,
-                timeout=p.explore_read_timeout(timeout),
-            )
-        )
-        return ExploreResult.from_json(doc)
+        call = ops.explore(self.id, commands, timeout=timeout, keep=keep, score_regex=score_regex)
+        return self._client._call(call)
 
     def update_network(
         self,
@@ -964,20 +767,9 @@ class Sandbox:
             ConflictError: The sandbox was created with ``egress: "none"``; it cannot gain a
                 network.
         """
-        body = p.drop_none(
-            {
-                "egress": egress,
-                "allow": list(allow) if allow is not None else None,
-                "deny": list(deny) if deny is not None else None,
-            }
-        )
-        resp = self._client.request(
-            p.Request("PUT", p.sandbox_path(self.id, "/network"), json=body)
-        )
-        if resp.content:
-            doc = resp.json()
-            if isinstance(doc, dict) and "id" in doc:
-                self._set(doc)
+        info = self._client._call(ops.update_network(self.id, egress, allow, deny))
+        if info is not None:
+            self._set(info)
 
     # -- cleanup ----------------------------------------------------------------------------
 
@@ -1007,247 +799,3 @@ class Sandbox:
                     # The block's own exception is the one to report.
         finally:
             self.close()
-
-
-class Files:
-    """File operations inside a sandbox (``sb.files``). Every path is absolute."""
-
-    def __init__(self, sandbox: Sandbox) -> None:
-        self._sb = sandbox
-
-    def _path(self, suffix: str = "") -> str:
-        return p.sandbox_path(self._sb.id, "/files" + suffix)
-
-    def read_bytes(self, path: str) -> bytes:
-        """Read a whole file as bytes.
-
-        Raises:
-            FileNotFound: No such file.
-            InvalidRequest: ``path`` is a directory or not absolute.
-        """
-        return self._sb._client.request(
-            p.Request("GET", self._path(), params=p.file_params(path), kind="files", timeout=None)
-        ).content
-
-    def read(self, path: str, *, encoding: str = "utf-8", errors: str = "strict") -> str:
-        """Read a whole file as text."""
-        return self.read_bytes(path).decode(encoding, errors)
-
-    def write(
-        self,
-        path: str,
-        data: Union[str, bytes, bytearray, memoryview],
-        *,
-        mode: Union[int, str, None] = None,
-    ) -> None:
-        """Create or replace a file; parent directories are created.
-
-        Args:
-            path: Absolute path.
-            data: Text (written as UTF-8) or bytes.
-            mode: Permission bits, e.g. ``0o755`` or ``"0755"``.
-        """
-        self._sb._client.request(
-            p.Request(
-                "PUT",
-                self._path(),
-                params=p.file_params(path, mode=p.mode_text(mode)),
-                content=p.to_bytes(data),
-                kind="files",
-                timeout=None,
-            )
-        )
-
-    def list(self, path: str = "/", *, depth: int = 1) -> List[FileEntry]:
-        """List a directory, depth-first and sorted by path.
-
-        Args:
-            path: Absolute directory path.
-            depth: How many levels to descend (1–32).
-        """
-        doc = self._sb._client.request_json(
-            p.Request(
-                "GET", self._path("/list"), params=p.file_params(path, depth=depth), kind="files"
-            )
-        )
-        return [FileEntry.from_json(e) for e in doc.get("entries", [])]
-
-    def stat(self, path: str) -> FileEntry:
-        """Describe one path (symlinks are not followed).
-
-        Raises:
-            FileNotFound: No such path.
-        """
-        doc = self._sb._client.request_json(
-            p.Request("GET", self._path("/stat"), params=p.file_params(path), kind="files")
-        )
-        return FileEntry.from_json(doc)
-
-    def exists(self, path: str) -> bool:
-        """Whether ``path`` exists."""
-        try:
-            self.stat(path)
-        except errors.FileNotFound:
-            return False
-        return True
-
-    def mkdir(self, path: str) -> None:
-        """Create a directory and its parents (like ``mkdir -p``)."""
-        self._sb._client.request(
-            p.Request("POST", self._path("/mkdir"), json={"path": path}, kind="files")
-        )
-
-    def move(self, src: str, dst: str) -> None:
-        """Move or rename ``src`` to ``dst`` (the destination's parents are created)."""
-        self._sb._client.request(
-            p.Request("POST", self._path("/move"), json={"from": src, "to": dst}, kind="files")
-        )
-
-    def remove(self, path: str, *, recursive: bool = False) -> None:
-        """Remove a file, or a directory (non-empty ones need ``recursive=True``).
-
-        Raises:
-            FileNotFound: No such path.
-            ConflictError: A non-empty directory without ``recursive``.
-        """
-        self._sb._client.request(
-            p.Request(
-                "DELETE",
-                self._path(),
-                params=p.file_params(path, recursive=recursive or None),
-                kind="files",
-                timeout=None,
-            )
-        )
-
-
-class PtySession:
-    """An interactive terminal in a sandbox (from :meth:`Sandbox.pty`).
-
-    ``read`` returns raw terminal bytes (with echo, prompts and escape sequences) as the
-    program writes them; ``send`` types into it::
-
-        with sb.pty() as term:
-            term.send("echo hi-$((1+1))\\n")
-            term.read_until("hi-2")
-    """
-
-    def __init__(self, ws: Any) -> None:
-        self._ws = ws
-        self._pending = b""
-        self._done = False
-        self.exit_code: Optional[int] = None
-        """The program's exit status, once it has exited."""
-        self.error: Optional[str] = None
-        """The server's message if the session failed."""
-
-    @property
-    def closed(self) -> bool:
-        """True once the program exited or the socket closed."""
-        return self._done
-
-    def send(self, data: Union[str, bytes]) -> None:
-        """Type ``data`` (text is sent as UTF-8)."""
-        self._ws.send(p.to_bytes(data))
-
-    def resize(self, cols: int, rows: int) -> None:
-        """Change the terminal size."""
-        self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
-
-    def _recv(self, timeout: Optional[float]) -> bytes:
-        from websockets.exceptions import ConnectionClosed
-
-        while not self._done:
-            try:
-                msg = self._ws.recv(timeout=timeout)
-            except TimeoutError as e:
-                raise errors.TimeoutError("no terminal output in time") from e
-            except ConnectionClosed:
-                self._done = True
-                break
-            if isinstance(msg, bytes):
-                return msg
-            try:
-                ctl = json.loads(msg)
-            except ValueError:
-                continue
-            if ctl.get("type") == "exit":
-                self.exit_code = int(ctl.get("exit_code", -1))
-            elif ctl.get("type") == "error":
-                self.error = str(ctl.get("message", "terminal session failed"))
-        return b""
-
-    def read(self, timeout: Optional[float] = None) -> bytes:
-        """The next chunk of output; ``b""`` once the program has exited.
-
-        Args:
-            timeout: Seconds to wait (``None``: forever).
-
-        Raises:
-            TimeoutError: Nothing arrived in time.
-        """
-        if self._pending:
-            out, self._pending = self._pending, b""
-            return out
-        return self._recv(timeout)
-
-    def read_until(self, pattern: Union[str, bytes], timeout: Optional[float] = 10.0) -> bytes:
-        """Read until ``pattern`` appears; returns everything up to and including it.
-
-        Output after the pattern is kept for the next read.
-
-        Raises:
-            TimeoutError: The pattern did not appear within ``timeout`` seconds.
-            HutchError: The program exited first.
-        """
-        import time
-
-        needle = p.to_bytes(pattern)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        buf, self._pending = self._pending, b""
-        while needle not in buf:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                self._pending = buf
-                raise errors.TimeoutError(f"{pattern!r} did not appear in the terminal in time")
-            try:
-                chunk = self._recv(left)
-            except errors.TimeoutError:
-                self._pending = buf
-                raise errors.TimeoutError(
-                    f"{pattern!r} did not appear in the terminal in time"
-                ) from None
-            if not chunk:
-                self._pending = buf
-                raise errors.HutchError(
-                    f"the terminal closed (exit code {self.exit_code}) before {pattern!r} appeared"
-                )
-            buf += chunk
-        end = buf.index(needle) + len(needle)
-        self._pending = buf[end:]
-        return buf[:end]
-
-    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
-        """Discard output until the program exits; returns its exit code."""
-        import time
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._pending = b""
-        while not self._done:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._recv(left)
-        return self.exit_code
-
-    def close(self) -> None:
-        """Close the terminal; the program is killed if still running."""
-        self._done = True
-        try:
-            self._ws.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
-            pass
-
-    def __enter__(self) -> PtySession:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -1,0 +1,314 @@
+"""Every API operation, once: the request it sends and how its answer is parsed.
+
+Each function returns a :class:`Call` (or, for the streamed calls, a bare
+:class:`~hutch._protocol.Request`) and does no I/O: :class:`hutch.Client` sends
+``call.request`` with its ``httpx.Client`` and :class:`hutch.AsyncClient` awaits it with its
+``httpx.AsyncClient``, and both hand the response to ``call.parse``. Arguments are checked
+when the call is built (here, or by the :mod:`hutch._protocol` body builders whose result a
+call takes), so both clients refuse the same arguments alike before sending anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, TypeVar, Union
+
+import httpx
+
+from ._protocol import (
+    Command,
+    Request,
+    drop_none,
+    exec_read_timeout,
+    explore_body,
+    explore_read_timeout,
+    file_params,
+    fork_body,
+    list_params,
+    mode_text,
+    parse_sandboxes,
+    sandbox_path,
+    snapshot_path,
+    to_bytes,
+    volume_path,
+)
+from .models import (
+    ExecResult,
+    ExploreResult,
+    FileEntry,
+    SandboxInfo,
+    Snapshot,
+    Template,
+    Usage,
+    Volume,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One API operation: the request to send and what to make of its (2xx) response."""
+
+    request: Request
+    parse: Callable[[httpx.Response], T]
+
+
+def _nothing(resp: httpx.Response) -> None:
+    return None
+
+
+def _content(resp: httpx.Response) -> bytes:
+    return resp.content
+
+
+def _one(model: Callable[[Dict[str, Any]], T]) -> Callable[[httpx.Response], T]:
+    """The JSON answer as one ``model``."""
+    return lambda resp: model(resp.json())
+
+
+def _listed(key: str, model: Callable[[Dict[str, Any]], T]) -> Callable[[httpx.Response], List[T]]:
+    """The JSON answer's ``key`` list, each item as a ``model``."""
+    return lambda resp: [model(item) for item in resp.json().get(key, [])]
+
+
+# -- server-wide -----------------------------------------------------------------------------
+
+
+def health() -> Call[Dict[str, Any]]:
+    return Call(Request("GET", "/healthz"), lambda resp: dict(resp.json()))
+
+
+def templates() -> Call[List[Template]]:
+    return Call(Request("GET", "/v1/templates"), _listed("templates", Template.from_json))
+
+
+def events(timeout: Optional[float]) -> Request:
+    """``GET /v1/events``, read as a stream of server-sent events."""
+    return Request("GET", "/v1/events", timeout=timeout)
+
+
+def snapshots() -> Call[List[Snapshot]]:
+    return Call(Request("GET", "/v1/snapshots"), _listed("snapshots", Snapshot.from_json))
+
+
+def get_snapshot(snapshot_id: str) -> Call[Snapshot]:
+    return Call(Request("GET", snapshot_path(snapshot_id)), _one(Snapshot.from_json))
+
+
+def delete_snapshot(snapshot_id: str) -> Call[None]:
+    return Call(Request("DELETE", snapshot_path(snapshot_id), timeout=None), _nothing)
+
+
+def create_volume(name: str, size_mib: int) -> Call[Volume]:
+    body = {"name": name, "size_mib": size_mib}
+    return Call(Request("POST", "/v1/volumes", json=body, timeout=None), _one(Volume.from_json))
+
+
+def volumes() -> Call[List[Volume]]:
+    return Call(Request("GET", "/v1/volumes"), _listed("volumes", Volume.from_json))
+
+
+def get_volume(volume: str) -> Call[Volume]:
+    return Call(Request("GET", volume_path(volume)), _one(Volume.from_json))
+
+
+def delete_volume(volume: str) -> Call[None]:
+    return Call(Request("DELETE", volume_path(volume), timeout=None), _nothing)
+
+
+# -- sandboxes -------------------------------------------------------------------------------
+
+
+def create_sandbox(body: Dict[str, Any]) -> Call[SandboxInfo]:
+    """``POST /v1/sandboxes`` with ``body`` from :func:`~hutch._protocol.create_body`."""
+    return Call(
+        Request("POST", "/v1/sandboxes", json=body, timeout=None), _one(SandboxInfo.from_json)
+    )
+
+
+def get_sandbox(sandbox_id: str) -> Call[SandboxInfo]:
+    return Call(Request("GET", sandbox_path(sandbox_id)), _one(SandboxInfo.from_json))
+
+
+def list_sandboxes(
+    metadata: Optional[Mapping[str, str]], state: Optional[str]
+) -> Call[List[SandboxInfo]]:
+    request = Request("GET", "/v1/sandboxes", params=list_params(metadata, state))
+    return Call(request, lambda resp: parse_sandboxes(resp.json()))
+
+
+def update_sandbox(
+    sandbox_id: str,
+    *,
+    ttl_seconds: Optional[int],
+    persistent: Optional[bool],
+    metadata: Optional[Mapping[str, str]],
+    idle_hibernate_seconds: Optional[int],
+) -> Call[SandboxInfo]:
+    body = drop_none(
+        {
+            "ttl_seconds": ttl_seconds,
+            "persistent": persistent,
+            "metadata": dict(metadata) if metadata is not None else None,
+            "idle_hibernate_seconds": idle_hibernate_seconds,
+        }
+    )
+    return Call(Request("PATCH", sandbox_path(sandbox_id), json=body), _one(SandboxInfo.from_json))
+
+
+def _usage(resp: httpx.Response) -> Optional[Usage]:
+    u = resp.json().get("usage")
+    return Usage.from_json(u) if isinstance(u, dict) else None
+
+
+def usage(sandbox_id: str) -> Call[Optional[Usage]]:
+    return Call(Request("GET", sandbox_path(sandbox_id, "/usage")), _usage)
+
+
+def kill(sandbox_id: str) -> Call[None]:
+    return Call(Request("DELETE", sandbox_path(sandbox_id)), _nothing)
+
+
+def lifecycle(sandbox_id: str, action: str, body: Any = None) -> Call[SandboxInfo]:
+    """``pause``, ``resume``, ``hibernate`` or ``wake``: the sandbox as it is afterwards."""
+    request = Request("POST", sandbox_path(sandbox_id, f"/{action}"), json=body, timeout=None)
+    return Call(request, _one(SandboxInfo.from_json))
+
+
+def snapshot(sandbox_id: str, name: str) -> Call[Snapshot]:
+    request = Request(
+        "POST", sandbox_path(sandbox_id, "/snapshots"), json={"name": name}, timeout=None
+    )
+    return Call(request, _one(Snapshot.from_json))
+
+
+def fork(sandbox_id: str, count: int, mode: str) -> Call[List[SandboxInfo]]:
+    request = Request(
+        "POST", sandbox_path(sandbox_id, "/fork"), json=fork_body(count, mode), timeout=None
+    )
+    return Call(request, lambda resp: parse_sandboxes(resp.json()))
+
+
+def explore(
+    sandbox_id: str,
+    commands: Sequence[Command],
+    *,
+    timeout: Optional[float],
+    keep: str,
+    score_regex: Optional[str],
+) -> Call[ExploreResult]:
+    body = explore_body(commands, timeout=timeout, keep=keep, score_regex=score_regex)
+    request = Request(
+        "POST",
+        sandbox_path(sandbox_id, "/explore"),
+        json=body,
+        timeout=explore_read_timeout(timeout),
+    )
+    return Call(request, _one(ExploreResult.from_json))
+
+
+def _network_answer(resp: httpx.Response) -> Optional[SandboxInfo]:
+    """The sandbox, when the server sends it back (older servers answer 204)."""
+    if resp.content:
+        doc = resp.json()
+        if isinstance(doc, dict) and "id" in doc:
+            return SandboxInfo.from_json(doc)
+    return None
+
+
+def update_network(
+    sandbox_id: str,
+    egress: Optional[str],
+    allow: Optional[Sequence[str]],
+    deny: Optional[Sequence[str]],
+) -> Call[Optional[SandboxInfo]]:
+    body = drop_none(
+        {
+            "egress": egress,
+            "allow": list(allow) if allow is not None else None,
+            "deny": list(deny) if deny is not None else None,
+        }
+    )
+    return Call(Request("PUT", sandbox_path(sandbox_id, "/network"), json=body), _network_answer)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+def exec_command(sandbox_id: str, body: Dict[str, Any]) -> Call[ExecResult]:
+    """``POST /exec`` with ``body`` from :func:`~hutch._protocol.exec_body`; the answer is
+    awaited for the command's timeout plus slack."""
+    timeout = exec_read_timeout(body.get("timeout_seconds"))
+    request = Request("POST", sandbox_path(sandbox_id, "/exec"), json=body, timeout=timeout)
+    return Call(request, _one(ExecResult.from_json))
+
+
+def exec_stream(sandbox_id: str, body: Dict[str, Any]) -> Request:
+    """``POST /exec/stream`` with ``body`` from :func:`~hutch._protocol.exec_body`, read as
+    server-sent events (see :class:`~hutch._core.ExecStreamRun`)."""
+    return Request("POST", sandbox_path(sandbox_id, "/exec/stream"), json=body, timeout=None)
+
+
+# -- files -----------------------------------------------------------------------------------
+
+
+def _files(sandbox_id: str, suffix: str = "") -> str:
+    return sandbox_path(sandbox_id, "/files" + suffix)
+
+
+def read_file(sandbox_id: str, path: str) -> Call[bytes]:
+    request = Request(
+        "GET", _files(sandbox_id), params=file_params(path), kind="files", timeout=None
+    )
+    return Call(request, _content)
+
+
+def write_file(
+    sandbox_id: str,
+    path: str,
+    data: Union[str, bytes, bytearray, memoryview],
+    mode: Union[int, str, None],
+) -> Call[None]:
+    request = Request(
+        "PUT",
+        _files(sandbox_id),
+        params=file_params(path, mode=mode_text(mode)),
+        content=to_bytes(data),
+        kind="files",
+        timeout=None,
+    )
+    return Call(request, _nothing)
+
+
+def list_files(sandbox_id: str, path: str, depth: int) -> Call[List[FileEntry]]:
+    request = Request(
+        "GET", _files(sandbox_id, "/list"), params=file_params(path, depth=depth), kind="files"
+    )
+    return Call(request, _listed("entries", FileEntry.from_json))
+
+
+def stat_file(sandbox_id: str, path: str) -> Call[FileEntry]:
+    request = Request("GET", _files(sandbox_id, "/stat"), params=file_params(path), kind="files")
+    return Call(request, _one(FileEntry.from_json))
+
+
+def make_dir(sandbox_id: str, path: str) -> Call[None]:
+    request = Request("POST", _files(sandbox_id, "/mkdir"), json={"path": path}, kind="files")
+    return Call(request, _nothing)
+
+
+def move_file(sandbox_id: str, src: str, dst: str) -> Call[None]:
+    body = {"from": src, "to": dst}
+    return Call(Request("POST", _files(sandbox_id, "/move"), json=body, kind="files"), _nothing)
+
+
+def remove_file(sandbox_id: str, path: str, recursive: bool) -> Call[None]:
+    request = Request(
+        "DELETE",
+        _files(sandbox_id),
+        params=file_params(path, recursive=recursive or None),
+        kind="files",
+        timeout=None,
+    )
+    return Call(request, _nothing)

@@ -1,0 +1,296 @@
+"""The sync and async clients send the same requests and return the same results.
+
+No server: both clients talk to an in-process fake (``httpx.MockTransport``) that records
+every request and answers by route, so every operation can be driven through both flavours
+and compared request for request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import httpx
+import pytest
+
+import hutch
+
+SANDBOX = {"id": "sbx_1", "template": "minimal", "state": "running", "persistent": False}
+OUTCOME = {"index": 0, "sandbox_id": "sbx_2", "exit_code": 0, "score": 1.0, "kept": True}
+ENTRY = {"name": "a", "path": "/a", "type": "file", "size": 1}
+EXEC_SSE = (
+    'event: start\ndata: {"pid": 7}\n\n'
+    'event: stdout\ndata: {"data": "h\\u00e9"}\n\n'
+    'event: stderr\ndata: {"data": "e"}\n\n'
+    'event: exit\ndata: {"exit_code": 3}\n\n'
+)
+EVENTS_SSE = 'event: sandbox.created\ndata: {"sandbox_id": "sbx_1", "at": "t"}\n\n'
+
+Recorded = Tuple[str, str, List[Tuple[str, str]], Any, Any]
+
+
+def answer(req: httpx.Request) -> httpx.Response:
+    """The fake server's answers, by method and path."""
+    path, method = req.url.path, req.method
+    if method == "DELETE" or path.endswith(("/mkdir", "/move")) or method == "PUT":
+        if path.endswith("/network"):
+            return httpx.Response(200, json=dict(SANDBOX, network={"egress": "deny"}))
+        return httpx.Response(204)
+    if path == "/v1/events" or path.endswith("/exec/stream"):
+        body = EVENTS_SSE if path == "/v1/events" else EXEC_SSE
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+    if path.endswith("/files"):
+        return httpx.Response(200, content=b"\x00data")
+    routes: Dict[str, Any] = {
+        "/healthz": {"status": "ok"},
+        "/v1/templates": {"templates": [{"name": "minimal", "ready": True}]},
+        "/v1/snapshots": {"snapshots": [{"id": "snap_1", "name": "s"}]},
+        "/v1/volumes": {"volumes": [{"id": "vol_1", "name": "v"}]},
+        "/v1/sandboxes": {"sandboxes": [SANDBOX]} if method == "GET" else SANDBOX,
+    }
+    if path in routes:
+        return httpx.Response(200, json=routes[path])
+    suffix = path.rsplit("/", 1)[-1]
+    docs: Dict[str, Any] = {
+        "usage": {"usage": {"pids": 2}},
+        "exec": {"stdout": "x", "exit_code": 0},
+        "fork": {"sandboxes": [dict(SANDBOX, id="sbx_3"), dict(SANDBOX, id="sbx_4")]},
+        "explore": {"winner": OUTCOME, "outcomes": [OUTCOME]},
+        "snapshots": {"id": "snap_2", "name": "n"},
+        "list": {"entries": [ENTRY]},
+        "stat": ENTRY,
+        "wake": dict(SANDBOX, woke_in_ms=5),
+    }
+    if path.startswith("/v1/snapshots/"):
+        return httpx.Response(200, json={"id": suffix, "name": "s", "used_by": []})
+    if path.startswith("/v1/volumes/"):
+        return httpx.Response(200, json={"id": "vol_1", "name": suffix})
+    return httpx.Response(200, json=docs.get(suffix, SANDBOX))
+
+
+def fake_clients(transport: httpx.MockTransport) -> Tuple[hutch.Client, hutch.AsyncClient]:
+    """A sync and an async client whose requests go to ``transport``."""
+    client = hutch.Client("http://fake:1", "key")
+    aclient = hutch.AsyncClient("http://fake:1", "key")
+    options: Dict[str, Any] = {
+        "base_url": client.url,
+        "transport": transport,
+        "timeout": httpx.Timeout(30.0, connect=10.0),
+    }
+    client._http.close()
+    client._http = httpx.Client(**options)
+    aclient._http = httpx.AsyncClient(**options)
+    return client, aclient
+
+
+def recorder() -> Tuple[List[Recorded], httpx.MockTransport]:
+    seen: List[Recorded] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        body = req.content
+        seen.append(
+            (
+                req.method,
+                req.url.raw_path.decode().split("?")[0],
+                list(req.url.params.multi_items()),
+                json.loads(body) if body and not req.url.path.endswith("/files") else body,
+                req.extensions.get("timeout", {}).get("read"),
+            )
+        )
+        return answer(req)
+
+    return seen, httpx.MockTransport(handler)
+
+
+# Each step: (what to call it on, method name, args, kwargs). "client", "sandbox" and "files"
+# are resolved against the flavour under test.
+STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
+    ("client", "health", (), {}),
+    ("client", "templates", (), {}),
+    ("client", "snapshots", (), {}),
+    ("client", "get_snapshot", ("snap/1",), {}),
+    ("client", "delete_snapshot", ("snap_1",), {}),
+    ("client", "create_volume", ("v",), {"size_mib": 64}),
+    ("client", "volumes", (), {}),
+    ("client", "get_volume", ("my vol",), {}),
+    ("client", "delete_volume", ("vol_1",), {}),
+    ("sandbox", "refresh", (), {}),
+    ("sandbox", "update", (), {"ttl_seconds": 5, "metadata": {"k": "v"}}),
+    ("sandbox", "set_ttl", (9,), {}),
+    ("sandbox", "set_persistent", (), {}),
+    ("sandbox", "set_metadata", ({"a": "b"},), {}),
+    ("sandbox", "usage", (), {}),
+    ("sandbox", "exec", (["echo", 1],), {"env": {"A": 1}, "stdin": b"\x01", "timeout": 5}),
+    ("sandbox", "exec", ("true",), {"timeout": 0, "cwd": "/", "user": "u"}),
+    ("sandbox", "pause", (), {}),
+    ("sandbox", "resume", (), {}),
+    ("sandbox", "hibernate", (), {}),
+    ("sandbox", "wake", (), {}),
+    ("sandbox", "snapshot", ("n",), {}),
+    ("sandbox", "fork", (2,), {"mode": "live"}),
+    ("sandbox", "explore", (["a", ["b", "c"]],), {"timeout": 10, "score_regex": "(\\d+)"}),
+    ("sandbox", "update_network", ("deny",), {"allow": ("*.x.org",)}),
+    ("sandbox", "port_url", (8080, "a?b=1"), {"with_token": True}),
+    ("files", "read_bytes", ("/a",), {}),
+    ("files", "read", ("/a",), {"errors": "replace"}),
+    ("files", "write", ("/a", "text"), {"mode": 0o755}),
+    ("files", "write", ("/b", b"\x00"), {"mode": "0600"}),
+    ("files", "list", ("/",), {"depth": 2}),
+    ("files", "stat", ("/a",), {}),
+    ("files", "exists", ("/a",), {}),
+    ("files", "mkdir", ("/d",), {}),
+    ("files", "move", ("/a", "/b"), {}),
+    ("files", "remove", ("/d",), {"recursive": True}),
+    ("sandbox", "kill", (), {}),
+]
+
+
+def comparable(value: Any) -> Any:
+    """Results as plain data (sandboxes by id and state)."""
+    if isinstance(value, (hutch.Sandbox, hutch.AsyncSandbox)):
+        return ("sandbox", value.id, value.state)
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value
+
+
+def run_sync(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
+    seen, transport = recorder()
+    client = fake_clients(transport)[0]
+    results: List[Any] = []
+    sb = hutch.Sandbox.create(template="minimal", metadata={"a": "1"}, client=client)
+    results.append(comparable(sb))
+    results.append(comparable(hutch.Sandbox.connect("sbx_1", client=client)))
+    results.append(comparable(hutch.Sandbox.list(metadata={"k": "v"}, client=client)))
+    targets = {"client": client, "sandbox": sb, "files": sb.files}
+    for target, name, args, kwargs in STEPS:
+        results.append(comparable(getattr(targets[target], name)(*args, **kwargs)))
+        results.append(comparable(sb.info))
+    code = sb.exec_stream(
+        "x", on_stdout=streamed.append, on_stderr=streamed.append, on_start=streamed.append
+    )
+    results.append(code)
+    with client.events() as events:
+        results.append(next(iter(events)))
+    client.close()
+    return seen, results
+
+
+async def run_async(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
+    seen, transport = recorder()
+    client = fake_clients(transport)[1]
+    results: List[Any] = []
+    sb = await hutch.AsyncSandbox.create(template="minimal", metadata={"a": "1"}, client=client)
+    results.append(comparable(sb))
+    results.append(comparable(await hutch.AsyncSandbox.connect("sbx_1", client=client)))
+    results.append(comparable(await hutch.AsyncSandbox.list(metadata={"k": "v"}, client=client)))
+    targets = {"client": client, "sandbox": sb, "files": sb.files}
+    for target, name, args, kwargs in STEPS:
+        out = getattr(targets[target], name)(*args, **kwargs)
+        results.append(comparable(await out if inspect.isawaitable(out) else out))
+        results.append(comparable(sb.info))
+
+    async def on_stderr(text: str) -> None:
+        streamed.append(text)
+
+    code = await sb.exec_stream(
+        "x", on_stdout=streamed.append, on_stderr=on_stderr, on_start=streamed.append
+    )
+    results.append(code)
+    async with client.events() as events:
+        async for ev in events:
+            results.append(ev)
+            break
+    await client.aclose()
+    return seen, results
+
+
+def test_sync_and_async_send_the_same_requests() -> None:
+    sync_streamed: List[Any] = []
+    async_streamed: List[Any] = []
+    sync_seen, sync_results = run_sync(sync_streamed)
+    async_seen, async_results = asyncio.run(run_async(async_streamed))
+    assert sync_seen == async_seen
+    assert sync_results == async_results
+    assert sync_streamed == async_streamed == [7, "hé", "e"]
+    # A few of the requests, spelled out.
+    assert sync_seen[0] == (
+        "POST",
+        "/v1/sandboxes",
+        [],
+        {"template": "minimal", "metadata": {"a": "1"}},
+        None,
+    )
+    assert ("GET", "/v1/snapshots/snap%2F1", [], b"", 30.0) in sync_seen
+    assert (
+        "POST",
+        "/v1/sandboxes/sbx_1/exec",
+        [],
+        {"cmd": ["echo", "1"], "env": {"A": "1"}, "stdin_b64": "AQ==", "timeout_seconds": 5},
+        35.0,
+    ) in sync_seen
+    assert (
+        "PUT",
+        "/v1/sandboxes/sbx_1/files",
+        [("path", "/a"), ("mode", "0755")],
+        b"text",
+        None,
+    ) in sync_seen
+    assert sync_results[-1].type == "sandbox.created"
+
+
+def _first_error(fn: Callable[[], Any]) -> Optional[BaseException]:
+    try:
+        out = fn()
+        if inspect.isawaitable(out):
+            asyncio.run(out)  # type: ignore[arg-type]
+    except BaseException as e:  # noqa: BLE001 - compared below
+        return e
+    return None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda sb: sb.exec(b"ls"),
+        lambda sb: sb.explore("true"),
+        lambda sb: sb.explore([b"x"]),
+        lambda sb: sb.port_url(0),
+    ],
+)
+def test_arguments_are_refused_alike_before_sending(call: Callable[[Any], Any]) -> None:
+    seen, transport = recorder()
+    client, aclient = fake_clients(transport)
+    info = hutch.SandboxInfo.from_json(SANDBOX)
+    sync_err = _first_error(lambda: call(hutch.Sandbox(info, client)))
+    async_err = _first_error(lambda: call(hutch.AsyncSandbox(info, aclient)))
+    assert sync_err is not None and async_err is not None
+    assert (type(sync_err), str(sync_err)) == (type(async_err), str(async_err))
+    assert seen == []
+
+
+def test_errors_map_alike() -> None:
+    def refuse(req: httpx.Request) -> httpx.Response:
+        what = (
+            "open /nope: No such file"
+            if "/files" in req.url.path
+            else "sandbox sbx_x does not exist"
+        )
+        body = {"error": {"code": "not_found", "message": what}}
+        return httpx.Response(404, json=body)
+
+    client, aclient = fake_clients(httpx.MockTransport(refuse))
+    with pytest.raises(hutch.SandboxNotFound) as sync_err:
+        hutch.Sandbox.connect("sbx_x", client=client)
+    with pytest.raises(hutch.SandboxNotFound) as async_err:
+        asyncio.run(hutch.AsyncSandbox.connect("sbx_x", client=aclient))
+    assert str(sync_err.value) == str(async_err.value)
+    info = hutch.SandboxInfo.from_json(SANDBOX)
+    sb = hutch.Sandbox(info, client)
+    sb.kill()  # a sandbox that is gone already is not an error
+    assert sb.state == "stopped"
+    with pytest.raises(hutch.FileNotFound):
+        sb.files.read("/nope")
+    assert not sb.files.exists("/nope")
