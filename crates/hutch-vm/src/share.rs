@@ -44,7 +44,9 @@ pub async fn materialize(
         jail,
         ..config.clone()
     };
+    let t0 = std::time::Instant::now();
     let mut guest = Guest::start(shared.clone(), &out.join("qemu.log")).await?;
+    let qmp_ready = t0.elapsed();
     // The stream was saved without `x-ignore-shared` (see `Qmp::ignore_shared`): its RAM
     // pages land in the shared file.
     let file = std::fs::File::open(stream).map_err(io(format!("open {}", stream.display())))?;
@@ -57,6 +59,7 @@ pub async fn materialize(
     if status == "running" {
         guest.qmp.stop().await?;
     }
+    let loaded = t0.elapsed();
     guest.qmp.set_ignore_shared().await?;
     let state = out.join("state");
     let file = std::fs::File::create(&state).map_err(io(format!("create {}", state.display())))?;
@@ -64,7 +67,15 @@ pub async fn materialize(
     drop(file);
     guest.qmp.migrate("fd:state").await?;
     guest.qmp.wait_migration(MIGRATION).await?;
+    let saved = t0.elapsed();
     guest.shutdown().await?;
+    tracing::debug!(
+        qmp_ready_ms = qmp_ready.as_millis() as u64,
+        loaded_ms = loaded.as_millis() as u64,
+        saved_ms = saved.as_millis() as u64,
+        total_ms = t0.elapsed().as_millis() as u64,
+        "memory snapshot materialized (times from the loader's spawn)"
+    );
     for socket in ["qmp.sock", "agent.sock"] {
         let _ = std::fs::remove_file(out.join(socket));
     }

@@ -412,9 +412,11 @@ impl VmBackend {
                     .map_err(|e| CoreError::SandboxFailed(format!("growing the disk: {e}")))?;
                 identity.root_disk_bytes = Some(bytes);
             }
+            let identifying = std::time::Instant::now();
             client.identity(&identity).await.map_err(|e| {
                 CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
             })?;
+            let identity_ms = identifying.elapsed().as_millis() as u64;
             if warm {
                 hutch_vm::snapshot::run_first_programs(&client).await;
                 // Through the restore's own QMP connection (QEMU serves one at a time).
@@ -433,6 +435,7 @@ impl VmBackend {
                 qmp_ready_ms = report.qmp_ready.as_millis() as u64,
                 running_ms = report.resumed.as_millis() as u64,
                 first_reply_ms = report.to_first_reply.as_millis() as u64,
+                identity_ms,
                 total_ms = t0.elapsed().as_millis() as u64,
                 "vm restored (times from the start of the overlay; QEMU times from its spawn)"
             );
@@ -459,13 +462,16 @@ impl VmBackend {
     /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
     /// disk while it is stopped (migration has flushed it), let it run again.
     async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
+        let t0 = std::time::Instant::now();
         let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
+        let save_ms = t0.elapsed().as_millis() as u64;
         let copied = saved.and_then(|()| {
             std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
                 .map(drop)
                 .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
         });
         let resumed = self.qmp(r, async |q| q.cont().await).await;
+        tracing::debug!(id = %r.id, save_ms, resumed_ms = t0.elapsed().as_millis() as u64, "snapshot: saved");
         copied.and(resumed)
     }
 
@@ -734,9 +740,13 @@ impl Backend for VmBackend {
                 })
                 .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
         } else {
+            let t0 = std::time::Instant::now();
             tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
+            tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory saved, disk copied, guest resumed");
         }
+        let t0 = std::time::Instant::now();
         let shared = tokio::runtime::Handle::current().block_on(self.share_memory(r, dir));
+        tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory shared");
         let shared_bytes = match shared {
             Ok(bytes) => bytes,
             Err(e) => {
