@@ -189,6 +189,55 @@ impl Qmp {
         }
     }
 
+    /// Wait until the guest has closed (or closed and reopened) the virtio-serial port with
+    /// device id `port` at or after `since`: the agent has ended its session with the host
+    /// that hung up at `since`. Unlike [`Qmp::wait_port_reopened`] this returns on the close
+    /// itself, which QEMU sends at once unless the port changed in the second before (its
+    /// throttle keeps the last event of a second: then the close and the reopen come as
+    /// one `open: true`, which counts too). Events are told apart by QEMU's timestamp (taken
+    /// when the port changed, also for a throttled event), so an event of an earlier
+    /// hang-up that QEMU held back does not count. The agent may not have reopened its port
+    /// yet: a guest saved in that moment reopens it when it runs again, and a host that
+    /// connected meanwhile is served then (QEMU holds the host's bytes while the guest's
+    /// port is closed). `false` when `timeout` passes first.
+    pub async fn wait_port_closed(
+        &mut self,
+        port: &str,
+        since: std::time::SystemTime,
+        timeout: Duration,
+    ) -> Result<bool, QmpError> {
+        let since_us = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let deadline = Instant::now() + timeout;
+        loop {
+            while let Some(event) = self.events.pop_front() {
+                if event.get("event").and_then(Value::as_str) != Some("VSERPORT_CHANGE") {
+                    continue;
+                }
+                let data = event.get("data");
+                if data.and_then(|d| d.get("id")).and_then(Value::as_str) == Some(port)
+                    && event_micros(&event) >= since_us
+                {
+                    return Ok(true);
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            match tokio::time::timeout(left, self.read_message()).await {
+                Ok(msg) => {
+                    let msg = msg?;
+                    if msg.get("event").is_some() {
+                        self.events.push_back(msg);
+                    }
+                }
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+
     fn encode(command: &str, arguments: Option<Value>) -> Vec<u8> {
         let mut line = match arguments {
             Some(a) => json!({"execute": command, "arguments": a}),
@@ -348,6 +397,18 @@ impl Qmp {
             Err(e) => Err(e),
         }
     }
+}
+
+/// When QEMU made `event` (its `timestamp`), in microseconds since the epoch; 0 without one.
+fn event_micros(event: &Value) -> u128 {
+    let field = |name: &str| {
+        event
+            .get("timestamp")
+            .and_then(|t| t.get(name))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    u128::from(field("seconds")) * 1_000_000 + u128::from(field("microseconds"))
 }
 
 /// One `sendmsg` of `data` carrying `fd` as `SCM_RIGHTS`; returns the bytes sent.

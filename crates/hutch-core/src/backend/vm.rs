@@ -791,8 +791,9 @@ impl Backend for VmBackend {
         let waited = tokio::runtime::Handle::current().block_on(async {
             let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT).await?;
             qmp.clear_events().await?;
+            let since = std::time::SystemTime::now();
             hang_up();
-            qmp.wait_port_reopened(hutch_vm::qemu::AGENT_PORT_ID, QUIESCE_TIMEOUT)
+            qmp.wait_port_closed(hutch_vm::qemu::AGENT_PORT_ID, since, QUIESCE_TIMEOUT)
                 .await
         });
         match waited {
