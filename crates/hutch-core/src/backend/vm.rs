@@ -28,6 +28,7 @@ use hutch_vm::{disk, snapshot, VmError};
 
 mod resize;
 mod share;
+mod stream;
 mod warm;
 
 use super::ns::UID_RANGE;
@@ -740,6 +741,25 @@ impl Backend for VmBackend {
                 })
                 .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
         } else {
+            // Saved straight into shared memory (stream.rs), else the plain way below.
+            let t0 = std::time::Instant::now();
+            let streamed =
+                tokio::runtime::Handle::current().block_on(self.snapshot_streamed(r, dir));
+            tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, ok = streamed.is_ok(), "snapshot: streamed");
+            match streamed {
+                Ok(shared_bytes) => {
+                    return Ok(SnapshotTaken {
+                        kind: SnapshotKind::Memory,
+                        size_bytes: std::fs::metadata(dir.join(SNAPSHOT_DISK))
+                            .map_or(0, |m| m.len())
+                            + shared_bytes,
+                        files: 2,
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(id = %r.id, error = %e, "streaming the snapshot into shared memory; saving it to a file instead")
+                }
+            }
             let t0 = std::time::Instant::now();
             tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
             tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory saved, disk copied, guest resumed");
