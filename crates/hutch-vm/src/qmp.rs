@@ -56,6 +56,9 @@ pub enum QmpError {
     Timeout(&'static str),
 }
 
+/// How long [`Qmp::wait_port_closed`] waits for the agent to reopen its port once it saw
+/// it closed (the agent reopens it 5 ms after a session ends).
+const REOPEN_GRACE: Duration = Duration::from_millis(300);
 /// Migration bandwidth for saves to a file (bytes per second): unlimited in practice.
 const SAVE_BANDWIDTH: u64 = 1 << 40;
 /// Downtime a save may take (ms): the guest is stopped anyway, so all of it.
@@ -190,19 +193,24 @@ impl Qmp {
     }
 
     /// Wait until the guest has closed (or closed and reopened) the virtio-serial port with
-    /// device id `port` at or after `since`: the agent has ended its session with the host
-    /// that hung up at `since`. Unlike [`Qmp::wait_port_reopened`] this returns on the close
-    /// itself, which QEMU sends at once unless the port changed in the second before (its
-    /// throttle keeps the last event of a second: then the close and the reopen come as
-    /// one `open: true`, which counts too). Events are told apart by QEMU's timestamp (taken
-    /// when the port changed, also for a throttled event), so an event of an earlier
-    /// hang-up that QEMU held back does not count. The agent may not have reopened its port
-    /// yet: a guest saved in that moment reopens it when it runs again, and a host that
-    /// connected meanwhile is served then (QEMU holds the host's bytes while the guest's
-    /// port is closed). `false` when `timeout` passes first.
+    /// device id `port`, whose host side is chardev `chardev`, at or after `since`: the
+    /// agent has ended its session with the host that hung up at `since`.
+    ///
+    /// Two signs, whichever comes first: `query-chardev` showing the port's frontend closed
+    /// (QEMU sets it from the guest's open state at once; polled every millisecond or so,
+    /// it can miss a close and quick reopen), and a `VSERPORT_CHANGE` event for the port.
+    /// QEMU throttles that event to one per second per port, keeping the last, so it may
+    /// come up to a second late and a close and reopen arrive as one `open: true`; events
+    /// are told apart by QEMU's timestamp (taken when the port changed, also for a held-back
+    /// event), so one of an earlier hang-up does not count. A close seen by polling is
+    /// followed by a short wait for the reopen ([`REOPEN_GRACE`]); should the agent still
+    /// have its port closed, a guest saved then reopens it when it runs again, and a host
+    /// that connected meanwhile is served then (QEMU holds the host's bytes while the
+    /// guest's port is closed). `false` when `timeout` passes first.
     pub async fn wait_port_closed(
         &mut self,
         port: &str,
+        chardev: &str,
         since: std::time::SystemTime,
         timeout: Duration,
     ) -> Result<bool, QmpError> {
@@ -222,20 +230,46 @@ impl Qmp {
                     return Ok(true);
                 }
             }
+            let open = self.chardev_open(chardev).await?;
+            if open == Some(false) {
+                // Closed: give the agent a moment to reopen it, so a copy of the guest does
+                // not start with its port closed (its reopen would then show as an event
+                // that a restore takes for a restarted session).
+                let reopen_by = Instant::now() + REOPEN_GRACE;
+                while Instant::now() < reopen_by {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if self.chardev_open(chardev).await? == Some(true) {
+                        break;
+                    }
+                }
+                return Ok(true);
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(false);
             }
-            match tokio::time::timeout(left, self.read_message()).await {
-                Ok(msg) => {
-                    let msg = msg?;
-                    if msg.get("event").is_some() {
-                        self.events.push_back(msg);
-                    }
+            // Events that arrive meanwhile are queued for the next turn.
+            if let Ok(msg) =
+                tokio::time::timeout(left.min(Duration::from_millis(1)), self.read_message()).await
+            {
+                let msg = msg?;
+                if msg.get("event").is_some() {
+                    self.events.push_back(msg);
                 }
-                Err(_) => return Ok(false),
             }
         }
+    }
+
+    /// Whether the frontend of chardev `label` (the guest's side of a virtio-serial port) is
+    /// open, from `query-chardev`; `None` when there is no such chardev.
+    async fn chardev_open(&mut self, label: &str) -> Result<Option<bool>, QmpError> {
+        let chardevs = self.execute("query-chardev", None).await?;
+        Ok(chardevs.as_array().and_then(|all| {
+            all.iter()
+                .find(|c| c.get("label").and_then(Value::as_str) == Some(label))
+                .and_then(|c| c.get("frontend-open"))
+                .and_then(Value::as_bool)
+        }))
     }
 
     fn encode(command: &str, arguments: Option<Value>) -> Vec<u8> {

@@ -813,7 +813,7 @@ impl Backend for VmBackend {
             qmp.clear_events().await?;
             let since = std::time::SystemTime::now();
             hang_up();
-            qmp.wait_port_closed(hutch_vm::qemu::AGENT_PORT_ID, since, QUIESCE_TIMEOUT)
+            qmp.wait_port_closed(hutch_vm::qemu::AGENT_PORT_ID, "agent", since, QUIESCE_TIMEOUT)
                 .await
         });
         match waited {
