@@ -36,7 +36,6 @@ use super::{Backend, SnapshotTaken, Started, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord};
-use crate::snapshot::SnapshotKind;
 
 /// How long a restored guest's agent may take to answer.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -732,55 +731,12 @@ impl Backend for VmBackend {
     }
 
     fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
-        let hibernated = self.dir(&r.id).join(HIBERNATED);
-        if hibernated.is_file() && !self.alive(r) {
-            // Hibernated: its saved state is already a snapshot.
-            std::fs::copy(&hibernated, dir.join(SNAPSHOT_STATE))
-                .and_then(|_| {
-                    std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                })
-                .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
-        } else {
-            // Saved straight into shared memory (stream.rs), else the plain way below.
-            let t0 = std::time::Instant::now();
-            let streamed =
-                tokio::runtime::Handle::current().block_on(self.snapshot_streamed(r, dir));
-            tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, ok = streamed.is_ok(), "snapshot: streamed");
-            match streamed {
-                Ok(shared_bytes) => {
-                    return Ok(SnapshotTaken {
-                        kind: SnapshotKind::Memory,
-                        size_bytes: std::fs::metadata(dir.join(SNAPSHOT_DISK))
-                            .map_or(0, |m| m.len())
-                            + shared_bytes,
-                        files: 2,
-                    })
-                }
-                Err(e) => {
-                    tracing::warn!(id = %r.id, error = %e, "streaming the snapshot into shared memory; saving it to a file instead")
-                }
-            }
-            let t0 = std::time::Instant::now();
-            tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
-            tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory saved, disk copied, guest resumed");
-        }
-        let t0 = std::time::Instant::now();
-        let shared = tokio::runtime::Handle::current().block_on(self.share_memory(r, dir));
-        tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory shared");
-        let shared_bytes = match shared {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                // Children then load their own copy of the RAM from the full stream.
-                tracing::warn!(id = %r.id, error = %e, "sharing the snapshot's memory");
-                0
-            }
-        };
-        let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
-        Ok(SnapshotTaken {
-            kind: SnapshotKind::Memory,
-            size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK) + shared_bytes,
-            files: 2,
-        })
+        self.memory_snapshot(r, dir, false)
+    }
+
+    fn fork_snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        // Its shared memory on tmpfs (stream.rs): it lives only as long as the children.
+        self.memory_snapshot(r, dir, true)
     }
 
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
@@ -813,8 +769,13 @@ impl Backend for VmBackend {
             qmp.clear_events().await?;
             let since = std::time::SystemTime::now();
             hang_up();
-            qmp.wait_port_closed(hutch_vm::qemu::AGENT_PORT_ID, "agent", since, QUIESCE_TIMEOUT)
-                .await
+            qmp.wait_port_closed(
+                hutch_vm::qemu::AGENT_PORT_ID,
+                "agent",
+                since,
+                QUIESCE_TIMEOUT,
+            )
+            .await
         });
         match waited {
             Ok(true) => {}

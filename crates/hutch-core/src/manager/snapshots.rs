@@ -73,7 +73,11 @@ impl Manager {
         }
         let taken = {
             let (backend, rec, tmp) = (backend.clone(), r.clone(), tmp.clone());
-            blocking(move || backend.snapshot(&rec, &tmp)).await
+            blocking(move || match hidden {
+                true => backend.fork_snapshot(&rec, &tmp),
+                false => backend.snapshot(&rec, &tmp),
+            })
+            .await
         };
         let record = taken.and_then(|taken| {
             let record = SnapshotRecord {

@@ -123,7 +123,7 @@ impl VmBackend {
     /// Load the snapshot in `dir` (its full stream) into a shared memory file; returns the
     /// bytes that added. The full stream is deleted once children can use the shared copy.
     pub(super) async fn share_memory(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<u64> {
-        let target = self.new_shared(r).await?;
+        let target = self.new_shared(r, false).await?;
         let loaded = hutch_vm::share::materialize(
             &target.bake.config,
             &dir.join(SNAPSHOT_STATE),
@@ -139,14 +139,22 @@ impl VmBackend {
     /// A new directory `<vm-dir>/shared/<random>` for a loading QEMU (jailed as the bake
     /// uid: it writes only there), with a scratch overlay of the bake's disk to start it
     /// with (the snapshot's own disk is in the root-only snapshot directory; a paused guest
-    /// never touches it).
-    pub(super) async fn new_shared(&self, r: &SandboxRecord) -> CoreResult<SharedTarget> {
+    /// never touches it). With `in_memory`, under [`super::stream::FORK_MEMORY_DIR`] (tmpfs)
+    /// instead.
+    pub(super) async fn new_shared(
+        &self,
+        r: &SandboxRecord,
+        in_memory: bool,
+    ) -> CoreResult<SharedTarget> {
         let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
         let (_, _, bake) = self.bake_of(r, &rootfs).await?;
         let mut name = [0u8; 8];
         getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
-        let shared = self.cfg.vm_dir.join("shared").join(name);
+        let shared = match in_memory {
+            true => PathBuf::from(super::stream::FORK_MEMORY_DIR).join(name),
+            false => self.cfg.vm_dir.join("shared").join(name),
+        };
         std::fs::create_dir_all(&shared).map_err(|e| internal("create", &shared, e))?;
         let scratch = shared.join("scratch.qcow2");
         let prepared = (|| {
@@ -220,7 +228,11 @@ impl VmBackend {
             return Ok(());
         };
         // Only ever a directory this backend made.
-        if shared.parent() != Some(self.cfg.vm_dir.join("shared").as_path()) {
+        let ours = [
+            self.cfg.vm_dir.join("shared"),
+            PathBuf::from(super::stream::FORK_MEMORY_DIR),
+        ];
+        if !shared.parent().is_some_and(|p| ours.iter().any(|o| o == p)) {
             return Err(CoreError::Internal(format!(
                 "snapshot {} names {} as its shared memory",
                 dir.display(),
