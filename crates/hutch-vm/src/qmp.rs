@@ -565,6 +565,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_port_close_shows_in_query_chardev_and_old_events_do_not_count() {
+        let (ours, theirs) = UnixStream::pair().expect("pair");
+        let theirs = theirs.into_std().expect("std");
+        let since = std::time::SystemTime::now();
+        let secs = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let server = std::thread::spawn(move || {
+            theirs.set_nonblocking(false).expect("blocking");
+            let mut w = theirs.try_clone().expect("clone");
+            let mut r = std::io::BufReader::new(theirs);
+            use std::io::{BufRead, Write};
+            // An event of an earlier hang-up that QEMU held back: before `since`.
+            let stale = format!(
+                "{{\"event\": \"VSERPORT_CHANGE\", \"timestamp\": {{\"seconds\": {}, \"microseconds\": 0}}, \"data\": {{\"id\": \"agent-port\", \"open\": true}}}}\n",
+                secs - 1
+            );
+            w.write_all(stale.as_bytes()).expect("event");
+            let chardev = |open: bool| {
+                format!("{{\"return\": [{{\"label\": \"other\", \"frontend-open\": false}}, {{\"label\": \"agent\", \"frontend-open\": {open}}}]}}\n")
+            };
+            // Open (the agent has not noticed yet), closed, open again.
+            let mut asked = 0;
+            let mut line = String::new();
+            for open in [true, false, true] {
+                line.clear();
+                r.read_line(&mut line).expect("read");
+                assert!(line.contains("query-chardev"), "{line}");
+                asked += 1;
+                w.write_all(chardev(open).as_bytes()).expect("reply");
+            }
+            asked
+        });
+        let mut qmp = Qmp {
+            stream: ours,
+            buf: Vec::new(),
+            events: Default::default(),
+        };
+        let closed = qmp
+            .wait_port_closed("agent-port", "agent", since, Duration::from_secs(5))
+            .await
+            .expect("wait");
+        assert!(closed);
+        assert_eq!(server.join().expect("server"), 3, "polled until reopened");
+    }
+
+    #[tokio::test]
     async fn getfd_passes_a_descriptor() {
         use std::os::fd::{AsFd, FromRawFd, OwnedFd};
         let (ours, theirs) = UnixStream::pair().expect("pair");
