@@ -56,6 +56,9 @@ pub enum QmpError {
     Timeout(&'static str),
 }
 
+/// How long [`Qmp::wait_port_closed`] waits for the agent to reopen its port once it saw
+/// it closed (the agent reopens it 5 ms after a session ends).
+const REOPEN_GRACE: Duration = Duration::from_millis(300);
 /// Migration bandwidth for saves to a file (bytes per second): unlimited in practice.
 const SAVE_BANDWIDTH: u64 = 1 << 40;
 /// Downtime a save may take (ms): the guest is stopped anyway, so all of it.
@@ -187,6 +190,86 @@ impl Qmp {
                 Err(_) => return Ok(false),
             }
         }
+    }
+
+    /// Wait until the guest has closed (or closed and reopened) the virtio-serial port with
+    /// device id `port`, whose host side is chardev `chardev`, at or after `since`: the
+    /// agent has ended its session with the host that hung up at `since`.
+    ///
+    /// Two signs, whichever comes first: `query-chardev` showing the port's frontend closed
+    /// (QEMU sets it from the guest's open state at once; polled every millisecond or so,
+    /// it can miss a close and quick reopen), and a `VSERPORT_CHANGE` event for the port.
+    /// QEMU throttles that event to one per second per port, keeping the last, so it may
+    /// come up to a second late and a close and reopen arrive as one `open: true`; events
+    /// are told apart by QEMU's timestamp (taken when the port changed, also for a held-back
+    /// event), so one of an earlier hang-up does not count. A close seen by polling is
+    /// followed by a short wait for the reopen ([`REOPEN_GRACE`]); should the agent still
+    /// have its port closed, a guest saved then reopens it when it runs again, and a host
+    /// that connected meanwhile is served then (QEMU holds the host's bytes while the
+    /// guest's port is closed). `false` when `timeout` passes first.
+    pub async fn wait_port_closed(
+        &mut self,
+        port: &str,
+        chardev: &str,
+        since: std::time::SystemTime,
+        timeout: Duration,
+    ) -> Result<bool, QmpError> {
+        let since_us = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        let deadline = Instant::now() + timeout;
+        loop {
+            while let Some(event) = self.events.pop_front() {
+                if event.get("event").and_then(Value::as_str) != Some("VSERPORT_CHANGE") {
+                    continue;
+                }
+                let data = event.get("data");
+                if data.and_then(|d| d.get("id")).and_then(Value::as_str) == Some(port)
+                    && event_micros(&event) >= since_us
+                {
+                    return Ok(true);
+                }
+            }
+            let open = self.chardev_open(chardev).await?;
+            if open == Some(false) {
+                // Closed: give the agent a moment to reopen it, so a copy of the guest does
+                // not start with its port closed (its reopen would then show as an event
+                // that a restore takes for a restarted session).
+                let reopen_by = Instant::now() + REOPEN_GRACE;
+                while Instant::now() < reopen_by {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if self.chardev_open(chardev).await? == Some(true) {
+                        break;
+                    }
+                }
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            // Events that arrive meanwhile are queued for the next turn.
+            if let Ok(msg) =
+                tokio::time::timeout(left.min(Duration::from_millis(1)), self.read_message()).await
+            {
+                let msg = msg?;
+                if msg.get("event").is_some() {
+                    self.events.push_back(msg);
+                }
+            }
+        }
+    }
+
+    /// Whether the frontend of chardev `label` (the guest's side of a virtio-serial port) is
+    /// open, from `query-chardev`; `None` when there is no such chardev.
+    async fn chardev_open(&mut self, label: &str) -> Result<Option<bool>, QmpError> {
+        let chardevs = self.execute("query-chardev", None).await?;
+        Ok(chardevs.as_array().and_then(|all| {
+            all.iter()
+                .find(|c| c.get("label").and_then(Value::as_str) == Some(label))
+                .and_then(|c| c.get("frontend-open"))
+                .and_then(Value::as_bool)
+        }))
     }
 
     fn encode(command: &str, arguments: Option<Value>) -> Vec<u8> {
@@ -350,6 +433,18 @@ impl Qmp {
     }
 }
 
+/// When QEMU made `event` (its `timestamp`), in microseconds since the epoch; 0 without one.
+fn event_micros(event: &Value) -> u128 {
+    let field = |name: &str| {
+        event
+            .get("timestamp")
+            .and_then(|t| t.get(name))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    u128::from(field("seconds")) * 1_000_000 + u128::from(field("microseconds"))
+}
+
 /// One `sendmsg` of `data` carrying `fd` as `SCM_RIGHTS`; returns the bytes sent.
 fn send_with_fd(stream: &UnixStream, data: &[u8], fd: BorrowedFd<'_>) -> std::io::Result<usize> {
     let raw = fd.as_raw_fd();
@@ -467,6 +562,54 @@ mod tests {
             .await
             .expect("read");
         assert!(!again);
+    }
+
+    #[tokio::test]
+    async fn a_port_close_shows_in_query_chardev_and_old_events_do_not_count() {
+        let (ours, theirs) = UnixStream::pair().expect("pair");
+        let theirs = theirs.into_std().expect("std");
+        let since = std::time::SystemTime::now();
+        let secs = since
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let server = std::thread::spawn(move || {
+            theirs.set_nonblocking(false).expect("blocking");
+            let mut w = theirs.try_clone().expect("clone");
+            let mut r = std::io::BufReader::new(theirs);
+            use std::io::{BufRead, Write};
+            // An event of an earlier hang-up that QEMU held back: before `since`.
+            let stale = format!(
+                "{{\"event\": \"VSERPORT_CHANGE\", \"timestamp\": {{\"seconds\": {}, \"microseconds\": 0}}, \"data\": {{\"id\": \"agent-port\", \"open\": true}}}}\n",
+                secs - 1
+            );
+            w.write_all(stale.as_bytes()).expect("event");
+            let chardev = |open: bool| {
+                format!("{{\"return\": [{{\"label\": \"other\", \"frontend-open\": false}}, {{\"label\": \"agent\", \"frontend-open\": {open}}}]}}\n")
+            };
+            // Open (the agent has not noticed yet), closed, open again.
+            let mut asked = 0;
+            let mut line = String::new();
+            for open in [true, false, true] {
+                line.clear();
+                r.read_line(&mut line).expect("read");
+                assert!(line.contains("query-chardev"), "{line}");
+                asked += 1;
+                w.write_all(chardev(open).as_bytes()).expect("reply");
+            }
+            asked
+        });
+        let mut qmp = Qmp {
+            stream: ours,
+            buf: Vec::new(),
+            events: Default::default(),
+        };
+        let closed = qmp
+            .wait_port_closed("agent-port", "agent", since, Duration::from_secs(5))
+            .await
+            .expect("wait");
+        assert!(closed);
+        assert_eq!(server.join().expect("server"), 3, "polled until reopened");
     }
 
     #[tokio::test]

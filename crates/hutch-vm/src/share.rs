@@ -33,51 +33,109 @@ pub async fn materialize(
     out: &Path,
     jail: Option<QemuJail>,
 ) -> Result<Snapshot, VmError> {
-    let shared = VmConfig {
-        memory_file: out.join("memory"),
-        share_memory: true,
-        incoming: true,
-        qmp_socket: out.join("qmp.sock"),
-        agent_socket: out.join("agent.sock"),
-        console_log: None,
-        root_disk: Some(disk.to_path_buf()),
-        jail,
-        ..config.clone()
-    };
-    let mut guest = Guest::start(shared.clone(), &out.join("qemu.log")).await?;
-    // The stream was saved without `x-ignore-shared` (see `Qmp::ignore_shared`): its RAM
-    // pages land in the shared file.
+    let mut loader = Loader::start(config, disk, out, jail).await?;
     let file = std::fs::File::open(stream).map_err(io(format!("open {}", stream.display())))?;
-    guest.qmp.getfd("stream", file.as_fd()).await?;
+    loader.load(file.as_fd()).await?;
     drop(file);
-    guest.qmp.migrate_incoming("fd:stream").await?;
-    // The source was stopped when it was saved, so the guest stays paused: its RAM is now
-    // in the shared file and nothing runs to change it.
-    let status = guest.qmp.wait_incoming(MIGRATION).await?;
-    if status == "running" {
-        guest.qmp.stop().await?;
+    loader.finish().await
+}
+
+/// A paused QEMU that loads a full migration stream into a new shared memory file (the
+/// steps of [`materialize`]; a stream can also come straight from the saving QEMU through a
+/// pipe, so saving and loading overlap).
+#[derive(Debug)]
+pub struct Loader {
+    guest: Guest,
+    out: PathBuf,
+    started: std::time::Instant,
+    qmp_ready: Duration,
+}
+
+impl Loader {
+    /// Start the loading QEMU (`-incoming defer`, its memory `<out>/memory` mapped
+    /// `share=on`) and open QMP. `out` must exist and be writable by `jail`'s uid when
+    /// given; `disk` is the root disk it is started with (a paused guest never touches it).
+    pub async fn start(
+        config: &VmConfig,
+        disk: &Path,
+        out: &Path,
+        jail: Option<QemuJail>,
+    ) -> Result<Self, VmError> {
+        let shared = VmConfig {
+            memory_file: out.join("memory"),
+            share_memory: true,
+            incoming: true,
+            qmp_socket: out.join("qmp.sock"),
+            agent_socket: out.join("agent.sock"),
+            console_log: None,
+            root_disk: Some(disk.to_path_buf()),
+            jail,
+            tap: None,
+            ..config.clone()
+        };
+        let started = std::time::Instant::now();
+        let guest = Guest::start(shared, &out.join("qemu.log")).await?;
+        Ok(Self {
+            guest,
+            out: out.to_path_buf(),
+            started,
+            qmp_ready: started.elapsed(),
+        })
     }
-    guest.qmp.set_ignore_shared().await?;
-    let state = out.join("state");
-    let file = std::fs::File::create(&state).map_err(io(format!("create {}", state.display())))?;
-    guest.qmp.getfd("state", file.as_fd()).await?;
-    drop(file);
-    guest.qmp.migrate("fd:state").await?;
-    guest.qmp.wait_migration(MIGRATION).await?;
-    guest.shutdown().await?;
-    for socket in ["qmp.sock", "agent.sock"] {
-        let _ = std::fs::remove_file(out.join(socket));
+
+    /// Start loading the stream read from `stream` (a file or a pipe; QEMU gets its own
+    /// copy of the descriptor).
+    pub async fn load(&mut self, stream: std::os::fd::BorrowedFd<'_>) -> Result<(), VmError> {
+        // The stream was saved without `x-ignore-shared` (see `Qmp::ignore_shared`): its
+        // RAM pages land in the shared file.
+        self.guest.qmp.getfd("stream", stream).await?;
+        self.guest.qmp.migrate_incoming("fd:stream").await?;
+        Ok(())
     }
-    Ok(Snapshot {
-        ram_in_memory_file: true,
-        config: VmConfig {
-            share_memory: false,
-            incoming: false,
-            jail: None,
-            ..shared
-        },
-        state,
-    })
+
+    /// Wait until the stream is loaded, save the device state without RAM to
+    /// `<out>/state` and stop QEMU. Returns the snapshot to restore children from.
+    pub async fn finish(mut self) -> Result<Snapshot, VmError> {
+        let guest = &mut self.guest;
+        // The source was stopped when it was saved, so the guest stays paused: its RAM is
+        // now in the shared file and nothing runs to change it.
+        let status = guest.qmp.wait_incoming(MIGRATION).await?;
+        if status == "running" {
+            guest.qmp.stop().await?;
+        }
+        let loaded = self.started.elapsed();
+        guest.qmp.set_ignore_shared().await?;
+        let state = self.out.join("state");
+        let file =
+            std::fs::File::create(&state).map_err(io(format!("create {}", state.display())))?;
+        guest.qmp.getfd("state", file.as_fd()).await?;
+        drop(file);
+        guest.qmp.migrate("fd:state").await?;
+        guest.qmp.wait_migration(MIGRATION).await?;
+        let saved = self.started.elapsed();
+        let config = guest.config.clone();
+        self.guest.shutdown().await?;
+        tracing::debug!(
+            qmp_ready_ms = self.qmp_ready.as_millis() as u64,
+            loaded_ms = loaded.as_millis() as u64,
+            saved_ms = saved.as_millis() as u64,
+            total_ms = self.started.elapsed().as_millis() as u64,
+            "memory snapshot materialized (times from the loader's spawn)"
+        );
+        for socket in ["qmp.sock", "agent.sock"] {
+            let _ = std::fs::remove_file(self.out.join(socket));
+        }
+        Ok(Snapshot {
+            ram_in_memory_file: true,
+            config: VmConfig {
+                share_memory: false,
+                incoming: false,
+                jail: None,
+                ..config
+            },
+            state,
+        })
+    }
 }
 
 /// Where [`materialize`] put its files for the snapshot in `snapshot_dir`, if it did.
@@ -96,3 +154,26 @@ pub fn link_shared(snapshot_dir: &Path, shared: &Path) -> Result<(), VmError> {
 
 /// Name of the file in a snapshot directory naming its shared memory directory.
 const SHARED_LINK: &str = "shared";
+
+/// A pipe for a migration stream from a saving QEMU to a [`Loader`]: `(read, write)`, both
+/// close-on-exec, with a 1 MiB buffer where the system allows it (fewer wake-ups of either
+/// side than the default 64 KiB).
+pub fn stream_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), VmError> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(io("create a pipe".into())(std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    let (read, write) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    // SAFETY: fcntl on a pipe we own; failure (a lower pipe-max-size) only keeps the
+    // default size.
+    unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    Ok((read, write))
+}

@@ -89,6 +89,12 @@ pub trait Backend: Send + Sync {
     /// Write a snapshot of the sandbox into `dir` (a new, empty directory). A running sandbox
     /// is frozen while its state is read, so the snapshot is consistent.
     fn snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken>;
+    /// [`Backend::snapshot`] for a fork: the snapshot lives only as long as the fork's
+    /// children (a backend may keep it where it is cheaper to make and cannot outlive a
+    /// reboot).
+    fn fork_snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        self.snapshot(record, dir)
+    }
     /// Delete a snapshot's directory.
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
     /// Whether forks can carry memory and running processes (`live`), not only files.

@@ -28,6 +28,7 @@ use hutch_vm::{disk, snapshot, VmError};
 
 mod resize;
 mod share;
+mod stream;
 mod volumes;
 mod warm;
 
@@ -36,7 +37,6 @@ use super::{Backend, SnapshotTaken, Started, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord};
-use crate::snapshot::SnapshotKind;
 
 /// How long a restored guest's agent may take to answer.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -420,9 +420,11 @@ impl VmBackend {
                     .map_err(|e| CoreError::SandboxFailed(format!("growing the disk: {e}")))?;
                 identity.root_disk_bytes = Some(bytes);
             }
+            let identifying = std::time::Instant::now();
             client.identity(&identity).await.map_err(|e| {
                 CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
             })?;
+            let identity_ms = identifying.elapsed().as_millis() as u64;
             if warm {
                 hutch_vm::snapshot::run_first_programs(&client).await;
                 // Through the restore's own QMP connection (QEMU serves one at a time).
@@ -441,6 +443,7 @@ impl VmBackend {
                 qmp_ready_ms = report.qmp_ready.as_millis() as u64,
                 running_ms = report.resumed.as_millis() as u64,
                 first_reply_ms = report.to_first_reply.as_millis() as u64,
+                identity_ms,
                 total_ms = t0.elapsed().as_millis() as u64,
                 "vm restored (times from the start of the overlay; QEMU times from its spawn)"
             );
@@ -467,13 +470,16 @@ impl VmBackend {
     /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
     /// disk while it is stopped (migration has flushed it), let it run again.
     async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
+        let t0 = std::time::Instant::now();
         let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
+        let save_ms = t0.elapsed().as_millis() as u64;
         let copied = saved.and_then(|()| {
             std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
                 .map(drop)
                 .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
         });
         let resumed = self.qmp(r, async |q| q.cont().await).await;
+        tracing::debug!(id = %r.id, save_ms, resumed_ms = t0.elapsed().as_millis() as u64, "snapshot: saved");
         copied.and(resumed)
     }
 
@@ -733,33 +739,12 @@ impl Backend for VmBackend {
     }
 
     fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
-        let hibernated = self.dir(&r.id).join(HIBERNATED);
-        if hibernated.is_file() && !self.alive(r) {
-            // Hibernated: its saved state is already a snapshot.
-            std::fs::copy(&hibernated, dir.join(SNAPSHOT_STATE))
-                .and_then(|_| {
-                    std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                })
-                .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
-        } else {
-            tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
-        }
-        volumes::write_layout(&self.cfg, r, dir)?;
-        let shared = tokio::runtime::Handle::current().block_on(self.share_memory(r, dir));
-        let shared_bytes = match shared {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                // Children then load their own copy of the RAM from the full stream.
-                tracing::warn!(id = %r.id, error = %e, "sharing the snapshot's memory");
-                0
-            }
-        };
-        let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
-        Ok(SnapshotTaken {
-            kind: SnapshotKind::Memory,
-            size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK) + shared_bytes,
-            files: 2,
-        })
+        self.memory_snapshot(r, dir, false)
+    }
+
+    fn fork_snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        // Its shared memory on tmpfs (stream.rs): it lives only as long as the children.
+        self.memory_snapshot(r, dir, true)
     }
 
     fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
@@ -790,9 +775,15 @@ impl Backend for VmBackend {
         let waited = tokio::runtime::Handle::current().block_on(async {
             let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT).await?;
             qmp.clear_events().await?;
+            let since = std::time::SystemTime::now();
             hang_up();
-            qmp.wait_port_reopened(hutch_vm::qemu::AGENT_PORT_ID, QUIESCE_TIMEOUT)
-                .await
+            qmp.wait_port_closed(
+                hutch_vm::qemu::AGENT_PORT_ID,
+                "agent",
+                since,
+                QUIESCE_TIMEOUT,
+            )
+            .await
         });
         match waited {
             Ok(true) => {}

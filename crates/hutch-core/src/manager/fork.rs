@@ -46,6 +46,7 @@ impl Manager {
                 cmd.count, parent.memory_mib, self.cfg.max_memory_mib
             )));
         }
+        let t0 = std::time::Instant::now();
         let snap = {
             let _op = self.op_lock(id).await;
             let parent = self.load(id)?;
@@ -55,6 +56,7 @@ impl Manager {
             self.take_snapshot(&parent, &format!("fork-of-{id}"), true)
                 .await?
         };
+        let snapshot_ms = t0.elapsed().as_millis() as u64;
         let created = join_all(
             (0..cmd.count)
                 .map(|_| self.create_sandbox(child_command(&parent, &snap), Some(id.to_string()))),
@@ -79,7 +81,14 @@ impl Manager {
         }
         // No child: nothing holds the snapshot (a concurrent kill of every child).
         self.release_layer(Some(&snap.id)).await;
-        tracing::info!(parent = %id, count = children.len(), snapshot = %snap.id, "forked");
+        tracing::info!(
+            parent = %id,
+            count = children.len(),
+            snapshot = %snap.id,
+            snapshot_ms,
+            ms = t0.elapsed().as_millis() as u64,
+            "forked"
+        );
         Ok(children)
     }
 

@@ -67,11 +67,17 @@ impl Manager {
         if backend.live_fork() {
             // A memory snapshot must not catch the agent mid-session with this server: hang
             // up first (the next call reconnects), so restored copies wait for a new host.
+            let quiescing = std::time::Instant::now();
             self.hang_up_agent(backend.clone(), r).await;
+            tracing::debug!(id = %r.id, ms = quiescing.elapsed().as_millis() as u64, "snapshot: agent quiesced");
         }
         let taken = {
             let (backend, rec, tmp) = (backend.clone(), r.clone(), tmp.clone());
-            blocking(move || backend.snapshot(&rec, &tmp)).await
+            blocking(move || match hidden {
+                true => backend.fork_snapshot(&rec, &tmp),
+                false => backend.snapshot(&rec, &tmp),
+            })
+            .await
         };
         let record = taken.and_then(|taken| {
             let record = SnapshotRecord {

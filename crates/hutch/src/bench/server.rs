@@ -54,7 +54,11 @@ impl BenchServer {
             .arg("--vm-dir")
             .arg(vm_dir)
             .args(["--vm-warm", &vm_warm.to_string()])
-            .env("HUTCH_LOG", "warn")
+            // `HUTCH_BENCH_LOG` (e.g. `hutch_core=debug`) shows the server's own timings.
+            .env(
+                "HUTCH_LOG",
+                std::env::var("HUTCH_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()

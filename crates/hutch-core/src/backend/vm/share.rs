@@ -28,6 +28,18 @@ async fn blocking_vm<T: Send + 'static>(
         .map_err(vm_error)
 }
 
+/// Where a loading QEMU puts a snapshot's shared memory ([`VmBackend::new_shared`]).
+pub(super) struct SharedTarget {
+    /// The bake the snapshotted sandbox was restored from (its command line).
+    pub(super) bake: Snapshot,
+    /// `<vm-dir>/shared/<random>`.
+    pub(super) dir: PathBuf,
+    /// The loader's scratch disk in it.
+    pub(super) scratch: PathBuf,
+    /// The loader's jail.
+    pub(super) jail: hutch_vm::qemu::QemuJail,
+}
+
 fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CoreError {
     CoreError::Internal(format!("{what} {}: {e}", path.display()))
 }
@@ -111,67 +123,103 @@ impl VmBackend {
     /// Load the snapshot in `dir` (its full stream) into a shared memory file; returns the
     /// bytes that added. The full stream is deleted once children can use the shared copy.
     pub(super) async fn share_memory(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<u64> {
+        let target = self.new_shared(r, false).await?;
+        let loaded = hutch_vm::share::materialize(
+            &target.bake.config,
+            &dir.join(SNAPSHOT_STATE),
+            &target.scratch,
+            &target.dir,
+            Some(target.jail.clone()),
+        )
+        .await
+        .map_err(vm_error);
+        self.publish_shared(&target, dir, loaded.map(drop))
+    }
+
+    /// A new directory `<vm-dir>/shared/<random>` for a loading QEMU (jailed as the bake
+    /// uid: it writes only there), with a scratch overlay of the bake's disk to start it
+    /// with (the snapshot's own disk is in the root-only snapshot directory; a paused guest
+    /// never touches it). With `in_memory`, under [`super::stream::FORK_MEMORY_DIR`] (tmpfs)
+    /// instead.
+    pub(super) async fn new_shared(
+        &self,
+        r: &SandboxRecord,
+        in_memory: bool,
+    ) -> CoreResult<SharedTarget> {
         let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
         let (_, _, bake) = self.bake_of(r, &rootfs).await?;
         let mut name = [0u8; 8];
         getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
-        let shared = self.cfg.vm_dir.join("shared").join(name);
+        let shared = match in_memory {
+            true => PathBuf::from(super::stream::FORK_MEMORY_DIR).join(name),
+            false => self.cfg.vm_dir.join("shared").join(name),
+        };
         std::fs::create_dir_all(&shared).map_err(|e| internal("create", &shared, e))?;
-        let result = self.materialize(&bake, dir, &shared).await;
-        if result.is_err() {
+        let scratch = shared.join("scratch.qcow2");
+        let prepared = (|| {
+            give_to(&shared, BAKE_UID, 0o700)?;
+            let base = bake
+                .config
+                .root_disk
+                .clone()
+                .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
+            hutch_vm::disk::make_overlay(&base, "qcow2", &scratch)
+                .map_err(|e| vm_error(e.into()))?;
+            give_to(&scratch, BAKE_UID, 0o600)
+        })();
+        if let Err(e) = prepared {
             let _ = std::fs::remove_dir_all(&shared);
+            return Err(e);
         }
-        result
+        Ok(SharedTarget {
+            bake,
+            dir: shared,
+            scratch,
+            jail: hutch_vm::qemu::QemuJail {
+                uid: BAKE_UID,
+                gid: BAKE_UID,
+                groups: vec![],
+                cgroup_procs: vec![],
+            },
+        })
     }
 
-    async fn materialize(&self, bake: &Snapshot, dir: &Path, shared: &Path) -> CoreResult<u64> {
-        // The loading QEMU runs jailed as the bake uid: it writes only here. Its disk is a
-        // scratch overlay of the bake's (the snapshot's own is in the root-only directory);
-        // a paused guest never touches it.
-        give_to(shared, BAKE_UID, 0o700)?;
-        let scratch = shared.join("scratch.qcow2");
-        let base = bake
-            .config
-            .root_disk
-            .clone()
-            .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-        hutch_vm::disk::make_overlay(&base, "qcow2", &scratch).map_err(|e| vm_error(e.into()))?;
-        give_to(&scratch, BAKE_UID, 0o600)?;
-        let jail = hutch_vm::qemu::QemuJail {
-            uid: BAKE_UID,
-            gid: BAKE_UID,
-            groups: vec![],
-            cgroup_procs: vec![],
-        };
-        let loaded = hutch_vm::share::materialize(
-            &bake.config,
-            &dir.join(SNAPSHOT_STATE),
-            &scratch,
-            shared,
-            Some(jail),
-        )
-        .await;
-        let _ = std::fs::remove_file(&scratch);
-        loaded.map_err(vm_error)?;
-        // Back to root: restores map the memory file (group read-write, as QEMU 7.2 opens
-        // it so) and read the state by a descriptor; no QEMU may change them.
-        give_to(shared, 0, 0o755)?;
-        let memory = shared.join("memory");
-        std::os::unix::fs::chown(&memory, Some(0), Some(MEMORY_GID))
-            .map_err(|e| internal("chown", &memory, e))?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o660))
-            .map_err(|e| internal("chmod", &memory, e))?;
-        give_to(&shared.join("state"), 0, 0o644)?;
-        let _ = std::fs::remove_file(shared.join("qemu.log"));
-        hutch_vm::share::link_shared(dir, shared).map_err(vm_error)?;
-        let _ = std::fs::remove_file(dir.join(SNAPSHOT_STATE));
-        let used = |p: &Path| {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::metadata(p).map_or(0, |m| m.blocks() * 512)
-        };
-        Ok(used(&memory) + used(&shared.join("state")))
+    /// After a loading QEMU into `target` ended with `loaded`: on success hand its files to
+    /// root, name it from the snapshot directory `dir` and delete the snapshot's full
+    /// stream (returns the bytes the shared memory adds); on failure delete it.
+    pub(super) fn publish_shared(
+        &self,
+        target: &SharedTarget,
+        dir: &Path,
+        loaded: CoreResult<()>,
+    ) -> CoreResult<u64> {
+        let shared = &target.dir;
+        let _ = std::fs::remove_file(&target.scratch);
+        let published = loaded.and_then(|()| {
+            // Back to root: restores map the memory file (group read-write, as QEMU 7.2
+            // opens it so) and read the state by a descriptor; no QEMU may change them.
+            give_to(shared, 0, 0o755)?;
+            let memory = shared.join("memory");
+            std::os::unix::fs::chown(&memory, Some(0), Some(MEMORY_GID))
+                .map_err(|e| internal("chown", &memory, e))?;
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o660))
+                .map_err(|e| internal("chmod", &memory, e))?;
+            give_to(&shared.join("state"), 0, 0o644)?;
+            let _ = std::fs::remove_file(shared.join("qemu.log"));
+            hutch_vm::share::link_shared(dir, shared).map_err(vm_error)?;
+            let _ = std::fs::remove_file(dir.join(SNAPSHOT_STATE));
+            let used = |p: &Path| {
+                use std::os::unix::fs::MetadataExt;
+                std::fs::metadata(p).map_or(0, |m| m.blocks() * 512)
+            };
+            Ok(used(&memory) + used(&shared.join("state")))
+        });
+        if published.is_err() {
+            let _ = std::fs::remove_dir_all(shared);
+        }
+        published
     }
 
     /// Delete the shared memory of the snapshot in `dir`, if it has one.
@@ -180,7 +228,11 @@ impl VmBackend {
             return Ok(());
         };
         // Only ever a directory this backend made.
-        if shared.parent() != Some(self.cfg.vm_dir.join("shared").as_path()) {
+        let ours = [
+            self.cfg.vm_dir.join("shared"),
+            PathBuf::from(super::stream::FORK_MEMORY_DIR),
+        ];
+        if !shared.parent().is_some_and(|p| ours.iter().any(|o| o == p)) {
             return Err(CoreError::Internal(format!(
                 "snapshot {} names {} as its shared memory",
                 dir.display(),
