@@ -477,10 +477,15 @@ impl Manager {
         Ok(())
     }
 
-    /// Unmount the `ns` disk pool when no sandbox has files in it (server shutdown).
+    /// Unmount the `ns` disk pool when no sandbox has files in it, and the `vm` fork memory
+    /// tmpfs when no fork's memory is in it (server shutdown).
     pub async fn release_disk_pool(&self) {
-        let ns = self.ns.clone();
-        let _ = tokio::task::spawn_blocking(move || ns.release_pool()).await;
+        let (ns, vm) = (self.ns.clone(), self.vm.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            ns.release_pool();
+            vm.release_fork_memory();
+        })
+        .await;
     }
 
     async fn destroy_resources(&self, r: &SandboxRecord) -> CoreResult<()> {

@@ -26,6 +26,7 @@ use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
+mod fork_memory;
 mod resize;
 mod share;
 mod stream;

@@ -139,7 +139,7 @@ impl VmBackend {
     /// A new directory `<vm-dir>/shared/<random>` for a loading QEMU (jailed as the bake
     /// uid: it writes only there), with a scratch overlay of the bake's disk to start it
     /// with (the snapshot's own disk is in the root-only snapshot directory; a paused guest
-    /// never touches it). With `in_memory`, under [`super::stream::FORK_MEMORY_DIR`] (tmpfs)
+    /// never touches it). With `in_memory`, in the fork memory tmpfs (`fork_memory.rs`)
     /// instead.
     pub(super) async fn new_shared(
         &self,
@@ -152,7 +152,7 @@ impl VmBackend {
         getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
         let shared = match in_memory {
-            true => PathBuf::from(super::stream::FORK_MEMORY_DIR).join(name),
+            true => self.fork_memory_dir().join(name),
             false => self.cfg.vm_dir.join("shared").join(name),
         };
         std::fs::create_dir_all(&shared).map_err(|e| internal("create", &shared, e))?;
@@ -228,10 +228,8 @@ impl VmBackend {
             return Ok(());
         };
         // Only ever a directory this backend made.
-        let ours = [
-            self.cfg.vm_dir.join("shared"),
-            PathBuf::from(super::stream::FORK_MEMORY_DIR),
-        ];
+        let [forks, fallback] = self.fork_memory_dirs();
+        let ours = [self.cfg.vm_dir.join("shared"), forks, fallback];
         if !shared.parent().is_some_and(|p| ours.iter().any(|o| o == p)) {
             return Err(CoreError::Internal(format!(
                 "snapshot {} names {} as its shared memory",

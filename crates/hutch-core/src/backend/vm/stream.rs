@@ -19,15 +19,9 @@ use crate::error::{CoreError, CoreResult};
 use crate::model::SandboxRecord;
 use crate::snapshot::SnapshotKind;
 
-/// Where a fork's snapshot keeps its shared memory (`<this>/<random>/memory`): tmpfs, so
-/// the loading QEMU's page faults cost less than on a disk's file system (a loader took
-/// 1.0–1.9 s there against 2.6–5 s in the vm directory on ext4, same host and load). A
-/// fork's snapshot lives only as long as its children, none of which survives a reboot.
-pub(super) const FORK_MEMORY_DIR: &str = "/dev/shm/hutch-fork-memory";
-
 impl VmBackend {
     /// A memory snapshot of `r` into `dir` ([`Backend::snapshot`]); with `in_memory` (a
-    /// fork's) its shared memory goes to tmpfs ([`FORK_MEMORY_DIR`]) when it is streamed.
+    /// fork's) its shared memory goes to tmpfs (`fork_memory.rs`) when it is streamed.
     pub(super) fn memory_snapshot(
         &self,
         r: &SandboxRecord,
