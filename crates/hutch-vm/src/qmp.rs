@@ -381,14 +381,26 @@ impl Qmp {
             .map(drop)
     }
 
-    /// Poll `query-migrate` until the outgoing migration completes.
+    /// Poll `query-migrate` until the outgoing migration completes, then `query-status` until
+    /// QEMU has finished it (left `finish-migrate`), so a `cont` may follow.
     pub async fn wait_migration(&mut self, timeout: Duration) -> Result<(), QmpError> {
         let deadline = Instant::now() + timeout;
         loop {
             let r = self.execute("query-migrate", None).await?;
             let status = r.get("status").and_then(Value::as_str).unwrap_or("none");
             match status {
-                "completed" => return Ok(()),
+                // QEMU reports the migration completed a moment before it leaves the
+                // `finish-migrate` run state; a `cont` in between fails ("Migration is not
+                // finalized yet").
+                "completed" => loop {
+                    if self.status().await? != "finish-migrate" {
+                        return Ok(());
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(QmpError::Timeout("migration cleanup"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                },
                 "failed" | "cancelled" => {
                     let detail = r.get("error-desc").and_then(Value::as_str).unwrap_or("");
                     return Err(QmpError::Migration {
