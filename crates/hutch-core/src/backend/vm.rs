@@ -468,22 +468,6 @@ impl VmBackend {
         }
     }
 
-    /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
-    /// disk while it is stopped (migration has flushed it), let it run again.
-    async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
-        let t0 = std::time::Instant::now();
-        let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
-        let save_ms = t0.elapsed().as_millis() as u64;
-        let copied = saved.and_then(|()| {
-            std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                .map(drop)
-                .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
-        });
-        let resumed = self.qmp(r, async |q| q.cont().await).await;
-        tracing::debug!(id = %r.id, save_ms, resumed_ms = t0.elapsed().as_millis() as u64, "snapshot: saved");
-        copied.and(resumed)
-    }
-
     /// Stop the guest and write its RAM and device state to a new file `path` (left stopped;
     /// the stream is loadable into a shared memory file too, `hutch_vm::share`).
     async fn stop_and_save(&self, r: &SandboxRecord, path: &Path) -> CoreResult<()> {

@@ -129,20 +129,40 @@ impl VmBackend {
                     q.wait_migration(SAVE_TIMEOUT).await
                 })
                 .await;
-            let save_ms = t0.elapsed().as_millis() as u64;
-            // Migration has flushed the disk; copy it while the guest is still stopped.
-            let copied = saved.and_then(|()| {
-                std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                    .map(drop)
-                    .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
-            });
-            let resumed = self.qmp(r, async |q| q.cont().await).await;
-            tracing::debug!(id = %r.id, save_ms, resumed_ms = t0.elapsed().as_millis() as u64, "snapshot: guest saved into the pipe, running again");
-            copied.and(resumed)
+            self.copy_disk_and_resume(r, dir, saved, t0).await
         };
         let (loaded, saved) = tokio::join!(loading, saving);
         tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: streamed into shared memory");
         saved?;
         loaded.map(drop).map_err(vm_error)
+    }
+
+    /// Snapshot a running guest into `dir`: stop it, save memory and device state, copy its
+    /// disk while it is stopped (migration has flushed it), let it run again.
+    async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
+        let t0 = std::time::Instant::now();
+        let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
+        self.copy_disk_and_resume(r, dir, saved, t0).await
+    }
+
+    /// After the save of a stopped guest (`saved`, begun at `t0`): copy its disk into the
+    /// snapshot directory `dir` while it is still stopped (migration has flushed it), then
+    /// let it run again whatever happened.
+    async fn copy_disk_and_resume(
+        &self,
+        r: &SandboxRecord,
+        dir: &Path,
+        saved: CoreResult<()>,
+        t0: std::time::Instant,
+    ) -> CoreResult<()> {
+        let save_ms = t0.elapsed().as_millis() as u64;
+        let copied = saved.and_then(|()| {
+            std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
+                .map(drop)
+                .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
+        });
+        let resumed = self.qmp(r, async |q| q.cont().await).await;
+        tracing::debug!(id = %r.id, save_ms, resumed_ms = t0.elapsed().as_millis() as u64, "snapshot: guest saved, disk copied, running again");
+        copied.and(resumed)
     }
 }
