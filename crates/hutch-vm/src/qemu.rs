@@ -183,10 +183,13 @@ impl VmConfig {
         push(&["-initrd", &self.initrd.to_string_lossy()]);
         push(&["-append", &self.append]);
         let share = if self.share_memory { "on" } else { "off" };
+        // Mapped at a 2 MiB boundary: where the memory file is on a tmpfs with huge pages (a
+        // fork's, `hutch-core`'s `fork_memory.rs`), the kernel maps and allocates it in 2 MiB
+        // pages only if the mapping is aligned so (QEMU aligns a file to 4 KiB otherwise).
         push(&[
             "-object",
             &format!(
-                "memory-backend-file,id=mem,size={mem}M,mem-path={},share={share}",
+                "memory-backend-file,id=mem,size={mem}M,mem-path={},share={share},align=2M",
                 escape(&self.memory_file)
             ),
         ]);
@@ -478,7 +481,7 @@ mod tests {
         assert!(argv.contains("-accel tcg -cpu max -m 256M -smp 1 -nodefaults -no-user-config"));
         assert!(argv.contains("spawn=deny"));
         assert!(
-            argv.contains("mem-path=/run/vm,,1/memory,share=on"),
+            argv.contains("mem-path=/run/vm,,1/memory,share=on,align=2M"),
             "{argv}"
         );
         assert!(argv.contains("-qmp unix:/run/vm,,1/qmp.sock,server=on,wait=off"));
