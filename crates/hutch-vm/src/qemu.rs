@@ -78,6 +78,9 @@ pub struct VmConfig {
     pub cpus: u32,
     /// File backing guest RAM.
     pub memory_file: PathBuf,
+    /// Map guest RAM at a 2 MiB boundary, for a memory file on a tmpfs with huge pages (a
+    /// fork's); elsewhere it only makes each process map more of a shared file.
+    pub huge_page_align: bool,
     /// `share=on` (bake: writes go to the file) or `share=off` (restore: copy-on-write).
     pub share_memory: bool,
     /// The QMP unix socket QEMU listens on.
@@ -149,6 +152,7 @@ impl VmConfig {
             jail: None,
             tap: None,
             volumes: Default::default(),
+            huge_page_align: false,
         }
     }
 
@@ -183,13 +187,17 @@ impl VmConfig {
         push(&["-initrd", &self.initrd.to_string_lossy()]);
         push(&["-append", &self.append]);
         let share = if self.share_memory { "on" } else { "off" };
-        // Mapped at a 2 MiB boundary: where the memory file is on a tmpfs with huge pages (a
-        // fork's, `hutch-core`'s `fork_memory.rs`), the kernel maps and allocates it in 2 MiB
-        // pages only if the mapping is aligned so (QEMU aligns a file to 4 KiB otherwise).
+        // The kernel maps and allocates a tmpfs file with huge pages only where the mapping
+        // is 2 MiB-aligned; QEMU aligns a file to its page size (4 KiB) otherwise.
+        let align = if self.huge_page_align {
+            ",align=2M"
+        } else {
+            ""
+        };
         push(&[
             "-object",
             &format!(
-                "memory-backend-file,id=mem,size={mem}M,mem-path={},share={share},align=2M",
+                "memory-backend-file,id=mem,size={mem}M,mem-path={},share={share}{align}",
                 escape(&self.memory_file)
             ),
         ]);
@@ -481,7 +489,7 @@ mod tests {
         assert!(argv.contains("-accel tcg -cpu max -m 256M -smp 1 -nodefaults -no-user-config"));
         assert!(argv.contains("spawn=deny"));
         assert!(
-            argv.contains("mem-path=/run/vm,,1/memory,share=on,align=2M"),
+            argv.contains("mem-path=/run/vm,,1/memory,share=on -serial"),
             "{argv}"
         );
         assert!(argv.contains("-qmp unix:/run/vm,,1/qmp.sock,server=on,wait=off"));

@@ -351,6 +351,7 @@ impl VmBackend {
                     Some(shared) => {
                         hutch_vm::gc::touch(&shared);
                         snap.config.memory_file = shared.join("memory");
+                        snap.config.huge_page_align = self.on_fork_memory(&shared);
                         snap.state = shared.join("state");
                     }
                     None => {

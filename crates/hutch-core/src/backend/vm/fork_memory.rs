@@ -52,6 +52,11 @@ impl VmBackend {
         }
     }
 
+    /// Whether `dir` is in the huge-page tmpfs (its memory file is then mapped 2 MiB-aligned).
+    pub(super) fn on_fork_memory(&self, dir: &Path) -> bool {
+        dir.starts_with(self.fork_memory_mount())
+    }
+
     /// Unmount the fork memory tmpfs if no fork's memory is in it (server shutdown).
     pub fn release_fork_memory(&self) {
         let dir = self.fork_memory_mount();

@@ -172,6 +172,8 @@ impl VmBackend {
             let _ = std::fs::remove_dir_all(&shared);
             return Err(e);
         }
+        let mut bake = bake;
+        bake.config.huge_page_align = self.on_fork_memory(&shared);
         Ok(SharedTarget {
             bake,
             dir: shared,
