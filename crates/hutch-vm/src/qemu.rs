@@ -509,29 +509,14 @@ mod tests {
         };
         let b = joined(&bake);
         let r = joined(&restore);
-        assert_eq!(
-            r,
-            format!(
-                "{} -incoming defer",
-                b.replace("share=on", "share=off")
-                    .replace(
-                        ",size=0,if=none,id=vol0,readonly=off",
-                        ",size=0,if=none,id=vol0,readonly=on"
-                    )
-                    .replace(
-                        ",size=0,if=none,id=vol1,readonly=off",
-                        ",size=0,if=none,id=vol1,readonly=on"
-                    )
-                    .replace(
-                        ",size=0,if=none,id=vol2,readonly=off",
-                        ",size=0,if=none,id=vol2,readonly=on"
-                    )
-                    .replace(
-                        ",size=0,if=none,id=vol3,readonly=off",
-                        ",size=0,if=none,id=vol3,readonly=on"
-                    )
+        // Empty volume slots are writable in a bake, read-only in a restore.
+        let expected = (0..VOLUME_SLOTS).fold(b.replace("share=on", "share=off"), |argv, slot| {
+            argv.replace(
+                &format!(",size=0,if=none,id=vol{slot},readonly=off"),
+                &format!(",size=0,if=none,id=vol{slot},readonly=on"),
             )
-        );
+        });
+        assert_eq!(r, format!("{expected} -incoming defer"));
     }
 
     #[test]

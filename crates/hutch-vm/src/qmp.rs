@@ -165,30 +165,29 @@ impl Qmp {
         let deadline = Instant::now() + timeout;
         loop {
             while let Some(event) = self.events.pop_front() {
-                if event.get("event").and_then(Value::as_str) != Some("VSERPORT_CHANGE") {
-                    continue;
-                }
-                let data = event.get("data");
-                if data.and_then(|d| d.get("id")).and_then(Value::as_str) != Some(port) {
-                    continue;
-                }
-                if data.and_then(|d| d.get("open")).and_then(Value::as_bool) == Some(true) {
+                if port_change(&event, port) == Some(true) {
                     return Ok(true);
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || !self.queue_next_event(left).await? {
                 return Ok(false);
             }
-            match tokio::time::timeout(left, self.read_message()).await {
-                Ok(msg) => {
-                    let msg = msg?;
-                    if msg.get("event").is_some() {
-                        self.events.push_back(msg);
-                    }
+        }
+    }
+
+    /// Read QEMU's next message within `within`, queueing it if it is an event; `false`
+    /// when nothing came in time.
+    async fn queue_next_event(&mut self, within: Duration) -> Result<bool, QmpError> {
+        match tokio::time::timeout(within, self.read_message()).await {
+            Ok(msg) => {
+                let msg = msg?;
+                if msg.get("event").is_some() {
+                    self.events.push_back(msg);
                 }
-                Err(_) => return Ok(false),
+                Ok(true)
             }
+            Err(_) => Ok(false),
         }
     }
 
@@ -220,13 +219,7 @@ impl Qmp {
         let deadline = Instant::now() + timeout;
         loop {
             while let Some(event) = self.events.pop_front() {
-                if event.get("event").and_then(Value::as_str) != Some("VSERPORT_CHANGE") {
-                    continue;
-                }
-                let data = event.get("data");
-                if data.and_then(|d| d.get("id")).and_then(Value::as_str) == Some(port)
-                    && event_micros(&event) >= since_us
-                {
+                if port_change(&event, port).is_some() && event_micros(&event) >= since_us {
                     return Ok(true);
                 }
             }
@@ -249,14 +242,8 @@ impl Qmp {
                 return Ok(false);
             }
             // Events that arrive meanwhile are queued for the next turn.
-            if let Ok(msg) =
-                tokio::time::timeout(left.min(Duration::from_millis(1)), self.read_message()).await
-            {
-                let msg = msg?;
-                if msg.get("event").is_some() {
-                    self.events.push_back(msg);
-                }
-            }
+            self.queue_next_event(left.min(Duration::from_millis(1)))
+                .await?;
         }
     }
 
@@ -446,6 +433,18 @@ impl Qmp {
 }
 
 /// When QEMU made `event` (its `timestamp`), in microseconds since the epoch; 0 without one.
+/// `Some(open)` when `event` is a `VSERPORT_CHANGE` of the virtio-serial port `port`.
+fn port_change(event: &Value, port: &str) -> Option<bool> {
+    if event.get("event").and_then(Value::as_str) != Some("VSERPORT_CHANGE") {
+        return None;
+    }
+    let data = event.get("data")?;
+    if data.get("id").and_then(Value::as_str) != Some(port) {
+        return None;
+    }
+    Some(data.get("open").and_then(Value::as_bool).unwrap_or(false))
+}
+
 fn event_micros(event: &Value) -> u128 {
     let field = |name: &str| {
         event

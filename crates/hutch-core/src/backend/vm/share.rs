@@ -147,7 +147,7 @@ impl VmBackend {
         in_memory: bool,
     ) -> CoreResult<SharedTarget> {
         let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
-        let (_, _, bake) = self.bake_of(r, &rootfs).await?;
+        let (_, _, mut bake) = self.bake_of(r, &rootfs).await?;
         let mut name = [0u8; 8];
         getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
@@ -172,7 +172,6 @@ impl VmBackend {
             let _ = std::fs::remove_dir_all(&shared);
             return Err(e);
         }
-        let mut bake = bake;
         bake.config.huge_page_align = self.on_fork_memory(&shared);
         Ok(SharedTarget {
             bake,
