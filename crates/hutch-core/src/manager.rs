@@ -654,6 +654,11 @@ impl Manager {
                 "# HELP hutch_vm_warm_guests Warm vm guests ready to become sandboxes.\n# TYPE hutch_vm_warm_guests gauge\nhutch_vm_warm_guests {}",
                 self.warm.len()
             );
+            let (captured, streamed) = self.vm.memory_snapshot_counts();
+            let _ = writeln!(
+                text,
+                "# HELP hutch_vm_memory_snapshots_total Memory snapshots of running vm guests (named snapshots and live forks), by how they were taken: captured (RAM copied out of QEMU) or stream (the fallback: a full migration stream).\n# TYPE hutch_vm_memory_snapshots_total counter\nhutch_vm_memory_snapshots_total{{method=\"captured\"}} {captured}\nhutch_vm_memory_snapshots_total{{method=\"stream\"}} {streamed}"
+            );
         }
         if let Some(quota) = self.ns.disk_quota_known() {
             use std::fmt::Write as _;

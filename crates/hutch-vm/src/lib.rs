@@ -14,6 +14,7 @@
 //! * [`package`]: Debian's cloud kernel package, fetched with `apt-get download`.
 //! * [`assets`]: the cache of kernels, initramfs, images and bakes, keyed by input hashes.
 //! * [`accel`]: KVM or TCG, and why.
+//! * [`capture`]: a stopped guest's device state and RAM copied without a migration stream.
 //! * [`share`]: one memory file for every guest restored from a memory snapshot.
 //! * [`gc`]: deleting cache entries unused for a week.
 //!
@@ -21,6 +22,7 @@
 
 pub mod accel;
 pub mod assets;
+pub mod capture;
 pub mod disk;
 pub mod gc;
 pub mod initramfs;

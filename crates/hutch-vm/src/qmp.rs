@@ -284,7 +284,52 @@ impl Qmp {
 
     /// `getfd`: hand `fd` to QEMU under `name` (for `fd:NAME` migration URIs).
     pub async fn getfd(&mut self, name: &str, fd: BorrowedFd<'_>) -> Result<(), QmpError> {
-        let line = Self::encode("getfd", Some(json!({"fdname": name})));
+        self.execute_with_fd("getfd", json!({"fdname": name}), fd)
+            .await
+            .map(drop)
+    }
+
+    /// `add-fd`: put `fd` into a new file descriptor set, which QEMU then opens by the path
+    /// `/dev/fdset/<set>` (for commands that take a file name, not a descriptor). The
+    /// descriptor's access mode must be the one QEMU opens the path with. Returns the set.
+    pub async fn add_fd(&mut self, fd: BorrowedFd<'_>) -> Result<u64, QmpError> {
+        let r = self.execute_with_fd("add-fd", json!({}), fd).await?;
+        r.get("fdset-id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| QmpError::Command {
+                command: "add-fd".into(),
+                class: "reply".into(),
+                desc: format!("no fdset-id in {r}"),
+            })
+    }
+
+    /// `remove-fd`: close QEMU's descriptors in set `set`.
+    pub async fn remove_fdset(&mut self, set: u64) -> Result<(), QmpError> {
+        self.execute("remove-fd", Some(json!({"fdset-id": set})))
+            .await
+            .map(drop)
+    }
+
+    /// `xen-save-devices-state` (despite its name not tied to Xen): write the state of
+    /// every device and vCPU, without RAM, to `path` as QEMU opens it. `live: false` keeps
+    /// the disks active, so the guest can go on after it.
+    pub async fn save_device_state(&mut self, path: &str) -> Result<(), QmpError> {
+        self.execute(
+            "xen-save-devices-state",
+            Some(json!({"filename": path, "live": false})),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Run `command` with `fd` passed along (`SCM_RIGHTS`).
+    async fn execute_with_fd(
+        &mut self,
+        command: &str,
+        arguments: Value,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Value, QmpError> {
+        let line = Self::encode(command, Some(arguments));
         let mut sent = 0;
         while sent == 0 {
             self.stream.writable().await?;
@@ -299,7 +344,7 @@ impl Qmp {
         }
         // The descriptor went with the first bytes; the rest is plain data.
         self.stream.write_all(&line[sent..]).await?;
-        self.read_reply("getfd").await.map(drop)
+        self.read_reply(command).await
     }
 
     /// `stop`: pause the vCPUs.

@@ -41,8 +41,7 @@ pub async fn materialize(
 }
 
 /// A paused QEMU that loads a full migration stream into a new shared memory file (the
-/// steps of [`materialize`]; a stream can also come straight from the saving QEMU through a
-/// pipe, so saving and loading overlap).
+/// steps of [`materialize`]).
 #[derive(Debug)]
 pub struct Loader {
     guest: Guest,
@@ -83,8 +82,8 @@ impl Loader {
         })
     }
 
-    /// Start loading the stream read from `stream` (a file or a pipe; QEMU gets its own
-    /// copy of the descriptor).
+    /// Start loading the stream read from `stream` (QEMU gets its own copy of the
+    /// descriptor).
     pub async fn load(&mut self, stream: std::os::fd::BorrowedFd<'_>) -> Result<(), VmError> {
         // The stream was saved without `x-ignore-shared` (see `Qmp::ignore_shared`): its
         // RAM pages land in the shared file.
@@ -154,26 +153,3 @@ pub fn link_shared(snapshot_dir: &Path, shared: &Path) -> Result<(), VmError> {
 
 /// Name of the file in a snapshot directory naming its shared memory directory.
 const SHARED_LINK: &str = "shared";
-
-/// A pipe for a migration stream from a saving QEMU to a [`Loader`]: `(read, write)`, both
-/// close-on-exec, with a 1 MiB buffer where the system allows it (fewer wake-ups of either
-/// side than the default 64 KiB).
-pub fn stream_pipe() -> Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd), VmError> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two descriptors into the array we pass.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io("create a pipe".into())(std::io::Error::last_os_error()));
-    }
-    // SAFETY: both descriptors were just created and are owned by nothing else.
-    let (read, write) = unsafe {
-        (
-            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-        )
-    };
-    // SAFETY: fcntl on a pipe we own; failure (a lower pipe-max-size) only keeps the
-    // default size.
-    unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
-    Ok((read, write))
-}

@@ -629,6 +629,21 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
     }
     let out = sh_ok(&s, &kids[1], "cat /root/k 2>/dev/null || echo none").await;
     assert_eq!(out, "none\n");
+    // The firmware's region (written at boot, not part of guest memory) came along too.
+    let firmware = "dd if=/dev/mem bs=65536 skip=15 count=1 2>/dev/null | md5sum";
+    let parent_firmware = sh_ok(&s, &parent, firmware).await;
+    assert_ne!(
+        parent_firmware,
+        sh_ok(&s, &parent, "head -c 65536 /dev/zero | md5sum").await
+    );
+    assert_eq!(sh_ok(&s, &kids[0], firmware).await, parent_firmware);
+    // Both were captured (RAM copied out of QEMU), not saved as a migration stream.
+    let metrics = s.metrics_text().await;
+    assert!(
+        metrics.contains("hutch_vm_memory_snapshots_total{method=\"captured\"} 2")
+            && metrics.contains("hutch_vm_memory_snapshots_total{method=\"stream\"} 0"),
+        "{metrics}"
+    );
 
     // Explore: each command in its own child, the winner kept.
     let (st, v) = s

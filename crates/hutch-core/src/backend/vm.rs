@@ -26,10 +26,10 @@ use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
 use hutch_vm::{disk, snapshot, VmError};
 
+mod capture;
 mod fork_memory;
 mod resize;
 mod share;
-mod stream;
 mod volumes;
 mod warm;
 
@@ -101,6 +101,9 @@ pub struct VmBackend {
     assets: OnceLock<Arc<Assets>>,
     accel: OnceLock<AccelChoice>,
     qemu_version: OnceLock<Result<String, String>>,
+    /// Memory snapshots of running guests taken so far: captured (`capture.rs`), and saved
+    /// as a full stream instead (the slower fallback).
+    memory_snapshots: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl VmBackend {
@@ -159,6 +162,7 @@ impl VmBackend {
             assets: OnceLock::new(),
             accel: OnceLock::new(),
             qemu_version: OnceLock::new(),
+            memory_snapshots: Default::default(),
         }
     }
 

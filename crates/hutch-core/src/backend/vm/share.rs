@@ -29,15 +29,15 @@ async fn blocking_vm<T: Send + 'static>(
 }
 
 /// Where a loading QEMU puts a snapshot's shared memory ([`VmBackend::new_shared`]).
-pub(super) struct SharedTarget {
+struct SharedTarget {
     /// The bake the snapshotted sandbox was restored from (its command line).
-    pub(super) bake: Snapshot,
+    bake: Snapshot,
     /// `<vm-dir>/shared/<random>`.
-    pub(super) dir: PathBuf,
+    dir: PathBuf,
     /// The loader's scratch disk in it.
-    pub(super) scratch: PathBuf,
+    scratch: PathBuf,
     /// The loader's jail.
-    pub(super) jail: hutch_vm::qemu::QemuJail,
+    jail: hutch_vm::qemu::QemuJail,
 }
 
 fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CoreError {
@@ -123,7 +123,7 @@ impl VmBackend {
     /// Load the snapshot in `dir` (its full stream) into a shared memory file; returns the
     /// bytes that added. The full stream is deleted once children can use the shared copy.
     pub(super) async fn share_memory(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<u64> {
-        let target = self.new_shared(r, false).await?;
+        let target = self.new_shared(r).await?;
         let loaded = hutch_vm::share::materialize(
             &target.bake.config,
             &dir.join(SNAPSHOT_STATE),
@@ -133,21 +133,14 @@ impl VmBackend {
         )
         .await
         .map_err(vm_error);
-        self.publish_shared(&target, dir, loaded.map(drop))
+        let _ = std::fs::remove_file(&target.scratch);
+        self.publish_shared(&target.dir, dir, loaded.map(drop))
     }
 
-    /// A new directory `<vm-dir>/shared/<random>` for a loading QEMU (jailed as the bake
-    /// uid: it writes only there), with a scratch overlay of the bake's disk to start it
-    /// with (the snapshot's own disk is in the root-only snapshot directory; a paused guest
-    /// never touches it). With `in_memory`, in the fork memory tmpfs (`fork_memory.rs`)
-    /// instead.
-    pub(super) async fn new_shared(
-        &self,
-        r: &SandboxRecord,
-        in_memory: bool,
-    ) -> CoreResult<SharedTarget> {
-        let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
-        let (_, _, mut bake) = self.bake_of(r, &rootfs).await?;
+    /// A new, empty, root-only directory for a snapshot's shared memory:
+    /// `<vm-dir>/shared/<random>`, or with `in_memory` (a fork's) in the fork memory tmpfs
+    /// (`fork_memory.rs`).
+    pub(super) fn new_shared_dir(&self, in_memory: bool) -> CoreResult<PathBuf> {
         let mut name = [0u8; 8];
         getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
@@ -156,6 +149,18 @@ impl VmBackend {
             false => self.cfg.vm_dir.join("shared").join(name),
         };
         std::fs::create_dir_all(&shared).map_err(|e| internal("create", &shared, e))?;
+        give_to(&shared, 0, 0o700)?;
+        Ok(shared)
+    }
+
+    /// A new directory `<vm-dir>/shared/<random>` for a loading QEMU (jailed as the bake
+    /// uid: it writes only there), with a scratch overlay of the bake's disk to start it
+    /// with (the snapshot's own disk is in the root-only snapshot directory; a paused guest
+    /// never touches it).
+    async fn new_shared(&self, r: &SandboxRecord) -> CoreResult<SharedTarget> {
+        let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
+        let (_, _, bake) = self.bake_of(r, &rootfs).await?;
+        let shared = self.new_shared_dir(false)?;
         let scratch = shared.join("scratch.qcow2");
         let prepared = (|| {
             give_to(&shared, BAKE_UID, 0o700)?;
@@ -172,7 +177,6 @@ impl VmBackend {
             let _ = std::fs::remove_dir_all(&shared);
             return Err(e);
         }
-        bake.config.huge_page_align = self.on_fork_memory(&shared);
         Ok(SharedTarget {
             bake,
             dir: shared,
@@ -186,17 +190,16 @@ impl VmBackend {
         })
     }
 
-    /// After a loading QEMU into `target` ended with `loaded`: on success hand its files to
-    /// root, name it from the snapshot directory `dir` and delete the snapshot's full
-    /// stream (returns the bytes the shared memory adds); on failure delete it.
+    /// After the shared memory directory `shared` was filled (`memory` and `state`) with
+    /// outcome `loaded`: on success hand its files to root, name it from the snapshot
+    /// directory `dir` and delete the snapshot's full stream if it has one (returns the
+    /// bytes the shared memory adds); on failure delete it.
     pub(super) fn publish_shared(
         &self,
-        target: &SharedTarget,
+        shared: &Path,
         dir: &Path,
         loaded: CoreResult<()>,
     ) -> CoreResult<u64> {
-        let shared = &target.dir;
-        let _ = std::fs::remove_file(&target.scratch);
         let published = loaded.and_then(|()| {
             // Back to root: restores map the memory file (group read-write, as QEMU 7.2
             // opens it so) and read the state by a descriptor; no QEMU may change them.
