@@ -48,10 +48,22 @@ pub struct Config {
     /// Warm `vm` guests kept ready per template and guest shape once one was asked for
     /// (`manager/warm.rs`; 0: every create restores on demand).
     pub vm_warm: usize,
+    /// How memory snapshots of running `vm` guests (named ones and live forks) are taken.
+    pub vm_snapshot: VmSnapshotMethod,
     /// Size of the sparse btrfs image `<state_dir>/layers.btrfs` holding `ns` sandboxes'
     /// upper layers, one subvolume each limited to its `disk_mib` (`None`: the size of the
     /// state directory's filesystem; `Some(0)`: no image, `disk_mib` not enforced on `ns`).
     pub ns_disk_pool_bytes: Option<u64>,
+}
+
+/// How a memory snapshot of a running `vm` guest is taken (`backend/vm/capture.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmSnapshotMethod {
+    /// Device state saved alone, RAM copied out of QEMU; a full stream if that fails.
+    Capture,
+    /// Always a full migration stream to a file, loaded into a shared memory file (slower;
+    /// for hosts where capturing misbehaves).
+    Stream,
 }
 
 impl Config {
@@ -81,6 +93,7 @@ impl Config {
             busybox: PathBuf::from("/bin/busybox"),
             vm_kernel_root: None,
             vm_warm: 0,
+            vm_snapshot: VmSnapshotMethod::Capture,
             ns_disk_pool_bytes: None,
         }
     }

@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// (0: restore on every create). Each costs ~40 MiB of host memory and no CPU.
     #[arg(long, default_value_t = 2)]
     pub vm_warm: usize,
+    /// How memory snapshots of running vm guests (named snapshots, live forks) are taken:
+    /// `capture` (device state saved alone, RAM copied out of QEMU; a full stream if that
+    /// fails) or `stream` (always a full migration stream, loaded by a paused QEMU: slower).
+    #[arg(long, env = "HUTCH_VM_SNAPSHOT", value_enum, default_value_t = VmSnapshotArg::Capture)]
+    pub vm_snapshot: VmSnapshotArg,
     /// Size in GiB of the sparse btrfs image (`<state-dir>/layers.btrfs`) holding ns
     /// sandboxes' writable layers, each a subvolume limited to the sandbox's `disk_mib`
     /// (default: the size of the state directory's filesystem; 0: no image, `disk_mib` is
@@ -79,6 +84,15 @@ pub enum NetworkMode {
     On,
     /// Loopback only.
     Off,
+}
+
+/// How memory snapshots of running vm guests are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VmSnapshotArg {
+    /// Device state alone and RAM copied out of QEMU (a full stream if that fails).
+    Capture,
+    /// Always a full migration stream.
+    Stream,
 }
 
 fn network_config(args: &ServeArgs) -> anyhow::Result<Option<hutch_core::net::NetConfig>> {
@@ -201,6 +215,10 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.qemu = args.qemu.clone();
     cfg.vm_kernel_root = args.vm_kernel_root.clone();
     cfg.vm_warm = args.vm_warm;
+    cfg.vm_snapshot = match args.vm_snapshot {
+        VmSnapshotArg::Capture => hutch_core::config::VmSnapshotMethod::Capture,
+        VmSnapshotArg::Stream => hutch_core::config::VmSnapshotMethod::Stream,
+    };
     cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;

@@ -758,6 +758,34 @@ async fn count_passes(s: &TestServer, id: &str, above: u64) -> u64 {
     .unwrap_or_else(|| panic!("the count in {id} stopped at {above} or below"))
 }
 
+/// The fallback of captured snapshots, forced: a full migration stream loaded into a shared
+/// memory file gives children the same memory, processes and firmware region.
+#[tokio::test]
+async fn a_live_fork_taken_as_a_full_stream_carries_memory_too() {
+    let s = TestServer::start_with(&["--vm-snapshot", "stream"]).await;
+    let parent = s.create_id(json!({"isolation": "vm"})).await;
+    sh_ok(
+        &s,
+        &parent,
+        "echo streamed > /dev/shm/m; setsid sleep 1000 > /dev/null 2>&1 < /dev/null &",
+    )
+    .await;
+    let firmware = "dd if=/dev/mem bs=65536 skip=15 count=1 2>/dev/null | md5sum";
+    let parent_firmware = sh_ok(&s, &parent, firmware).await;
+    let kids = s.fork(&parent, 2, "live").await;
+    for k in &kids {
+        let out = sh_ok(&s, k, "cat /dev/shm/m; ps | grep -c '[s]leep 1000'").await;
+        assert_eq!(out, "streamed\n1\n", "{k}");
+        assert_eq!(sh_ok(&s, k, firmware).await, parent_firmware);
+    }
+    let metrics = s.metrics_text().await;
+    assert!(
+        metrics.contains("hutch_vm_memory_snapshots_total{method=\"captured\"} 0")
+            && metrics.contains("hutch_vm_memory_snapshots_total{method=\"stream\"} 1"),
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn a_live_fork_of_three_continues_a_counting_process_in_each_child_independently() {
     let s = TestServer::start().await;

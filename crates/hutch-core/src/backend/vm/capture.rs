@@ -13,6 +13,7 @@ use super::{
     vm_error, VmBackend, HIBERNATED, QMP_TIMEOUT, SAVE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE,
 };
 use crate::backend::{Backend, SnapshotTaken};
+use crate::config::VmSnapshotMethod;
 use crate::error::{CoreError, CoreResult};
 use crate::model::SandboxRecord;
 use crate::snapshot::SnapshotKind;
@@ -44,8 +45,13 @@ impl VmBackend {
                 .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
         } else {
             let t0 = Instant::now();
-            let captured = tokio::runtime::Handle::current()
-                .block_on(self.snapshot_captured(r, dir, in_memory));
+            let captured = match self.cfg.vm_snapshot {
+                VmSnapshotMethod::Capture => tokio::runtime::Handle::current()
+                    .block_on(self.snapshot_captured(r, dir, in_memory)),
+                VmSnapshotMethod::Stream => Err(CoreError::Internal(
+                    "the server takes memory snapshots as streams (--vm-snapshot stream)".into(),
+                )),
+            };
             tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, ok = captured.is_ok(), "snapshot: captured");
             let method = usize::from(captured.is_err());
             self.memory_snapshots[method].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -58,6 +64,9 @@ impl VmBackend {
                             + shared_bytes,
                         files: 2,
                     })
+                }
+                Err(e) if self.cfg.vm_snapshot == VmSnapshotMethod::Stream => {
+                    tracing::debug!(id = %r.id, reason = %e, "snapshot: saving a full stream")
                 }
                 Err(e) => {
                     tracing::warn!(id = %r.id, error = %e, "capturing the snapshot; saving a full stream to a file instead")
