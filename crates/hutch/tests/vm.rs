@@ -637,10 +637,17 @@ async fn memory_snapshots_create_from_them_and_live_forks() {
         sh_ok(&s, &parent, "head -c 65536 /dev/zero | md5sum").await
     );
     assert_eq!(sh_ok(&s, &kids[0], firmware).await, parent_firmware);
-    // Both were captured (RAM copied out of QEMU), not saved as a migration stream.
+    // A child's own fork: its RAM maps the fork's memory file, not the bake's.
+    sh_ok(&s, &kids[0], "echo grand >> /dev/shm/m").await;
+    let grandchild = s.fork(&kids[0], 1, "live").await;
+    assert_eq!(
+        sh_ok(&s, &grandchild[0], "cat /dev/shm/m").await,
+        "mem\ngrand\n"
+    );
+    // All three were captured (RAM copied out of QEMU), not saved as a migration stream.
     let metrics = s.metrics_text().await;
     assert!(
-        metrics.contains("hutch_vm_memory_snapshots_total{method=\"captured\"} 2")
+        metrics.contains("hutch_vm_memory_snapshots_total{method=\"captured\"} 3")
             && metrics.contains("hutch_vm_memory_snapshots_total{method=\"stream\"} 0"),
         "{metrics}"
     );
