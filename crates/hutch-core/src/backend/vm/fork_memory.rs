@@ -63,8 +63,8 @@ impl VmBackend {
         dir.starts_with(self.fork_memory_mount())
     }
 
-    /// A copy of the bake memory file `original` on the huge-page tmpfs, made now if there
-    /// is none (`hutch_vm::capture::mirror_memory_file`): a fork reads the pages its parent
+    /// A copy of the bake memory file `original` (as it is now) on the huge-page tmpfs, made
+    /// now if there is none (`hutch_vm::capture::mirror_memory_file`): a fork reads the pages its parent
     /// has not written from there rather than from the bake's 4 KiB page cache, which is an
     /// order of magnitude slower to read here. `None` where there is no huge-page tmpfs.
     pub(super) fn bake_mirror(&self, original: &Path) -> Option<PathBuf> {
@@ -72,9 +72,18 @@ impl VmBackend {
         if !self.on_fork_memory(&dir) {
             return None;
         }
-        // `<bakes>/<key>/memory` → `<fork-memory>/bake-<key>`.
+        // `<bakes>/<key>/memory` → `<fork-memory>/bake-<key>-<inode>-<mtime>`: a bake made
+        // again under the same key (its cache entry deleted meanwhile) is another file with
+        // other content, so it gets a mirror of its own.
         let key = original.parent()?.file_name()?.to_str()?;
-        let mirror = dir.join(format!("{MIRROR_PREFIX}{key}"));
+        let meta = std::fs::metadata(original).ok()?;
+        use std::os::unix::fs::MetadataExt;
+        let mirror = dir.join(format!(
+            "{MIRROR_PREFIX}{key}-{}-{}.{}",
+            meta.ino(),
+            meta.mtime(),
+            meta.mtime_nsec()
+        ));
         if mirror.is_file() {
             return Some(mirror);
         }
