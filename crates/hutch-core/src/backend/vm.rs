@@ -733,7 +733,7 @@ impl Backend for VmBackend {
     }
 
     fn fork_snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
-        // Its shared memory on tmpfs (stream.rs): it lives only as long as the children.
+        // Its shared memory on tmpfs (capture.rs): it lives only as long as the children.
         self.memory_snapshot(r, dir, true)
     }
 
