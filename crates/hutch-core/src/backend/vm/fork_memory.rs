@@ -25,6 +25,9 @@ pub(super) const FALLBACK_DIR: &str = "/dev/shm/hutch-fork-memory";
 /// Name prefix of bake memory mirrors in the fork memory tmpfs ([`VmBackend::bake_mirror`]).
 const MIRROR_PREFIX: &str = "bake-";
 
+/// Serializes the making of bake mirrors ([`VmBackend::bake_mirror`]).
+static MIRRORING: Mutex<()> = Mutex::new(());
+
 /// Serializes the mount (two forks at once must not stack two mounts).
 static MOUNTING: Mutex<()> = Mutex::new(());
 
@@ -84,6 +87,8 @@ impl VmBackend {
             meta.mtime(),
             meta.mtime_nsec()
         ));
+        // One copy at a time: two forks of the same bake would write the same file.
+        let _guard = MIRRORING.lock().unwrap_or_else(|p| p.into_inner());
         if mirror.is_file() {
             return Some(mirror);
         }
