@@ -10,9 +10,10 @@
 //! * [`save_devices`] writes the device and vCPU state alone (`xen-save-devices-state`,
 //!   about 35 KiB), framed like a stream saved with `x-ignore-shared`, so children restore
 //!   from it exactly as from a bake;
-//! * [`copy_guest_ram`] copies the mapped file's data extents into a new memory file, then
-//!   the guest's private pages (found in `/proc/<pid>/pagemap`, read through
-//!   `/proc/<pid>/mem`) over them.
+//! * [`copy_guest_ram`] copies the guest's RAM into a new memory file: its private pages
+//!   (found in `/proc/<pid>/pagemap`) read from the process with `process_vm_readv`, every
+//!   other page from the mapped file (or a [`mirror_memory_file`] copy of it), pages of
+//!   zeros left as holes.
 
 use std::fs::File;
 use std::io::{Read, Write};

@@ -17,8 +17,6 @@ use crate::initramfs::AGENT_PORT;
 pub const AGENT_PORT_ID: &str = "agent-port";
 /// Default QEMU binary.
 pub const QEMU_BINARY: &str = "qemu-system-x86_64";
-/// The QEMU machine type.
-pub const MACHINE: &str = "microvm";
 /// Oldest QEMU this driver is written against (Debian 12).
 pub const MIN_VERSION: (u32, u32) = (7, 2);
 
@@ -165,7 +163,7 @@ impl VmConfig {
         let mem = self.memory_mib;
         push(&[
             "-M",
-            &format!("{MACHINE},x-option-roms=off,isa-serial=on,memory-backend=mem"),
+            "microvm,x-option-roms=off,isa-serial=on,memory-backend=mem",
         ]);
         match self.accel {
             Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),

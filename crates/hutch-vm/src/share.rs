@@ -43,7 +43,7 @@ pub async fn materialize(
 /// A paused QEMU that loads a full migration stream into a new shared memory file (the
 /// steps of [`materialize`]).
 #[derive(Debug)]
-pub struct Loader {
+struct Loader {
     guest: Guest,
     out: PathBuf,
     started: std::time::Instant,

@@ -101,9 +101,10 @@ pub struct VmBackend {
     assets: OnceLock<Arc<Assets>>,
     accel: OnceLock<AccelChoice>,
     qemu_version: OnceLock<Result<String, String>>,
-    /// Memory snapshots of running guests taken so far: captured (`capture.rs`), and saved
-    /// as a full stream instead (the slower fallback).
-    memory_snapshots: [std::sync::atomic::AtomicU64; 2],
+    /// Memory snapshots of running guests captured so far (`capture.rs`).
+    snapshots_captured: std::sync::atomic::AtomicU64,
+    /// Memory snapshots of running guests saved as a full stream (the fallback).
+    snapshots_streamed: std::sync::atomic::AtomicU64,
 }
 
 impl VmBackend {
@@ -162,7 +163,8 @@ impl VmBackend {
             assets: OnceLock::new(),
             accel: OnceLock::new(),
             qemu_version: OnceLock::new(),
-            memory_snapshots: Default::default(),
+            snapshots_captured: Default::default(),
+            snapshots_streamed: Default::default(),
         }
     }
 

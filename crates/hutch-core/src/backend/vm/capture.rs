@@ -7,6 +7,7 @@
 //! saved to a file, then loaded into a shared memory file).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::{
@@ -21,8 +22,11 @@ use crate::snapshot::SnapshotKind;
 impl VmBackend {
     /// Memory snapshots of running guests taken so far: `(captured, saved as a stream)`.
     pub fn memory_snapshot_counts(&self) -> (u64, u64) {
-        let count = |i: usize| self.memory_snapshots[i].load(std::sync::atomic::Ordering::Relaxed);
-        (count(0), count(1))
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (
+            load(&self.snapshots_captured),
+            load(&self.snapshots_streamed),
+        )
     }
 
     /// A memory snapshot of `r` into `dir` ([`Backend::snapshot`]); with `in_memory` (a
@@ -35,49 +39,35 @@ impl VmBackend {
     ) -> CoreResult<SnapshotTaken> {
         // What its guest has in each volume slot, for sandboxes restored from it.
         super::volumes::write_layout(&self.cfg, r, dir)?;
+        let runtime = tokio::runtime::Handle::current();
         let hibernated = self.dir(&r.id).join(HIBERNATED);
         if hibernated.is_file() && !Backend::alive(self, r) {
             // Hibernated: its saved state is already a snapshot.
             std::fs::copy(&hibernated, dir.join(SNAPSHOT_STATE))
-                .and_then(|_| {
-                    std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                })
                 .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
+            self.copy_disk(r, dir)?;
         } else {
-            let t0 = Instant::now();
-            let captured = match self.cfg.vm_snapshot {
-                VmSnapshotMethod::Capture => tokio::runtime::Handle::current()
-                    .block_on(self.snapshot_captured(r, dir, in_memory)),
-                VmSnapshotMethod::Stream => Err(CoreError::Internal(
-                    "the server takes memory snapshots as streams (--vm-snapshot stream)".into(),
-                )),
-            };
-            tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, ok = captured.is_ok(), "snapshot: captured");
-            let method = usize::from(captured.is_err());
-            self.memory_snapshots[method].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            match captured {
-                Ok(shared_bytes) => {
-                    return Ok(SnapshotTaken {
-                        kind: SnapshotKind::Memory,
-                        size_bytes: std::fs::metadata(dir.join(SNAPSHOT_DISK))
-                            .map_or(0, |m| m.len())
-                            + shared_bytes,
-                        files: 2,
-                    })
-                }
-                Err(e) if self.cfg.vm_snapshot == VmSnapshotMethod::Stream => {
-                    tracing::debug!(id = %r.id, reason = %e, "snapshot: saving a full stream")
-                }
-                Err(e) => {
-                    tracing::warn!(id = %r.id, error = %e, "capturing the snapshot; saving a full stream to a file instead")
+            if self.cfg.vm_snapshot == VmSnapshotMethod::Capture {
+                let t0 = Instant::now();
+                let captured = runtime.block_on(self.snapshot_captured(r, dir, in_memory));
+                tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, ok = captured.is_ok(), "snapshot: captured");
+                match captured {
+                    Ok(shared_bytes) => {
+                        self.snapshots_captured.fetch_add(1, Ordering::Relaxed);
+                        return Ok(snapshot_taken(dir, shared_bytes));
+                    }
+                    Err(e) => {
+                        tracing::warn!(id = %r.id, error = %e, "capturing the snapshot; saving a full stream to a file instead")
+                    }
                 }
             }
+            self.snapshots_streamed.fetch_add(1, Ordering::Relaxed);
             let t0 = Instant::now();
-            tokio::runtime::Handle::current().block_on(self.snapshot_running(r, dir))?;
+            runtime.block_on(self.snapshot_running(r, dir))?;
             tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory saved, disk copied, guest resumed");
         }
         let t0 = Instant::now();
-        let shared = tokio::runtime::Handle::current().block_on(self.share_memory(r, dir));
+        let shared = runtime.block_on(self.share_memory(r, dir));
         tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory shared");
         let shared_bytes = match shared {
             Ok(bytes) => bytes,
@@ -87,12 +77,15 @@ impl VmBackend {
                 0
             }
         };
-        let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
-        Ok(SnapshotTaken {
-            kind: SnapshotKind::Memory,
-            size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK) + shared_bytes,
-            files: 2,
-        })
+        Ok(snapshot_taken(dir, shared_bytes))
+    }
+
+    /// Copy the disk overlay of `r` into the snapshot directory `dir` (its guest stopped,
+    /// or gone).
+    fn copy_disk(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
+        std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
+            .map(drop)
+            .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
     }
 
     /// Snapshot the running guest of `r` into `dir` (its disk) and a new shared memory
@@ -120,8 +113,8 @@ impl VmBackend {
             .await
             .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
         let t0 = Instant::now();
-        let stopped = qmp.stop().await.map_err(|e| vm_error(e.into()));
-        let captured = match stopped {
+        let captured = match qmp.stop().await {
+            Err(e) => Err(vm_error(e.into())),
             Ok(()) => {
                 let ram_bytes = r.memory_mib << 20;
                 let captured = tokio::time::timeout(SAVE_TIMEOUT, async {
@@ -135,9 +128,7 @@ impl VmBackend {
                         let mirror = mirror.as_deref().map(|m| (original.as_path(), m));
                         hutch_vm::capture::copy_guest_ram(pid, ram_bytes, &memory, mirror)
                     });
-                    let disk =
-                        std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                            .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")));
+                    let disk = self.copy_disk(r, dir);
                     let ram = ram
                         .await
                         .map_err(|e| CoreError::Internal(e.to_string()))?
@@ -165,7 +156,6 @@ impl VmBackend {
                     .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")));
                 captured.and(resumed)
             }
-            Err(e) => Err(e),
         };
         tracing::debug!(id = %r.id, stopped_ms = t0.elapsed().as_millis() as u64, ok = captured.is_ok(), "snapshot: guest running again");
         self.publish_shared(&shared, dir, captured)
@@ -175,12 +165,19 @@ impl VmBackend {
     /// disk while it is stopped (migration has flushed it), let it run again.
     async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
         let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
-        let copied = saved.and_then(|()| {
-            std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-                .map(drop)
-                .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
-        });
+        let copied = saved.and_then(|()| self.copy_disk(r, dir));
         let resumed = self.qmp(r, async |q| q.cont().await).await;
         copied.and(resumed)
+    }
+}
+
+/// What a memory snapshot in `dir` holds: its disk, a full stream if it kept one (when its
+/// memory could not be shared), and `shared_bytes` of shared memory.
+fn snapshot_taken(dir: &Path, shared_bytes: u64) -> SnapshotTaken {
+    let size = |name: &str| std::fs::metadata(dir.join(name)).map_or(0, |m| m.len());
+    SnapshotTaken {
+        kind: SnapshotKind::Memory,
+        size_bytes: size(SNAPSHOT_STATE) + size(SNAPSHOT_DISK) + shared_bytes,
+        files: 2,
     }
 }
