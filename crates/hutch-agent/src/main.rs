@@ -80,6 +80,11 @@ fn run(Serve { listeners, root }: Serve) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // Before the agent holds anything worth stealing (environment, keys of exec requests).
+    if let Err(e) = sys::make_non_dumpable() {
+        log!("cannot make the agent non-dumpable: {e}");
+        return ExitCode::FAILURE;
+    }
     if pid != 1 {
         if let Err(e) = sys::become_subreaper() {
             log!("cannot become a child subreaper ({e}); orphans will not be reaped by the agent");

@@ -117,6 +117,16 @@ pub fn raise_nofile_limit() -> Option<libc::rlimit> {
     Some(original)
 }
 
+/// Make this process non-dumpable: code in the sandbox (root in its user namespace, but
+/// without `CAP_SYS_PTRACE`) can then no longer open `/proc/1/mem`, `/proc/1/environ`,
+/// `/proc/1/fd/*` or the agent's other ptrace-guarded files, so it cannot read or patch the
+/// agent's memory (fake exec results, capture stdin). Children get their own dumpable flag
+/// back at `execve`, so workloads debug each other as usual.
+pub fn make_non_dumpable() -> io::Result<()> {
+    // SAFETY: PR_SET_DUMPABLE takes one integer argument and has no memory effects.
+    cvt(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0, 0, 0) }).map(drop)
+}
+
 /// Adopt orphaned descendants (so the reaper sees them) when we are not PID 1.
 pub fn become_subreaper() -> io::Result<()> {
     // SAFETY: PR_SET_CHILD_SUBREAPER takes one integer argument and has no memory effects.

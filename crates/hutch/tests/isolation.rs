@@ -169,6 +169,40 @@ async fn pid_1_cannot_be_killed_from_inside() {
     assert_eq!((out.as_str(), code), ("alive\n", 0));
 }
 
+/// Root in the sandbox cannot open the agent's memory, environment or descriptors through
+/// procfs (the path seccomp's ptrace block does not cover), nor reach its descriptors (the
+/// agent's listening socket among them): the agent is non-dumpable. Its
+/// own children are ordinary processes again after `execve`.
+#[tokio::test]
+async fn the_agents_memory_cannot_be_read_or_written_from_inside() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    let script = "for f in mem environ; do \
+                    (exec 3</proc/1/$f) 2>/dev/null && echo \"read $f: opened\" || echo \"read $f: denied\"; \
+                  done; \
+                  (exec 3<>/proc/1/mem) 2>/dev/null && echo 'write mem: opened' || echo 'write mem: denied'; \
+                  readlink /proc/1/fd/0 >/dev/null 2>&1 && echo 'fd: resolved' || echo 'fd: denied'; \
+                  (exec 4</proc/1/fd/0) 2>/dev/null && echo 'fd open: opened' || echo 'fd open: denied'; \
+                  sleep 30 & (exec 3</proc/$!/environ) 2>/dev/null && echo 'child environ: opened'; kill $!";
+    let (out, code) = s.sh(&id, script).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            "read mem: denied",
+            "read environ: denied",
+            "write mem: denied",
+            "fd: denied",
+            "fd open: denied",
+            "child environ: opened"
+        ],
+        "{out}"
+    );
+    // And the agent still serves.
+    let (out, code) = s.sh(&id, "echo alive").await;
+    assert_eq!((out.as_str(), code), ("alive\n", 0));
+}
+
 #[tokio::test]
 async fn memory_limit_kills_the_hog_and_reports_oom_only_there() {
     let s = TestServer::start().await;
