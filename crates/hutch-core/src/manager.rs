@@ -151,7 +151,9 @@ impl Manager {
         std::fs::create_dir_all(&cfg.templates_dir).map_err(|e| {
             CoreError::Internal(format!("create {}: {e}", cfg.templates_dir.display()))
         })?;
+        // Snapshots and volumes hold tenants' files and raw disks: root only.
         snapshots::prepare_dir(&cfg.snapshots_dir())?;
+        snapshots::prepare_dir(&cfg.state_dir.join("volumes"))?;
         let store = Store::open(&cfg.state_dir.join("state.db"))?;
         let templates = TemplateStore::open(&cfg.templates_dir)
             .map_err(|e| CoreError::Internal(format!("templates: {e}")))?;

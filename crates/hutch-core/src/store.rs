@@ -76,9 +76,33 @@ fn corrupt(e: serde_json::Error) -> CoreError {
     CoreError::Database(format!("corrupt record: {e}"))
 }
 
+/// The database (sandbox records, key hashes, metadata and environment of sandboxes) is for
+/// root only: create it 0600 before SQLite does (its `-wal` and `-shm` files take the main
+/// file's mode), and close one an earlier version left world-readable.
+fn restrict_database_files(path: &Path) -> CoreResult<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |e: std::io::Error| CoreError::Database(format!("{}: {e}", path.display()));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            other => other.map_err(io)?,
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Open (creating if needed) the database at `path`.
     pub fn open(path: &Path) -> CoreResult<Self> {
+        restrict_database_files(path)?;
         let conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;

@@ -8,6 +8,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
@@ -92,9 +93,11 @@ pub fn is_btrfs(dir: &Path) -> bool {
 /// mounted or mounts it again.
 pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailError> {
     if !image.exists() {
+        // The image holds every sandbox's files: root only.
         let f = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(image)
             .map_err(io(format!("create {}", image.display())))?;
         f.set_len(size_bytes)
@@ -118,6 +121,9 @@ pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailE
             return Err(JailError::Unsupported(msg));
         }
     }
+    // An image an earlier server made world-readable is closed too.
+    std::fs::set_permissions(image, std::fs::Permissions::from_mode(0o600))
+        .map_err(io(format!("chmod {}", image.display())))?;
     crate::volume::mount_loop(image, dir, c"btrfs", false)?;
     if !is_btrfs(dir) {
         return Err(JailError::Setup(format!(
@@ -125,6 +131,9 @@ pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailE
             dir.display()
         )));
     }
+    // Only root (the overlay's mounter) walks the upper layers; no host user may.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io(format!("chmod {}", dir.display())))?;
     let root = open_dir(dir)?;
     let mut args = QuotaCtlArgs {
         cmd: BTRFS_QUOTA_CTL_ENABLE,

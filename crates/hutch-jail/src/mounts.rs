@@ -69,7 +69,7 @@ pub(crate) unsafe fn userns_fd(base: u32, count: u32) -> Result<OwnedFd, SysErro
 }
 
 /// Bind `template` (or a read-only layer) read-only, idmapped through `userns` and without
-/// device files, at `lower`.
+/// device files or setuid, at `lower`.
 pub(crate) fn idmapped_bind(
     template: &Path,
     lower: &Path,
@@ -78,7 +78,7 @@ pub(crate) fn idmapped_bind(
     let tree = sys::open_tree_clone(template)?;
     sys::mount_setattr(
         &tree,
-        MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV,
+        MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
         Some(userns),
     )?;
     sys::move_mount(&tree, lower)
@@ -119,14 +119,16 @@ pub(crate) fn overlay_options(p: &SandboxPaths) -> String {
     )
 }
 
-/// Mount the copy-on-write root at `merged` (no device files).
+/// Mount the copy-on-write root at `merged` (no device files, no setuid: `no_new_privs`
+/// already makes setuid inert inside, and on the host a setuid file the sandbox planted must
+/// not run as its owner).
 pub(crate) fn overlay(p: &SandboxPaths) -> Result<(), SysError> {
     let data = cstr(&overlay_options(p))?;
     sys::mount(
         Some(c"overlay"),
         &p.merged,
         Some(c"overlay"),
-        libc::MS_NODEV,
+        libc::MS_NODEV | libc::MS_NOSUID,
         Some(&data),
         "mount overlay",
     )

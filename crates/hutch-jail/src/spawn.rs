@@ -241,7 +241,15 @@ fn build(
 
     // Directories.
     create_dir_journaled(&paths.root, undo)?;
-    spec::check_searchable("sandbox_dir", &paths.root)?;
+    if let Some(parent) = paths.root.parent() {
+        spec::check_searchable("sandbox_dir", parent)?;
+    }
+    // The sandbox's directory holds its mounted root (`merged`): only the sandbox's own host
+    // uid (its root, which walks it to `pivot_root`) and the host's root may enter it, so no
+    // other host user reads the sandbox's files or runs what it planted there.
+    sys::chown(&paths.root, spec.uid_base, spec.uid_base)?;
+    std::fs::set_permissions(&paths.root, std::fs::Permissions::from_mode(0o700))
+        .map_err(io_err(format!("chmod {}", paths.root.display())))?;
     let root = paths
         .root
         .canonicalize()

@@ -52,7 +52,12 @@ impl TemplateStore {
         let dir = dir.as_ref();
         if !dir.is_dir() {
             fs::create_dir_all(dir).at("creating directory", dir)?;
-            fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+        }
+        // Root filesystems hold setuid-root programs (an image's, not only Debian's): no host
+        // user may reach them. Sandboxes never walk this directory (their root is an idmapped
+        // bind made by root), so root only is enough.
+        if fs::metadata(dir).at("reading", dir)?.permissions().mode() & 0o777 != 0o700 {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
                 .at("setting mode of", dir)?;
         }
         let dir = fs::canonicalize(dir).at("resolving", dir)?;

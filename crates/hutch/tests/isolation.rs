@@ -463,3 +463,90 @@ async fn without_mkfs_btrfs_ns_sandboxes_run_without_a_disk_limit_and_say_so() {
     );
     s.kill(&id).await;
 }
+
+/// Run `argv` on the host as `nobody` (uid and gid 65534, no supplementary groups).
+fn as_nobody(argv: &[&str]) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(argv)
+        .output()
+        .expect("run setpriv (util-linux)")
+}
+
+/// A host user other than root cannot read what a sandbox wrote (through its mounted root,
+/// its upper layer, a volume's image or the state database), and a setuid file the sandbox
+/// planted runs as the caller on the host, never as the sandbox's uid.
+#[tokio::test]
+async fn host_users_cannot_read_sandbox_files_and_planted_setuid_files_are_inert() {
+    let s = TestServer::start().await;
+    let vol = s.volume("private", 16).await;
+    let id = s
+        .create_id(json!({"volumes": [{"volume": vol, "path": "/data"}]}))
+        .await;
+    let (out, code) = s
+        .sh(
+            &id,
+            "echo secret > /root/secret.txt && echo secret > /data/secret.txt && \
+             cp /bin/busybox /root/busybox && chmod 4755 /root/busybox && sync && echo ok",
+        )
+        .await;
+    assert_eq!((out.as_str(), code), ("ok\n", 0));
+
+    let state = &s.state_dir;
+    let mut secrets = vec![
+        state.join(format!("sandboxes/{id}/merged/root/secret.txt")),
+        state.join(format!("volumes/{vol}/disk.ext4")),
+        state.join("state.db"),
+    ];
+    let upper = state.join(format!("layers/{id}/upper/root/secret.txt"));
+    if upper.exists() {
+        secrets.push(upper);
+        secrets.push(state.join("layers.btrfs"));
+    }
+    for path in &secrets {
+        assert!(path.exists(), "{} is missing", path.display());
+        let p = path.to_str().expect("utf-8 path");
+        let got = as_nobody(&["cat", p]);
+        assert!(
+            !got.status.success() && got.stdout.is_empty(),
+            "nobody read {} bytes of {p}",
+            got.stdout.len()
+        );
+        assert!(
+            String::from_utf8_lossy(&got.stderr).contains("Permission denied"),
+            "{p}: {}",
+            String::from_utf8_lossy(&got.stderr)
+        );
+    }
+
+    // Even root running the planted file keeps its own uid: the sandbox's mounts are nosuid
+    // (without it, the process would run as the sandbox's host uid).
+    let suid = state.join(format!("sandboxes/{id}/merged/root/busybox"));
+    let meta = std::fs::metadata(&suid).expect("planted file");
+    assert_ne!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o4000,
+        0,
+        "setuid bit kept"
+    );
+    let out = std::process::Command::new(&suid)
+        .args(["id", "-u"])
+        .output()
+        .expect("run the planted file");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0", "{out:?}");
+    // Every mount Hutch made under the state directory is nosuid and nodev.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let prefix = state.to_string_lossy().to_string();
+    let mut seen = 0;
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(4).is_some_and(|m| m.starts_with(&prefix)) {
+            seen += 1;
+            let opts = fields[5];
+            assert!(
+                opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"),
+                "{line}"
+            );
+        }
+    }
+    assert!(seen >= 3, "expected the sandbox's mounts under {prefix}");
+}

@@ -22,6 +22,7 @@ const TMP_PREFIX: &str = ".tmp-";
 
 /// Create the snapshots directory, readable by root only: snapshots hold files owned by host
 /// ids 0-65535, setuid ones included.
+/// Create `dir` (if missing) as a directory only root may enter (0700).
 pub(super) fn prepare_dir(dir: &Path) -> CoreResult<()> {
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
