@@ -37,6 +37,7 @@ mod spec;
 mod sys;
 mod teardown;
 pub mod volume;
+pub mod volume_check;
 
 use std::path::PathBuf;
 
@@ -199,4 +200,15 @@ pub enum JailError {
     /// Something did not happen in time.
     #[error("timed out waiting for {0}")]
     Timeout(String),
+    /// A volume's filesystem has damage that the check would not (or could not) repair.
+    #[error(
+        "the volume's filesystem is damaged{}: {report}",
+        if *repairable { " beyond what a safe automatic check repairs" } else { " and e2fsck could not repair it" }
+    )]
+    VolumeDamaged {
+        /// A full repair (`e2fsck -y`) may still fix it.
+        repairable: bool,
+        /// The last lines of e2fsck's report.
+        report: String,
+    },
 }

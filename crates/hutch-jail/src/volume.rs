@@ -141,8 +141,12 @@ pub fn wait_released(image: &Path) -> Result<(), JailError> {
 /// a copy still held by a sandbox being created) is waited for: two live instances of one
 /// ext4 would lose each other's writes. `read_only` attaches and mounts it read-only (the
 /// host then never writes the image, so `vm` guests may read it at the same time).
+///
+/// The image's own error behaviour and stored mount options are overridden with
+/// `errors=remount-ro`: an error in a volume never panics the host or reaches past that
+/// volume. An image a `vm` guest wrote is checked first ([`crate::volume_check`]).
 pub fn mount_image(image: &Path, dir: &Path, read_only: bool) -> Result<(), JailError> {
-    mount_loop(image, dir, c"ext4", read_only)
+    mount_loop_with(image, dir, c"ext4", read_only, Some(c"errors=remount-ro"))
 }
 
 /// Mount the filesystem `fstype` of `image` at `dir` (see [`mount_image`]).
@@ -151,6 +155,17 @@ pub(crate) fn mount_loop(
     dir: &Path,
     fstype: &std::ffi::CStr,
     read_only: bool,
+) -> Result<(), JailError> {
+    mount_loop_with(image, dir, fstype, read_only, None)
+}
+
+/// [`mount_loop`] with mount `options` (the filesystem's data string).
+fn mount_loop_with(
+    image: &Path,
+    dir: &Path,
+    fstype: &std::ffi::CStr,
+    read_only: bool,
+    options: Option<&std::ffi::CStr>,
 ) -> Result<(), JailError> {
     std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
     if is_mounted(dir)? {
@@ -200,7 +215,7 @@ pub(crate) fn mount_loop(
             dir,
             Some(fstype),
             libc::MS_NODEV | libc::MS_NOSUID | if read_only { libc::MS_RDONLY } else { 0 },
-            None,
+            options,
             "mount loop image",
         );
         // The loop device stays bound only while mounted (autoclear once `dev` closes).
@@ -253,4 +268,14 @@ pub fn usage(dir: &Path) -> Result<(u64, u64), JailError> {
     }
     let total = st.f_blocks * st.f_frsize;
     Ok((total - st.f_bfree * st.f_frsize, total))
+}
+
+/// Unmount the volume at `dir` without flushing it: for a volume being deleted, whose data
+/// is going anyway (a filesystem that turned read-only after an error cannot be flushed, and
+/// must not keep its volume from being deleted). Not mounted: nothing to do.
+pub fn unmount_image_discarding(dir: &Path) -> Result<(), JailError> {
+    if !is_mounted(dir)? {
+        return Ok(());
+    }
+    sys::umount2(dir, libc::MNT_DETACH).map_err(JailError::from)
 }

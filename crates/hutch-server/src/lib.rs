@@ -77,6 +77,7 @@ pub fn app(state: AppState) -> Router {
             "/v1/volumes/{id}",
             get(volumes::get).delete(volumes::delete),
         )
+        .route("/v1/volumes/{id}/check", post(volumes::check))
         .route("/v1/sandboxes/{id}/pause", post(lifecycle::pause))
         .route("/v1/sandboxes/{id}/resume", post(lifecycle::resume))
         .route("/v1/sandboxes/{id}/hibernate", post(lifecycle::hibernate))

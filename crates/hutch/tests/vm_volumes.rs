@@ -227,3 +227,121 @@ async fn hibernation_keeps_a_guest_volume_and_fork_children_keep_only_read_only_
     let (out, _) = s.sh(&n, "cat /data/x").await;
     assert_eq!(out, "before\nafter\n");
 }
+
+/// Run a host command of the attacker's toolkit (building the image a guest will write).
+fn host(cmd: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A guest with a read-write volume writes any bytes it likes to the raw disk: here an ext4
+/// whose superblock says `errors=panic` (behaviour and stored mount options) with a corrupt
+/// directory block. The host never mounts that image unchecked: attaching it to an `ns`
+/// sandbox is refused (409, naming the repair) with nothing mounted; a repair makes it
+/// mountable, with the superblock's error behaviour reset and `errors=remount-ro` forced on
+/// the host's mount.
+#[tokio::test]
+async fn a_volume_image_a_guest_crafted_is_checked_before_the_host_mounts_it() {
+    let s = TestServer::start().await;
+    let vol = s.volume("crafted", 16).await;
+
+    // The crafted image, the volume's size, built with e2fsprogs as an attacker would.
+    let work = tempfile::tempdir().expect("tempdir");
+    let img = work.path().join("crafted.img");
+    let img_s = img.to_str().expect("utf-8");
+    host(&format!(
+        "truncate -s 16M {img_s} && mkfs.ext4 -q -F -b 4096 {img_s} && \
+         echo hello > {dir}/hello && debugfs -w -R 'write {dir}/hello hello' {img_s} && \
+         debugfs -w -R 'mkdir d' {img_s} && debugfs -w -R 'write {dir}/hello d/f' {img_s}",
+        dir = work.path().display()
+    ));
+    let block = host(&format!("debugfs -R 'blocks d' {img_s} 2>/dev/null"));
+    let block: u64 = block.trim().parse().expect("the directory's block");
+    host(&format!(
+        "dd if=/dev/urandom of={img_s} bs=4096 seek={block} count=1 conv=notrunc status=none && \
+         tune2fs -e panic -E mount_opts=errors=panic {img_s} >/dev/null"
+    ));
+
+    // The guest writes it over its volume's raw disk.
+    let a = sandbox(&s, "vm", json!([{"volume": vol, "path": "/data"}])).await;
+    s.put_file(
+        &a,
+        "/root/crafted.img",
+        "0600",
+        std::fs::read(&img).expect("image"),
+    )
+    .await;
+    let (out, code) = s
+        .sh(
+            &a,
+            "dev=/dev/$(for d in /sys/block/vd*; do [ \"$(cat $d/serial)\" = hutch-vol0 ] && basename $d; done); \
+             umount /data && dd if=/root/crafted.img of=$dev bs=1M conv=fsync 2>&1 && echo written",
+        )
+        .await;
+    assert!(code == 0 && out.ends_with("written\n"), "{out}");
+    assert_eq!(s.kill(&a).await, 204);
+
+    // Attaching it to an ns sandbox: checked, refused, nothing mounted on the host.
+    let mnt = s.state_dir.join("volumes").join(&vol).join("mnt");
+    let (st, v) = create(&s, "ns", json!([{"volume": vol, "path": "/data"}])).await;
+    assert_eq!(st, 409, "{v}");
+    let msg = v.to_string();
+    assert!(msg.contains("damaged") && msg.contains("--repair"), "{msg}");
+    assert!(
+        !s.mounts_under_state()
+            .iter()
+            .any(|m| m.starts_with(&*mnt.to_string_lossy())),
+        "the host mounted the crafted image"
+    );
+    // The safe check alone still refuses; a repair fixes it.
+    let path = format!("/v1/volumes/{vol}/check");
+    let (st, v) = s.request(Method::POST, &path, Some(json!({}))).await;
+    assert_eq!(st, 409, "{v}");
+    let (st, v) = s
+        .request(Method::POST, &path, Some(json!({"repair": true})))
+        .await;
+    assert_eq!((st, v["repaired"].as_bool()), (200, Some(true)), "{v}");
+    let image = s.state_dir.join("volumes").join(&vol).join("disk.ext4");
+    let sb = host(&format!("dumpe2fs -h {} 2>/dev/null", image.display()));
+    assert!(
+        sb.contains("Errors behavior:          Remount read-only"),
+        "{sb}"
+    );
+    assert!(!sb.contains("errors=panic"), "{sb}");
+
+    // Now it mounts, with errors=remount-ro forced, and reads without an error.
+    let n = sandbox(&s, "ns", json!([{"volume": vol, "path": "/data"}])).await;
+    let (out, code) = s
+        .sh(&n, "cat /data/hello && ls /data/ >/dev/null && echo ok")
+        .await;
+    assert_eq!((out.as_str(), code), ("hello\nok\n", 0));
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some(&*mnt.to_string_lossy()))
+        .expect("the volume's host mount");
+    let dev = line
+        .split(" - ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().nth(1))
+        .and_then(|d| d.strip_prefix("/dev/"))
+        .expect("loop device");
+    let opts = std::fs::read_to_string(format!("/proc/fs/ext4/{dev}/options")).expect("options");
+    assert!(opts.lines().any(|l| l == "errors=remount-ro"), "{opts}");
+    let errors = std::fs::read_to_string(format!("/sys/fs/ext4/{dev}/errors_count"))
+        .unwrap_or_else(|_| "0".into());
+    assert_eq!(
+        errors.trim(),
+        "0",
+        "the host's ext4 met an error in the volume"
+    );
+    assert_eq!(s.kill(&n).await, 204);
+}

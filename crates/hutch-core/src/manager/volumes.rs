@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hutch_jail::volume as vol;
+use hutch_jail::volume_check as vol_check;
 use hutch_proto::client::AgentClient;
 
 use super::{blocking, Manager};
@@ -23,7 +24,43 @@ const MIN_VOLUME_MIB: u64 = 4;
 const VOLUME_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 fn jail_error(e: hutch_jail::JailError) -> CoreError {
-    CoreError::Internal(format!("volume: {e}"))
+    match e {
+        hutch_jail::JailError::VolumeDamaged { .. } => CoreError::Conflict(format!("volume: {e}")),
+        e => CoreError::Internal(format!("volume: {e}")),
+    }
+}
+
+/// Mount a volume's image on the host for `ns` sandboxes, checking it first when a `vm` guest
+/// may have crafted it (see [`hutch_jail::volume_check`]).
+fn mount_on_host(
+    id: &str,
+    image: &std::path::Path,
+    mnt: &std::path::Path,
+    read_only: bool,
+) -> CoreResult<()> {
+    if !vol::is_mounted(mnt).map_err(jail_error)? && vol_check::needs_check(image) {
+        let t0 = std::time::Instant::now();
+        let report = vol_check::check_untrusted_image(image, vol_check::CheckMode::Preen)
+            .map_err(|e| match e {
+                hutch_jail::JailError::VolumeDamaged { .. } => CoreError::Conflict(format!(
+                    "volume {id}: {e} (a vm guest wrote it last); repair it with `hutch volume check {id} --repair` (POST /v1/volumes/{id}/check {{\"repair\": true}}) or delete it"
+                )),
+                e => jail_error(e),
+            })?;
+        tracing::info!(volume = %id, repaired = report.repaired, ms = t0.elapsed().as_millis() as u64, "checked a volume a vm guest wrote before mounting it on the host");
+    }
+    vol::mount_image(image, mnt, read_only).map_err(jail_error)
+}
+
+/// What `POST /v1/volumes/{id}/check` found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VolumeCheckView {
+    /// The volume.
+    pub id: String,
+    /// The check changed the filesystem.
+    pub repaired: bool,
+    /// The last lines of e2fsck's report.
+    pub report: String,
 }
 
 /// Whether a sandbox in state `s` holds its volumes (counts for exclusivity and deletion).
@@ -150,6 +187,51 @@ impl Manager {
         self.volume_view(&self.volume_record(key, t.as_ref())?)
     }
 
+    /// Check a volume's filesystem (`e2fsck -f`, jailed; with `repair`, fixing everything it
+    /// can) while no sandbox has it; 409 while attached, or when damage is left.
+    pub async fn check_volume(
+        self: &Arc<Self>,
+        key: &str,
+        tenant: Option<&str>,
+        repair: bool,
+    ) -> CoreResult<VolumeCheckView> {
+        let t = tenant.map(String::from);
+        let v = self.volume_record(key, t.as_ref())?;
+        let mgr = self.clone();
+        blocking(move || {
+            let _guard = mgr.lock_snapshots();
+            let users: BTreeSet<String> = mgr
+                .attachments(&v.id)?
+                .into_iter()
+                .map(|a| a.sandbox)
+                .collect();
+            if !users.is_empty() {
+                return Err(CoreError::Conflict(format!(
+                    "volume {} is attached to {}: a check needs it detached",
+                    v.id,
+                    users.into_iter().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            let dir = mgr.cfg.volume_dir(&v.id);
+            let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
+            vol::unmount_image(&mnt)
+                .and_then(|()| vol::wait_released(&image))
+                .map_err(jail_error)?;
+            let mode = if repair {
+                vol_check::CheckMode::Repair
+            } else {
+                vol_check::CheckMode::Preen
+            };
+            let report = vol_check::check_untrusted_image(&image, mode).map_err(jail_error)?;
+            Ok(VolumeCheckView {
+                id: v.id.clone(),
+                repaired: report.repaired,
+                report: report.output,
+            })
+        })
+        .await
+    }
+
     /// Delete a volume and its data; 409 while any sandbox has it.
     pub async fn delete_volume(
         self: &Arc<Self>,
@@ -173,7 +255,7 @@ impl Manager {
         }
         let dir = self.cfg.volume_dir(&v.id);
         let mnt = dir.join("mnt");
-        vol::unmount_image(&mnt).map_err(jail_error)?;
+        vol::unmount_image_discarding(&mnt).map_err(jail_error)?;
         if vol::is_mounted(&mnt).map_err(jail_error)? {
             return Err(CoreError::Internal(format!(
                 "volume {} is still mounted at {}",
@@ -266,11 +348,15 @@ impl Manager {
             let dir = self.cfg.volume_dir(&m.volume);
             let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
             match r.isolation {
-                Isolation::Ns => vol::mount_image(&image, &mnt, m.read_only),
-                Isolation::Vm if m.read_only => Ok(()),
-                Isolation::Vm => vol::unmount_image(&mnt).and_then(|()| vol::wait_released(&image)),
+                Isolation::Ns => mount_on_host(&m.volume, &image, &mnt, m.read_only)?,
+                Isolation::Vm if m.read_only => {}
+                // The guest gets raw block access: from here on the image is untrusted input
+                // to the host kernel until checked.
+                Isolation::Vm => vol::unmount_image(&mnt)
+                    .and_then(|()| vol::wait_released(&image))
+                    .and_then(|()| vol_check::mark_guest_written(&image))
+                    .map_err(jail_error)?,
             }
-            .map_err(jail_error)?;
         }
         Ok(())
     }

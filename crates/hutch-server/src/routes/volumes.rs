@@ -4,6 +4,8 @@
 //! - `GET /v1/volumes` → `{"volumes": [...]}`
 //! - `GET /v1/volumes/{id}` → Volume (id or name)
 //! - `DELETE /v1/volumes/{id}` → 204 (409 while attached)
+//! - `POST /v1/volumes/{id}/check {"repair"?}` → `{"id", "repaired", "report"}` (409 while
+//!   attached, or when damage is left)
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -66,4 +68,28 @@ pub async fn delete(
 ) -> ApiResult<impl IntoResponse> {
     state.manager.delete_volume(&id, tenant(&caller)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/volumes/{id}/check` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckVolumeBody {
+    #[serde(default)]
+    repair: bool,
+}
+
+/// `POST /v1/volumes/{id}/check`.
+pub async fn check(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let repair = crate::extract::json_or_default::<CheckVolumeBody>(&body)?.repair;
+    Ok(Json(
+        state
+            .manager
+            .check_volume(&id, tenant(&caller), repair)
+            .await?,
+    ))
 }

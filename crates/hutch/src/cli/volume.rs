@@ -1,4 +1,4 @@
-//! `hutch volume create|ls|inspect|rm`: durable volumes.
+//! `hutch volume create|ls|inspect|check|rm`: durable volumes.
 
 use std::path::Path;
 
@@ -26,6 +26,15 @@ pub enum VolumeCommand {
     Inspect {
         /// Volume id or name.
         id: String,
+    },
+    /// Check a detached volume's filesystem (e2fsck, jailed); `--repair` fixes everything
+    /// it can (a vm guest's damage that the automatic check refused).
+    Check {
+        /// Volume id or name.
+        id: String,
+        /// Repair all damage (`e2fsck -y`); without it only what is safe (`e2fsck -p`).
+        #[arg(long)]
+        repair: bool,
     },
     /// Delete volumes and their data (refused while attached).
     Rm {
@@ -114,6 +123,28 @@ pub async fn run(cmd: VolumeCommand, state_dir: &Path, json_out: bool) -> anyhow
                 .call(Method::GET, &format!("/v1/volumes/{}", encode(&id)), None)
                 .await?;
             print_json(&v);
+        }
+        VolumeCommand::Check { id, repair } => {
+            let v = api
+                .call(
+                    Method::POST,
+                    &format!("/v1/volumes/{}/check", encode(&id)),
+                    Some(&json!({"repair": repair})),
+                )
+                .await?;
+            if json_out {
+                print_json(&v);
+            } else {
+                println!(
+                    "{}: {}",
+                    field(&v, "id"),
+                    if v["repaired"] == true {
+                        "repaired"
+                    } else {
+                        "clean"
+                    }
+                );
+            }
         }
         VolumeCommand::Rm { ids } => {
             for id in &ids {
