@@ -5,7 +5,7 @@
 #   scripts/test-sdk.sh
 #
 # Environment: HUTCH_BIN (default target/debug/hutch), HUTCH_TEST_TEMPLATES (default
-# /var/cache/hutch-test/templates), SDK_VENV (default target/sdk-venv).
+# /var/cache/hutch-test/templates), SDK_VENV (default target/venv, from scripts/venv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,30 +28,9 @@ fi
 "$HUTCH_BIN" template build minimal --templates-dir "$HUTCH_TEST_TEMPLATES"
 
 echo "== sdk: python"
-VENV=${SDK_VENV:-$ROOT/target/sdk-venv}
-PY=""
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-    PY="$VENV/bin/python"
-elif python3 -m venv "$VENV" 2>/dev/null && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
-    PY="$VENV/bin/python"
-else
-    rm -rf "$VENV"
-    if command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null 2>&1 \
-        && python3 -m venv "$VENV"; then
-        PY="$VENV/bin/python"
-    else
-        echo "python3 -m venv is unavailable; installing into the user site instead"
-        rm -rf "$VENV"
-        PY=python3
-    fi
-fi
+# The tests' own virtual environment (never the system interpreter: PEP 668).
+PY=$(HUTCH_VENV=${SDK_VENV:-${HUTCH_VENV:-$ROOT/target/venv}} scripts/venv.sh)
 PIP_FLAGS=(--quiet --disable-pip-version-check)
-if [ "$PY" = python3 ]; then
-    PIP_FLAGS+=(--user)
-    if python3 -m pip install --help | grep -q -- --break-system-packages; then
-        PIP_FLAGS+=(--break-system-packages)
-    fi
-fi
 # A regular (non-editable) install, so the tests use the package as users get it.
 "$PY" -m pip install "${PIP_FLAGS[@]}" "$ROOT/sdk/python[test]"
 (cd sdk/python && "$PY" -m pytest -p no:cacheprovider -q tests)

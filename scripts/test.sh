@@ -11,6 +11,11 @@ fi
 echo "== lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+shellcheck scripts/*.sh .ci/run
+
+echo "== python (the tests' own virtual environment)"
+HUTCH_TEST_PYTHON=$(scripts/venv.sh)
+export HUTCH_TEST_PYTHON
 
 echo "== build"
 scripts/build-agent.sh

@@ -133,6 +133,68 @@ async fn errors_are_clear_in_human_and_json_modes() {
     assert_eq!(v["error"]["code"], "not_found", "{v}");
 }
 
+fn doctor_json(path: Option<&std::path::Path>) -> (serde_json::Value, Option<i32>) {
+    let mut cmd = Command::new(hutch_bin());
+    cmd.args(["--json", "doctor"])
+        .env("HUTCH_AGENT", common::agent_bin());
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    let o = cmd.output().expect("doctor");
+    let v = serde_json::from_slice(&o.stdout).expect("json");
+    (v, o.status.code())
+}
+
+/// On a host without `qemu-img`, doctor marks `vm` unavailable and names the package; ns
+/// still runs (exit 0).
+#[test]
+fn doctor_names_the_package_of_a_missing_vm_tool() {
+    let bin = common::path_without(&["qemu-img"]);
+    let (v, code) = doctor_json(Some(bin.path()));
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["backends"]["vm"]["available"], false, "{v}");
+    let why = v["backends"]["vm"]["detail"].as_str().unwrap_or("");
+    assert!(
+        why.contains("qemu-img") && why.contains("apt-get install qemu-utils"),
+        "{v}"
+    );
+    assert_eq!(v["isolation"]["vm"], false, "{v}");
+    let tool = v["tools"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["command"] == "qemu-img"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (tool["found"].clone(), tool["package"].clone()),
+        (false.into(), "qemu-utils".into()),
+        "{v}"
+    );
+    assert_eq!(v["backends"]["ns"]["available"], true, "{v}");
+}
+
+/// After `scripts/deps.sh` (which CI runs first), every tool every feature needs is here and
+/// both backends are available: a missing install step fails here, not halfway through.
+#[test]
+fn doctor_is_all_ok_after_deps() {
+    let (v, code) = doctor_json(None);
+    assert_eq!(code, Some(0), "{v}");
+    let missing: Vec<String> = v["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter(|t| t["found"] != true)
+        .map(|t| format!("{} ({})", t["command"], t["package"]))
+        .collect();
+    assert!(missing.is_empty(), "missing: {missing:?}");
+    for b in ["ns", "vm"] {
+        assert_eq!(v["backends"][b]["available"], true, "{b}: {v}");
+    }
+    for f in ["volumes", "template_builds", "network"] {
+        assert_eq!(v[f]["ok"], true, "{f}: {v}");
+    }
+    assert_eq!(v["ns_disk_quota"]["enforced"], true, "{v}");
+}
+
 #[test]
 fn doctor_reports_namespace_support() {
     let o = Command::new(hutch_bin())

@@ -402,25 +402,7 @@ async fn disk_mib_larger_than_the_pool_is_refused_and_overcommit_is_allowed() {
 
 /// A directory of links to every program on `PATH` but `mkfs.btrfs`.
 fn path_without_mkfs_btrfs() -> tempfile::TempDir {
-    let bin = tempfile::Builder::new()
-        .prefix("hutch-test-path-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let path = std::env::var_os("PATH").expect("PATH");
-    for dir in std::env::split_paths(&path) {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let link = bin.path().join(&name);
-            if name == "mkfs.btrfs" || link.symlink_metadata().is_ok() {
-                continue;
-            }
-            std::os::unix::fs::symlink(e.path(), link).expect("symlink");
-        }
-    }
-    bin
+    common::path_without(&["mkfs.btrfs"])
 }
 
 #[tokio::test]

@@ -16,14 +16,16 @@ async fn a_real_mcp_client_lists_tools_runs_commands_and_moves_files() {
         let url = s.url.clone();
         let state = s.state_dir.clone();
         move || {
-            Command::new("python3")
+            // The tests' virtual environment (scripts/venv.sh, set by scripts/test.sh).
+            let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+            Command::new(python)
                 .arg(script)
                 .env("HUTCH_BIN", hutch_bin())
                 .env("HUTCH_URL", url)
                 .env("HUTCH_STATE_DIR", state)
                 .env_remove("HUTCH_API_KEY")
                 .output()
-                .expect("run python3 (pip install mcp)")
+                .expect("run python (HUTCH_TEST_PYTHON from scripts/venv.sh, with mcp)")
         }
     })
     .await

@@ -6,6 +6,105 @@ use serde_json::{json, Value};
 
 use super::output::print_json;
 
+/// A program a part of Hutch runs, and the Debian package that provides it.
+struct Tool {
+    command: &'static str,
+    package: &'static str,
+    /// What needs it: `ns`, `vm`, `network`, `ns_disk_quota`, `volumes`, `templates`.
+    needed_for: &'static str,
+}
+
+/// Every program the server runs on the host, by the feature that needs it.
+const TOOLS: &[Tool] = &[
+    Tool {
+        command: "qemu-system-x86_64",
+        package: "qemu-system-x86",
+        needed_for: "vm",
+    },
+    Tool {
+        command: "qemu-img",
+        package: "qemu-utils",
+        needed_for: "vm",
+    },
+    Tool {
+        command: "mkfs.ext4",
+        package: "e2fsprogs",
+        needed_for: "vm",
+    },
+    Tool {
+        command: "apt-get",
+        package: "apt",
+        needed_for: "vm",
+    },
+    Tool {
+        command: "nft",
+        package: "nftables",
+        needed_for: "network",
+    },
+    Tool {
+        command: "mkfs.btrfs",
+        package: "btrfs-progs",
+        needed_for: "ns_disk_quota",
+    },
+    Tool {
+        command: "mkfs.ext4",
+        package: "e2fsprogs",
+        needed_for: "volumes",
+    },
+    Tool {
+        command: "e2fsck",
+        package: "e2fsprogs",
+        needed_for: "volumes",
+    },
+    Tool {
+        command: "tune2fs",
+        package: "e2fsprogs",
+        needed_for: "volumes",
+    },
+    Tool {
+        command: "setpriv",
+        package: "util-linux",
+        needed_for: "volumes",
+    },
+    Tool {
+        command: "bwrap",
+        package: "bubblewrap",
+        needed_for: "volumes",
+    },
+    Tool {
+        command: "busybox",
+        package: "busybox-static",
+        needed_for: "templates",
+    },
+    Tool {
+        command: "debootstrap",
+        package: "debootstrap",
+        needed_for: "templates",
+    },
+];
+
+/// `command`'s path on `PATH`, if it is an executable file there.
+fn find_on_path(command: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(command))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| {
+                m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
+}
+
+/// The tools `needed_for` lacks, as "command (apt-get install package)" lines.
+fn missing_for(needed_for: &str) -> Vec<String> {
+    TOOLS
+        .iter()
+        .filter(|t| t.needed_for == needed_for && find_on_path(t.command).is_none())
+        .map(|t| format!("{} (apt-get install {})", t.command, t.package))
+        .collect()
+}
+
 /// Print the host report; exit code 0 when `ns` sandboxes can run here.
 pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let report = tokio::task::spawn_blocking(hutch_jail::host_report).await?;
@@ -33,7 +132,33 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     };
     let network = network_line();
     let disk = disk_quota_line(state_dir);
+    let tools: Vec<Value> = TOOLS
+        .iter()
+        .map(|t| {
+            let found = find_on_path(t.command);
+            json!({
+                "command": t.command,
+                "package": t.package,
+                "needed_for": t.needed_for,
+                "found": found.is_some(),
+                "path": found.map(|p| p.display().to_string()),
+            })
+        })
+        .collect();
+    let backend = |available: bool, why: String| json!({"available": available, "detail": why});
+    let backends = json!({
+        "ns": backend(ns_ok, if ns_ok { report.isolation_summary() } else {
+            format!("unavailable: {}", if agent.is_ok() { report.isolation_summary() } else { agent_json["detail"].as_str().unwrap_or("").to_string() })
+        }),
+        "vm": backend(vm.is_ok(), match &vm { Ok(_) => vm_why(), Err(e) => e.clone() }),
+    });
+    let volumes_missing = missing_for("volumes");
+    let templates_missing = missing_for("templates");
     let out = json!({
+        "backends": backends,
+        "tools": tools,
+        "volumes": {"ok": volumes_missing.is_empty(), "missing": volumes_missing},
+        "template_builds": {"ok": templates_missing.is_empty(), "missing": templates_missing},
         "network": {"ok": network.is_ok(), "detail": match &network { Ok(d) | Err(d) => d.clone() }},
         "ns_disk_quota": {"enforced": disk.is_ok(), "detail": match &disk { Ok(d) | Err(d) => d.clone() }},
         "host": report_json,
@@ -84,6 +209,14 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
             Ok(d) => println!("ok   ns disk quota: {d}"),
             Err(d) => println!("--   ns disk quota: {d}"),
         }
+        match volumes_missing.as_slice() {
+            [] => println!("ok   volumes: e2fsprogs, util-linux and bubblewrap found"),
+            m => println!("--   volumes: missing {}", m.join(", ")),
+        }
+        match templates_missing.as_slice() {
+            [] => println!("ok   template builds: busybox and debootstrap found"),
+            m => println!("--   template builds: missing {}", m.join(", ")),
+        }
         println!("auto isolation: {auto}");
     }
     Ok(if ns_ok { 0 } else { 1 })
@@ -92,6 +225,10 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
 /// Whether vm sandboxes can run here (`Ok(true)` when KVM is likely, so `auto` may pick vm
 /// once the server's probe guest boots), or why not.
 fn vm_line(agent_ok: bool) -> Result<bool, String> {
+    let missing = missing_for("vm");
+    if !missing.is_empty() {
+        return Err(format!("unavailable: missing {}", missing.join(", ")));
+    }
     let version = hutch_vm::qemu::check_version(std::path::Path::new(hutch_vm::qemu::QEMU_BINARY))
         .map_err(|e| format!("unavailable: {e}"))?;
     if !agent_ok {

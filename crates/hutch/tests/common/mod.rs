@@ -484,3 +484,27 @@ pub fn static_c_binary(name: &str) -> Vec<u8> {
     }
     std::fs::read(&out).expect("read probe")
 }
+
+/// A directory of links to every program on `PATH` but those named in `left_out` (to run a
+/// command as on a host that lacks them).
+pub fn path_without(left_out: &[&str]) -> tempfile::TempDir {
+    let bin = tempfile::Builder::new()
+        .prefix("hutch-test-path-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let path = std::env::var_os("PATH").expect("PATH");
+    for dir in std::env::split_paths(&path) {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = bin.path().join(&name);
+            if left_out.iter().any(|l| name == *l) || link.symlink_metadata().is_ok() {
+                continue;
+            }
+            std::os::unix::fs::symlink(e.path(), link).expect("symlink");
+        }
+    }
+    bin
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The Python environment the tests use, apart from the system interpreter (Debian 12's
+# /usr/bin/python3 is externally managed, PEP 668: pip may not install into it). Creates
+# the virtual environment if needed, installs what the tests need into it, and prints the
+# path of its interpreter.
+#
+#   PY=$(scripts/venv.sh)          # target/venv, or $HUTCH_VENV
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${HUTCH_VENV:-$PWD/target/venv}
+
+if ! [ -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    if ! python3 -m venv "$VENV" >&2; then
+        echo "scripts/venv.sh: python3 -m venv failed: install Debian's python3-venv (scripts/deps.sh does)" >&2
+        exit 1
+    fi
+fi
+# The MCP client that drives `hutch mcp`; the SDK's own test dependencies come with it in
+# scripts/test-sdk.sh.
+if ! "$VENV/bin/python" -c 'import mcp' 2>/dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "mcp>=2,<3" >&2
+fi
+echo "$VENV/bin/python"
