@@ -633,7 +633,11 @@ impl Manager {
     }
 
     /// Prometheus text.
-    pub fn metrics_text(&self) -> CoreResult<String> {
+    ///
+    /// `per_sandbox`: include the series labelled with sandbox ids (for authenticated
+    /// scrapes); without it, their server-wide sums (safe to serve without a key: no ids,
+    /// bounded cardinality).
+    pub fn metrics_text(&self, per_sandbox: bool) -> CoreResult<String> {
         let counts = self.store.count_by_state()?;
         let states: Vec<(&str, u64)> = SandboxState::ALL
             .iter()
@@ -675,7 +679,14 @@ impl Manager {
             );
         }
         let traffic = self.traffic_all();
-        if self.network.is_some() {
+        if self.network.is_some() && !per_sandbox {
+            use std::fmt::Write as _;
+            let (bytes, conns) = traffic.values().fold((0u64, 0u64), |(b, c), t| {
+                (b + t.bytes_out, c + t.connections_out)
+            });
+            let _ = writeln!(text, "# HELP hutch_network_bytes_out Bytes all live sandboxes sent out (per sandbox: GET /v1/metrics with a key).\n# TYPE hutch_network_bytes_out gauge\nhutch_network_bytes_out {bytes}\n# HELP hutch_network_connections_out Connections (and UDP flows) all live sandboxes opened out.\n# TYPE hutch_network_connections_out gauge\nhutch_network_connections_out {conns}");
+        }
+        if self.network.is_some() && per_sandbox {
             use std::fmt::Write as _;
             let mut ids: Vec<_> = traffic.keys().collect();
             ids.sort();

@@ -6,10 +6,11 @@
 
 pub mod error;
 mod extract;
+mod key_cache;
 mod routes;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::routing::{any, get, post, put};
 use axum::Router;
@@ -22,7 +23,7 @@ pub use extract::Caller;
 pub struct AppState {
     /// The sandbox manager.
     pub manager: Arc<Manager>,
-    keys: Arc<Mutex<HashMap<String, Caller>>>,
+    keys: Arc<Mutex<key_cache::KeyCache>>,
 }
 
 impl AppState {
@@ -30,13 +31,18 @@ impl AppState {
     pub fn new(manager: Arc<Manager>) -> Self {
         Self {
             manager,
-            keys: Arc::new(Mutex::new(HashMap::new())),
+            keys: Arc::new(Mutex::new(key_cache::KeyCache::default())),
         }
     }
 
     fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
-        if let Some(c) = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
-            return Ok(Some(c.clone()));
+        if let Some(c) = self
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key, Instant::now())
+        {
+            return Ok(Some(c));
         }
         let owner = self.manager.authenticate(key)?;
         let caller = owner.map(|o| Caller {
@@ -44,10 +50,11 @@ impl AppState {
             admin: o.admin,
         });
         if let Some(c) = &caller {
-            self.keys
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key.to_string(), c.clone());
+            self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                key,
+                c.clone(),
+                Instant::now(),
+            );
         }
         Ok(caller)
     }
@@ -58,6 +65,7 @@ pub fn app(state: AppState) -> Router {
     use routes::{exec, files, lifecycle, misc, network, ports, pty, sandboxes, volumes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
+        .route("/v1/metrics", get(misc::metrics_per_sandbox))
         .route("/v1/templates", get(misc::templates))
         .route("/v1/events", get(misc::events))
         .route(

@@ -20,9 +20,12 @@ fn main() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HUTCH_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if args.verbose { "debug" } else { "info" })
     });
+    // Colour only on a terminal: a log file or the journal gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

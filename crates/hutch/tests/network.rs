@@ -377,6 +377,23 @@ fn default_allow_reaches_the_internet_and_nothing_forbidden() {
             )),
             "{metrics}"
         );
+        // Without a key, /metrics has the server-wide sums and names no sandbox; the
+        // per-sandbox series need one.
+        let public = reqwest::get(format!("{}/metrics", s.url))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            !public.contains(&a) && !public.contains("sandbox=\""),
+            "{public}"
+        );
+        assert!(public.contains("hutch_network_bytes_out "), "{public}");
+        let anonymous = reqwest::get(format!("{}/v1/metrics", s.url))
+            .await
+            .expect("v1 metrics");
+        assert_eq!(anonymous.status().as_u16(), 401);
     });
 }
 

@@ -27,7 +27,25 @@ pub async fn healthz() -> impl IntoResponse {
 pub async fn metrics(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.manager.metrics_text()?,
+        state.manager.metrics_text(false)?,
+    ))
+}
+
+/// `GET /v1/metrics`: every series, per-sandbox ones included (admin keys only: the labels
+/// name every tenant's sandboxes).
+pub async fn metrics_per_sandbox(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<impl IntoResponse> {
+    if !caller.admin {
+        return Err(ApiError::from(hutch_core::CoreError::NotFound(
+            "per-sandbox metrics are served to admin keys only; /metrics has the server-wide ones"
+                .into(),
+        )));
+    }
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.manager.metrics_text(true)?,
     ))
 }
 

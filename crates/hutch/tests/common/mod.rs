@@ -244,10 +244,10 @@ impl TestServer {
         }
     }
 
-    /// The `/metrics` text.
+    /// The `/v1/metrics` text (every series, per-sandbox ones included).
     pub async fn metrics_text(&self) -> String {
         self.http
-            .get(format!("{}/metrics", self.url))
+            .get(format!("{}/v1/metrics", self.url))
             .bearer_auth(&self.key)
             .send()
             .await
