@@ -17,28 +17,14 @@ use tokio_tungstenite::tungstenite::Message;
 
 const ECHO_SERVICE: &str = include_str!("probe/port_echo.py");
 
-/// Start a program inside the sandbox that outlives the call (`background` exec stream).
+/// Start a program inside the sandbox that outlives the call.
 async fn start_background(s: &TestServer, id: &str, cmd: Value) {
-    let resp = s
-        .http
-        .post(format!("{}/v1/sandboxes/{id}/exec/stream", s.url))
-        .bearer_auth(&s.key)
-        .json(&json!({"cmd": cmd, "background": true}))
-        .send()
-        .await
-        .expect("exec stream");
-    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    s.start_background(id, cmd).await
 }
 
 /// Wait until something answers on `port` through the proxy (not 502).
 async fn wait_for_service(s: &TestServer, id: &str, port: u16) {
-    let url = format!("{}/v1/sandboxes/{id}/ports/{port}/", s.url);
-    let up = wait_until(Duration::from_secs(20), async || {
-        let resp = s.http.get(&url).bearer_auth(&s.key).send().await.ok()?;
-        (resp.status().as_u16() != 502).then_some(())
-    })
-    .await;
-    assert!(up.is_some(), "nothing came up on port {port} in {id}");
+    s.wait_for_port(id, port).await
 }
 
 /// A `minimal` sandbox with busybox httpd serving /srv/www on port 8080.
