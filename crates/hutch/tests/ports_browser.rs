@@ -315,3 +315,279 @@ async fn a_hostile_page_on_the_api_origin_learns_no_credential() {
     // authenticates an API call.
     assert_eq!(found["api_status"], 401, "{found}");
 }
+
+/// The `hutch_token` cookie a response sets.
+fn session_cookie(resp: &reqwest::Response) -> String {
+    let set = resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|c| c.starts_with("hutch_token="))
+        .unwrap_or_else(|| panic!("no session cookie: {:?}", resp.headers()))
+        .to_string();
+    set.split(';').next().expect("pair").to_string()
+}
+
+async fn status_and_body(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req.send().await.expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn links_cookies_and_tokens_are_checked_at_every_door() {
+    let s = TestServer::start().await;
+    let id = spy_sandbox(&s).await;
+    let other = s.create_id(json!({})).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let api = format!("{}/v1/sandboxes/{id}/ports/{SPY_PORT}", s.url);
+
+    // Asking for a link: validated, tenant-checked, 404 for a sandbox that is not there.
+    let (status, v) = port_token(&s, &id, json!({"port": 8000, "ttl_seconds": 0})).await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        "ttl_seconds must be from 1 to 3600, got 0"
+    );
+    let (status, _) = port_token(&s, &id, json!({"bogus": 1})).await;
+    assert_eq!(status, 400);
+    let (status, _) = port_token(&s, "sbx_nope", json!({"port": 8000})).await;
+    assert_eq!(status, 404);
+    let (status, _) =
+        status_and_body(http.post(format!("{}/v1/sandboxes/{id}/port-tokens", s.url))).await;
+    assert_eq!(status, 401, "asking for a link takes the API key");
+    let (url, link) = link(&s, &id).await;
+    assert!(url.contains(&link));
+
+    // The API key in a URL is refused, never proxied, and never turned into a cookie.
+    let resp = http
+        .get(format!("{api}/page?hutch_token={}", s.key))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 401);
+    assert!(resp.headers().get("set-cookie").is_none());
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+
+    // A link is answered 303 to the same URL without it, with the session cookie.
+    let resp = http
+        .get(format!("{api}/page?x=1&hutch_token={link}"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 303);
+    assert!(resp.headers().get("via").is_none(), "not proxied");
+    assert_eq!(
+        resp.headers()["location"],
+        format!("/v1/sandboxes/{id}/ports/{SPY_PORT}/page?x=1").as_str()
+    );
+    let set = resp.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    for attr in [
+        "HttpOnly",
+        "SameSite=Strict",
+        &format!("Path=/v1/sandboxes/{id}/ports/{SPY_PORT}/"),
+    ] {
+        assert!(set.contains(attr), "{set}");
+    }
+    let session = session_cookie(&resp);
+    let session_token = session.trim_start_matches("hutch_token=").to_string();
+    assert_ne!(session_token, link);
+
+    // The session works on its port; the answer is cleaned for a browser.
+    let resp = http
+        .get(format!("{api}/"))
+        .header("cookie", format!("app=1; {session}"))
+        .header("referer", format!("{api}/?hutch_token={}", s.key))
+        .header("origin", format!("http://x/?{link}"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 200);
+    let h = resp.headers();
+    assert!(h.get("service-worker-allowed").is_none(), "{h:?}");
+    assert_eq!(h["referrer-policy"], "no-referrer");
+    assert_eq!(h["cross-origin-opener-policy"], "same-origin");
+    assert_eq!(h["cross-origin-resource-policy"], "same-origin");
+    let cookies: Vec<&str> = h
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    assert_eq!(
+        cookies.len(),
+        2,
+        "the service's own hutch_token is dropped: {cookies:?}"
+    );
+    for c in &cookies {
+        assert!(
+            c.contains(&format!("Path=/v1/sandboxes/{id}/ports/{SPY_PORT}/"))
+                && !c.contains("Domain"),
+            "{c}"
+        );
+    }
+
+    // A service worker's script is never fetched from the service.
+    let (status, body) = status_and_body(
+        http.get(format!("{api}/sw.js"))
+            .header("cookie", &session)
+            .header("service-worker", "script"),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "forbidden");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("service workers are refused"),
+        "{body}"
+    );
+
+    // A token opens only its own sandbox's port, only the way it was meant to be carried.
+    let refused = [
+        // another port of the same sandbox
+        (
+            format!("{}/v1/sandboxes/{id}/ports/8001/", s.url),
+            session.clone(),
+        ),
+        // another sandbox
+        (
+            format!("{}/v1/sandboxes/{other}/ports/{SPY_PORT}/", s.url),
+            session.clone(),
+        ),
+        // a link token offered as the session cookie
+        (format!("{api}/"), format!("hutch_token={link}")),
+        // a tampered session
+        (format!("{api}/"), format!("{session}x")),
+        // the API key as the cookie
+        (format!("{api}/"), format!("hutch_token={}", s.key)),
+    ];
+    for (url, cookie) in refused {
+        let (status, body) = status_and_body(http.get(&url).header("cookie", &cookie)).await;
+        assert_eq!(status, 401, "{url} with {cookie}: {body}");
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+    }
+    // A session token is no link.
+    let (status, _) =
+        status_and_body(http.get(format!("{api}/?hutch_token={session_token}"))).await;
+    assert_eq!(status, 401);
+    // No credential at all: 401 JSON.
+    let (status, body) = status_and_body(http.get(format!("{api}/"))).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["code"], "unauthorized");
+
+    // A sandbox token authenticates no API call, nor does any cookie.
+    for token in [&link, &session_token] {
+        let (status, body) = status_and_body(
+            http.get(format!("{}/v1/sandboxes", s.url))
+                .bearer_auth(token),
+        )
+        .await;
+        assert_eq!(status, 401, "{body}");
+        let (status, _) = status_and_body(
+            http.get(format!("{}/v1/sandboxes/{id}/tunnel/{SPY_PORT}", s.url))
+                .bearer_auth(token),
+        )
+        .await;
+        assert_eq!(status, 401);
+    }
+    let (status, _) = status_and_body(
+        http.get(format!("{}/v1/sandboxes", s.url))
+            .header("cookie", format!("hutch_token={}", s.key)),
+    )
+    .await;
+    assert_eq!(status, 401);
+
+    // The preview origin takes sandbox tokens only, and only for the host they name.
+    let preview = s.preview_url.clone().expect("preview origin");
+    let addr: std::net::SocketAddr = preview
+        .trim_start_matches("http://")
+        .parse()
+        .expect("preview address");
+    let host = format!("{SPY_PORT}-{id}.localhost");
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(&host, addr)
+        .build()
+        .expect("client");
+    let origin = format!("http://{host}:{}", addr.port());
+    let (status, _) = status_and_body(browser.get(format!("{origin}/")).bearer_auth(&s.key)).await;
+    assert_eq!(
+        status, 401,
+        "the API key opens nothing on the preview origin"
+    );
+    let (status, _) =
+        status_and_body(browser.get(format!("{origin}/?hutch_token={}", s.key))).await;
+    assert_eq!(status, 401);
+    let resp = browser
+        .get(format!("{origin}/page?hutch_token={link}&y=2"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 303);
+    assert_eq!(resp.headers()["location"], "/page?y=2");
+    let set = resp.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    assert!(set.contains("Path=/;") && set.contains("HttpOnly"), "{set}");
+    assert!(!set.contains("Domain"), "host-only: {set}");
+    let preview_session = session_cookie(&resp);
+    let resp = browser
+        .get(format!("{origin}/"))
+        .header("cookie", &preview_session)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert!(resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .all(|c| !c.to_str().unwrap_or_default().contains("Domain")));
+    // The session of one host is refused on another sandbox's host.
+    let other_host = format!("{SPY_PORT}-{other}.localhost");
+    let client = reqwest::Client::builder()
+        .resolve(&other_host, addr)
+        .build()
+        .expect("client");
+    let (status, _) = status_and_body(
+        client
+            .get(format!("http://{other_host}:{}/", addr.port()))
+            .header("cookie", &preview_session),
+    )
+    .await;
+    assert_eq!(status, 401);
+    // A host that names no sandbox.
+    let (status, body) = status_and_body(http.get(format!("{preview}/"))).await;
+    assert_eq!(status, 404, "{body}");
+
+    // A link for every port opens any one of them (and its cookie only that one).
+    let (status, v) = port_token(&s, &id, json!({})).await;
+    assert_eq!(status, 201, "{v}");
+    assert!(v["url"].is_null(), "{v}");
+    let any = v["token"].as_str().expect("token");
+    let (status, _) = status_and_body(http.get(format!("{api}/?hutch_token={any}"))).await;
+    assert_eq!(status, 303);
+
+    // After all of it, the service never saw a credential.
+    let log = spy_log(&s, &id).await;
+    for secret in [
+        s.key.as_str(),
+        &link,
+        &session_token,
+        "hutch_token",
+        "hst1.",
+    ] {
+        assert!(!log.contains(secret), "the service saw {secret:?}: {log}");
+    }
+    assert!(!log.contains("/sw.js"), "{log}");
+}
