@@ -486,6 +486,7 @@ async fn errors_are_json_with_the_right_status() {
         "/v1/sandboxes/{id}/ports/{port}",
         "/v1/sandboxes/{id}/ports/{port}/{path}",
         "/v1/sandboxes/{id}/tunnel/{port}",
+        "/v1/sandboxes/{id}/port-tokens",
     ] {
         assert!(doc["paths"][p].is_object(), "openapi lacks {p}");
     }
