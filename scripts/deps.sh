@@ -35,6 +35,8 @@ declare -A provider=(
     [runsc]=runsc                        # bench baseline: gVisor
     [crun]=crun                          # bench baseline: an OCI runtime
     [podman]=podman                      # bench baseline: a container engine
+    [chromium]=chromium                  # the port proxy's browser attack tests
+    [setpriv]=util-linux                 # jailed volume checks
 )
 # Packages that provide no command we call by name, but are needed.
 extra=(libc6-dev ca-certificates python3-venv python3-pip binutils)

@@ -6,6 +6,7 @@
 //! - [`backend`]: isolation backends (`ns` today).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
 //! - [`events`], [`metrics`]: observability.
+//! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
 pub mod backend;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod manager;
 pub mod metrics;
 pub mod model;
 mod pidwatch;
+pub mod sandbox_token;
 pub mod snapshot;
 pub mod store;
 pub mod time;

@@ -42,6 +42,7 @@ use crate::model::{
     Isolation, IsolationRequest, ListFilter, SandboxRecord, SandboxState, SandboxView,
     UpdateSandbox,
 };
+use crate::sandbox_token::TokenSigner;
 use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
 
@@ -76,6 +77,8 @@ pub struct Manager {
     cpu_seen: Mutex<HashMap<String, (u64, i64, i64)>>,
     /// Per sandbox: clients connected right now (collected execs, streams, PTYs).
     active: Arc<Mutex<HashMap<String, usize>>>,
+    /// Signs and verifies sandbox tokens (`<state>/token.secret`).
+    tokens: TokenSigner,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -155,6 +158,8 @@ impl Manager {
         snapshots::prepare_dir(&cfg.snapshots_dir())?;
         snapshots::prepare_dir(&cfg.state_dir.join("volumes"))?;
         let store = Store::open(&cfg.state_dir.join("state.db"))?;
+        let tokens = TokenSigner::load_or_create(&cfg.state_dir.join("token.secret"))
+            .map_err(|e| CoreError::Internal(e.to_string()))?;
         let templates = TemplateStore::open(&cfg.templates_dir)
             .map_err(|e| CoreError::Internal(format!("templates: {e}")))?;
         let network = match &cfg.network {
@@ -191,6 +196,7 @@ impl Manager {
             snapshots_lock: Mutex::new(()),
             cpu_seen: Mutex::new(HashMap::new()),
             active: Arc::new(Mutex::new(HashMap::new())),
+            tokens,
         });
         {
             // Decide KVM or TCG in the background (a probe guest may boot); until then
@@ -836,6 +842,11 @@ impl Manager {
                 }
             }
         }
+    }
+
+    /// The signer of sandbox tokens (see [`crate::sandbox_token`]).
+    pub fn sandbox_tokens(&self) -> &TokenSigner {
+        &self.tokens
     }
 
     /// Path of the admin key file.

@@ -35,6 +35,15 @@ impl ApiError {
         }
     }
 
+    /// 403: understood and refused, whoever asks.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            code: "forbidden",
+            message: message.into(),
+        }
+    }
+
     /// 404.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self {

@@ -91,25 +91,27 @@ pub struct Caller {
     pub admin: bool,
 }
 
-/// Name of the query parameter and cookie that carry the API key for browsers on the port
-/// proxy (`…/ports/{port}/…` only; every other route needs the header).
-pub const TOKEN_PARAM: &str = "hutch_token";
-
-/// Middleware: `Authorization: Bearer <key>` on every `/v1/` route, else 401. The port
-/// proxy also takes the key from `?hutch_token=` or the `hutch_token` cookie, so a browser
-/// can open a sandbox's web app.
+/// Middleware: `Authorization: Bearer <key>` on every `/v1/` route behind it, else 401.
+/// Keys are taken only from that header: never from a URL or a cookie (the port proxy's
+/// browser tokens are checked by the proxy itself and authenticate nothing else).
 pub async fn require_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let key = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|s| s.trim().to_string())
-        .or_else(|| browser_token(&req));
+        .map(|s| s.trim().to_string());
     let Some(key) = key else {
         return ApiError::unauthorized("missing `Authorization: Bearer <key>` header")
             .into_response();
     };
+    if key.starts_with(hutch_core::sandbox_token::TOKEN_PREFIX) {
+        return ApiError::unauthorized(
+            "a sandbox token opens only its sandbox's port in a browser; API calls take the \
+             API key",
+        )
+        .into_response();
+    }
     match state.authenticate(&key) {
         Ok(Some(caller)) => {
             req.extensions_mut().insert(caller);
@@ -118,56 +120,4 @@ pub async fn require_auth(State(state): State<AppState>, mut req: Request, next:
         Ok(None) => ApiError::unauthorized("invalid API key").into_response(),
         Err(e) => e.into_response(),
     }
-}
-
-/// The key from `?hutch_token=` or the `hutch_token` cookie, on port proxy paths only.
-fn browser_token(req: &Request) -> Option<String> {
-    let mut segments = req.uri().path().split('/');
-    let on_proxy = matches!(
-        (
-            segments.next(),
-            segments.next(),
-            segments.next(),
-            segments.next(),
-            segments.next()
-        ),
-        (
-            Some(""),
-            Some("v1"),
-            Some("sandboxes"),
-            Some(_),
-            Some("ports")
-        )
-    );
-    if !on_proxy {
-        return None;
-    }
-    let from_query = req.uri().query().and_then(|q| {
-        q.split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(name, _)| *name == TOKEN_PARAM)
-            .map(|(_, value)| value.to_string())
-    });
-    let from_cookie = || {
-        req.headers()
-            .get_all(axum::http::header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .filter_map(|c| c.trim().split_once('='))
-            .find(|(name, _)| *name == TOKEN_PARAM)
-            .map(|(_, value)| value.to_string())
-    };
-    from_query
-        .or_else(from_cookie)
-        .filter(|t| is_token_shaped(t))
-}
-
-/// Whether a browser-supplied key looks like a key (`hk_…`: letters, digits, `_`, `-`).
-/// Anything else is ignored, so it can never smuggle attributes into a cookie.
-pub fn is_token_shaped(token: &str) -> bool {
-    !token.is_empty()
-        && token
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

@@ -4,9 +4,12 @@
 //! [`Manager`], and map results; statuses are chosen only in [`error::ApiError`].
 //! [`app`] builds the router apart from any socket so tests can drive it directly.
 
+mod browser;
 pub mod error;
 mod extract;
 mod key_cache;
+mod preview;
+mod proxy;
 mod routes;
 
 use std::sync::{Arc, Mutex};
@@ -17,6 +20,7 @@ use axum::Router;
 use hutch_core::Manager;
 
 pub use extract::Caller;
+pub use preview::{preview_app, PreviewOrigin};
 
 /// Shared state of every handler.
 #[derive(Clone)]
@@ -24,6 +28,8 @@ pub struct AppState {
     /// The sandbox manager.
     pub manager: Arc<Manager>,
     keys: Arc<Mutex<key_cache::KeyCache>>,
+    /// The preview origin, when `hutch serve` runs one (browser links point there).
+    preview: Option<Arc<PreviewOrigin>>,
 }
 
 impl AppState {
@@ -32,10 +38,17 @@ impl AppState {
         Self {
             manager,
             keys: Arc::new(Mutex::new(key_cache::KeyCache::default())),
+            preview: None,
         }
     }
 
-    fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
+    /// The same state, handing out browser links to `preview` instead of the API origin.
+    pub fn with_preview(mut self, preview: PreviewOrigin) -> Self {
+        self.preview = Some(Arc::new(preview));
+        self
+    }
+
+    pub(crate) fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
         if let Some(c) = self
             .keys
             .lock()
@@ -109,18 +122,23 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/move", post(files::rename))
-        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
-        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
-        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/port-tokens", post(ports::port_token))
         .route("/v1/sandboxes/{id}/tunnel/{port}", get(ports::tunnel))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             extract::require_auth,
         ));
+    // The port proxy authenticates itself: the key from the header, or a browser's sandbox
+    // token (`browser`), which no other route takes.
+    let port_proxy = Router::new()
+        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy));
     Router::new()
         .route("/healthz", get(misc::healthz))
         .route("/metrics", get(misc::metrics))
         .merge(v1)
+        .merge(port_proxy)
         .fallback(misc::not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)

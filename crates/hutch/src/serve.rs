@@ -15,6 +15,17 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,
+    /// Where to serve sandboxes' web services to browsers, each on its own origin
+    /// `{port}-{sandbox id}.{preview-domain}`, apart from the API's: an address, `auto` (the
+    /// `--listen` address with the next port, or a free port when that one is 0) or `off`
+    /// (browser links then open on the API origin).
+    #[arg(long, env = "HUTCH_PREVIEW_LISTEN", default_value = "auto")]
+    pub preview_listen: PreviewListen,
+    /// Domain of the preview origin's host names (`localhost` works in browsers on this
+    /// machine: they resolve `*.localhost` to loopback; elsewhere use a domain with a
+    /// wildcard DNS record pointing here).
+    #[arg(long, env = "HUTCH_PREVIEW_DOMAIN", default_value = "localhost")]
+    pub preview_domain: String,
     /// Templates directory (default `<state-dir>/templates`).
     #[arg(long)]
     pub templates_dir: Option<PathBuf>,
@@ -75,6 +86,63 @@ pub struct ServeArgs {
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
     pub net_blocked_ports: Option<Vec<u16>>,
+}
+
+/// `--preview-listen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreviewListen {
+    /// Next to the API: its address, port + 1 (or a free port when the API's is 0).
+    Auto,
+    /// No preview origin.
+    Off,
+    /// This address.
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for PreviewListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            addr => addr.parse().map(Self::At).map_err(|e| {
+                format!("expected `auto`, `off` or an address such as 127.0.0.1:7701: {e}")
+            }),
+        }
+    }
+}
+
+impl PreviewListen {
+    /// The address to bind, given the API's.
+    fn address(self, api: SocketAddr) -> Option<SocketAddr> {
+        match self {
+            Self::Off => None,
+            Self::At(a) => Some(a),
+            Self::Auto => {
+                let port = match api.port() {
+                    0 => 0,
+                    p => p.checked_add(1)?,
+                };
+                Some(SocketAddr::new(api.ip(), port))
+            }
+        }
+    }
+}
+
+/// The preview domain must be a plain host name (it is matched against `Host`).
+fn check_preview_domain(domain: &str) -> anyhow::Result<()> {
+    let ok = !domain.is_empty()
+        && domain.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if !ok {
+        bail!("--preview-domain {domain:?} is not a host name such as `localhost` or `preview.example.com`");
+    }
+    Ok(())
 }
 
 /// Whether sandboxes get a network.
@@ -240,9 +308,45 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let mut state = hutch_server::AppState::new(manager.clone());
+    let mut preview_server = None;
+    let (preview_tx, preview_rx) = tokio::sync::oneshot::channel::<()>();
+    if let Some(preview_addr) = args.preview_listen.address(args.listen) {
+        check_preview_domain(&args.preview_domain)?;
+        let preview_listener = tokio::net::TcpListener::bind(preview_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "listening on {preview_addr} for the preview origin (choose another with \
+                     --preview-listen, or `off`)"
+                )
+            })?;
+        let bound = preview_listener.local_addr()?;
+        state = state.with_preview(hutch_server::PreviewOrigin {
+            domain: args.preview_domain.to_ascii_lowercase(),
+            port: bound.port(),
+        });
+        // Printed before the API line: tools that wait for that line have both.
+        println!(
+            "hutch preview on http://{bound} (http://{{port}}-{{sandbox id}}.{}:{})",
+            args.preview_domain,
+            bound.port()
+        );
+        let preview = hutch_server::preview_app(state.clone());
+        preview_server = Some(tokio::spawn(async move {
+            axum::serve(
+                preview_listener,
+                preview.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(async {
+                let _ = preview_rx.await;
+            })
+            .await
+        }));
+    }
     println!("hutch listening on http://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
-    let app = hutch_server::app(hutch_server::AppState::new(manager.clone()));
+    let app = hutch_server::app(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         // The peer address feeds `X-Forwarded-For` on the port proxy.
@@ -258,8 +362,16 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     shutdown_signal().await;
     tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");
     let _ = tx.send(());
-    // Long-lived streams (events, PTYs) would hold graceful shutdown forever: cap it.
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let _ = preview_tx.send(());
+    // Long-lived streams (events, PTYs, WebSockets) would hold graceful shutdown forever:
+    // cap it.
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = server.await;
+        if let Some(preview) = preview_server {
+            let _ = preview.await;
+        }
+    })
+    .await;
     // Warm vm guests are not sandboxes: nothing would re-adopt them.
     manager.drain_warm().await;
     // The ns disk pool stays mounted while sandboxes (to re-adopt) have their files there.

@@ -63,6 +63,10 @@ def server() -> Iterator[Server]:
             "serve",
             "--listen",
             "127.0.0.1:0",
+            # Browser links on the API origin: the preview origin's `*.localhost` host names
+            # resolve in browsers, not in httpx (the Rust tests cover it with Chromium).
+            "--preview-listen",
+            "off",
             "--network",
             "off",
             "--state-dir",

@@ -132,7 +132,7 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("sandbox", "fork", (2,), {"mode": "live"}),
     ("sandbox", "explore", (["a", ["b", "c"]],), {"timeout": 10, "score_regex": "(\\d+)"}),
     ("sandbox", "update_network", ("deny",), {"allow": ("*.x.org",)}),
-    ("sandbox", "port_url", (8080, "a?b=1"), {"with_token": True}),
+    ("sandbox", "port_url", (8080, "a?b=1"), {}),
     ("files", "read_bytes", ("/a",), {}),
     ("files", "read", ("/a",), {"errors": "replace"}),
     ("files", "write", ("/a", "text"), {"mode": 0o755}),

@@ -46,9 +46,12 @@ def test_port_request_and_url(server: Server) -> None:
         url = sb.port_url(8080, "/hello.txt")
         assert url == f"{server.url}/v1/sandboxes/{sb.id}/ports/8080/hello.txt"
         assert httpx.get(url).status_code == 401
-        browser_url = sb.port_url(8080, "/hello.txt", with_token=True)
-        assert browser_url == f"{url}?hutch_token={server.key}"
-        assert httpx.get(browser_url).text == "hi from the sandbox\n"
+        # A browser link: a signed token for this port, never the key.
+        browser_url = sb.browser_url(8080, "/hello.txt")
+        assert server.key not in browser_url
+        assert "/hello.txt?hutch_token=hst1." in browser_url
+        assert httpx.get(browser_url, follow_redirects=True).text == "hi from the sandbox\n"
+        assert httpx.get(f"{url}?hutch_token={server.key}").status_code == 401
 
         with pytest.raises(ValueError):
             sb.port_url(0)

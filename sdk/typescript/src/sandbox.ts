@@ -428,19 +428,36 @@ export class Sandbox implements AsyncDisposable {
   /**
    * The URL at which the server proxies HTTP and WebSocket to `port` inside the sandbox. The
    * service only has to listen inside the sandbox; the server reaches it through the
-   * sandbox's agent, whatever the sandbox's network. Requests need the API key like every
-   * call (see {@link Sandbox.portFetch}); `withToken` appends it as `?hutch_token=` so a
-   * browser can open the URL. Such URLs carry the key: do not share or log them.
+   * sandbox's agent, whatever the sandbox's network. Requests need the API key in the
+   * `Authorization` header like every call (see {@link Sandbox.portFetch}); the key is never
+   * accepted in a URL. For a browser, ask {@link Sandbox.browserUrl} for a signed link.
    * @throws {RangeError} for a port outside 1–65535.
    */
-  portUrl(port: number, path = "/", opts: { withToken?: boolean } = {}): string {
-    let url = this.client.url + portPath(this.id, port, path);
-    const key = this.client.config.apiKey;
-    if (opts.withToken && key) {
-      const query = new URLSearchParams({ hutch_token: key }).toString();
-      url += (url.includes("?") ? "&" : "?") + query;
-    }
-    return url;
+  portUrl(port: number, path = "/"): string {
+    return this.client.url + portPath(this.id, port, path);
+  }
+
+  /**
+   * A link a browser can open to the service on `port` (`path` below it): the server signs a
+   * short-lived token for this sandbox and port only (`POST /v1/sandboxes/{id}/port-tokens`,
+   * `ttlSeconds` 1–3600, default 300), which the first visit trades for an `HttpOnly`
+   * cookie. The API key is never in it, and the service never sees the token. It points to
+   * the server's preview origin (`http://{port}-{id}.localhost:7701/`) when it runs one.
+   * @throws {RangeError} for a port outside 1–65535.
+   */
+  async browserUrl(port: number, path = "/", opts: { ttlSeconds?: number } = {}): Promise<string> {
+    portPath(this.id, port, path);
+    const json: Json = { port };
+    if (opts.ttlSeconds !== undefined) json.ttl_seconds = opts.ttlSeconds;
+    const doc = await this.client.requestJson<{ url: string }>(
+      "POST",
+      sandboxPath(this.id, "/port-tokens"),
+      { json },
+    );
+    const [root, token] = doc.url.split("?hutch_token=");
+    const rel = path.startsWith("/") ? path : "/" + path;
+    const query = new URLSearchParams({ hutch_token: token ?? "" }).toString();
+    return root.replace(/\/$/, "") + rel + (rel.includes("?") ? "&" : "?") + query;
   }
 
   /**

@@ -44,6 +44,10 @@ export async function startServer(): Promise<TestServer> {
       "serve",
       "--listen",
       "127.0.0.1:0",
+      // Browser links on the API origin: `*.localhost` preview hosts resolve in browsers,
+      // not in Node (the Rust tests cover the preview origin with Chromium).
+      "--preview-listen",
+      "off",
       "--network",
       "off",
       "--state-dir",

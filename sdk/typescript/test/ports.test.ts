@@ -56,9 +56,18 @@ test("portFetch and portUrl reach a service inside the sandbox", async () => {
     const url = sb.portUrl(8080, "/hello.txt");
     assert.equal(url, `${server.url}/v1/sandboxes/${sb.id}/ports/8080/hello.txt`);
     assert.equal((await fetch(url)).status, 401);
-    const browserUrl = sb.portUrl(8080, "/hello.txt", { withToken: true });
-    assert.equal(browserUrl, `${url}?hutch_token=${server.key}`);
-    assert.equal(await (await fetch(browserUrl)).text(), "hi from the sandbox\n");
+    // A browser link: a signed token for this port, never the key.
+    const browserUrl = await sb.browserUrl(8080, "/hello.txt");
+    assert.ok(!browserUrl.includes(server.key), browserUrl);
+    assert.match(browserUrl, /\/hello\.txt\?hutch_token=hst1\./);
+    const first = await fetch(browserUrl, { redirect: "manual" });
+    assert.equal(first.status, 303);
+    const cookie = (first.headers.get("set-cookie") ?? "").split(";")[0];
+    const page = await fetch(new URL(first.headers.get("location") ?? "/", browserUrl), {
+      headers: { cookie },
+    });
+    assert.equal(await page.text(), "hi from the sandbox\n");
+    assert.equal((await fetch(`${url}?hutch_token=${server.key}`)).status, 401);
     assert.throws(() => sb.portUrl(0), RangeError);
   } finally {
     await sb.kill();

@@ -99,6 +99,9 @@ static MINIMAL: OnceLock<()> = OnceLock::new();
 /// A running server for one test.
 pub struct TestServer {
     pub url: String,
+    /// The preview origin's address (`http://127.0.0.1:N`), unless started with
+    /// `--preview-listen off`.
+    pub preview_url: Option<String>,
     pub key: String,
     pub state_dir: PathBuf,
     child: Option<Child>,
@@ -157,6 +160,7 @@ impl TestServer {
             .expect("chmod state dir");
         let mut s = Self {
             url: String::new(),
+            preview_url: None,
             key: String::new(),
             state_dir,
             child: None,
@@ -209,6 +213,9 @@ impl TestServer {
         let mut url = None;
         for line in lines.by_ref() {
             let line = line.expect("read server stdout");
+            if let Some(rest) = line.strip_prefix("hutch preview on ") {
+                self.preview_url = rest.split_whitespace().next().map(str::to_string);
+            }
             if let Some(u) = line.strip_prefix("hutch listening on ") {
                 url = Some(u.trim().to_string());
                 break;
@@ -364,6 +371,38 @@ impl TestServer {
             "put {path}: {:?}",
             resp.text().await
         );
+    }
+
+    /// Start a program inside sandbox `id` that outlives the call (`background` exec
+    /// stream).
+    pub async fn start_background(&self, id: &str, cmd: Value) {
+        let resp = self
+            .http
+            .post(format!("{}/v1/sandboxes/{id}/exec/stream", self.url))
+            .bearer_auth(&self.key)
+            .json(&json!({"cmd": cmd, "background": true}))
+            .send()
+            .await
+            .expect("exec stream");
+        assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    }
+
+    /// Wait until something answers on `port` of sandbox `id` through the port proxy (not
+    /// 502).
+    pub async fn wait_for_port(&self, id: &str, port: u16) {
+        let url = format!("{}/v1/sandboxes/{id}/ports/{port}/", self.url);
+        let up = wait_until(Duration::from_secs(20), async || {
+            let resp = self
+                .http
+                .get(&url)
+                .bearer_auth(&self.key)
+                .send()
+                .await
+                .ok()?;
+            (resp.status().as_u16() != 502).then_some(())
+        })
+        .await;
+        assert!(up.is_some(), "nothing came up on port {port} in {id}");
     }
 
     /// Delete a sandbox; returns the status.

@@ -140,23 +140,20 @@ class SandboxBase(Generic[C]):
         self._info = info
         return info
 
-    def port_url(self, port: int, path: str = "/", *, with_token: bool = False) -> str:
+    def port_url(self, port: int, path: str = "/") -> str:
         """The URL at which the server proxies HTTP and WebSocket to ``port`` inside the sandbox.
 
         The service only needs to listen inside the sandbox (on 127.0.0.1, ::1 or any
         address); the server reaches it through the sandbox's agent. Requests to the URL
-        need the API key like every call: send the ``Authorization`` header (see
-        :meth:`port_request`), or pass ``with_token=True`` to get a URL a browser can open
-        (``?hutch_token=<key>``; the answer sets a cookie for this port's pages). Such URLs
-        carry the key: do not share or log them.
+        need the API key in the ``Authorization`` header, like every call (see
+        :meth:`port_request`); the key is never accepted in a URL. For a browser, ask
+        :meth:`browser_url` for a short-lived signed link instead.
 
         Args:
             port: TCP port inside the sandbox (1-65535).
             path: Path (and query) below the port, default ``/``.
-            with_token: Append the API key as ``hutch_token`` for browsers.
         """
-        token = self._client.config.api_key if with_token else None
-        return p.port_url(self._client.url, self.id, port, path, token)
+        return p.port_url(self._client.url, self.id, port, path)
 
     def _pty_connect(
         self,

@@ -18,12 +18,14 @@ import httpx
 from ._protocol import (
     Command,
     Request,
+    check_port,
     drop_none,
     exec_read_timeout,
     explore_body,
     explore_read_timeout,
     file_params,
     fork_body,
+    link_with_path,
     list_params,
     mode_text,
     parse_sandboxes,
@@ -164,6 +166,24 @@ def _usage(resp: httpx.Response) -> Optional[Usage]:
 
 def usage(sandbox_id: str) -> Call[Optional[Usage]]:
     return Call(Request("GET", sandbox_path(sandbox_id, "/usage")), _usage)
+
+
+def _browser_link(path: str) -> Callable[[httpx.Response], str]:
+    def parse(resp: httpx.Response) -> str:
+        return link_with_path(resp.json()["url"], path)
+
+    return parse
+
+
+def browser_url(
+    sandbox_id: str, port: int, path: str, ttl_seconds: Optional[int]
+) -> Call[str]:
+    """A signed, short-lived link a browser opens (``POST …/port-tokens``)."""
+    body: Dict[str, Any] = {"port": check_port(port)}
+    if ttl_seconds is not None:
+        body["ttl_seconds"] = ttl_seconds
+    request = Request("POST", sandbox_path(sandbox_id, "/port-tokens"), json=body)
+    return Call(request, _browser_link(path))
 
 
 def kill(sandbox_id: str) -> Call[None]:

@@ -227,24 +227,35 @@ def pty_url(
     return f"{ws_base}{sandbox_path(sandbox_id, '/pty')}?{urlencode(query)}"
 
 
+def check_port(port: int) -> int:
+    """``port`` if it is a port number (1-65535), else ``ValueError``."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an integer from 1 to 65535, got {port!r}")
+    return port
+
+
 def port_path(sandbox_id: str, port: int, path: str = "/") -> str:
     """``/v1/sandboxes/{id}/ports/{port}/{path}``: the port proxy (``path`` is passed as is,
     query included; a missing leading ``/`` is added)."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"port must be an integer from 1 to 65535, got {port!r}")
+    check_port(port)
     if not path.startswith("/"):
         path = "/" + path
     return sandbox_path(sandbox_id, f"/ports/{port}{path}")
 
 
-def port_url(
-    base_url: str, sandbox_id: str, port: int, path: str = "/", token: Optional[str] = None
-) -> str:
-    """The full proxy URL; with ``token``, the key as ``hutch_token`` for browsers."""
-    url = base_url + port_path(sandbox_id, port, path)
-    if token:
-        url += ("&" if "?" in url else "?") + urlencode({"hutch_token": token})
-    return url
+def port_url(base_url: str, sandbox_id: str, port: int, path: str = "/") -> str:
+    """The full proxy URL on the API origin (requests need the ``Authorization`` header)."""
+    return base_url + port_path(sandbox_id, port, path)
+
+
+def link_with_path(link: str, path: str = "/") -> str:
+    """The server's browser link (``…/?hutch_token=…``, at the port's root) moved to
+    ``path`` (query included) below the same root, the token kept last."""
+    root, _, token = link.partition("?hutch_token=")
+    if not path.startswith("/"):
+        path = "/" + path
+    url = root.rstrip("/") + path
+    return url + ("&" if "?" in path else "?") + urlencode({"hutch_token": token})
 
 
 PROXY_VIA = "1.1 hutch"

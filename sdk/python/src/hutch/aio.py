@@ -429,6 +429,13 @@ class AsyncSandbox(SandboxBase[AsyncClient]):
         p.raise_for_proxy(resp.status_code, resp.headers, resp.content, self._client.config)
         return resp
 
+    async def browser_url(
+        self, port: int, path: str = "/", *, ttl_seconds: Optional[int] = None
+    ) -> str:
+        """A signed, short-lived link a browser can open (see
+        :meth:`hutch.Sandbox.browser_url`)."""
+        return await self._client._call(ops.browser_url(self.id, port, path, ttl_seconds))
+
     async def pty(
         self,
         cmd: Optional[str] = None,

@@ -585,6 +585,17 @@ class Sandbox(SandboxBase[Client]):
         p.raise_for_proxy(resp.status_code, resp.headers, resp.content, self._client.config)
         return resp
 
+    def browser_url(self, port: int, path: str = "/", *, ttl_seconds: Optional[int] = None) -> str:
+        """A link a browser can open to the service on ``port`` (``path`` below it).
+
+        The server signs a short-lived token for this sandbox and port only
+        (``POST /v1/sandboxes/{id}/port-tokens``; ``ttl_seconds`` from 1 to 3600, default
+        300). Opening the link trades it for an ``HttpOnly`` cookie for that port; the API
+        key is never in it, and the service never sees the token. The link points to the
+        server's preview origin (``http://{port}-{id}.localhost:7701/``) when it runs one.
+        """
+        return self._client._call(ops.browser_url(self.id, port, path, ttl_seconds))
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def kill(self) -> None:
