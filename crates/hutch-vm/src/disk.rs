@@ -200,24 +200,33 @@ impl RootDisk {
     /// the backing file (`-u`), so no image header decides what the host opens.
     pub fn overlay_at(&self, out: &Path) -> Result<RootDisk, DiskError> {
         let size = match self.format {
-            ImageFormat::Raw => std::fs::metadata(&self.top)
-                .map(|m| m.len())
-                .map_err(|source| DiskError::Io {
-                    what: format!("stat {}", self.top.display()),
-                    source,
-                })?,
-            ImageFormat::Qcow2 => {
-                qcow2_virtual_size(&self.top).ok_or_else(|| DiskError::Io {
-                    what: format!("read the size of {}", self.top.display()),
-                    source: std::io::ErrorKind::InvalidData.into(),
-                })?
+            ImageFormat::Raw => {
+                std::fs::metadata(&self.top)
+                    .map(|m| m.len())
+                    .map_err(|source| DiskError::Io {
+                        what: format!("stat {}", self.top.display()),
+                        source,
+                    })?
             }
+            ImageFormat::Qcow2 => qcow2_virtual_size(&self.top).ok_or_else(|| DiskError::Io {
+                what: format!("read the size of {}", self.top.display()),
+                source: std::io::ErrorKind::InvalidData.into(),
+            })?,
         };
         run(
             "qemu-img",
             "qemu-utils",
             Command::new("qemu-img")
-                .args(["create", "-q", "-f", "qcow2", "-u", "-F", self.format.as_str(), "-b"])
+                .args([
+                    "create",
+                    "-q",
+                    "-f",
+                    "qcow2",
+                    "-u",
+                    "-F",
+                    self.format.as_str(),
+                    "-b",
+                ])
                 .arg(&self.top)
                 .arg(out)
                 .arg(size.to_string()),
@@ -230,11 +239,7 @@ impl RootDisk {
     /// `backing.file.filename`, …), so QEMU never takes a name from an image's header.
     /// Commas in paths are doubled.
     pub fn drive_options(&self) -> String {
-        let mut options = format!(
-            "file={},format={}",
-            escape(&self.top),
-            self.format.as_str()
-        );
+        let mut options = format!("file={},format={}", escape(&self.top), self.format.as_str());
         let mut prefix = String::new();
         for layer in &self.backing {
             prefix.push_str("backing.");
@@ -266,9 +271,10 @@ impl RootDisk {
     pub fn save_chain(&self, record: &Path) -> Result<(), DiskError> {
         let mut text = format!("{CHAIN_HEADER}\n");
         for layer in &self.backing {
-            let path = layer.path.to_str().filter(|p| {
-                layer.path.is_absolute() && !p.contains(['\n', '\t'])
-            });
+            let path = layer
+                .path
+                .to_str()
+                .filter(|p| layer.path.is_absolute() && !p.contains(['\n', '\t']));
             let Some(path) = path else {
                 return Err(DiskError::Chain {
                     record: record.to_path_buf(),
@@ -440,8 +446,7 @@ mod tests {
         );
         let record = dir.path().join("disk-chain");
         sandbox.save_chain(&record).expect("record");
-        let loaded =
-            RootDisk::load_chain(&dir.path().join("copy.qcow2"), &record).expect("load");
+        let loaded = RootDisk::load_chain(&dir.path().join("copy.qcow2"), &record).expect("load");
         assert_eq!(loaded, sandbox.with_top(&dir.path().join("copy.qcow2")));
     }
 
@@ -469,7 +474,10 @@ mod tests {
                 format: ImageFormat::Raw,
             }],
         );
-        assert!(odd.save_chain(&record).is_err(), "a path with a newline is refused");
+        assert!(
+            odd.save_chain(&record).is_err(),
+            "a path with a newline is refused"
+        );
         assert_eq!(
             RootDisk::qcow2(Path::new("/s,1/d"), vec![]).drive_options(),
             "file=/s,,1/d,format=qcow2,backing="

@@ -615,7 +615,10 @@ mod tests {
         assert!(argv.contains(
             "-chardev socket,id=console,path=/run/vm,,1/console.sock,server=on,wait=off -serial chardev:console"
         ), "{argv}");
-        assert!(!argv.contains("/host/console.log"), "QEMU never sees the ring");
+        assert!(
+            !argv.contains("/host/console.log"),
+            "QEMU never sees the ring"
+        );
         assert!(argv.contains(
             "-drive file=/run/vm,,1/disk.qcow2,format=qcow2,backing.driver=qcow2,backing.file.filename=/bakes/k/disk.qcow2,backing.backing.driver=raw,backing.backing.file.filename=/images/t.ext4,if=none,id=root"
         ), "{argv}");
@@ -629,10 +632,16 @@ mod tests {
         let log = dir.path().join("qemu.log");
         std::os::unix::fs::symlink(&target, &log).expect("symlink");
         use std::io::Write;
-        create_fresh(&log).expect("create").write_all(b"log").expect("write");
+        create_fresh(&log)
+            .expect("create")
+            .write_all(b"log")
+            .expect("write");
         assert_eq!(std::fs::read(&target).expect("read"), b"keep");
         assert_eq!(std::fs::read(&log).expect("read"), b"log");
-        assert!(!std::fs::symlink_metadata(&log).expect("stat").file_type().is_symlink());
+        assert!(!std::fs::symlink_metadata(&log)
+            .expect("stat")
+            .file_type()
+            .is_symlink());
     }
 
     #[test]

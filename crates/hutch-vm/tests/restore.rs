@@ -131,19 +131,18 @@ async fn bake_restore_and_ask_the_agent() {
             }
         });
         let jailed = jail.is_some();
-        let (guest, client, report) =
-            snapshot::restore(
-                &snap,
-                snapshot::Placement {
-                    dir: dir.clone(),
-                    root_disk: Some(root_disk),
-                    console: qemu::Console::File(dir.join("console.log")),
-                    jail,
-                },
-                Duration::from_secs(20),
-            )
-            .await
-            .expect("restore");
+        let (guest, client, report) = snapshot::restore(
+            &snap,
+            snapshot::Placement {
+                dir: dir.clone(),
+                root_disk: Some(root_disk),
+                console: qemu::Console::File(dir.join("console.log")),
+                jail,
+            },
+            Duration::from_secs(20),
+        )
+        .await
+        .expect("restore");
         if jailed {
             let pid = guest.pid();
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");

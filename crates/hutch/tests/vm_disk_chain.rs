@@ -32,7 +32,10 @@ fn rewrite_backing_name(image: &Path, target: &Path) {
     let offset = u64::from_be_bytes(header[8..16].try_into().expect("8 bytes"));
     assert!(offset > 0, "the overlay names a backing file");
     let name = target.as_os_str().as_encoded_bytes();
-    assert!(offset as usize + name.len() < 65536, "within the header cluster");
+    assert!(
+        offset as usize + name.len() < 65536,
+        "within the header cluster"
+    );
     f.seek(SeekFrom::Start(offset)).expect("seek");
     f.write_all(name).expect("write the name");
     f.seek(SeekFrom::Start(16)).expect("seek");
@@ -70,14 +73,16 @@ fn qemu_of(s: &TestServer, id: &str) -> i32 {
 
 /// Whether `path` exists in the file tree QEMU `pid` sees (its jail's root).
 fn visible_to(pid: i32, path: &Path) -> bool {
-    let inside = PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").expect("absolute"));
+    let inside =
+        PathBuf::from(format!("/proc/{pid}/root")).join(path.strip_prefix("/").expect("absolute"));
     std::fs::symlink_metadata(inside).is_ok()
 }
 
 /// The bake directory in the chain recorded for sandbox `id`.
 fn recorded_bake(s: &TestServer, id: &str) -> PathBuf {
-    let record = std::fs::read_to_string(s.state_dir.join("vm-records").join(id).join("disk-chain"))
-        .expect("the disk chain is recorded");
+    let record =
+        std::fs::read_to_string(s.state_dir.join("vm-records").join(id).join("disk-chain"))
+            .expect("the disk chain is recorded");
     let first = record.lines().nth(1).expect("a backing line");
     let (format, path) = first.split_once('\t').expect("format and path");
     assert_eq!(format, "qcow2", "{record}");
@@ -111,7 +116,11 @@ async fn a_rewritten_backing_file_name_is_never_followed_by_the_host() {
 
     let overlay = s.state_dir.join("sandboxes").join(&id).join("disk.qcow2");
     rewrite_backing_name(&overlay, &canary);
-    assert_eq!(header_backing(&overlay), canary.display().to_string(), "the header now lies");
+    assert_eq!(
+        header_backing(&overlay),
+        canary.display().to_string(),
+        "the header now lies"
+    );
 
     // Hibernate and wake: the new QEMU gets the recorded chain, not the header's.
     let (st, v) = s
@@ -138,7 +147,11 @@ async fn a_rewritten_backing_file_name_is_never_followed_by_the_host() {
         .await;
     assert_eq!(st, 201, "{snap}");
     let snap_id = snap["id"].as_str().expect("id").to_string();
-    let copy = s.state_dir.join("snapshots").join(&snap_id).join("disk.qcow2");
+    let copy = s
+        .state_dir
+        .join("snapshots")
+        .join(&snap_id)
+        .join("disk.qcow2");
     assert_eq!(header_backing(&copy), canary.display().to_string());
     let child = s.create_id(json!({"snapshot": snap_id})).await;
     assert_eq!(s.sh(&child, "cat /root/kept").await.0, "kept\n");
@@ -161,7 +174,10 @@ async fn a_rewritten_backing_file_name_is_never_followed_by_the_host() {
         (m > an_hour_ago + Duration::from_secs(60)).then_some(())
     })
     .await;
-    assert!(touched.is_some(), "garbage collection ran and kept the recorded bake");
+    assert!(
+        touched.is_some(),
+        "garbage collection ran and kept the recorded bake"
+    );
     let meta = std::fs::metadata(&canary).expect("the canary is still there");
     assert_eq!(
         meta.modified().expect("mtime"),

@@ -341,9 +341,7 @@ impl VmBackend {
                     .root_disk
                     .as_ref()
                     .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-                let disk = base
-                    .overlay_at(&overlay)
-                    .map_err(|e| vm_error(e.into()))?;
+                let disk = base.overlay_at(&overlay).map_err(|e| vm_error(e.into()))?;
                 give_to(&overlay, uid, 0o600)?;
                 self.record_disk(&r.id, &disk)?;
                 disk

@@ -452,7 +452,10 @@ mod tests {
         config.memory_file = memory.clone();
         config.console = Console::Ring {
             socket: own.join("console.sock"),
-            ring: crate::console::ConsoleRing::new(dir.path().join("records/a/console.log"), 1 << 20),
+            ring: crate::console::ConsoleRing::new(
+                dir.path().join("records/a/console.log"),
+                1 << 20,
+            ),
         };
         let image = dir.path().join("images/t.ext4");
         let bake_disk = dir.path().join("bakes/k/disk.qcow2");
