@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{wait_until, TestServer};
@@ -46,12 +46,14 @@ fn console_bytes(s: &TestServer, id: &str) -> u64 {
         .sum()
 }
 
-/// What the host kept of the console, oldest first (the ring's older half, then the newer).
+/// What the host kept of the console, oldest first (older halves, `*.old`, first).
 fn kept(s: &TestServer, id: &str) -> String {
-    let records = s.state_dir.join("vm-records").join(id);
-    let read = |p: &Path| std::fs::read(p).unwrap_or_default();
-    let mut bytes = read(&records.join("console.log.old"));
-    bytes.extend(read(&records.join("console.log")));
+    let mut files = console_files(s, id);
+    files.sort_by_key(|p| !p.to_string_lossy().ends_with(".old"));
+    let mut bytes = Vec::new();
+    for file in files {
+        bytes.extend(std::fs::read(file).unwrap_or_default());
+    }
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -81,7 +83,9 @@ fn check_newest(text: &str, tag: &str, last: u32) -> Vec<u32> {
 
 #[tokio::test]
 async fn a_guest_writing_its_console_flat_out_leaves_a_capped_log() {
-    let mut s = TestServer::start_with(&["--vm-console-bytes", &CAP.to_string()]).await;
+    // Through the environment (`--vm-console-bytes` is the same setting).
+    let cap = CAP.to_string();
+    let mut s = TestServer::start_with_env(&[], &[("HUTCH_VM_CONSOLE_BYTES", &cap)]).await;
     let id = s.create_id(json!({"isolation": "vm"})).await;
     let (out, code) = s.sh(&id, "test -c /dev/ttyS0 && echo serial").await;
     assert_eq!(
