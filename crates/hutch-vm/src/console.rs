@@ -132,8 +132,15 @@ pub(crate) fn tail_of(path: &Path, max_bytes: u64) -> Vec<u8> {
 /// console's output, it never waits for the host).
 pub fn spawn_drain(socket: PathBuf, ring: ConsoleRing) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(e) = drain(&socket, &ring).await {
-            tracing::warn!(socket = %socket.display(), error = %e, "the guest console's drain stopped");
+        match drain(&socket, &ring).await {
+            Ok(()) => {}
+            // The sandbox was removed with its ring while the last bytes were read.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::debug!(socket = %socket.display(), error = %e, "the guest console's ring is gone")
+            }
+            Err(e) => {
+                tracing::warn!(socket = %socket.display(), error = %e, "the guest console's drain stopped")
+            }
         }
     })
 }

@@ -10,6 +10,9 @@
 //! server watches its pid like an `ns` init and reaps it; a restarted server re-adopts it
 //! by pid and start time.
 //!
+//! What the host keeps about each guest where its QEMU cannot reach it — the disk's backing
+//! chain as the host made it, the console ring — is in `records.rs`.
+//!
 //! Pause/resume are QMP `stop`/`cont`. Hibernate, wake and snapshots are not supported on
 //! `vm` yet ([`CoreError::Unsupported`]).
 //!

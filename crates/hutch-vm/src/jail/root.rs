@@ -1,14 +1,14 @@
 //! The file tree a jailed QEMU sees, decided before the fork: every host path it needs,
-//! bound at the same path (so its command line and the qcow2 backing paths stay valid) onto
-//! an empty tmpfs root, and nothing else.
+//! bound at the same path (so its command line, which names every backing file, stays
+//! valid) onto an empty tmpfs root, and nothing else.
 //!
 //! What QEMU 7.2 opens here (found with `strace -f` on a restore and a bake): its binary, the
 //! shared libraries the dynamic loader maps (listed by the loader itself with
 //! `LD_TRACE_LOADED_OBJECTS=1`), the TCG accelerator module under `lib/<triple>/qemu`, the
 //! microvm firmware under `share/qemu`, the kernel and initramfs, the memory file (read-write
-//! even when mapped privately), the root disk and its qcow2 backing chain, `/dev/null`,
-//! `/dev/urandom` and, with KVM, `/dev/kvm`; its sockets and console log go to its own
-//! directory. It also looks at `/proc/self/exe` (falls back to `argv[0]`, given absolute),
+//! even when mapped privately), the root disk and its backing chain (as the host recorded it,
+//! never read from the images), `/dev/null`, `/dev/urandom` and, with KVM, `/dev/kvm`; its
+//! sockets (the console's too) and a bake's console log go to its own directory. It also looks at `/proc/self/exe` (falls back to `argv[0]`, given absolute),
 //! `/proc/filesystems`, `/sys/devices/system/{cpu,node}`, `/etc/ld.so.cache` and
 //! `/etc/localtime`, and runs fine without them.
 

@@ -53,12 +53,22 @@ impl VmBackend {
         give_to(&dir, 0, 0o700)
     }
 
-    /// Remove the records of `id` (only files of ours: no mounts in it).
+    /// Remove the records of `id` (only files of ours: no mounts in it). Its QEMU is gone,
+    /// but the console drain may still be writing the last bytes QEMU sent: a removal that
+    /// met a file created meanwhile is tried again.
     pub(super) fn remove_records(&self, id: &str) -> CoreResult<()> {
         let dir = self.records_dir(id);
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(internal("remove", &dir, e)),
-            _ => Ok(()),
+        let mut attempts = 0;
+        loop {
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(_) if attempts < 3 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(internal("remove", &dir, e)),
+                Ok(()) => return Ok(()),
+            }
         }
     }
 
