@@ -50,6 +50,9 @@ pub struct Config {
     pub vm_warm: usize,
     /// How memory snapshots of running `vm` guests (named ones and live forks) are taken.
     pub vm_snapshot: VmSnapshotMethod,
+    /// Most bytes of a `vm` guest's serial console the host keeps (its ring,
+    /// `hutch_vm::console`); older output is dropped.
+    pub vm_console_bytes: u64,
     /// Size of the sparse btrfs image `<state_dir>/layers.btrfs` holding `ns` sandboxes'
     /// upper layers, one subvolume each limited to its `disk_mib` (`None`: the size of the
     /// state directory's filesystem; `Some(0)`: no image, `disk_mib` not enforced on `ns`).
@@ -94,6 +97,7 @@ impl Config {
             vm_kernel_root: None,
             vm_warm: 0,
             vm_snapshot: VmSnapshotMethod::Capture,
+            vm_console_bytes: hutch_vm::console::DEFAULT_CAP_BYTES,
             ns_disk_pool_bytes: None,
         }
     }

@@ -745,6 +745,7 @@ impl Manager {
                     });
                 }
                 tracing::info!(id = %r.id, "re-adopted running sandbox");
+                backend.adopt(&r);
                 self.watch_init(&r);
             } else {
                 self.mark_failed(r, "the sandbox stopped while the server was down".into())

@@ -120,7 +120,8 @@ pub async fn probe_kvm(boot: &Boot, qemu: &Path, dir: &Path) -> Result<(), VmErr
     config.accel = Accel::Kvm;
     config.memory_mib = 128;
     config.share_memory = false;
-    config.console_log = Some(dir.join("console.log"));
+    // Our own initramfs, no template: its console is trusted.
+    config.console = crate::qemu::Console::File(dir.join("console.log"));
     let mut guest = Guest::start(config, &dir.join("qemu.log")).await?;
     let answered = guest.agent(PROBE_TIMEOUT).await.map(drop);
     let _ = guest.shutdown().await;

@@ -36,6 +36,8 @@ use crate::{disk, kernel, modules, VmError};
 pub const GUEST_MODULES: &[&str] = &["virtio_mmio", "virtio_console", "virtio_blk", "virtio_net"];
 /// Marker of a complete cache entry.
 const COMPLETE: &str = "complete";
+/// A bake's record of its disk's chain ([`disk::RootDisk::save_chain`]).
+pub const DISK_CHAIN: &str = "disk-chain";
 /// How long a bake's cold boot may take (TCG on a busy host is slow).
 const BAKE_BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bumped when the command line or the bake procedure changes, so old bakes are not used.
@@ -246,8 +248,13 @@ impl Assets {
         config.memory_mib = memory_mib;
         config.cpus = cpus;
         config.append = append;
-        config.console_log = Some(dir.join("console.log"));
-        config.root_disk = Some(dir.join("disk.qcow2"));
+        // A bake boots the operator's template (trusted input), for seconds.
+        config.console = crate::qemu::Console::File(dir.join("console.log"));
+        let image_disk = disk::RootDisk::raw(image);
+        config.root_disk = Some(disk::RootDisk::qcow2(
+            &dir.join("disk.qcow2"),
+            image_disk.chain_below_overlay(),
+        ));
         let snap = Snapshot {
             ram_in_memory_file: true,
             config: config.clone(),
@@ -255,6 +262,7 @@ impl Assets {
         };
         if dir.join(COMPLETE).is_file() {
             self.share_memory_file(&dir)?;
+            record_chain(&snap, &dir, false)?;
             return Ok(snap);
         }
         std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
@@ -266,7 +274,7 @@ impl Assets {
         for stale in ["disk.qcow2", "memory", "state"] {
             let _ = std::fs::remove_file(dir.join(stale));
         }
-        disk::make_overlay(image, "raw", &dir.join("disk.qcow2"))?;
+        image_disk.overlay_at(&dir.join("disk.qcow2"))?;
         if let Some(uid) = self.cfg.bake_uid {
             // The bake's QEMU writes its disk, memory file, sockets and console here.
             chown_mode(&dir, uid, 0o700)?;
@@ -306,6 +314,7 @@ impl Assets {
             ..snap
         };
         self.share_memory_file(&dir)?;
+        record_chain(&snap, &dir, true)?;
         std::fs::write(dir.join(COMPLETE), b"").map_err(io("mark bake"))?;
         tracing::info!(
             key,
@@ -363,6 +372,19 @@ fn host_tsc_khz() -> Option<u64> {
         .parse()
         .ok()?;
     (mhz > 0.0).then(|| (mhz * 1000.0).round() as u64)
+}
+
+/// Record the bake's disk chain in `<bake>/disk-chain` (once: a bake made before chains
+/// were recorded gets its record on its next use), for tools that start from a bake
+/// directory alone (`hutch bench`); the bake directory is root's once baked. `fresh` (just
+/// baked, when the bake's QEMU owned the directory and might have left a file of that name)
+/// writes it whatever is there.
+fn record_chain(snap: &Snapshot, dir: &Path, fresh: bool) -> Result<(), VmError> {
+    let record = dir.join(DISK_CHAIN);
+    match &snap.config.root_disk {
+        Some(disk) if fresh || !record.exists() => disk.save_chain(&record).map_err(VmError::from),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! deleted without deleting its memory snapshots leaves their shared memory behind. Each use of an entry refreshes its
 //! modification time ([`touch`]); [`collect`] deletes entries unused for longer than a
 //! limit, skipping any whose lock is held (being built) and any the caller names as still
-//! referenced (the bakes and images behind its sandboxes' disks, found by following qcow2
-//! backing files: a hibernated sandbox or a snapshot may not have touched them lately).
+//! referenced (the bakes and images behind its sandboxes' disks, from the chains the host
+//! recorded for them, never from an image's header: a hibernated sandbox or a snapshot may
+//! not have touched them lately).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

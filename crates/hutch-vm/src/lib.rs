@@ -10,7 +10,9 @@
 //! * [`snapshot`]: bake a template snapshot (cold boot, device state with RAM in a memory
 //!   file) and restore it copy-on-write until the agent answers `GET /v1/info`.
 //!
-//! * [`disk`]: template ext4 images (`mkfs.ext4 -d`) and qcow2 overlays.
+//! * [`disk`]: template ext4 images (`mkfs.ext4 -d`), qcow2 overlays and the root disk's
+//!   backing chain as the host made it.
+//! * [`console`]: a guest's serial console drained into a bounded ring on the host.
 //! * [`package`]: Debian's cloud kernel package, fetched with `apt-get download`.
 //! * [`assets`]: the cache of kernels, initramfs, images and bakes, keyed by input hashes.
 //! * [`accel`]: KVM or TCG, and why.
@@ -23,6 +25,7 @@
 pub mod accel;
 pub mod assets;
 pub mod capture;
+pub mod console;
 pub mod disk;
 pub mod gc;
 pub mod initramfs;

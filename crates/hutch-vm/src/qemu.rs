@@ -11,6 +11,8 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 
+pub use crate::console::ConsoleRing;
+pub use crate::disk::RootDisk;
 use crate::initramfs::AGENT_PORT;
 
 /// Device id of the agent's virtio-serial port (names its `VSERPORT_CHANGE` events).
@@ -87,10 +89,11 @@ pub struct VmConfig {
     pub qmp_socket: PathBuf,
     /// The unix socket QEMU listens on for the agent's virtio-serial port.
     pub agent_socket: PathBuf,
-    /// Where the guest's serial console goes; `None` discards it.
-    pub console_log: Option<PathBuf>,
-    /// The root disk (a qcow2 image), attached as `virtio-blk` (`/dev/vda` in the guest).
-    pub root_disk: Option<PathBuf>,
+    /// Where the guest's serial console goes.
+    pub console: Console,
+    /// The root disk and its whole chain, attached as `virtio-blk` (`/dev/vda` in the
+    /// guest); QEMU is given every backing file by name, never from the image's header.
+    pub root_disk: Option<RootDisk>,
     /// Start with `-incoming defer` (restore).
     pub incoming: bool,
     /// Apply QEMU's seccomp sandbox (`spawn=deny` and friends).
@@ -104,6 +107,25 @@ pub struct VmConfig {
     /// What each of the [`VOLUME_SLOTS`] volume slots holds (`None`: an empty placeholder,
     /// QEMU's `null-co` driver, which opens no file and discards writes).
     pub volumes: [Option<VolumeDrive>; VOLUME_SLOTS],
+}
+
+/// Where a guest's serial console goes. Not part of the device set (the serial port is the
+/// same whichever way), so a guest baked with one restores with another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Console {
+    /// Discarded (`-serial null`).
+    Discard,
+    /// Appended by QEMU to a file in its directory, **without bound**: only for guests
+    /// running code the host trusts (a bake of an operator's template, the KVM probe).
+    File(PathBuf),
+    /// A chardev socket at `socket` in QEMU's directory that the host drains into the
+    /// bounded `ring`, in a directory of the host's own ([`crate::console`]).
+    Ring {
+        /// QEMU's listening socket.
+        socket: PathBuf,
+        /// Where the host keeps the console.
+        ring: ConsoleRing,
+    },
 }
 
 /// How many volume slots every guest has. Each is a `virtio-blk` device that exists in every
@@ -145,7 +167,7 @@ impl VmConfig {
             share_memory: true,
             qmp_socket: dir.join("qmp.sock"),
             agent_socket: dir.join("agent.sock"),
-            console_log: None,
+            console: Console::Discard,
             root_disk: None,
             incoming: false,
             seccomp: true,
@@ -201,11 +223,19 @@ impl VmConfig {
                 escape(&self.memory_file)
             ),
         ]);
-        let serial = match &self.console_log {
-            Some(path) => format!("file:{}", path.to_string_lossy()),
-            None => "null".into(),
-        };
-        push(&["-serial", &serial]);
+        match &self.console {
+            Console::Discard => push(&["-serial", "null"]),
+            Console::File(path) => push(&["-serial", &format!("file:{}", path.to_string_lossy())]),
+            Console::Ring { socket, .. } => push(&[
+                "-chardev",
+                &format!(
+                    "socket,id=console,path={},server=on,wait=off",
+                    escape(socket)
+                ),
+                "-serial",
+                "chardev:console",
+            ]),
+        }
         push(&[
             "-qmp",
             &format!("unix:{},server=on,wait=off", escape(&self.qmp_socket)),
@@ -221,8 +251,8 @@ impl VmConfig {
             push(&[
                 "-drive",
                 &format!(
-                    "file={},format=qcow2,if=none,id=root,cache=writeback,discard=unmap",
-                    escape(disk)
+                    "{},if=none,id=root,cache=writeback,discard=unmap",
+                    disk.drive_options()
                 ),
             ]);
             push(&["-device", "virtio-blk-device,drive=root"]);
@@ -271,6 +301,21 @@ impl VmConfig {
         }
         a
     }
+}
+
+/// Create `path` anew for the host to write (as root) in a directory a QEMU may write too:
+/// whatever is there is unlinked first (a planted symlink is removed, not followed) and
+/// the file is created exclusively (`O_EXCL` never follows a link; should one reappear
+/// meanwhile, this fails).
+pub fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
 }
 
 /// Escape a path for a QEMU option value (commas are doubled).
@@ -387,7 +432,7 @@ impl QemuProcess {
                 _ => {}
             }
         }
-        let out = std::fs::File::create(log).map_err(io(format!("create {}", log.display())))?;
+        let out = create_fresh(log).map_err(io(format!("create {}", log.display())))?;
         if let Some(jail) = &config.jail {
             let pid = crate::jail::spawn(config, jail, &out)?;
             return Ok(Self {
@@ -544,6 +589,59 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(devices(&empty), devices(&attached));
+    }
+
+    #[test]
+    fn a_console_ring_is_a_socket_and_the_root_disk_names_its_whole_chain() {
+        let mut config = config();
+        config.console = Console::Ring {
+            socket: "/run/vm,1/console.sock".into(),
+            ring: ConsoleRing::new("/host/console.log".into(), 1 << 20),
+        };
+        config.root_disk = Some(RootDisk::qcow2(
+            Path::new("/run/vm,1/disk.qcow2"),
+            vec![
+                crate::disk::BackingFile {
+                    path: "/bakes/k/disk.qcow2".into(),
+                    format: crate::disk::ImageFormat::Qcow2,
+                },
+                crate::disk::BackingFile {
+                    path: "/images/t.ext4".into(),
+                    format: crate::disk::ImageFormat::Raw,
+                },
+            ],
+        ));
+        let argv = joined(&config);
+        assert!(argv.contains(
+            "-chardev socket,id=console,path=/run/vm,,1/console.sock,server=on,wait=off -serial chardev:console"
+        ), "{argv}");
+        assert!(
+            !argv.contains("/host/console.log"),
+            "QEMU never sees the ring"
+        );
+        assert!(argv.contains(
+            "-drive file=/run/vm,,1/disk.qcow2,format=qcow2,backing.driver=qcow2,backing.file.filename=/bakes/k/disk.qcow2,backing.backing.driver=raw,backing.backing.file.filename=/images/t.ext4,if=none,id=root"
+        ), "{argv}");
+    }
+
+    #[test]
+    fn a_fresh_file_never_follows_a_planted_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("precious");
+        std::fs::write(&target, b"keep").expect("write");
+        let log = dir.path().join("qemu.log");
+        std::os::unix::fs::symlink(&target, &log).expect("symlink");
+        use std::io::Write;
+        create_fresh(&log)
+            .expect("create")
+            .write_all(b"log")
+            .expect("write");
+        assert_eq!(std::fs::read(&target).expect("read"), b"keep");
+        assert_eq!(std::fs::read(&log).expect("read"), b"log");
+        assert!(!std::fs::symlink_metadata(&log)
+            .expect("stat")
+            .file_type()
+            .is_symlink());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::qemu::{QemuJail, VmConfig};
+use crate::qemu::{Console, QemuJail, RootDisk, VmConfig};
 use crate::snapshot::{Guest, Snapshot};
 use crate::VmError;
 
@@ -29,7 +29,7 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> VmError {
 pub async fn materialize(
     config: &VmConfig,
     stream: &Path,
-    disk: &Path,
+    disk: &RootDisk,
     out: &Path,
     jail: Option<QemuJail>,
 ) -> Result<Snapshot, VmError> {
@@ -56,7 +56,7 @@ impl Loader {
     /// given; `disk` is the root disk it is started with (a paused guest never touches it).
     pub async fn start(
         config: &VmConfig,
-        disk: &Path,
+        disk: &RootDisk,
         out: &Path,
         jail: Option<QemuJail>,
     ) -> Result<Self, VmError> {
@@ -66,8 +66,8 @@ impl Loader {
             incoming: true,
             qmp_socket: out.join("qmp.sock"),
             agent_socket: out.join("agent.sock"),
-            console_log: None,
-            root_disk: Some(disk.to_path_buf()),
+            console: Console::Discard,
+            root_disk: Some(disk.clone()),
             jail,
             tap: None,
             ..config.clone()

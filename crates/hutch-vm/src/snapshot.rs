@@ -19,7 +19,7 @@ use hutch_proto::client::AgentClient;
 use hutch_proto::AgentInfo;
 use tokio::net::UnixStream;
 
-use crate::qemu::{QemuProcess, VmConfig};
+use crate::qemu::{Console, QemuProcess, RootDisk, VmConfig};
 use crate::qmp::Qmp;
 use crate::VmError;
 
@@ -29,6 +29,8 @@ const QMP_CONNECT: Duration = Duration::from_secs(10);
 const EXIT_CHECK: Duration = Duration::from_millis(100);
 /// How long a bake waits for the agent to end its session after the host hung up.
 const QUIESCE: Duration = Duration::from_secs(20);
+/// How much of the guest console's end error messages quote.
+const CONSOLE_TAIL: u64 = 1500;
 /// Bound on saving or loading device state.
 const MIGRATION: Duration = Duration::from_secs(30);
 
@@ -97,9 +99,13 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmError {
 }
 
 impl Guest {
-    /// Start QEMU for `config` and open QMP. Output goes to `log`.
+    /// Start QEMU for `config` and open QMP. Output goes to `log`; a console ring starts
+    /// being drained as soon as QEMU listens on its socket.
     pub async fn start(config: VmConfig, log: &Path) -> Result<Self, VmError> {
         let mut process = QemuProcess::spawn(&config, log)?;
+        if let Console::Ring { socket, ring } = &config.console {
+            crate::console::spawn_drain(socket.clone(), ring.clone());
+        }
         let qmp = match Qmp::connect(&config.qmp_socket, QMP_CONNECT).await {
             Ok(qmp) => qmp,
             Err(e) => {
@@ -145,12 +151,14 @@ impl Guest {
     }
 
     fn console_tail(&self) -> String {
-        let Some(path) = &self.config.console_log else {
-            return String::new();
+        let text = match &self.config.console {
+            Console::Discard => return String::new(),
+            Console::File(path) => {
+                String::from_utf8_lossy(&crate::console::tail_of(path, CONSOLE_TAIL)).into_owned()
+            }
+            Console::Ring { ring, .. } => ring.tail(CONSOLE_TAIL),
         };
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let start = text.len().saturating_sub(1500);
-        text.get(start..).unwrap_or_default().trim().to_string()
+        text.trim().to_string()
     }
 
     /// Connect to the agent's socket and wait until `GET /v1/info` answers, reconnecting
@@ -388,26 +396,40 @@ pub async fn bake(
     ))
 }
 
-/// Restore `snapshot` into a new guest whose sockets and logs live in `dir`. A snapshot
-/// baked with a root disk needs `root_disk`: a copy-on-write overlay of the bake's disk
-/// (the guest's page cache in the snapshot describes that disk's content).
+/// Where a restored guest lives: its directory (sockets, QEMU's log), its root disk, its
+/// console and its jail.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// QEMU's directory.
+    pub dir: PathBuf,
+    /// A snapshot baked with a root disk needs one: a copy-on-write overlay of the bake's
+    /// disk (the guest's page cache in the snapshot describes that disk's content), with
+    /// its chain.
+    pub root_disk: Option<RootDisk>,
+    /// Where its console goes.
+    pub console: Console,
+    /// Its confinement.
+    pub jail: Option<crate::qemu::QemuJail>,
+}
+
+/// Restore `snapshot` into a new guest placed as `placement` says.
 pub async fn restore(
     snapshot: &Snapshot,
-    dir: &Path,
-    root_disk: Option<PathBuf>,
-    jail: Option<crate::qemu::QemuJail>,
+    placement: Placement,
     timeout: Duration,
 ) -> Result<(Guest, AgentClient, RestoreReport), VmError> {
+    let Placement {
+        dir,
+        root_disk,
+        console,
+        jail,
+    } = placement;
     let config = VmConfig {
         share_memory: false,
         incoming: true,
         qmp_socket: dir.join("qmp.sock"),
         agent_socket: dir.join("agent.sock"),
-        console_log: snapshot
-            .config
-            .console_log
-            .as_ref()
-            .map(|_| dir.join("console.log")),
+        console,
         root_disk,
         jail,
         ..snapshot.config.clone()

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use hutch_proto::{Command, ExecRequest, IdentityRequest};
 use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qemu::{self, Accel};
-use hutch_vm::{disk, snapshot};
+use hutch_vm::snapshot;
 
 fn env_path(var: &str, default: &Path) -> PathBuf {
     std::env::var_os(var)
@@ -111,12 +111,13 @@ async fn bake_restore_and_ask_the_agent() {
         std::fs::create_dir(&dir).expect("mkdir");
         let overlay = dir.join("disk.qcow2");
         let t = Instant::now();
-        disk::make_overlay(
-            snap.config.root_disk.as_ref().expect("baked with a disk"),
-            "qcow2",
-            &overlay,
-        )
-        .expect("overlay");
+        let root_disk = snap
+            .config
+            .root_disk
+            .as_ref()
+            .expect("baked with a disk")
+            .overlay_at(&overlay)
+            .expect("overlay");
         let overlay_time = t.elapsed();
         let jail = (i % 2 == 1 && root_user()).then(|| {
             for path in [&dir, &overlay] {
@@ -130,10 +131,18 @@ async fn bake_restore_and_ask_the_agent() {
             }
         });
         let jailed = jail.is_some();
-        let (guest, client, report) =
-            snapshot::restore(&snap, &dir, Some(overlay), jail, Duration::from_secs(20))
-                .await
-                .expect("restore");
+        let (guest, client, report) = snapshot::restore(
+            &snap,
+            snapshot::Placement {
+                dir: dir.clone(),
+                root_disk: Some(root_disk),
+                console: qemu::Console::File(dir.join("console.log")),
+                jail,
+            },
+            Duration::from_secs(20),
+        )
+        .await
+        .expect("restore");
         if jailed {
             let pid = guest.pid();
             let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");

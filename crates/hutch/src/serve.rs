@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// fails) or `stream` (always a full migration stream, loaded by a paused QEMU: slower).
     #[arg(long, env = "HUTCH_VM_SNAPSHOT", value_enum, default_value_t = VmSnapshotArg::Capture)]
     pub vm_snapshot: VmSnapshotArg,
+    /// Most bytes of each vm guest's serial console the server keeps on disk (in two files
+    /// of half that size; older output is dropped; at least 4096).
+    #[arg(long, env = "HUTCH_VM_CONSOLE_BYTES", default_value_t = hutch_vm::console::DEFAULT_CAP_BYTES)]
+    pub vm_console_bytes: u64,
     /// Size in GiB of the sparse btrfs image (`<state-dir>/layers.btrfs`) holding ns
     /// sandboxes' writable layers, each a subvolume limited to the sandbox's `disk_mib`
     /// (default: the size of the state directory's filesystem; 0: no image, `disk_mib` is
@@ -288,6 +292,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         VmSnapshotArg::Stream => hutch_core::config::VmSnapshotMethod::Stream,
     };
     cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
+    cfg.vm_console_bytes = args.vm_console_bytes;
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

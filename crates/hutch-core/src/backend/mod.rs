@@ -111,6 +111,9 @@ pub trait Backend: Send + Sync {
     fn idle_cpu_ns_per_sec(&self) -> u64 {
         0
     }
+    /// Take back a sandbox whose init survived a server restart (`vm`: drain its console
+    /// again). Called on the runtime, before its init is watched.
+    fn adopt(&self, _record: &SandboxRecord) {}
     /// Why the sandbox died, given how its init exited (`status`), for its `error` field.
     fn exit_reason(&self, _record: &SandboxRecord, status: &str) -> String {
         format!("the sandbox's init (agent) exited unexpectedly ({status})")

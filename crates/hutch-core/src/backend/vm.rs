@@ -10,6 +10,9 @@
 //! server watches its pid like an `ns` init and reaps it; a restarted server re-adopts it
 //! by pid and start time.
 //!
+//! What the host keeps about each guest where its QEMU cannot reach it — the disk's backing
+//! chain as the host made it, the console ring — is in `records.rs`.
+//!
 //! Pause/resume are QMP `stop`/`cont`. Hibernate, wake and snapshots are not supported on
 //! `vm` yet ([`CoreError::Unsupported`]).
 //!
@@ -28,6 +31,7 @@ use hutch_vm::{disk, snapshot, VmError};
 
 mod capture;
 mod fork_memory;
+mod records;
 mod resize;
 mod share;
 mod volumes;
@@ -198,49 +202,6 @@ impl VmBackend {
             .map_err(|e| CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {e}")))
     }
 
-    /// Delete cache entries unused for [`hutch_vm::gc::MAX_UNUSED`], keeping the bakes and
-    /// images behind every vm sandbox and snapshot of this server (followed through their
-    /// disks' qcow2 backing files, and marked used for other servers sharing the cache).
-    /// Blocking.
-    pub fn collect_garbage(&self) {
-        let mut keep = std::collections::HashSet::new();
-        let dirs = [
-            self.cfg.state_dir.join("sandboxes"),
-            self.cfg.snapshots_dir(),
-        ];
-        for parent in dirs {
-            let Ok(entries) = std::fs::read_dir(&parent) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if let Some(shared) = hutch_vm::share::shared_dir(&entry.path()) {
-                    hutch_vm::gc::touch(&shared);
-                    keep.insert(shared);
-                }
-                let mut disk = Some(entry.path().join("disk.qcow2"));
-                // overlay → bake disk → template image.
-                for _ in 0..4 {
-                    let Some(backing) = disk.as_deref().and_then(disk::qcow2_backing) else {
-                        break;
-                    };
-                    let entry = match backing.parent() {
-                        Some(p) if p.parent().is_some_and(|b| b.ends_with("bakes")) => {
-                            p.to_path_buf()
-                        }
-                        _ => backing.clone(),
-                    };
-                    hutch_vm::gc::touch(&entry);
-                    keep.insert(entry);
-                    disk = Some(backing);
-                }
-            }
-        }
-        let collected = hutch_vm::gc::collect(&self.cfg.vm_dir, hutch_vm::gc::MAX_UNUSED, &keep);
-        if !collected.removed.is_empty() {
-            tracing::info!(removed = ?collected.removed, "unused vm cache entries removed");
-        }
-    }
-
     /// The accelerator choice if it was made already ([`VmBackend::accel`]).
     pub fn accel_if_known(&self) -> Option<AccelChoice> {
         self.accel.get().cloned()
@@ -338,14 +299,18 @@ impl VmBackend {
         let dir = self.dir(&r.id);
         let uid = r.uid_slot * UID_RANGE;
         create_private_dir(&dir, uid)?;
+        self.create_records_dir(&r.id)?;
         volumes::grant(&volume_plan, uid)?;
         let overlay = dir.join("disk.qcow2");
-        match (woken, &r.layer) {
+        // The disk's chain comes from the host's records, never from the overlay's header
+        // (records.rs).
+        let root_disk = match (woken, &r.layer) {
             // Same command line (devices, memory file); all of the guest's RAM and device
             // state come from the saved stream, its disk is its own overlay as it was.
             (Some(saved), _) => {
                 snap.state = saved;
                 snap.ram_in_memory_file = false;
+                self.recorded_disk(&r.id, &overlay)?
             }
             // From a vm snapshot (or as a fork child): its memory, and a private copy of its
             // disk (the snapshot directory is root-only; the copy holds only the blocks the
@@ -365,21 +330,26 @@ impl VmBackend {
                         snap.ram_in_memory_file = false;
                     }
                 }
+                let disk = self.snapshot_disk(&from, &overlay)?;
                 std::fs::copy(from.join(SNAPSHOT_DISK), &overlay).map_err(|e| {
                     CoreError::Internal(format!("copy the disk of snapshot {layer}: {e}"))
                 })?;
                 give_to(&overlay, uid, 0o600)?;
+                self.record_disk(&r.id, &disk)?;
+                disk
             }
             (None, None) => {
                 let base = snap
                     .config
                     .root_disk
-                    .clone()
+                    .as_ref()
                     .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-                disk::make_overlay(&base, "qcow2", &overlay).map_err(|e| vm_error(e.into()))?;
+                let disk = base.overlay_at(&overlay).map_err(|e| vm_error(e.into()))?;
                 give_to(&overlay, uid, 0o600)?;
+                self.record_disk(&r.id, &disk)?;
+                disk
             }
-        }
+        };
         // A woken guest keeps its disk as it was; others grow to `disk_mib` (resize.rs).
         let (grow, disk_mib) = match (woken_disk, disk::qcow2_virtual_size(&overlay)) {
             (false, Some(current)) => resize::plan(r.disk_mib, current),
@@ -408,10 +378,15 @@ impl VmBackend {
         };
         let prepared_ms = t0.elapsed().as_millis() as u64;
         let started = async {
-            let (mut guest, client, report) =
-                snapshot::restore(&snap, &dir, Some(overlay), Some(jail), RESTORE_TIMEOUT)
-                    .await
-                    .map_err(vm_error)?;
+            let placement = snapshot::Placement {
+                dir: dir.clone(),
+                root_disk: Some(root_disk),
+                console: self.console(&r.id),
+                jail: Some(jail),
+            };
+            let (mut guest, client, report) = snapshot::restore(&snap, placement, RESTORE_TIMEOUT)
+                .await
+                .map_err(vm_error)?;
             // On failure from here on, dropping `guest` kills QEMU.
             let mut identity = Self::identity(r)?;
             identity.network = guest_net.filter(|_| !warm).map(|(n, _)| n);
@@ -478,7 +453,8 @@ impl VmBackend {
     /// Stop the guest and write its RAM and device state to a new file `path` (left stopped;
     /// the stream is loadable into a shared memory file too, `hutch_vm::share`).
     async fn stop_and_save(&self, r: &SandboxRecord, path: &Path) -> CoreResult<()> {
-        let file = std::fs::File::create(path)
+        // Perhaps in QEMU's directory (hibernation): never through a link it planted.
+        let file = hutch_vm::qemu::create_fresh(path)
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
         self.qmp_within(r, SAVE_TIMEOUT, async |q| {
             use std::os::fd::AsFd;
@@ -625,6 +601,7 @@ impl Backend for VmBackend {
         if started.is_err() {
             // Whatever the failed restore left (its QEMU is killed on drop) goes too.
             let _ = std::fs::remove_dir_all(self.dir(&record.id));
+            let _ = self.remove_records(&record.id);
         }
         started
     }
@@ -638,11 +615,19 @@ impl Backend for VmBackend {
             .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
         // Only files here (overlay, sockets, logs): no mounts to cross.
         match std::fs::remove_dir_all(self.dir(&r.id)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
-                format!("remove {}: {e}", self.dir(&r.id).display()),
-            )),
-            _ => Ok(()),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(CoreError::Internal(format!(
+                    "remove {}: {e}",
+                    self.dir(&r.id).display()
+                )))
+            }
+            _ => {}
         }
+        self.remove_records(&r.id)
+    }
+
+    fn adopt(&self, r: &SandboxRecord) {
+        self.adopt_console(r);
     }
 
     fn agent_socket(&self, id: &str) -> PathBuf {
@@ -789,8 +774,7 @@ impl Backend for VmBackend {
     }
 
     fn exit_reason(&self, r: &SandboxRecord, status: &str) -> String {
-        let console =
-            std::fs::read_to_string(self.dir(&r.id).join("console.log")).unwrap_or_default();
+        let console = self.console_tail(r);
         let panic = console
             .lines()
             .find(|l| l.contains("Kernel panic"))

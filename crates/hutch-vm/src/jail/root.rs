@@ -1,14 +1,14 @@
 //! The file tree a jailed QEMU sees, decided before the fork: every host path it needs,
-//! bound at the same path (so its command line and the qcow2 backing paths stay valid) onto
-//! an empty tmpfs root, and nothing else.
+//! bound at the same path (so its command line, which names every backing file, stays
+//! valid) onto an empty tmpfs root, and nothing else.
 //!
 //! What QEMU 7.2 opens here (found with `strace -f` on a restore and a bake): its binary, the
 //! shared libraries the dynamic loader maps (listed by the loader itself with
 //! `LD_TRACE_LOADED_OBJECTS=1`), the TCG accelerator module under `lib/<triple>/qemu`, the
 //! microvm firmware under `share/qemu`, the kernel and initramfs, the memory file (read-write
-//! even when mapped privately), the root disk and its qcow2 backing chain, `/dev/null`,
-//! `/dev/urandom` and, with KVM, `/dev/kvm`; its sockets and console log go to its own
-//! directory. It also looks at `/proc/self/exe` (falls back to `argv[0]`, given absolute),
+//! even when mapped privately), the root disk and its backing chain (as the host recorded it,
+//! never read from the images), `/dev/null`, `/dev/urandom` and, with KVM, `/dev/kvm`; its
+//! sockets (the console's too) and a bake's console log go to its own directory. It also looks at `/proc/self/exe` (falls back to `argv[0]`, given absolute),
 //! `/proc/filesystems`, `/sys/devices/system/{cpu,node}`, `/etc/ld.so.cache` and
 //! `/etc/localtime`, and runs fine without them.
 
@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::qemu::{Accel, QemuError, VmConfig};
+use crate::qemu::{Accel, Console, QemuError, RootDisk, VmConfig};
 
 /// How a bound path may be used (the flags of its read-only or read-write remount).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -84,9 +84,6 @@ pub(crate) struct ProgramFiles {
     pub data: Vec<PathBuf>,
 }
 
-/// Most qcow2 backing files followed (overlay → bake disk → image is 2).
-const MAX_BACKING: usize = 16;
-
 fn jail_error(what: impl Into<String>) -> QemuError {
     QemuError::Jail(what.into())
 }
@@ -136,13 +133,27 @@ impl RootPlan {
         // What QEMU creates must be created in its own directory.
         let created = [
             Some(("agent socket", &config.agent_socket)),
-            config.console_log.as_ref().map(|p| ("console log", p)),
+            match &config.console {
+                Console::File(path) => Some(("console log", path)),
+                Console::Ring { socket, .. } => Some(("console socket", socket)),
+                Console::Discard => None,
+            },
         ];
         for (what, path) in created.into_iter().flatten() {
             if !inside(path) {
                 return Err(jail_error(format!(
                     "the {what} {} is not in QEMU's directory {}",
                     path.display(),
+                    own_dir.display()
+                )));
+            }
+        }
+        // The host writes the console ring as root: never where QEMU could plant a link.
+        if let Console::Ring { ring, .. } = &config.console {
+            if abs(&ring.path).starts_with(&own_dir) {
+                return Err(jail_error(format!(
+                    "the console ring {} is in QEMU's directory {}",
+                    ring.path.display(),
                     own_dir.display()
                 )));
             }
@@ -179,17 +190,12 @@ impl RootPlan {
                 config.memory_file.display()
             )));
         }
+        // The root disk's chain as the host recorded it (never read from the images: a
+        // guest's QEMU can rewrite its overlay's header).
         if let Some(disk) = &config.root_disk {
-            add(disk, false, Access::Writable);
-            let mut current = abs(disk);
-            for _ in 0..MAX_BACKING {
-                let Some(backing) = crate::disk::qcow2_backing(&current) else {
-                    break;
-                };
-                let dir = current.parent().unwrap_or(Path::new("/")).to_path_buf();
-                let backing = absolute(&backing, &dir);
-                add(&backing, false, Access::Data);
-                current = backing;
+            add(&disk.top, false, Access::Writable);
+            for layer in &disk.backing {
+                add(&layer.path, false, Access::Data);
             }
         }
         // Attached volumes only (an empty slot opens no file); a read-only one is bound
@@ -260,8 +266,18 @@ pub(crate) fn with_absolute_paths(config: &VmConfig, cwd: &Path) -> VmConfig {
         memory_file: abs(&config.memory_file),
         qmp_socket: abs(&config.qmp_socket),
         agent_socket: abs(&config.agent_socket),
-        console_log: config.console_log.as_deref().map(abs),
-        root_disk: config.root_disk.as_deref().map(abs),
+        console: match &config.console {
+            Console::Discard => Console::Discard,
+            Console::File(path) => Console::File(abs(path)),
+            Console::Ring { socket, ring } => Console::Ring {
+                socket: abs(socket),
+                ring: ring.clone(),
+            },
+        },
+        root_disk: config.root_disk.as_ref().map(|disk| RootDisk {
+            top: abs(&disk.top),
+            ..disk.clone()
+        }),
         volumes: config.volumes.clone().map(|slot| {
             slot.map(|v| crate::qemu::VolumeDrive {
                 image: abs(&v.image),
@@ -434,8 +450,31 @@ mod tests {
         std::fs::write(&memory, b"").expect("memory");
         let mut config = VmConfig::new("/vm/boot/vmlinux".into(), "/vm/boot/initrd".into(), &own);
         config.memory_file = memory.clone();
-        config.console_log = Some(own.join("console.log"));
-        config.root_disk = Some(own.join("disk.qcow2"));
+        config.console = Console::Ring {
+            socket: own.join("console.sock"),
+            ring: crate::console::ConsoleRing::new(
+                dir.path().join("records/a/console.log"),
+                1 << 20,
+            ),
+        };
+        let image = dir.path().join("images/t.ext4");
+        let bake_disk = dir.path().join("bakes/k/disk.qcow2");
+        config.root_disk = Some(RootDisk::qcow2(
+            &own.join("disk.qcow2"),
+            vec![
+                crate::disk::BackingFile {
+                    path: bake_disk.clone(),
+                    format: crate::disk::ImageFormat::Qcow2,
+                },
+                crate::disk::BackingFile {
+                    path: image.clone(),
+                    format: crate::disk::ImageFormat::Raw,
+                },
+            ],
+        ));
+        // Whatever the overlay's header says (a compromised QEMU may have written it), only
+        // the recorded chain is bound.
+        std::fs::write(own.join("disk.qcow2"), b"QFI\xfb").expect("overlay");
         let plan = RootPlan::new(&config, &program(), Path::new("/")).expect("plan");
         let binds: Vec<(&Path, Access)> = plan
             .binds
@@ -457,13 +496,15 @@ mod tests {
             (Path::new("/vm/boot/vmlinux"), Access::Data),
             (memory.as_path(), Access::Writable),
             (own.as_path(), Access::Writable),
+            (bake_disk.as_path(), Access::Data),
+            (image.as_path(), Access::Data),
         ];
         expected.sort();
         let mut sorted = binds.clone();
         sorted.sort();
         assert_eq!(
             sorted, expected,
-            "the disk is in the own directory: no bind"
+            "the overlay is in the own directory (no bind), its chain is bound read-only, the console ring is not bound"
         );
         assert_eq!(plan.own_dir, own);
         let dirs = plan.directories();
@@ -482,9 +523,15 @@ mod tests {
         config.accel = Accel::Kvm;
         let plan = RootPlan::new(&config, &program(), Path::new("/")).expect("plan");
         assert!(plan.binds.iter().any(|b| b.path == Path::new("/dev/kvm")));
-        config.console_log = Some("/var/log/console.log".into());
+        config.console = Console::File("/var/log/console.log".into());
         let err = RootPlan::new(&config, &program(), Path::new("/")).expect_err("outside");
         assert!(err.to_string().contains("console log"), "{err}");
+        config.console = Console::Ring {
+            socket: dir.path().join("console.sock"),
+            ring: crate::console::ConsoleRing::new(dir.path().join("console.log"), 1 << 20),
+        };
+        let err = RootPlan::new(&config, &program(), Path::new("/")).expect_err("inside");
+        assert!(err.to_string().contains("console ring"), "{err}");
         let mut config = VmConfig::new("/k".into(), "/i".into(), dir.path());
         config.memory_file = "/nonexistent/memory".into();
         assert!(RootPlan::new(&config, &program(), Path::new("/")).is_err());

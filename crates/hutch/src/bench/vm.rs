@@ -63,11 +63,15 @@ async fn cold_boot(vm_dir: &Path) -> anyhow::Result<f64> {
         .prefix("hutch-bench-cold-")
         .tempdir_in("/tmp")?;
     let w = work.path();
-    hutch_vm::disk::make_overlay(&bake.join("disk.qcow2"), "qcow2", &w.join("disk.qcow2"))?;
+    let bake_disk = hutch_vm::disk::RootDisk::load_chain(
+        &bake.join("disk.qcow2"),
+        &bake.join(hutch_vm::assets::DISK_CHAIN),
+    )?;
+    let root_disk = bake_disk.overlay_at(&w.join("disk.qcow2"))?;
     let mut config = hutch_vm::qemu::VmConfig::new(boot.join("vmlinux"), boot.join("initrd"), w);
     config.memory_mib = MEMORY_MIB as u32;
     config.append = hutch_vm::assets::guest_append(hutch_vm::qemu::Accel::Tcg);
-    config.root_disk = Some(w.join("disk.qcow2"));
+    config.root_disk = Some(root_disk);
     let t0 = Instant::now();
     let mut guest = hutch_vm::snapshot::Guest::start(config, &w.join("qemu.log")).await?;
     guest.agent(Duration::from_secs(120)).await?;

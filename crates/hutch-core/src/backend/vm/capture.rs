@@ -80,14 +80,6 @@ impl VmBackend {
         Ok(snapshot_taken(dir, shared_bytes))
     }
 
-    /// Copy the disk overlay of `r` into the snapshot directory `dir` (its guest stopped,
-    /// or gone).
-    fn copy_disk(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
-        std::fs::copy(self.dir(&r.id).join("disk.qcow2"), dir.join(SNAPSHOT_DISK))
-            .map(drop)
-            .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))
-    }
-
     /// Snapshot the running guest of `r` into `dir` (its disk) and a new shared memory
     /// directory it names (`hutch_vm::share::link_shared`) holding the guest's RAM
     /// (`memory`) and device state (`state`); returns the bytes the shared memory adds. The

@@ -35,7 +35,7 @@ struct SharedTarget {
     /// `<vm-dir>/shared/<random>`.
     dir: PathBuf,
     /// The loader's scratch disk in it.
-    scratch: PathBuf,
+    scratch: hutch_vm::disk::RootDisk,
     /// The loader's jail.
     jail: hutch_vm::qemu::QemuJail,
 }
@@ -133,7 +133,7 @@ impl VmBackend {
         )
         .await
         .map_err(vm_error);
-        let _ = std::fs::remove_file(&target.scratch);
+        let _ = std::fs::remove_file(&target.scratch.top);
         self.publish_shared(&target.dir, dir, loaded.map(drop))
     }
 
@@ -161,22 +161,26 @@ impl VmBackend {
         let rootfs = self.cfg.templates_dir.join(&r.template).join("rootfs");
         let (_, _, bake) = self.bake_of(r, &rootfs).await?;
         let shared = self.new_shared_dir(false)?;
-        let scratch = shared.join("scratch.qcow2");
         let prepared = (|| {
             give_to(&shared, BAKE_UID, 0o700)?;
             let base = bake
                 .config
                 .root_disk
-                .clone()
+                .as_ref()
                 .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-            hutch_vm::disk::make_overlay(&base, "qcow2", &scratch)
+            let scratch = base
+                .overlay_at(&shared.join("scratch.qcow2"))
                 .map_err(|e| vm_error(e.into()))?;
-            give_to(&scratch, BAKE_UID, 0o600)
+            give_to(&scratch.top, BAKE_UID, 0o600)?;
+            Ok(scratch)
         })();
-        if let Err(e) = prepared {
-            let _ = std::fs::remove_dir_all(&shared);
-            return Err(e);
-        }
+        let scratch = match prepared {
+            Ok(scratch) => scratch,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&shared);
+                return Err(e);
+            }
+        };
         Ok(SharedTarget {
             bake,
             dir: shared,
