@@ -112,6 +112,13 @@ pub async fn require_auth(State(state): State<AppState>, mut req: Request, next:
     };
     match state.authenticate(&key) {
         Ok(Some(caller)) => {
+            // A known client's connection is evicted only after every stranger's.
+            if let Some(conn) = req
+                .extensions()
+                .get::<crate::serve::connections::ConnectionHandle>()
+            {
+                conn.mark_authenticated();
+            }
             req.extensions_mut().insert(caller);
             next.run(req).await
         }

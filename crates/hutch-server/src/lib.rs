@@ -7,6 +7,7 @@
 pub mod error;
 mod extract;
 mod routes;
+pub mod serve;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +24,7 @@ pub struct AppState {
     /// The sandbox manager.
     pub manager: Arc<Manager>,
     keys: Arc<Mutex<HashMap<String, Caller>>>,
+    connections: Arc<serve::connections::ConnectionStats>,
 }
 
 impl AppState {
@@ -31,7 +33,13 @@ impl AppState {
         Self {
             manager,
             keys: Arc::new(Mutex::new(HashMap::new())),
+            connections: Arc::default(),
         }
+    }
+
+    /// Counters of client connections, filled by [`serve::serve`] and shown in `/metrics`.
+    pub fn connection_stats(&self) -> Arc<serve::connections::ConnectionStats> {
+        Arc::clone(&self.connections)
     }
 
     fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {

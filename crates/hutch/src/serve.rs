@@ -71,6 +71,17 @@ pub struct ServeArgs {
     /// /etc/resolv.conf).
     #[arg(long)]
     pub net_upstream_dns: Option<String>,
+    /// Client connections open at most; past it the oldest idle connection of a client that
+    /// has not authenticated is closed first (default: half the descriptor limit, at most
+    /// 4096). See docs/limits.md.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a new connection has to send its first complete request head.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// Seconds a keep-alive connection may stay idle between requests.
+    #[arg(long, default_value_t = 60)]
+    pub idle_timeout_secs: u64,
     /// TCP ports sandboxes may never connect to (comma-separated; default: Stratum mining
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
@@ -188,6 +199,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         tracing::warn!("cannot become a child subreaper: exited sandboxes may linger as zombies");
     }
+    let open_files = raise_open_files_limit();
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
     std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o711))?;
@@ -242,19 +254,25 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     println!("hutch listening on http://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
-    let app = hutch_server::app(hutch_server::AppState::new(manager.clone()));
+    let state = hutch_server::AppState::new(manager.clone());
+    let stats = state.connection_stats();
+    let app = hutch_server::app(state);
+    let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
+    if let Some(n) = args.max_connections {
+        limits.max_connections = n.max(1);
+    }
+    limits.header_timeout = Duration::from_secs(args.header_timeout_secs.max(1));
+    limits.idle_timeout = Duration::from_secs(args.idle_timeout_secs.max(1));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        // The peer address feeds `X-Forwarded-For` on the port proxy.
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
+    let server = tokio::spawn(hutch_server::serve::serve(
+        listener,
+        app,
+        limits,
+        stats,
+        async {
             let _ = rx.await;
-        })
-        .await
-    });
+        },
+    ));
     shutdown_signal().await;
     tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");
     let _ = tx.send(());
@@ -265,6 +283,38 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     // The ns disk pool stays mounted while sandboxes (to re-adopt) have their files there.
     manager.release_disk_pool().await;
     Ok(())
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit (every client connection, agent socket
+/// and sandbox descriptor counts against it) and return the limit now in force.
+fn raise_open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!("cannot read RLIMIT_NOFILE; sizing the connection cap for 1024");
+        return 1024;
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        }
+    }
+    tracing::info!(
+        before,
+        now = lim.rlim_cur,
+        hard = lim.rlim_max,
+        "open files limit (RLIMIT_NOFILE)"
+    );
+    lim.rlim_cur
 }
 
 async fn shutdown_signal() {
