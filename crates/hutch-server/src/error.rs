@@ -53,6 +53,15 @@ impl ApiError {
         }
     }
 
+    /// 413: a request body over the limit of its route.
+    pub fn payload_too_large(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "payload_too_large",
+            message: message.into(),
+        }
+    }
+
     /// 422.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self {

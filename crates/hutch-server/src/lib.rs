@@ -25,7 +25,12 @@ pub struct AppState {
     pub manager: Arc<Manager>,
     keys: Arc<Mutex<HashMap<String, Caller>>>,
     connections: Arc<serve::connections::ConnectionStats>,
+    /// Largest JSON request body, in bytes.
+    json_body_limit: usize,
 }
+
+/// Default [`AppState::with_json_body_limit`]: 1 MiB.
+pub const DEFAULT_JSON_BODY_LIMIT: usize = 1 << 20;
 
 impl AppState {
     /// State over a started manager.
@@ -34,7 +39,20 @@ impl AppState {
             manager,
             keys: Arc::new(Mutex::new(HashMap::new())),
             connections: Arc::default(),
+            json_body_limit: DEFAULT_JSON_BODY_LIMIT,
         }
+    }
+
+    /// Answer JSON bodies larger than `bytes` with 413 (file uploads and streamed exec stdin
+    /// are streamed, not limited by this).
+    pub fn with_json_body_limit(mut self, bytes: usize) -> Self {
+        self.json_body_limit = bytes.max(1);
+        self
+    }
+
+    /// The largest JSON body accepted, in bytes.
+    pub fn json_body_limit(&self) -> usize {
+        self.json_body_limit
     }
 
     /// Counters of client connections, filled by [`serve::serve`] and shown in `/metrics`.
@@ -121,6 +139,8 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(misc::metrics))
         .merge(v1)
         .fallback(misc::not_found)
-        .layer(axum::extract::DefaultBodyLimit::disable())
+        // Every buffered body (JSON) is limited; file uploads, streamed exec stdin and the
+        // port proxy take the body as a stream, which this does not limit.
+        .layer(axum::extract::DefaultBodyLimit::max(state.json_body_limit))
         .with_state(state)
 }

@@ -82,6 +82,10 @@ pub struct ServeArgs {
     /// Seconds a keep-alive connection may stay idle between requests.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout_secs: u64,
+    /// Largest JSON request body (bytes, or with a KiB/MiB suffix); larger ones are answered
+    /// 413. File uploads and streamed exec stdin are not limited by it.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub max_json_body: usize,
     /// TCP ports sandboxes may never connect to (comma-separated; default: Stratum mining
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
@@ -254,7 +258,8 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     println!("hutch listening on http://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
-    let state = hutch_server::AppState::new(manager.clone());
+    let state =
+        hutch_server::AppState::new(manager.clone()).with_json_body_limit(args.max_json_body);
     let stats = state.connection_stats();
     let app = hutch_server::app(state);
     let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
@@ -283,6 +288,28 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     // The ns disk pool stays mounted while sandboxes (to re-adopt) have their files there.
     manager.release_disk_pool().await;
     Ok(())
+}
+
+/// A size such as `1048576`, `512KiB` or `1MiB`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 1048576, 512KiB or 1MiB"))?;
+    n.checked_mul(1usize << shift)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{s:?} is not a usable size"))
 }
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit (every client connection, agent socket
@@ -329,5 +356,20 @@ async fn shutdown_signal() {
             }
         }
         _ => std::future::pending::<()>().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1 parsec").is_err());
     }
 }

@@ -138,3 +138,191 @@ async fn a_request_head_not_finished_in_time_is_closed() {
     let (st, _) = s.request(Method::GET, "/v1/sandboxes", None).await;
     assert_eq!(st, 200);
 }
+
+/// Send a request head declaring `body_len` bytes, then stream zeros while reading the
+/// answer (a server that answers early closes before the upload ends). Returns the whole
+/// answer as text.
+async fn send_large_body(addr: &str, head: String, body_len: usize) -> String {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut rd, mut wr) = stream.into_split();
+    let upload = tokio::spawn(async move {
+        wr.write_all(head.as_bytes()).await?;
+        let chunk = vec![b' '; 1 << 20];
+        let mut sent = 0;
+        while sent < body_len {
+            let n = chunk.len().min(body_len - sent);
+            wr.write_all(&chunk[..n]).await?;
+            sent += n;
+        }
+        Ok::<usize, std::io::Error>(sent)
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), rd.read_to_end(&mut answer)).await;
+    upload.abort();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A 100 MiB JSON body to create is answered 413 in Hutch's error shape, naming the limit,
+/// without the server buffering it: its RSS stays flat (both with `Content-Length` and
+/// chunked, where the limit is met while reading).
+#[tokio::test]
+async fn a_huge_json_body_is_refused_with_413_and_flat_memory() {
+    const BODY: usize = 100 << 20;
+    let s = TestServer::start().await;
+    let addr = addr_of(&s.url);
+    let before = s.server_rss_kib();
+    let declared = send_large_body(
+        &addr,
+        format!(
+            "POST /v1/sandboxes HTTP/1.1\r\nHost: hutch\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {BODY}\r\n\r\n",
+            s.key
+        ),
+        BODY,
+    )
+    .await;
+    assert!(declared.starts_with("HTTP/1.1 413"), "{declared}");
+    assert!(
+        declared.contains(r#""code":"payload_too_large""#)
+            && declared.contains("1 MiB (1048576 bytes)")
+            && declared.contains("--max-json-body"),
+        "{declared}"
+    );
+    // Chunked: no length to check up front; the limit stops the read.
+    let big = Vec::from(format!(
+        "{{\"metadata\": {{\"x\": \"{}\"}}}}",
+        "a".repeat(BODY)
+    ));
+    let chunks = futures_util::stream::iter(
+        big.chunks(1 << 20)
+            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+            .collect::<Vec<_>>(),
+    );
+    let resp = s
+        .http
+        .post(format!("{}/v1/sandboxes", s.url))
+        .bearer_auth(&s.key)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await;
+    if let Ok(resp) = resp {
+        assert_eq!(resp.status(), 413);
+        let v: serde_json::Value = resp.json().await.expect("json error");
+        assert_eq!(v["error"]["code"], "payload_too_large", "{v}");
+    }
+    drop(big);
+    let after = s.server_rss_kib();
+    assert!(
+        after < before + 20 * 1024,
+        "server RSS grew from {before} KiB to {after} KiB"
+    );
+    // Ordinary creates still fit.
+    let (st, v) = s
+        .request(Method::POST, "/v1/sandboxes", Some(serde_json::json!({})))
+        .await;
+    assert_eq!(st, 201, "{v}");
+}
+
+/// Stdin larger than the JSON limit goes as the raw body of `exec/stream` (command in the
+/// query) and comes back byte-identical through `cat`, streamed both ways at once.
+#[tokio::test]
+async fn a_streamed_stdin_body_round_trips_through_cat() {
+    let s = TestServer::start().await;
+    let id = s.create_id(serde_json::json!({})).await;
+    // 12 MiB of bytes that are not UTF-8, well past the pipes and the HTTP/2 stream windows
+    // (4 MiB towards the server, 2 MiB towards the agent): cat's output must be read while
+    // stdin is still being written.
+    let stdin: Vec<u8> = (0..12u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let resp = s
+        .http
+        .post(format!(
+            "{}/v1/sandboxes/{id}/exec/stream?arg=cat&timeout_seconds=120",
+            s.url
+        ))
+        .bearer_auth(&s.key)
+        .header("content-type", "application/octet-stream")
+        .body(stdin.clone())
+        .send()
+        .await
+        .expect("exec/stream");
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.expect("sse");
+    let (stdout, exit) = sse_stdout(&text);
+    assert_eq!(
+        exit.as_deref(),
+        Some("0"),
+        "{}",
+        &text[text.len().saturating_sub(500)..]
+    );
+    assert_eq!(stdout.len(), stdin.len());
+    assert!(stdout == stdin, "stdout differs from stdin");
+    // Unknown query parameters are refused like unknown JSON fields.
+    let resp = s
+        .http
+        .post(format!(
+            "{}/v1/sandboxes/{id}/exec/stream?arg=cat&shell=1",
+            s.url
+        ))
+        .bearer_auth(&s.key)
+        .header("content-type", "application/octet-stream")
+        .body("x")
+        .send()
+        .await
+        .expect("exec/stream");
+    assert_eq!(resp.status(), 400);
+}
+
+/// JSON stdin on `exec/stream` is written while the output is read (it used to be sent whole
+/// before the first event was read): 12 MiB through `cat`, past the pipes and the HTTP/2
+/// stream windows, on a server with a larger JSON limit, comes back whole.
+#[tokio::test]
+async fn json_stdin_on_exec_stream_does_not_hang() {
+    let s = TestServer::start_with(&["--max-json-body", "32MiB"]).await;
+    let id = s.create_id(serde_json::json!({})).await;
+    let stdin = "0123456789abcdef".repeat(12 << 16); // 12 MiB
+    let resp = s
+        .http
+        .post(format!("{}/v1/sandboxes/{id}/exec/stream", s.url))
+        .bearer_auth(&s.key)
+        .json(&serde_json::json!({"cmd": ["cat"], "stdin": stdin}))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("exec/stream");
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.expect("the stream finishes");
+    let (stdout, exit) = sse_stdout(&text);
+    assert_eq!(exit.as_deref(), Some("0"));
+    assert!(stdout == stdin.as_bytes(), "{} bytes back", stdout.len());
+}
+
+/// The stdout bytes of an SSE exec stream, and the exit code.
+fn sse_stdout(text: &str) -> (Vec<u8>, Option<String>) {
+    use base64::Engine;
+    let mut out = Vec::new();
+    let mut exit = None;
+    let mut event = "";
+    for line in text.lines() {
+        if let Some(e) = line.strip_prefix("event: ") {
+            event = e;
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            let v: serde_json::Value = serde_json::from_str(d).unwrap_or_default();
+            match event {
+                "stdout" => match (v["data"].as_str(), v["data_b64"].as_str()) {
+                    (Some(t), _) => out.extend_from_slice(t.as_bytes()),
+                    (None, Some(b)) => out.extend(
+                        base64::engine::general_purpose::STANDARD
+                            .decode(b)
+                            .expect("base64"),
+                    ),
+                    _ => {}
+                },
+                "exit" => exit = Some(v["exit_code"].to_string()),
+                _ => {}
+            }
+        }
+    }
+    (out, exit)
+}
