@@ -5,6 +5,7 @@
 //! - [`store`]: the SQLite state database.
 //! - [`backend`]: isolation backends (`ns` today).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
+//! - [`output`]: collected exec output and the server-wide budget bounding it.
 //! - [`events`], [`metrics`]: observability.
 
 pub mod backend;
@@ -17,6 +18,7 @@ pub mod ids;
 pub mod manager;
 pub mod metrics;
 pub mod model;
+pub mod output;
 mod pidwatch;
 pub mod snapshot;
 pub mod store;

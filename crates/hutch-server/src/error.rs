@@ -97,6 +97,7 @@ impl From<CoreError> for ApiError {
             CoreError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             CoreError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "not_supported"),
             CoreError::Quota(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
+            CoreError::TooManyExecs(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_execs"),
             CoreError::Agent { code, .. } => agent_code(code),
             CoreError::SandboxFailed(_) => (StatusCode::CONFLICT, "sandbox_failed"),
             CoreError::Database(_) | CoreError::Internal(_) => {

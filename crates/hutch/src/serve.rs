@@ -86,6 +86,14 @@ pub struct ServeArgs {
     /// 413. File uploads and streamed exec stdin are not limited by it.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     pub max_json_body: usize,
+    /// Memory collected exec output may hold, server-wide, in MiB. Past it, reading exec
+    /// output waits (back-pressure on the agent stream); one exec at a time may overdraw by
+    /// its 32 MiB cap, so held output stays under this + 36 MiB. See docs/limits.md.
+    #[arg(long, default_value_t = 256)]
+    pub exec_output_budget_mib: usize,
+    /// Execs (collected, streamed, PTY) one sandbox may run at once; more are answered 429.
+    #[arg(long, default_value_t = 32)]
+    pub max_execs_per_sandbox: usize,
     /// TCP ports sandboxes may never connect to (comma-separated; default: Stratum mining
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
@@ -236,6 +244,8 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         VmSnapshotArg::Stream => hutch_core::config::VmSnapshotMethod::Stream,
     };
     cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
+    cfg.exec_output_budget_bytes = args.exec_output_budget_mib.max(1) << 20;
+    cfg.max_execs_per_sandbox = args.max_execs_per_sandbox.max(1);
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

@@ -326,3 +326,173 @@ fn sse_stdout(text: &str) -> (Vec<u8>, Option<String>) {
     }
     (out, exit)
 }
+
+/// Highest `VmRSS` of the server, sampled every 20 ms until `stop` is set.
+fn sample_peak_rss(
+    pid: u32,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut peak = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let rss = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            peak = peak.max(rss);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        peak
+    })
+}
+
+/// 50 concurrent execs, each writing 16 MiB, against a 64 MiB output budget: every one comes
+/// back complete and byte-correct (or is refused with 429, never cut), and the server's peak
+/// RSS stays under its baseline + the documented bound (budget + 36 MiB) + an allowance for
+/// everything else the server holds meanwhile.
+#[tokio::test]
+async fn fifty_concurrent_16_mib_execs_stay_within_the_output_budget() {
+    const EXECS: usize = 50;
+    const SIZE: usize = 16 << 20;
+    const BUDGET_MIB: u64 = 64;
+    const ALLOWANCE_MIB: u64 = 96;
+    let s = TestServer::start_with(&["--exec-output-budget-mib", "64"]).await;
+    let sandboxes = [
+        s.create_id(serde_json::json!({})).await,
+        s.create_id(serde_json::json!({})).await,
+    ];
+    // A line of 16 bytes repeated: 16 MiB of ASCII whose JSON is barely larger.
+    let line = "abcdefghijklmno\n";
+    let expected = line.repeat(SIZE / line.len());
+    let script = format!("yes abcdefghijklmno | head -c {SIZE}");
+    // Warm up (first exec per sandbox, allocator arenas), then take the baseline.
+    for id in &sandboxes {
+        let v = s
+            .exec(
+                id,
+                serde_json::json!({"cmd": "head -c 1000000 /dev/zero | wc -c"}),
+            )
+            .await;
+        assert_eq!(v["stdout"], "1000000\n");
+    }
+    let base = s.server_rss_kib();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = sample_peak_rss(s.server_pid(), stop.clone());
+    let runs = (0..EXECS).map(|i| {
+        let url = format!("{}/v1/sandboxes/{}/exec", s.url, sandboxes[i % 2]);
+        let (http, key, script, expected) = (s.http.clone(), s.key.clone(), &script, &expected);
+        async move {
+            let resp = http
+                .post(url)
+                .bearer_auth(key)
+                .json(&serde_json::json!({"cmd": script, "timeout_seconds": 600}))
+                .send()
+                .await
+                .expect("exec answered");
+            let status = resp.status().as_u16();
+            let body = resp.bytes().await.expect("whole answer");
+            if status == 429 {
+                return false;
+            }
+            assert_eq!(
+                status,
+                200,
+                "exec {i}: {}",
+                String::from_utf8_lossy(&body[..200.min(body.len())])
+            );
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("valid JSON");
+            drop(body);
+            assert_eq!(v["exit_code"], 0, "exec {i}");
+            assert_eq!(v["stdout_truncated"], false, "exec {i}");
+            assert!(v.get("stdout_b64").is_none());
+            assert!(
+                v["stdout"].as_str() == Some(expected.as_str()),
+                "exec {i}: wrong output"
+            );
+            true
+        }
+    });
+    let done = futures_util::future::join_all(runs).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().expect("sampler");
+    let completed = done.iter().filter(|ok| **ok).count();
+    let metrics = s.metrics_text().await;
+    let held_peak = metric(&metrics, "hutch_exec_output_buffered_peak_bytes");
+    eprintln!(
+        "server RSS: base {} MiB, peak {} MiB over {completed}/{EXECS} completed execs; \
+         output held at peak {:.0} MiB",
+        base / 1024,
+        peak / 1024,
+        held_peak / 1048576.0
+    );
+    assert!(completed > 0, "some execs must run");
+    assert!(
+        held_peak <= ((BUDGET_MIB + 36) << 20) as f64,
+        "the budget's own accounting went past its bound: {held_peak}"
+    );
+    assert!(
+        peak < base + (BUDGET_MIB + 36 + ALLOWANCE_MIB) * 1024,
+        "server RSS peaked at {} MiB from {} MiB",
+        peak / 1024,
+        base / 1024
+    );
+}
+
+/// A sandbox runs at most `--max-execs-per-sandbox` execs at once: one more is answered 429
+/// `too_many_execs` naming the cap, and runs again once a slot is free.
+#[tokio::test]
+async fn execs_past_the_per_sandbox_cap_get_429() {
+    let s = TestServer::start_with(&["--max-execs-per-sandbox", "2"]).await;
+    let id = s.create_id(serde_json::json!({})).await;
+    let hold = |n: u32| {
+        let url = format!("{}/v1/sandboxes/{id}/exec/stream", s.url);
+        let (http, key) = (s.http.clone(), s.key.clone());
+        async move {
+            http.post(url)
+                .bearer_auth(key)
+                .json(&serde_json::json!({"cmd": format!("echo {n}; sleep 30")}))
+                .send()
+                .await
+                .expect("stream")
+        }
+    };
+    let first = hold(1).await;
+    let second = hold(2).await;
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    let (st, v) = s
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(serde_json::json!({"cmd": "echo three"})),
+        )
+        .await;
+    assert_eq!(st, 429, "{v}");
+    assert_eq!(v["error"]["code"], "too_many_execs");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("2 execs") && message.contains("--max-execs-per-sandbox"),
+        "{message}"
+    );
+    // Dropping a stream kills its command and frees its slot.
+    drop(first);
+    let freed = common::wait_until(Duration::from_secs(10), async || {
+        let (st, v) = s
+            .request(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(serde_json::json!({"cmd": "echo three"})),
+            )
+            .await;
+        (st == 200).then_some(v)
+    })
+    .await
+    .expect("a slot frees up");
+    assert_eq!(freed["stdout"], "three\n");
+    drop(second);
+}

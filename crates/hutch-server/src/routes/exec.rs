@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::Extension;
 use base64::Engine;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
@@ -107,27 +107,8 @@ impl ExecBody {
     }
 }
 
-fn text_fields(name: &str, data: &[u8], out: &mut serde_json::Map<String, serde_json::Value>) {
-    match std::str::from_utf8(data) {
-        Ok(s) => {
-            out.insert(name.into(), s.into());
-        }
-        Err(_) => {
-            out.insert(
-                name.into(),
-                String::from_utf8_lossy(data).into_owned().into(),
-            );
-            out.insert(
-                format!("{name}_b64"),
-                base64::engine::general_purpose::STANDARD
-                    .encode(data)
-                    .into(),
-            );
-        }
-    }
-}
-
-/// `POST /v1/sandboxes/{id}/exec`.
+/// `POST /v1/sandboxes/{id}/exec`: the answer is written from the one copy of the output,
+/// piece by piece ([`super::exec_json`]).
 pub async fn exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -137,13 +118,11 @@ pub async fn exec(
     authorize(&state, &caller, &id)?;
     let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
     let out = state.manager.exec(&id, cmd).await?;
-    let mut json = match serde_json::to_value(&out) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => serde_json::Map::new(),
-    };
-    text_fields("stdout", &out.stdout, &mut json);
-    text_fields("stderr", &out.stderr, &mut json);
-    Ok(Json(serde_json::Value::Object(json)))
+    let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(futures_util::stream::iter(pieces)),
+    ))
 }
 
 fn data_event(name: &str, data: &[u8]) -> Event {
@@ -294,13 +273,13 @@ pub async fn exec_stream(
         };
         (cmd, source)
     };
-    let session = state.manager.exec_session(&id, &cmd, None).await?;
+    let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
     let (input, events) = session.into_parts();
     let feeder = AbortOnDrop(tokio::spawn(feed_stdin(input, source)));
     // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
     let guard = state.manager.session_guard(&id);
     let stream = futures_util::StreamExt::map(async_stream(events), move |event| {
-        let _ = (&guard, &feeder);
+        let _ = (&guard, &feeder, &slot);
         event
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
