@@ -80,7 +80,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10)]
     pub header_timeout_secs: u64,
     /// Seconds a keep-alive connection may stay idle between requests.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 120)]
     pub idle_timeout_secs: u64,
     /// Largest JSON request body (bytes, or with a KiB/MiB suffix); larger ones are answered
     /// 413. File uploads and streamed exec stdin are not limited by it.

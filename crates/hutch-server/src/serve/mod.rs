@@ -37,8 +37,10 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Default header timeout.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default idle keep-alive timeout.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default idle keep-alive timeout: longer than the idle timeout of common client pools
+/// (reqwest/hyper 90 s, httpx 5 s, undici 4 s), so the client closes first and never sends
+/// on a connection the server is closing.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Upper bound of the default connection cap.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
