@@ -81,6 +81,8 @@ pub struct Manager {
     running_execs: Arc<Mutex<HashMap<String, usize>>>,
     /// Memory for collected exec output, shared by every exec.
     output_budget: crate::output::OutputBudget,
+    /// Per sandbox: permits for collected execs reading output at once (`manager/exec.rs`).
+    collecting: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -197,6 +199,7 @@ impl Manager {
             active: Arc::new(Mutex::new(HashMap::new())),
             running_execs: Arc::new(Mutex::new(HashMap::new())),
             output_budget: crate::output::OutputBudget::new(cfg_output_budget),
+            collecting: Mutex::new(HashMap::new()),
         });
         {
             // Decide KVM or TCG in the background (a probe guest may boot); until then

@@ -496,3 +496,40 @@ async fn execs_past_the_per_sandbox_cap_get_429() {
     assert_eq!(freed["stdout"], "three\n");
     drop(second);
 }
+
+/// 24 concurrent 16 MiB execs in one sandbox under the default 256 MiB budget: the budget is
+/// spent and collectors wait, each leaving its 4 MiB stream window unread on the one HTTP/2
+/// connection to the agent (64 MiB for all its streams). Unbounded, the waiting streams
+/// filled that window and the exec holding the budget's overdraft received nothing: every
+/// exec hung. At most 15 collect at once per sandbox now, and all complete.
+#[tokio::test]
+async fn many_large_execs_in_one_sandbox_never_stall_its_agent_connection() {
+    const EXECS: usize = 24;
+    const SIZE: usize = 16 << 20;
+    let s = TestServer::start().await;
+    let id = s.create_id(serde_json::json!({})).await;
+    let script = format!("yes abcdefghijklmno | head -c {SIZE}");
+    let runs = (0..EXECS).map(|i| {
+        let url = format!("{}/v1/sandboxes/{id}/exec", s.url);
+        let (http, key, script) = (s.http.clone(), s.key.clone(), &script);
+        async move {
+            let resp = http
+                .post(url)
+                .bearer_auth(key)
+                .json(&serde_json::json!({"cmd": script, "timeout_seconds": 600}))
+                .timeout(Duration::from_secs(240))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("exec {i} stalled or failed: {e}"));
+            assert_eq!(resp.status(), 200, "exec {i}");
+            let v: serde_json::Value = resp.json().await.expect("whole answer");
+            assert_eq!(v["stdout"].as_str().map(str::len), Some(SIZE), "exec {i}");
+        }
+    });
+    futures_util::future::join_all(runs).await;
+    let metrics = s.metrics_text().await;
+    assert!(
+        metric(&metrics, "hutch_exec_output_waits_total") > 0.0,
+        "the budget was spent, so collectors waited"
+    );
+}

@@ -1,17 +1,30 @@
 //! Execs: collected (output kept within the server's output budget, `crate::output`) and
 //! sessions (streams and PTYs relayed by the caller), each counted against the sandbox's cap
 //! of concurrent execs.
+//!
+//! Collected execs of one sandbox share one HTTP/2 connection to its agent, whose receive
+//! window ([`CONNECTION_WINDOW`], 64 MiB) is shared by all its streams. A collector waiting
+//! for the output budget leaves up to [`STREAM_WINDOW`] (4 MiB) unread in it; if enough of
+//! them waited at once they would fill the connection's window, and the exec holding the
+//! budget's overdraft could receive nothing: a deadlock. So at most
+//! [`COLLECTING_PER_SANDBOX`] collected execs per sandbox read output at once (their windows
+//! leave room for the rest of the connection); more wait to start.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use hutch_proto::client::ExecSession;
+use hutch_proto::client::{ExecSession, CONNECTION_WINDOW, STREAM_WINDOW};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Manager;
 use crate::error::{CoreError, CoreResult};
 use crate::exec::{ExecCommand, ExecOutcome};
 use crate::output::OutputBudget;
+
+/// Collected execs of one sandbox reading output at once: their stream windows together stay
+/// below the connection's, with one window to spare for everything else on it.
+pub const COLLECTING_PER_SANDBOX: usize = (CONNECTION_WINDOW / STREAM_WINDOW) as usize - 1;
 
 /// One running exec of a sandbox, counted against `max_execs_per_sandbox` until dropped.
 #[derive(Debug)]
@@ -56,13 +69,37 @@ impl Manager {
         })
     }
 
+    /// Wait for a permit to collect output in sandbox `id` (see the module docs).
+    async fn collect_permit(&self, id: &str) -> OwnedSemaphorePermit {
+        let semaphore = {
+            let mut map = self.collecting.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                map.entry(id.to_string())
+                    .or_insert_with(|| Arc::new(Semaphore::new(COLLECTING_PER_SANDBOX))),
+            )
+        };
+        semaphore
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// Forget sandbox `id`'s collect permits when nobody holds or waits for one.
+    fn release_collect_permits(&self, id: &str) {
+        let mut map = self.collecting.lock().unwrap_or_else(|p| p.into_inner());
+        // Clones are only taken under this lock: one left means only the map holds it.
+        if map.get(id).is_some_and(|s| Arc::strong_count(s) == 1) {
+            map.remove(id);
+        }
+    }
+
     /// Run a command and collect its output.
     pub async fn exec(self: &Arc<Self>, id: &str, cmd: ExecCommand) -> CoreResult<ExecOutcome> {
         self.exec_capped(id, cmd, self.cfg.output_cap_bytes).await
     }
 
-    /// Run a command and collect at most `cap` bytes of each stream, reserved from the
-    /// output budget as they arrive (waiting while it is spent).
+    /// Run a command and collect at most `cap` bytes of each stream: counted against the
+    /// sandbox's cap of execs (refused past it), started once a collect permit is free.
     pub(super) async fn exec_capped(
         self: &Arc<Self>,
         id: &str,
@@ -70,6 +107,21 @@ impl Manager {
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
         let _slot = self.exec_slot(id)?;
+        let permit = self.collect_permit(id).await;
+        let result = self.exec_collecting(id, cmd, cap).await;
+        drop(permit);
+        self.release_collect_permits(id);
+        result
+    }
+
+    /// The exec itself: output reserved from the budget as it arrives (waiting while it is
+    /// spent).
+    async fn exec_collecting(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: ExecCommand,
+        cap: usize,
+    ) -> CoreResult<ExecOutcome> {
         let client = self.agent(id).await?;
         let _active = self.session_guard(id);
         let r = self.load(id)?;
