@@ -24,6 +24,11 @@ pub struct Config {
     pub reaper_interval: Duration,
     /// Per-stream cap of collected exec output.
     pub output_cap_bytes: usize,
+    /// Server-wide budget of collected exec output held in memory (`output.rs`): past it
+    /// collectors wait, one exec at a time overdrawing by at most its cap.
+    pub exec_output_budget_bytes: usize,
+    /// Execs (collected, streamed, PTY) running at once in one sandbox; more are refused.
+    pub max_execs_per_sandbox: usize,
     /// Name of Hutch's parent cgroup in every hierarchy.
     pub cgroup_parent: String,
     /// Largest CPU count one sandbox may ask for.
@@ -86,6 +91,8 @@ impl Config {
             max_ttl_seconds: 7 * 24 * 3600,
             reaper_interval: Duration::from_secs(1),
             output_cap_bytes: 16 << 20,
+            exec_output_budget_bytes: 256 << 20,
+            max_execs_per_sandbox: 32,
             cgroup_parent: "hutch".into(),
             max_cpus: cpus,
             max_memory_mib: host_memory_mib().max(64),

@@ -18,6 +18,9 @@ pub enum CoreError {
     /// A limit or quota would be exceeded (429).
     #[error("{0}")]
     Quota(String),
+    /// The sandbox already runs as many execs as it may at once (429).
+    #[error("{0}")]
+    TooManyExecs(String),
     /// The sandbox's agent answered with an error about the request (passed through).
     #[error("{message}")]
     Agent {

@@ -6,6 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::Serialize;
 
+use crate::output::{OutputChunks, OutputLease};
+
 pub use hutch_proto::Command;
 
 /// A validated exec.
@@ -43,15 +45,19 @@ impl ExecCommand {
     }
 }
 
-/// The result of a collected exec, as the API returns it.
-#[derive(Debug, Clone, Serialize)]
+/// The result of a collected exec, as the API returns it. It holds its output's share of
+/// the server's output budget until dropped (so keep it until the answer is written).
+#[derive(Debug, Serialize)]
 pub struct ExecOutcome {
-    /// Captured stdout (lossy UTF-8 in JSON; see `stdout_b64` in the API for raw bytes).
+    /// Captured stdout, once (the API renders lossy UTF-8 and `stdout_b64` from it).
     #[serde(skip)]
-    pub stdout: Bytes,
+    pub stdout: OutputChunks,
     /// Captured stderr.
     #[serde(skip)]
-    pub stderr: Bytes,
+    pub stderr: OutputChunks,
+    /// The output's reservation in the budget, given back on drop.
+    #[serde(skip)]
+    pub lease: Option<OutputLease>,
     /// Exit status (`128+N` for signal N, 124 for timeout).
     pub exit_code: i32,
     /// Killed by the timeout.

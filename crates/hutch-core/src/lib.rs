@@ -5,6 +5,7 @@
 //! - [`store`]: the SQLite state database.
 //! - [`backend`]: isolation backends (`ns` today).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
+//! - [`output`]: collected exec output and the server-wide budget bounding it.
 //! - [`events`], [`metrics`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
@@ -18,6 +19,7 @@ pub mod ids;
 pub mod manager;
 pub mod metrics;
 pub mod model;
+pub mod output;
 mod pidwatch;
 pub mod sandbox_token;
 pub mod snapshot;

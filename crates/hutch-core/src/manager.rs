@@ -13,6 +13,7 @@
 //! by a per-sandbox lock; exec and file calls take no lock.
 
 mod create;
+mod exec;
 mod fork;
 mod lifecycle;
 mod network;
@@ -26,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use hutch_proto::client::{AgentClient, ClientError, ExecSession};
+use hutch_proto::client::{AgentClient, ClientError};
 use hutch_template::TemplateStore;
 
 use crate::backend::ns::NsBackend;
@@ -35,7 +36,6 @@ use crate::backend::{Backend, Usage};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::events::EventBus;
-use crate::exec::{ExecCommand, ExecOutcome};
 use crate::ids;
 use crate::metrics::Metrics;
 use crate::model::{
@@ -46,6 +46,7 @@ use crate::sandbox_token::TokenSigner;
 use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
 
+pub use self::exec::ExecSlot;
 pub use self::ports::{parse_port, PortConnection};
 
 /// First uid slot handed out (slot × 65536 = uid base): keeps clear of host users.
@@ -79,6 +80,12 @@ pub struct Manager {
     active: Arc<Mutex<HashMap<String, usize>>>,
     /// Signs and verifies sandbox tokens (`<state>/token.secret`).
     tokens: TokenSigner,
+    /// Per sandbox: execs running now (collected, streamed, PTY), against the cap.
+    running_execs: Arc<Mutex<HashMap<String, usize>>>,
+    /// Memory for collected exec output, shared by every exec.
+    output_budget: crate::output::OutputBudget,
+    /// Per sandbox: permits for collected execs reading output at once (`manager/exec.rs`).
+    collecting: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -149,6 +156,7 @@ fn client_error(e: ClientError) -> CoreError {
 impl Manager {
     /// Open the state directory, re-adopt surviving sandboxes and start the reaper.
     pub async fn start(cfg: Config) -> CoreResult<Arc<Self>> {
+        let cfg_output_budget = cfg.exec_output_budget_bytes;
         std::fs::create_dir_all(cfg.state_dir.join("sandboxes"))
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", cfg.state_dir.display())))?;
         std::fs::create_dir_all(&cfg.templates_dir).map_err(|e| {
@@ -197,6 +205,9 @@ impl Manager {
             cpu_seen: Mutex::new(HashMap::new()),
             active: Arc::new(Mutex::new(HashMap::new())),
             tokens,
+            running_execs: Arc::new(Mutex::new(HashMap::new())),
+            output_budget: crate::output::OutputBudget::new(cfg_output_budget),
+            collecting: Mutex::new(HashMap::new()),
         });
         {
             // Decide KVM or TCG in the background (a probe guest may boot); until then
@@ -558,80 +569,6 @@ impl Manager {
         }
     }
 
-    /// Run a command and collect its output.
-    pub async fn exec(self: &Arc<Self>, id: &str, cmd: ExecCommand) -> CoreResult<ExecOutcome> {
-        self.exec_capped(id, cmd, self.cfg.output_cap_bytes).await
-    }
-
-    /// Run a command and collect at most `cap` bytes of each stream.
-    async fn exec_capped(
-        self: &Arc<Self>,
-        id: &str,
-        cmd: ExecCommand,
-        cap: usize,
-    ) -> CoreResult<ExecOutcome> {
-        let client = self.agent(id).await?;
-        let _active = self.session_guard(id);
-        let r = self.load(id)?;
-        let backend = self.backend(r.isolation)?;
-        let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
-        self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let req = cmd.to_agent_request(None);
-        let collected = client
-            .exec_collect(req, cmd.stdin.clone(), cap)
-            .await
-            .map_err(|e| self.on_transport_error(&r, e))?;
-        let exit = collected.exit;
-        if exit.timed_out {
-            self.metrics.exec_timeouts.fetch_add(1, Ordering::Relaxed);
-        }
-        // A vm guest's agent counts the OOM kills of the exec's own cgroup (exact per exec);
-        // otherwise (ns) the sandbox's host cgroup counter moved during the exec.
-        let oom_killed = exit.signal == Some(libc::SIGKILL)
-            && !exit.timed_out
-            && match exit.oom_kills {
-                Some(kills) => kills > 0,
-                None => backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0) > oom_before,
-            };
-        if oom_killed {
-            self.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
-            self.events.publish(
-                "sandbox.oom",
-                id,
-                r.metadata.get("tenant_id").cloned(),
-                Some(format!(
-                    "a process exceeded the memory limit of {} MiB",
-                    r.memory_mib
-                )),
-            );
-        }
-        Ok(ExecOutcome {
-            stdout: collected.stdout,
-            stderr: collected.stderr,
-            exit_code: exit.exit_code,
-            timed_out: exit.timed_out,
-            duration_ms: exit.duration_ms,
-            stdout_truncated: collected.stdout_truncated,
-            stderr_truncated: collected.stderr_truncated,
-            oom_killed,
-        })
-    }
-
-    /// Start a streaming (or PTY) exec; the caller drives the session.
-    pub async fn exec_session(
-        self: &Arc<Self>,
-        id: &str,
-        cmd: &ExecCommand,
-        pty: Option<hutch_proto::PtySize>,
-    ) -> CoreResult<ExecSession> {
-        let client = self.agent(id).await?;
-        self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        client
-            .exec(cmd.to_agent_request(pty))
-            .await
-            .map_err(|e| self.agent_error(id, e))
-    }
-
     /// Current resource usage of a sandbox.
     pub fn usage(&self, id: &str) -> CoreResult<Option<Usage>> {
         let r = self.touch(id)?;
@@ -665,6 +602,15 @@ impl Manager {
                 text,
                 "# HELP hutch_vm_warm_guests Warm vm guests ready to become sandboxes.\n# TYPE hutch_vm_warm_guests gauge\nhutch_vm_warm_guests {}",
                 self.warm.len()
+            );
+            let budget = &self.output_budget;
+            let _ = writeln!(
+                text,
+                "# HELP hutch_exec_output_budget_bytes Memory collected exec output may hold (hutch serve --exec-output-budget-mib).\n# TYPE hutch_exec_output_budget_bytes gauge\nhutch_exec_output_budget_bytes {}\n# HELP hutch_exec_output_buffered_bytes Collected exec output held now.\n# TYPE hutch_exec_output_buffered_bytes gauge\nhutch_exec_output_buffered_bytes {}\n# HELP hutch_exec_output_buffered_peak_bytes Most collected exec output held at once since start.\n# TYPE hutch_exec_output_buffered_peak_bytes gauge\nhutch_exec_output_buffered_peak_bytes {}\n# HELP hutch_exec_output_waits_total Execs whose output reading waited for the budget.\n# TYPE hutch_exec_output_waits_total counter\nhutch_exec_output_waits_total {}",
+                budget.limit(),
+                budget.used(),
+                budget.peak(),
+                budget.waits()
             );
             let (captured, streamed) = self.vm.memory_snapshot_counts();
             let _ = writeln!(

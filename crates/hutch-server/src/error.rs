@@ -62,6 +62,15 @@ impl ApiError {
         }
     }
 
+    /// 413: a request body over the limit of its route.
+    pub fn payload_too_large(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code: "payload_too_large",
+            message: message.into(),
+        }
+    }
+
     /// 422.
     pub fn invalid(message: impl Into<String>) -> Self {
         Self {
@@ -97,6 +106,7 @@ impl From<CoreError> for ApiError {
             CoreError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             CoreError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "not_supported"),
             CoreError::Quota(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
+            CoreError::TooManyExecs(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_execs"),
             CoreError::Agent { code, .. } => agent_code(code),
             CoreError::SandboxFailed(_) => (StatusCode::CONFLICT, "sandbox_failed"),
             CoreError::Database(_) | CoreError::Internal(_) => {

@@ -1,6 +1,6 @@
 //! Extractors: JSON bodies and queries with our error format, and authentication.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody, JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::middleware::Next;
@@ -12,16 +12,19 @@ use crate::AppState;
 /// A JSON body whose rejections are answered in Hutch's error format (400).
 pub struct ApiJson<T>(pub T);
 
-impl<S, T> FromRequest<S> for ApiJson<T>
+impl<T> FromRequest<AppState> for ApiJson<T>
 where
-    axum::Json<T>: FromRequest<S, Rejection = JsonRejection>,
-    S: Send + Sync,
+    axum::Json<T>: FromRequest<AppState, Rejection = JsonRejection>,
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        check_declared_length(&req, state)?;
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Self(v)),
+            Err(JsonRejection::BytesRejection(BytesRejection::FailedToBufferBody(
+                FailedToBufferBody::LengthLimitError(_),
+            ))) => Err(too_large(state)),
             Err(rej) => Err(ApiError::bad_request(match rej {
                 JsonRejection::JsonDataError(e) => {
                     format!("invalid request body: {}", source_text(&e))
@@ -33,6 +36,58 @@ where
                 other => other.body_text(),
             })),
         }
+    }
+}
+
+/// A JSON body as raw bytes (for routes whose body may be empty), within the JSON limit.
+pub struct JsonBytes(pub bytes::Bytes);
+
+impl FromRequest<AppState> for JsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        check_declared_length(&req, state)?;
+        match bytes::Bytes::from_request(req, state).await {
+            Ok(b) => Ok(Self(b)),
+            Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+                Err(too_large(state))
+            }
+            Err(other) => Err(ApiError::bad_request(other.body_text())),
+        }
+    }
+}
+
+/// 413 before reading anything when `Content-Length` is already over the limit.
+fn check_declared_length(req: &Request, state: &AppState) -> Result<(), ApiError> {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > state.json_body_limit() as u64 => Err(too_large(state)),
+        _ => Ok(()),
+    }
+}
+
+fn too_large(state: &AppState) -> ApiError {
+    let limit = state.json_body_limit();
+    ApiError::payload_too_large(format!(
+        "request body is larger than the {} limit of JSON requests (hutch serve --max-json-body); \
+         upload file contents with PUT …/files and send large stdin as the body of \
+         POST …/exec/stream with Content-Type: application/octet-stream",
+        human_size(limit)
+    ))
+}
+
+/// `1048576` → `1 MiB (1048576 bytes)`.
+pub fn human_size(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes & ((1 << 20) - 1) == 0 {
+        format!("{} MiB ({bytes} bytes)", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes & ((1 << 10) - 1) == 0 {
+        format!("{} KiB ({bytes} bytes)", bytes >> 10)
+    } else {
+        format!("{bytes}-byte")
     }
 }
 
@@ -114,6 +169,13 @@ pub async fn require_auth(State(state): State<AppState>, mut req: Request, next:
     }
     match state.authenticate(&key) {
         Ok(Some(caller)) => {
+            // A known client's connection is evicted only after every stranger's.
+            if let Some(conn) = req
+                .extensions()
+                .get::<crate::serve::connections::ConnectionHandle>()
+            {
+                conn.mark_authenticated();
+            }
             req.extensions_mut().insert(caller);
             next.run(req).await
         }

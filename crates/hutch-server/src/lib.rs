@@ -11,6 +11,7 @@ mod key_cache;
 mod preview;
 mod proxy;
 mod routes;
+pub mod serve;
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -30,7 +31,13 @@ pub struct AppState {
     keys: Arc<Mutex<key_cache::KeyCache>>,
     /// The preview origin, when `hutch serve` runs one (browser links point there).
     preview: Option<Arc<PreviewOrigin>>,
+    connections: Arc<serve::connections::ConnectionStats>,
+    /// Largest JSON request body, in bytes.
+    json_body_limit: usize,
 }
+
+/// Default [`AppState::with_json_body_limit`]: 1 MiB.
+pub const DEFAULT_JSON_BODY_LIMIT: usize = 1 << 20;
 
 impl AppState {
     /// State over a started manager.
@@ -39,6 +46,8 @@ impl AppState {
             manager,
             keys: Arc::new(Mutex::new(key_cache::KeyCache::default())),
             preview: None,
+            connections: Arc::default(),
+            json_body_limit: DEFAULT_JSON_BODY_LIMIT,
         }
     }
 
@@ -46,6 +55,23 @@ impl AppState {
     pub fn with_preview(mut self, preview: PreviewOrigin) -> Self {
         self.preview = Some(Arc::new(preview));
         self
+    }
+
+    /// Answer JSON bodies larger than `bytes` with 413 (file uploads and streamed exec stdin
+    /// are streamed, not limited by this).
+    pub fn with_json_body_limit(mut self, bytes: usize) -> Self {
+        self.json_body_limit = bytes.max(1);
+        self
+    }
+
+    /// The largest JSON body accepted, in bytes.
+    pub fn json_body_limit(&self) -> usize {
+        self.json_body_limit
+    }
+
+    /// Counters of client connections, filled by [`serve::serve`] and shown in `/metrics`.
+    pub fn connection_stats(&self) -> Arc<serve::connections::ConnectionStats> {
+        Arc::clone(&self.connections)
     }
 
     pub(crate) fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
@@ -140,6 +166,8 @@ pub fn app(state: AppState) -> Router {
         .merge(v1)
         .merge(port_proxy)
         .fallback(misc::not_found)
-        .layer(axum::extract::DefaultBodyLimit::disable())
+        // Every buffered body (JSON) is limited; file uploads, streamed exec stdin and the
+        // port proxy take the body as a stream, which this does not limit.
+        .layer(axum::extract::DefaultBodyLimit::max(state.json_body_limit))
         .with_state(state)
 }

@@ -86,6 +86,29 @@ pub struct ServeArgs {
     /// /etc/resolv.conf).
     #[arg(long)]
     pub net_upstream_dns: Option<String>,
+    /// Client connections open at most; past it the oldest idle connection of a client that
+    /// has not authenticated is closed first (default: half the descriptor limit, at most
+    /// 4096). See docs/limits.md.
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a new connection has to send its first complete request head.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// Seconds a keep-alive connection may stay idle between requests.
+    #[arg(long, default_value_t = 120)]
+    pub idle_timeout_secs: u64,
+    /// Largest JSON request body (bytes, or with a KiB/MiB suffix); larger ones are answered
+    /// 413. File uploads and streamed exec stdin are not limited by it.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub max_json_body: usize,
+    /// Memory collected exec output may hold, server-wide, in MiB. Past it, reading exec
+    /// output waits (back-pressure on the agent stream); one exec at a time may overdraw by
+    /// its 32 MiB cap, so held output stays under this + 36 MiB. See docs/limits.md.
+    #[arg(long, default_value_t = 256)]
+    pub exec_output_budget_mib: usize,
+    /// Execs (collected, streamed, PTY) one sandbox may run at once; more are answered 429.
+    #[arg(long, default_value_t = 32)]
+    pub max_execs_per_sandbox: usize,
     /// TCP ports sandboxes may never connect to (comma-separated; default: Stratum mining
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
@@ -260,6 +283,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         tracing::warn!("cannot become a child subreaper: exited sandboxes may linger as zombies");
     }
+    let open_files = raise_open_files_limit();
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
     std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o711))?;
@@ -293,6 +317,8 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     };
     cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
     cfg.vm_console_bytes = args.vm_console_bytes;
+    cfg.exec_output_budget_bytes = args.exec_output_budget_mib.max(1) << 20;
+    cfg.max_execs_per_sandbox = args.max_execs_per_sandbox.max(1);
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];
@@ -313,7 +339,14 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let mut state = hutch_server::AppState::new(manager.clone());
+    let mut state =
+        hutch_server::AppState::new(manager.clone()).with_json_body_limit(args.max_json_body);
+    let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
+    if let Some(n) = args.max_connections {
+        limits.max_connections = n.max(1);
+    }
+    limits.header_timeout = Duration::from_secs(args.header_timeout_secs.max(1));
+    limits.idle_timeout = Duration::from_secs(args.idle_timeout_secs.max(1));
     let mut preview_server = None;
     let (preview_tx, preview_rx) = tokio::sync::oneshot::channel::<()>();
     if let Some(preview_addr) = args.preview_listen.address(args.listen) {
@@ -338,32 +371,31 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             bound.port()
         );
         let preview = hutch_server::preview_app(state.clone());
-        preview_server = Some(tokio::spawn(async move {
-            axum::serve(
-                preview_listener,
-                preview.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .with_graceful_shutdown(async {
+        // The same connection cap and timeouts as the API's (counted apart).
+        preview_server = Some(tokio::spawn(hutch_server::serve::serve(
+            preview_listener,
+            preview,
+            limits.clone(),
+            Default::default(),
+            async {
                 let _ = preview_rx.await;
-            })
-            .await
-        }));
+            },
+        )));
     }
     println!("hutch listening on http://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
+    let stats = state.connection_stats();
     let app = hutch_server::app(state);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        // The peer address feeds `X-Forwarded-For` on the port proxy.
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async {
+    let server = tokio::spawn(hutch_server::serve::serve(
+        listener,
+        app,
+        limits,
+        stats,
+        async {
             let _ = rx.await;
-        })
-        .await
-    });
+        },
+    ));
     shutdown_signal().await;
     tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");
     let _ = tx.send(());
@@ -384,6 +416,60 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A size such as `1048576`, `512KiB` or `1MiB`.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        other => return Err(format!("unknown size unit {other:?} (use KiB, MiB or GiB)")),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 1048576, 512KiB or 1MiB"))?;
+    n.checked_mul(1usize << shift)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{s:?} is not a usable size"))
+}
+
+/// Raise the soft `RLIMIT_NOFILE` to the hard limit (every client connection, agent socket
+/// and sandbox descriptor counts against it) and return the limit now in force.
+fn raise_open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        tracing::warn!("cannot read RLIMIT_NOFILE; sizing the connection cap for 1024");
+        return 1024;
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        }
+    }
+    tracing::info!(
+        before,
+        now = lim.rlim_cur,
+        hard = lim.rlim_max,
+        "open files limit (RLIMIT_NOFILE)"
+    );
+    lim.rlim_cur
+}
+
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
@@ -396,5 +482,20 @@ async fn shutdown_signal() {
             }
         }
         _ => std::future::pending::<()>().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("2m"), Ok(2 << 20));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("1 parsec").is_err());
     }
 }

@@ -143,8 +143,8 @@ impl Manager {
                     Ok(Ok(out)) => {
                         o.exit_code = Some(out.exit_code);
                         o.timed_out = out.timed_out;
-                        o.stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-                        o.stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+                        o.stdout = String::from_utf8_lossy(&out.stdout.to_vec()).into_owned();
+                        o.stderr = String::from_utf8_lossy(&out.stderr.to_vec()).into_owned();
                         o.stdout_truncated = out.stdout_truncated;
                         o.stderr_truncated = out.stderr_truncated;
                         o.duration_ms = out.duration_ms;

@@ -1,18 +1,24 @@
 //! `POST /v1/sandboxes/{id}/exec` (collected) and `/exec/stream` (SSE).
+//!
+//! `/exec/stream` takes the command either as the JSON body (stdin, if any, inside it, within
+//! the JSON body limit) or, with `Content-Type: application/octet-stream`, in the query
+//! string with the request body as stdin, streamed to the process while its output streams
+//! back (see [`query_exec_body`]).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::body::Body;
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::Extension;
 use base64::Engine;
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use hutch_core::exec::{Command, ExecCommand};
-use hutch_proto::client::ExecEvent;
+use hutch_proto::client::{ExecEvent, ExecEvents, ExecInput};
 use serde::Deserialize;
 
 use super::sandboxes::{authorize, validate_env};
@@ -101,27 +107,8 @@ impl ExecBody {
     }
 }
 
-fn text_fields(name: &str, data: &[u8], out: &mut serde_json::Map<String, serde_json::Value>) {
-    match std::str::from_utf8(data) {
-        Ok(s) => {
-            out.insert(name.into(), s.into());
-        }
-        Err(_) => {
-            out.insert(
-                name.into(),
-                String::from_utf8_lossy(data).into_owned().into(),
-            );
-            out.insert(
-                format!("{name}_b64"),
-                base64::engine::general_purpose::STANDARD
-                    .encode(data)
-                    .into(),
-            );
-        }
-    }
-}
-
-/// `POST /v1/sandboxes/{id}/exec`.
+/// `POST /v1/sandboxes/{id}/exec`: the answer is written from the one copy of the output,
+/// piece by piece ([`super::exec_json`]).
 pub async fn exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -131,13 +118,11 @@ pub async fn exec(
     authorize(&state, &caller, &id)?;
     let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
     let out = state.manager.exec(&id, cmd).await?;
-    let mut json = match serde_json::to_value(&out) {
-        Ok(serde_json::Value::Object(m)) => m,
-        _ => serde_json::Map::new(),
-    };
-    text_fields("stdout", &out.stdout, &mut json);
-    text_fields("stderr", &out.stderr, &mut json);
-    Ok(Json(serde_json::Value::Object(json)))
+    let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(futures_util::stream::iter(pieces)),
+    ))
 }
 
 fn data_event(name: &str, data: &[u8]) -> Event {
@@ -150,42 +135,160 @@ fn data_event(name: &str, data: &[u8]) -> Event {
     Event::default().event(name).data(payload.to_string())
 }
 
+/// Whether a request carries raw stdin (`Content-Type: application/octet-stream`).
+fn has_raw_stdin(req: &Request) -> bool {
+    req.headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/octet-stream"))
+}
+
+/// The exec of a streamed-stdin request, from its query string: `cmd=` (a shell string) or
+/// `arg=` repeated (an argv), `env=NAME=VALUE` repeated, `cwd=`, `user=`,
+/// `timeout_seconds=`, `background=true|false`. The request body is stdin.
+pub fn query_exec_body(query: &str) -> ApiResult<ExecBody> {
+    let mut shell = None;
+    let mut argv = Vec::new();
+    let mut env = BTreeMap::new();
+    let mut body = ExecBody {
+        cmd: Command::Argv(Vec::new()),
+        env: None,
+        cwd: None,
+        user: None,
+        stdin: None,
+        stdin_b64: None,
+        timeout_seconds: None,
+        background: None,
+    };
+    for (key, value) in super::sandboxes::url_pairs(query) {
+        match key.as_str() {
+            "cmd" => shell = Some(value),
+            "arg" => argv.push(value),
+            "env" => {
+                let Some((name, v)) = value.split_once('=') else {
+                    return Err(ApiError::bad_request(format!(
+                        "env must be NAME=VALUE, got {value:?}"
+                    )));
+                };
+                env.insert(name.to_string(), v.to_string());
+            }
+            "cwd" => body.cwd = Some(value),
+            "user" => body.user = Some(value),
+            "timeout_seconds" => {
+                body.timeout_seconds = Some(value.parse().map_err(|_| {
+                    ApiError::bad_request(format!("timeout_seconds must be a number, got {value:?}"))
+                })?)
+            }
+            "background" => {
+                body.background = Some(value.parse().map_err(|_| {
+                    ApiError::bad_request(format!("background must be true or false, got {value:?}"))
+                })?)
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter {other:?} (expected cmd, arg, env, cwd, user, timeout_seconds, background)"
+                )))
+            }
+        }
+    }
+    body.cmd = match (shell, argv.is_empty()) {
+        (Some(_), false) => {
+            return Err(ApiError::bad_request("give cmd= or arg=…, not both"));
+        }
+        (Some(s), true) => Command::Shell(s),
+        (None, _) => Command::Argv(argv),
+    };
+    if !env.is_empty() {
+        body.env = Some(env);
+    }
+    Ok(body)
+}
+
+/// Where a streamed exec's stdin comes from.
+enum StdinSource {
+    /// None: the process reads `/dev/null`.
+    Closed,
+    /// Bytes from the JSON body.
+    Bytes(Bytes),
+    /// The request body, as it arrives.
+    Body(Body),
+}
+
+/// Write stdin, then EOF, while the output is relayed: a process may fill its stdout before
+/// it reads all of its stdin. Ends early when the exec has ended (sends fail) or the client
+/// stops its upload.
+async fn feed_stdin(input: ExecInput, source: StdinSource) {
+    match source {
+        StdinSource::Closed => {}
+        StdinSource::Bytes(data) => {
+            if input.send_stdin(data).await.is_ok() {
+                let _ = input.close_stdin().await;
+            }
+        }
+        StdinSource::Body(body) => {
+            let mut chunks = body.into_data_stream();
+            while let Some(chunk) = chunks.next().await {
+                let Ok(chunk) = chunk else { return };
+                if input.send_stdin(chunk).await.is_err() {
+                    return;
+                }
+            }
+            let _ = input.close_stdin().await;
+        }
+    }
+}
+
+/// Aborts the stdin feeder when the SSE stream is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// `POST /v1/sandboxes/{id}/exec/stream`: SSE of `start`, `stdout`, `stderr`, `exit`
 /// (or `error`). Dropping the connection kills the process unless `background` is set.
 pub async fn exec_stream(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<ExecBody>,
+    req: Request,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     authorize(&state, &caller, &id)?;
-    let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
-    let session = state.manager.exec_session(&id, &cmd, None).await?;
-    if let Some(stdin) = cmd.stdin.clone() {
-        session
-            .send_stdin(stdin)
-            .await
-            .map_err(|e| state.manager.agent_error(&id, e))?;
-        session
-            .close_stdin()
-            .await
-            .map_err(|e| state.manager.agent_error(&id, e))?;
-    }
+    let default_timeout = state.manager.config().default_exec_timeout;
+    let (cmd, source) = if has_raw_stdin(&req) {
+        let body = query_exec_body(req.uri().query().unwrap_or(""))?;
+        let mut cmd = body.into_command(default_timeout)?;
+        // Marks the exec as having stdin; the bytes follow from the request body.
+        cmd.stdin = Some(Bytes::new());
+        (cmd, StdinSource::Body(req.into_body()))
+    } else {
+        let ApiJson(body) = ApiJson::<ExecBody>::from_request(req, &state).await?;
+        let cmd = body.into_command(default_timeout)?;
+        let source = match &cmd.stdin {
+            Some(data) => StdinSource::Bytes(data.clone()),
+            None => StdinSource::Closed,
+        };
+        (cmd, source)
+    };
+    let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
+    let (input, events) = session.into_parts();
+    let feeder = AbortOnDrop(tokio::spawn(feed_stdin(input, source)));
     // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
     let guard = state.manager.session_guard(&id);
-    let stream = futures_util::StreamExt::map(async_stream(session), move |event| {
-        let _ = &guard;
+    let stream = futures_util::StreamExt::map(async_stream(events), move |event| {
+        let _ = (&guard, &feeder, &slot);
         event
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-fn async_stream(
-    session: hutch_proto::client::ExecSession,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold(Some(session), |state| async move {
-        let mut session = state?;
-        let event = match session.next_event().await {
+fn async_stream(events: ExecEvents) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold(Some(events), |state| async move {
+        let mut events = state?;
+        let event = match events.next().await {
             Some(Ok(ExecEvent::Started { pid })) => Event::default()
                 .event("start")
                 .data(serde_json::json!({ "pid": pid }).to_string()),
@@ -219,6 +322,6 @@ fn async_stream(
                 return Some((Ok(ev), None));
             }
         };
-        Some((Ok(event), Some(session)))
+        Some((Ok(event), Some(events)))
     })
 }

@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 use super::sandboxes::authorize;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{json_or_default, ApiJson, Caller};
+use crate::extract::{json_or_default, ApiJson, Caller, JsonBytes};
 use crate::AppState;
 
 /// Default explore timeout.
@@ -143,7 +143,7 @@ pub async fn fork(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    body: axum::body::Bytes,
+    JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: ForkBody = json_or_default(&body)?;
     authorize(&state, &caller, &id)?;

@@ -25,10 +25,11 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// `GET /metrics` (Prometheus text format).
 pub async fn metrics(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.manager.metrics_text(false)?,
-    ))
+    let mut text = state.manager.metrics_text(false)?;
+    text.push_str(&crate::serve::connections::Connections::render(
+        &state.connection_stats(),
+    ));
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
 /// `GET /v1/metrics`: every series, per-sandbox ones included (admin keys only: the labels
@@ -43,10 +44,11 @@ pub async fn metrics_per_sandbox(
                 .into(),
         )));
     }
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.manager.metrics_text(true)?,
-    ))
+    let mut text = state.manager.metrics_text(true)?;
+    text.push_str(&crate::serve::connections::Connections::render(
+        &state.connection_stats(),
+    ));
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text))
 }
 
 /// `GET /v1/openapi.json`.

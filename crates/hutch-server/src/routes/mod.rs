@@ -1,6 +1,7 @@
 //! Route handlers, one module per resource.
 
 pub mod exec;
+mod exec_json;
 pub mod files;
 pub mod lifecycle;
 pub mod misc;

@@ -69,12 +69,12 @@ pub async fn pty(
         background: false,
     };
     // Start the process before upgrading so errors are ordinary HTTP errors.
-    let session = state.manager.exec_session(&id, &cmd, Some(size)).await?;
+    let (session, slot) = state.manager.exec_session(&id, &cmd, Some(size)).await?;
     // An open terminal keeps an idle-hibernating sandbox up.
     let guard = state.manager.session_guard(&id);
     Ok(ws.on_upgrade(move |socket| async move {
         bridge(socket, session).await;
-        drop(guard);
+        drop((guard, slot));
     }))
 }
 

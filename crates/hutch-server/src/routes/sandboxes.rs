@@ -10,7 +10,7 @@ use hutch_core::model::{CreateSandbox, IsolationRequest, ListFilter, SandboxStat
 use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{json_or_default, ApiJson, Caller};
+use crate::extract::{json_or_default, ApiJson, Caller, JsonBytes};
 use crate::AppState;
 
 /// `POST /v1/sandboxes` body.
@@ -144,7 +144,7 @@ pub fn authorize(state: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    body: axum::body::Bytes,
+    JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateBody = json_or_default(&body)?;
     let cmd = body.into_command(&caller)?;
@@ -187,7 +187,7 @@ pub async fn list(
 }
 
 /// Decode `a=b&c=d` with percent-decoding and `+` as space.
-fn url_pairs(q: &str) -> Vec<(String, String)> {
+pub(crate) fn url_pairs(q: &str) -> Vec<(String, String)> {
     q.split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {

@@ -3,6 +3,7 @@
 
 mod baselines;
 mod density;
+mod exec_memory;
 mod lifecycle;
 mod network;
 mod server;
@@ -36,6 +37,9 @@ pub struct BenchArgs {
     /// Warm exec round trips.
     #[arg(long, default_value_t = 1000)]
     pub execs: usize,
+    /// Concurrent execs of 16 MiB output each for the server-memory series (0 skips it).
+    #[arg(long, default_value_t = 50)]
+    pub memory_execs: usize,
     /// Template to benchmark.
     #[arg(long, default_value = "minimal")]
     pub template: String,
@@ -276,6 +280,16 @@ async fn measure(
     let (write_mb_s, read_mb_s) = srv.file_throughput(&id, 100).await?;
     srv.kill(&id).await?;
 
+    let exec_memory = if args.memory_execs > 0 {
+        eprintln!(
+            "server memory: {} concurrent execs of 16 MiB…",
+            args.memory_execs
+        );
+        Some(exec_memory::run(srv, args.memory_execs).await?)
+    } else {
+        None
+    };
+
     eprintln!("density: {} idle sandboxes…", args.idle);
     let avail_before = density::mem_available_kib();
     for _ in 0..args.idle {
@@ -356,6 +370,9 @@ async fn measure(
         growth_mib,
         growth_mib / args.idle.max(1) as f64
     );
+    if let Some(m) = &exec_memory {
+        println!("{}", m.line());
+    }
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
     }
@@ -372,6 +389,7 @@ async fn measure(
                 "pss_mib_max": pss_summary.max,
                 "host_growth_mib": growth_mib,
             },
+            "exec_memory": exec_memory,
             "throughput": {
                 "sequential_execs_per_s": args.execs as f64 / seq_total_s,
                 "stream_stdout_mb_s": stream_mb_s,

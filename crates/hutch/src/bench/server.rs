@@ -92,6 +92,16 @@ impl BenchServer {
         })
     }
 
+    /// Pid of the server process (for its memory).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Base URL and key, for callers that make their own requests.
+    pub fn endpoint(&self) -> (&str, &str, &reqwest::Client) {
+        (&self.url, &self.key, &self.http)
+    }
+
     /// The value of an unlabelled gauge or counter of `/metrics`.
     pub async fn metric(&self, name: &str) -> anyhow::Result<f64> {
         let text = self

@@ -109,6 +109,8 @@ pub struct TestServer {
     extra_args: Vec<String>,
     /// Environment variables set for the server process.
     env: Vec<(String, String)>,
+    /// RLIMIT_NOFILE (soft and hard) of the server process, when a test sets one.
+    open_files: Option<u64>,
     templates_dir: PathBuf,
 }
 
@@ -141,16 +143,21 @@ impl TestServer {
     /// Start a server on a templates directory of the test's own (its `minimal` must be
     /// built), for tests that change templates.
     pub async fn start_in(templates: PathBuf, extra: &[&str]) -> Self {
-        Self::start_in_env(templates, extra, &[]).await
+        Self::start_in_env(templates, extra, &[], None).await
     }
 
     /// Start a server with extra flags and environment variables (e.g. another `PATH`).
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
         MINIMAL.get_or_init(|| ensure_template("minimal"));
-        Self::start_in_env(templates_dir(), extra, env).await
+        Self::start_in_env(templates_dir(), extra, env, None).await
     }
 
-    async fn start_in_env(templates: PathBuf, extra: &[&str], env: &[(&str, &str)]) -> Self {
+    async fn start_in_env(
+        templates: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Self {
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-test-")
             .tempdir_in("/tmp")
@@ -171,9 +178,40 @@ impl TestServer {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             templates_dir: templates,
+            open_files,
         };
         s.spawn_server().await;
         s
+    }
+
+    /// Start a server whose descriptor limit (RLIMIT_NOFILE, soft and hard) is `limit`.
+    pub async fn start_with_open_files(extra: &[&str], limit: u64) -> Self {
+        MINIMAL.get_or_init(|| ensure_template("minimal"));
+        Self::start_in_env(templates_dir(), extra, &[], Some(limit)).await
+    }
+
+    /// Pid of the server process.
+    pub fn server_pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    /// The server's resident memory in KiB (`VmRSS` of `/proc/<pid>/status`).
+    pub fn server_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.server_pid()))
+            .expect("server status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// Descriptors the server process has open.
+    pub fn server_open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.server_pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
     }
 
     /// (Re)start the server process on the same state directory.
@@ -207,6 +245,23 @@ impl TestServer {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(limit) = self.open_files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe
+            // and touches no memory shared with the parent.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd.spawn().expect("spawn hutch serve");
         let stdout = child.stdout.take().expect("stdout piped");
         let mut lines = BufReader::new(stdout).lines();

@@ -1,0 +1,199 @@
+//! Execs: collected (output kept within the server's output budget, `crate::output`) and
+//! sessions (streams and PTYs relayed by the caller), each counted against the sandbox's cap
+//! of concurrent execs.
+//!
+//! Collected execs of one sandbox share one HTTP/2 connection to its agent, whose receive
+//! window ([`CONNECTION_WINDOW`], 64 MiB) is shared by all its streams. A collector waiting
+//! for the output budget leaves up to [`STREAM_WINDOW`] (4 MiB) unread in it; if enough of
+//! them waited at once they would fill the connection's window, and the exec holding the
+//! budget's overdraft could receive nothing: a deadlock. So at most
+//! [`COLLECTING_PER_SANDBOX`] collected execs per sandbox read output at once (their windows
+//! leave room for the rest of the connection); more wait to start.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use hutch_proto::client::{ExecSession, CONNECTION_WINDOW, STREAM_WINDOW};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::Manager;
+use crate::error::{CoreError, CoreResult};
+use crate::exec::{ExecCommand, ExecOutcome};
+use crate::output::OutputBudget;
+
+/// Collected execs of one sandbox reading output at once: their stream windows together stay
+/// below the connection's, with one window to spare for everything else on it.
+pub const COLLECTING_PER_SANDBOX: usize = (CONNECTION_WINDOW / STREAM_WINDOW) as usize - 1;
+
+/// One running exec of a sandbox, counted against `max_execs_per_sandbox` until dropped.
+#[derive(Debug)]
+pub struct ExecSlot {
+    running: Arc<Mutex<HashMap<String, usize>>>,
+    id: String,
+}
+
+impl Drop for ExecSlot {
+    fn drop(&mut self) {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = running.get_mut(&self.id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                running.remove(&self.id);
+            }
+        }
+    }
+}
+
+impl Manager {
+    /// The budget of collected exec output (for metrics).
+    pub fn output_budget(&self) -> &OutputBudget {
+        &self.output_budget
+    }
+
+    /// Count one more exec in sandbox `id`, or refuse it when the sandbox runs its cap.
+    pub fn exec_slot(&self, id: &str) -> CoreResult<ExecSlot> {
+        let cap = self.cfg.max_execs_per_sandbox;
+        let mut running = self.running_execs.lock().unwrap_or_else(|p| p.into_inner());
+        let n = running.entry(id.to_string()).or_default();
+        if *n >= cap {
+            return Err(CoreError::TooManyExecs(format!(
+                "sandbox {id} already runs {cap} execs at once, its limit (hutch serve \
+                 --max-execs-per-sandbox); wait for one to finish"
+            )));
+        }
+        *n += 1;
+        Ok(ExecSlot {
+            running: Arc::clone(&self.running_execs),
+            id: id.to_string(),
+        })
+    }
+
+    /// Wait for a permit to collect output in sandbox `id` (see the module docs).
+    async fn collect_permit(&self, id: &str) -> OwnedSemaphorePermit {
+        let semaphore = {
+            let mut map = self.collecting.lock().unwrap_or_else(|p| p.into_inner());
+            Arc::clone(
+                map.entry(id.to_string())
+                    .or_insert_with(|| Arc::new(Semaphore::new(COLLECTING_PER_SANDBOX))),
+            )
+        };
+        semaphore
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// Forget sandbox `id`'s collect permits when nobody holds or waits for one.
+    fn release_collect_permits(&self, id: &str) {
+        let mut map = self.collecting.lock().unwrap_or_else(|p| p.into_inner());
+        // Clones are only taken under this lock: one left means only the map holds it.
+        if map.get(id).is_some_and(|s| Arc::strong_count(s) == 1) {
+            map.remove(id);
+        }
+    }
+
+    /// Run a command and collect its output.
+    pub async fn exec(self: &Arc<Self>, id: &str, cmd: ExecCommand) -> CoreResult<ExecOutcome> {
+        self.exec_capped(id, cmd, self.cfg.output_cap_bytes).await
+    }
+
+    /// Run a command and collect at most `cap` bytes of each stream: counted against the
+    /// sandbox's cap of execs (refused past it), started once a collect permit is free.
+    pub(super) async fn exec_capped(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: ExecCommand,
+        cap: usize,
+    ) -> CoreResult<ExecOutcome> {
+        let _slot = self.exec_slot(id)?;
+        let permit = self.collect_permit(id).await;
+        let result = self.exec_collecting(id, cmd, cap).await;
+        drop(permit);
+        self.release_collect_permits(id);
+        result
+    }
+
+    /// The exec itself: output reserved from the budget as it arrives (waiting while it is
+    /// spent).
+    async fn exec_collecting(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: ExecCommand,
+        cap: usize,
+    ) -> CoreResult<ExecOutcome> {
+        let client = self.agent(id).await?;
+        let _active = self.session_guard(id);
+        let r = self.load(id)?;
+        let backend = self.backend(r.isolation)?;
+        let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
+        self.metrics.execs.fetch_add(1, Ordering::Relaxed);
+        let req = cmd.to_agent_request(None);
+        // The stream's HTTP/2 window holds output not read yet: reserve it first (waiting
+        // while the budget is spent), give it back once everything is read.
+        let window = crate::output::STREAM_WINDOW as usize;
+        let mut lease = self.output_budget.lease();
+        lease.reserve(window).await;
+        let session = client
+            .exec(req)
+            .await
+            .map_err(|e| self.on_transport_error(&r, e))?;
+        let collected = crate::output::collect(session, cmd.stdin.clone(), cap, &mut lease)
+            .await
+            .map_err(|e| self.on_transport_error(&r, e))?;
+        lease.release(window);
+        let exit = collected.exit;
+        if exit.timed_out {
+            self.metrics.exec_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        // A vm guest's agent counts the OOM kills of the exec's own cgroup (exact per exec);
+        // otherwise (ns) the sandbox's host cgroup counter moved during the exec.
+        let oom_killed = exit.signal == Some(libc::SIGKILL)
+            && !exit.timed_out
+            && match exit.oom_kills {
+                Some(kills) => kills > 0,
+                None => backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0) > oom_before,
+            };
+        if oom_killed {
+            self.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
+            self.events.publish(
+                "sandbox.oom",
+                id,
+                r.metadata.get("tenant_id").cloned(),
+                Some(format!(
+                    "a process exceeded the memory limit of {} MiB",
+                    r.memory_mib
+                )),
+            );
+        }
+        Ok(ExecOutcome {
+            stdout: collected.stdout,
+            stderr: collected.stderr,
+            lease: Some(lease),
+            exit_code: exit.exit_code,
+            timed_out: exit.timed_out,
+            duration_ms: exit.duration_ms,
+            stdout_truncated: collected.stdout_truncated,
+            stderr_truncated: collected.stderr_truncated,
+            oom_killed,
+        })
+    }
+
+    /// Start a streaming (or PTY) exec; the caller drives the session and holds the slot
+    /// for as long as it runs.
+    pub async fn exec_session(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: &ExecCommand,
+        pty: Option<hutch_proto::PtySize>,
+    ) -> CoreResult<(ExecSession, ExecSlot)> {
+        let slot = self.exec_slot(id)?;
+        let client = self.agent(id).await?;
+        self.metrics.execs.fetch_add(1, Ordering::Relaxed);
+        let session = client
+            .exec(cmd.to_agent_request(pty))
+            .await
+            .map_err(|e| self.agent_error(id, e))?;
+        Ok((session, slot))
+    }
+}
