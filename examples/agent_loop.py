@@ -103,12 +103,25 @@ def run_tool(sb: Sandbox, action: Dict[str, Any]) -> str:
         return json.dumps({"error": str(e)})
 
 
+def untrusted_code_network() -> dict:
+    """The egress policy for code a model wrote: `deny` with an allow list of what it may
+    need (here the Python package index), never the open internet, so code it was tricked
+    into writing cannot send data out or attack other hosts. On a server started with
+    `--network off`, set HUTCH_EXAMPLE_EGRESS=none (loopback only)."""
+    if os.environ.get("HUTCH_EXAMPLE_EGRESS") == "none":
+        return {"egress": "none"}
+    return {"egress": "deny", "allow": ["pypi.org", "files.pythonhosted.org"]}
+
+
 def main(max_turns: int = 8) -> Optional[str]:
     model = ScriptedModel()
     template = os.environ.get("HUTCH_TEMPLATE")  # None: the server's default template
     # The sandbox is killed when the block ends, even if the loop raises.
     with Sandbox.create(
-        template=template, ttl_seconds=300, metadata={"example": "agent_loop"}
+        template=template,
+        ttl_seconds=300,
+        network=untrusted_code_network(),
+        metadata={"example": "agent_loop"},
     ) as sb:
         print(f"task: {TASK}\nsandbox: {sb.id}")
         for turn in range(1, max_turns + 1):

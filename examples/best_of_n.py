@@ -44,9 +44,23 @@ CANDIDATES = [
 ]
 
 
+def untrusted_code_network() -> dict:
+    """The egress policy for code a model wrote: `deny` with an allow list of what it may
+    need (here the Python package index), never the open internet, so code it was tricked
+    into writing cannot send data out or attack other hosts. On a server started with
+    `--network off`, set HUTCH_EXAMPLE_EGRESS=none (loopback only)."""
+    if os.environ.get("HUTCH_EXAMPLE_EGRESS") == "none":
+        return {"egress": "none"}
+    return {"egress": "deny", "allow": ["pypi.org", "files.pythonhosted.org"]}
+
+
 def main() -> int:
     template = os.environ.get("HUTCH_TEMPLATE")
-    with Sandbox.create(template=template, metadata={"example": "best_of_n"}) as base:
+    with Sandbox.create(
+        template=template,
+        network=untrusted_code_network(),
+        metadata={"example": "best_of_n"},
+    ) as base:
         base.files.write(SETUP_PATH, SETUP_DATA)
 
         result = base.explore(CANDIDATES, timeout=60)

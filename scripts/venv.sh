@@ -21,4 +21,8 @@ fi
 if ! "$VENV/bin/python" -c 'import mcp' 2>/dev/null; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "mcp>=2,<3" >&2
 fi
+# The OpenAI Agents SDK, whose strict-schema conversion tests/mcp.rs runs on every tool.
+if ! "$VENV/bin/python" -c 'import agents.strict_schema' 2>/dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai-agents>=0.24,<1" >&2
+fi
 echo "$VENV/bin/python"

@@ -31,4 +31,8 @@ pub use config::Config;
 pub use error::{CoreError, CoreResult};
 /// Sandbox networking (re-exported for the server and the binary).
 pub use hutch_net as net;
+
+/// Why a create asking for a network is refused by a server started with `--network off`
+/// (clients such as `hutch mcp` fall back to `egress: none` on it).
+pub const NO_NETWORK_MESSAGE: &str = "this server gives sandboxes no network (it runs with --network off): only {\"egress\": \"none\"} is accepted";
 pub use manager::{ActiveGuard, Manager, PortConnection};

@@ -42,10 +42,7 @@ impl std::fmt::Display for ApiFailure {
 impl Api {
     /// From `HUTCH_URL` / `HUTCH_API_KEY`, else the default address and `<state-dir>/admin.key`.
     pub fn from_env(state_dir: &Path) -> anyhow::Result<Self> {
-        let base = std::env::var("HUTCH_URL")
-            .unwrap_or_else(|_| "http://127.0.0.1:7700".into())
-            .trim_end_matches('/')
-            .to_string();
+        let base = Self::base_from_env();
         let key = match std::env::var("HUTCH_API_KEY") {
             Ok(k) if !k.is_empty() => k,
             _ => {
@@ -65,6 +62,26 @@ impl Api {
             .build()
             .context("building the HTTP client")?;
         Ok(Self { base, key, http })
+    }
+
+    /// The server's address from `HUTCH_URL`, else the default one.
+    pub fn base_from_env() -> String {
+        std::env::var("HUTCH_URL")
+            .unwrap_or_else(|_| "http://127.0.0.1:7700".into())
+            .trim_end_matches('/')
+            .to_string()
+    }
+
+    /// A client of the server at `base` calling with `key`.
+    pub fn new(base: &str, key: &str) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .build()
+            .context("building the HTTP client")?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            key: key.to_string(),
+            http,
+        })
     }
 
     /// The API key.

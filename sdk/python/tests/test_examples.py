@@ -19,7 +19,10 @@ from conftest import REPO, Server, sandbox_ids
 )
 def test_example(server: Server, script: str, expected: str) -> None:
     before = set(sandbox_ids(server))
-    env = dict(os.environ, HUTCH_URL=server.url, HUTCH_API_KEY=server.key)
+    # The test server runs with --network off, where only egress "none" exists.
+    env = dict(
+        os.environ, HUTCH_URL=server.url, HUTCH_API_KEY=server.key, HUTCH_EXAMPLE_EGRESS="none"
+    )
     env.pop("HUTCH_TEMPLATE", None)
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / script)],

@@ -79,9 +79,7 @@ impl Manager {
         };
         let policy = Policy::from_spec(&spec).map_err(net_error)?;
         if policy.networked() && self.network.is_none() {
-            return Err(CoreError::InvalidArgument(
-                "this server gives sandboxes no network (it runs with --network off): only {\"egress\": \"none\"} is accepted".into(),
-            ));
+            return Err(CoreError::InvalidArgument(crate::NO_NETWORK_MESSAGE.into()));
         }
         Ok(policy_json(&policy, None))
     }

@@ -76,8 +76,9 @@ enum Command {
     Template(template::TemplateCommand),
     /// Explain what isolation this host supports and why.
     Doctor,
-    /// Serve the Model Context Protocol on stdio (sandboxes as tools for an agent).
-    Mcp,
+    /// Serve the Model Context Protocol on stdio, or Streamable HTTP with `--http`
+    /// (sandboxes as tools for an agent; their network is `--egress deny` unless set).
+    Mcp(crate::mcp::McpArgs),
     /// Freeze a sandbox: it uses no CPU until `resume`.
     Pause(lifecycle::IdArgs),
     /// Let a paused sandbox run again.
@@ -120,7 +121,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Volume(cmd) => volume::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
-        Command::Mcp => crate::mcp::serve(&state_dir).await.map(|()| 0),
+        Command::Mcp(args) => crate::mcp::serve(args, &state_dir).await.map(|()| 0),
         Command::Pause(a) => lifecycle::action("pause", &a, &state_dir, json)
             .await
             .map(|()| 0),

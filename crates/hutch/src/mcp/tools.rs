@@ -1,127 +1,28 @@
-//! The MCP tools. Descriptions are written for a model to read.
+//! The MCP tools. Descriptions are written for a model to read; the ones of tools that may
+//! create a sandbox end with the network it gets, as the operator set it.
 
-use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
 
+use anyhow::anyhow;
 use base64::Engine;
 use reqwest::Method;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, ServerHandler};
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{HutchMcp, Owned};
-use crate::client::{encode, Api};
+use super::args::{
+    CreateArgs, ForkArgs, ListArgs, NoArgs, PythonArgs, ReadArgs, RunArgs, SandboxArg,
+    SnapshotArgs, WriteArgs,
+};
+use super::output::{self, SAVED_OUTPUT_DIR};
+use super::policy::NetworkRequest;
+use super::{HutchMcp, McpConfig, Owned, Session};
+use crate::client::{encode, Api, ApiFailure};
 
-/// `create_sandbox` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct CreateArgs {
-    /// Template: `base` (Debian 12 with python3, pip, git, curl, build tools) or `minimal` (busybox). Default: the server's default.
-    pub template: Option<String>,
-    /// Keep the sandbox after this session ends and never expire it. Default false.
-    pub persistent: Option<bool>,
-    /// Seconds of inactivity before an ephemeral sandbox is destroyed. Default 300.
-    pub ttl_seconds: Option<u64>,
-    /// Memory limit in MiB.
-    pub memory_mib: Option<u64>,
-    /// CPU limit (may be fractional).
-    pub cpus: Option<f64>,
-    /// Environment variables for every command.
-    pub env: Option<BTreeMap<String, String>>,
-}
-
-/// `run_command` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct RunArgs {
-    /// The sandbox to use. If omitted, the sandbox this session used last (one is created if there is none).
-    pub sandbox_id: Option<String>,
-    /// A shell command line, run with `/bin/sh -c`. Give either this or `argv`.
-    pub command: Option<String>,
-    /// A program and its arguments, run directly without a shell. Give either this or `command`.
-    pub argv: Option<Vec<String>>,
-    /// Working directory (absolute path).
-    pub cwd: Option<String>,
-    /// Text to send on the command's standard input.
-    pub stdin: Option<String>,
-    /// Kill the command after this many seconds (default 60). It then reports exit code 124.
-    pub timeout_seconds: Option<f64>,
-}
-
-/// `run_python` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct PythonArgs {
-    /// The sandbox to use (default: the last one used; created if none).
-    pub sandbox_id: Option<String>,
-    /// Python source code to run with `python3`.
-    pub code: String,
-    /// Kill it after this many seconds (default 60).
-    pub timeout_seconds: Option<f64>,
-}
-
-/// `read_file` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ReadArgs {
-    /// The sandbox (default: the last one used).
-    pub sandbox_id: Option<String>,
-    /// Absolute path inside the sandbox.
-    pub path: String,
-}
-
-/// `write_file` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct WriteArgs {
-    /// The sandbox (default: the last one used; created if none).
-    pub sandbox_id: Option<String>,
-    /// Absolute path inside the sandbox; parent directories are created.
-    pub path: String,
-    /// The file's full new content (text).
-    pub content: String,
-    /// Permission bits in octal, e.g. "0755" for a script. Default "0644".
-    pub mode: Option<String>,
-}
-
-/// `list_files` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ListArgs {
-    /// The sandbox (default: the last one used).
-    pub sandbox_id: Option<String>,
-    /// Absolute directory path inside the sandbox.
-    pub path: String,
-    /// How many levels to descend (default 1).
-    pub depth: Option<u32>,
-}
-
-/// Arguments naming one sandbox.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct SandboxArg {
-    /// The sandbox id (`sbx_…`).
-    pub sandbox_id: String,
-}
-
-/// `snapshot_sandbox` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct SnapshotArgs {
-    /// The sandbox id.
-    pub sandbox_id: String,
-    /// A name for the snapshot.
-    pub name: String,
-}
-
-/// `fork_sandbox` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ForkArgs {
-    /// The sandbox id to copy.
-    pub sandbox_id: String,
-    /// How many copies (1-16).
-    pub count: Option<u32>,
-}
-
-fn ok_json(v: &Value) -> Result<CallToolResult, McpError> {
-    Ok(CallToolResult::success(vec![ContentBlock::text(
-        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()),
-    )]))
-}
+/// Tools that create a sandbox when none exists yet, whose descriptions say what network it gets.
+const CREATING_TOOLS: [&str; 4] = ["create_sandbox", "run_command", "run_python", "write_file"];
 
 fn fail(e: impl std::fmt::Display) -> Result<CallToolResult, McpError> {
     Ok(CallToolResult::error(vec![ContentBlock::text(format!(
@@ -130,39 +31,111 @@ fn fail(e: impl std::fmt::Display) -> Result<CallToolResult, McpError> {
 }
 
 impl HutchMcp {
-    /// A server over a Hutch API client.
-    pub fn new(api: Api) -> Self {
+    /// A server for one session; `api` is `None` until an HTTP client's key is known.
+    pub(super) fn new(config: Arc<McpConfig>, api: Option<Api>) -> Self {
+        let mut router = Self::tool_router();
+        let network = format!(
+            " Network of new sandboxes unless you ask for less: {}.",
+            config.network.describe()
+        );
+        for route in router.map.values_mut() {
+            let mut schema = route.attr.input_schema.as_ref().clone();
+            super::schema::strict(&mut schema);
+            route.attr.input_schema = Arc::new(schema);
+            if CREATING_TOOLS.contains(&route.attr.name.as_ref()) {
+                let d = route.attr.description.clone().unwrap_or_default();
+                route.attr.description = Some(format!("{d}{network}").into());
+            }
+        }
+        let slot = OnceLock::new();
+        if let Some(api) = api {
+            let _ = slot.set(api);
+        }
         Self {
-            api,
-            session: crate_random_token(),
-            owned: Default::default(),
-            tool_router: Self::tool_router(),
+            config,
+            session: Arc::new(Session {
+                token: hutch_core::ids::random_token(12),
+                api: slot,
+                owned: Mutex::new(Vec::new()),
+                saved_outputs: Default::default(),
+                server_networked: std::sync::atomic::AtomicBool::new(true),
+            }),
+            tool_router: router,
         }
     }
 
+    /// Bind this session to the Hutch key its HTTP client authenticated with.
+    pub(super) fn bind_key(&self, api: Api) {
+        let _ = self.session.api.set(api);
+    }
+
+    fn api(&self) -> anyhow::Result<&Api> {
+        self.session
+            .api
+            .get()
+            .ok_or_else(|| anyhow!("this MCP session has no Hutch API key"))
+    }
+
+    /// The text of a JSON answer, cut to the cap (listings and objects are small unless a
+    /// listing is huge).
+    fn answer(&self, v: &Value) -> Result<CallToolResult, McpError> {
+        let text = serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+        let text = output::cut(&text, self.config.max_output_bytes, output::answer_marker);
+        Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+    }
+
     async fn create(&self, args: CreateArgs) -> anyhow::Result<Value> {
-        let mut body = json!({
-            "metadata": {"created_by": "hutch-mcp", "mcp_session": self.session},
-        });
+        let request = NetworkRequest {
+            egress: args.egress,
+            allow: args.allow,
+            deny: args.deny,
+        };
+        let mut network = self.config.network.resolve(&request)?;
         let persistent = args.persistent.unwrap_or(false);
+        let mut body = json!({
+            "metadata": {"created_by": "hutch-mcp", "mcp_session": self.session.token},
+            "persistent": persistent,
+        });
+        let template = args.template.or_else(|| self.config.template.clone());
         for (k, v) in [
-            ("template", args.template.map(Value::from)),
+            ("template", template.map(Value::from)),
+            ("snapshot", args.snapshot.map(Value::from)),
+            ("isolation", args.isolation.map(|i| json!(i.as_str()))),
             ("ttl_seconds", args.ttl_seconds.map(Value::from)),
-            ("memory_mib", args.memory_mib.map(Value::from)),
             ("cpus", args.cpus.map(Value::from)),
-            ("env", args.env.map(|e| json!(e))),
-            ("persistent", Some(Value::from(persistent))),
+            ("memory_mib", args.memory_mib.map(Value::from)),
+            ("disk_mib", args.disk_mib.map(Value::from)),
+            (
+                "env",
+                args.env.map(|e| {
+                    Value::Object(e.into_iter().map(|v| (v.name, json!(v.value))).collect())
+                }),
+            ),
         ] {
             if let Some(v) = v {
                 body[k] = v;
             }
         }
-        let sb = self
-            .api
-            .call(Method::POST, "/v1/sandboxes", Some(&body))
-            .await?;
+        // On a server without networking only `none` exists, which is narrower than any
+        // policy: the operator's default falls back to it, a model's explicit ask does not.
+        let fallback = request.is_empty();
+        if fallback && !self.session.server_networked.load(Ordering::Relaxed) {
+            network = json!({"egress": "none"});
+        }
+        body["network"] = network;
+        let api = self.api()?;
+        let sb = match api.call(Method::POST, "/v1/sandboxes", Some(&body)).await {
+            Err(e) if fallback && refused_for_no_network(&e) => {
+                self.session
+                    .server_networked
+                    .store(false, Ordering::Relaxed);
+                body["network"] = json!({"egress": "none"});
+                api.call(Method::POST, "/v1/sandboxes", Some(&body)).await?
+            }
+            other => other?,
+        };
         if let Some(id) = sb["id"].as_str() {
-            self.lock_owned().push(Owned {
+            self.session.lock_owned().push(Owned {
                 id: id.to_string(),
                 persistent,
             });
@@ -175,25 +148,18 @@ impl HutchMcp {
         if let Some(id) = given {
             return Ok(id);
         }
-        if let Some(last) = self.lock_owned().last() {
+        if let Some(last) = self.session.lock_owned().last() {
             return Ok(last.id.clone());
         }
-        let sb = self
-            .create(CreateArgs {
-                template: None,
-                persistent: None,
-                ttl_seconds: None,
-                memory_mib: None,
-                cpus: None,
-                env: None,
-            })
-            .await?;
+        let sb = self.create(CreateArgs::default()).await?;
         Ok(sb["id"].as_str().unwrap_or_default().to_string())
     }
 
+    /// Run a command; stdout and stderr are cut to the cap, each cut stream saved whole in
+    /// the sandbox first.
     async fn exec(&self, id: &str, body: Value) -> anyhow::Result<Value> {
-        let mut out = self
-            .api
+        let api = self.api()?;
+        let mut out = api
             .call(
                 Method::POST,
                 &format!("/v1/sandboxes/{id}/exec"),
@@ -201,16 +167,78 @@ impl HutchMcp {
             )
             .await?;
         out["sandbox_id"] = json!(id);
+        let text = |k: &str| out[k].as_str().unwrap_or_default().to_string();
+        let (stdout, stderr) = (text("stdout"), text("stderr"));
+        // The JSON around the streams and its escapes take room too: shrink until it fits.
+        let cap = self.config.max_output_bytes;
+        let mut room = cap.saturating_sub(600);
+        let mut saved: [Option<Result<String, String>>; 2] = [None, None];
+        loop {
+            let (b_out, b_err) = output::split_budget(stdout.len(), stderr.len(), room);
+            for (i, (stream, whole, budget)) in
+                [("stdout", &stdout, b_out), ("stderr", &stderr, b_err)]
+                    .into_iter()
+                    .enumerate()
+            {
+                if whole.len() <= budget {
+                    out[stream] = json!(whole);
+                    continue;
+                }
+                if saved[i].is_none() {
+                    saved[i] = Some(self.save_output(api, id, &out, stream, whole).await);
+                }
+                let where_ = saved[i].as_ref().expect("saved just above");
+                let marker = output::stream_marker(stream, whole.len(), where_);
+                out[stream] = json!(output::cut(whole, budget, marker));
+                out.as_object_mut()
+                    .map(|o| o.remove(&format!("{stream}_b64")));
+            }
+            let len = serde_json::to_string_pretty(&out).map_or(0, |s| s.len());
+            if len <= cap || room < 200 {
+                break;
+            }
+            room = room.saturating_sub(len - cap + 100);
+        }
         Ok(out)
     }
 
-    fn api(&self) -> &Api {
-        &self.api
+    /// Write a command's whole stream to `/tmp/hutch-mcp/<n>.<stream>` in the sandbox.
+    async fn save_output(
+        &self,
+        api: &Api,
+        id: &str,
+        result: &Value,
+        stream: &str,
+        text: &str,
+    ) -> Result<String, String> {
+        let n = self.session.saved_outputs.fetch_add(1, Ordering::Relaxed) + 1;
+        let path = format!("{SAVED_OUTPUT_DIR}/{n}.{stream}");
+        let bytes = result[format!("{stream}_b64")]
+            .as_str()
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .unwrap_or_else(|| text.as_bytes().to_vec());
+        api.raw(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path={}&mode=0644", encode(&path)),
+            Some(reqwest::Body::from(bytes)),
+            None,
+        )
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+        if result[format!("{stream}_truncated")] == true {
+            return Ok(format!(
+                "{path} (as far as the server kept it: it stores at most 16 MiB of a stream)"
+            ));
+        }
+        Ok(path)
     }
 }
 
-fn crate_random_token() -> String {
-    hutch_core::ids::random_token(12)
+fn refused_for_no_network(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<ApiFailure>().is_some_and(|f| {
+        f.status == reqwest::StatusCode::UNPROCESSABLE_ENTITY
+            && f.message.contains(hutch_core::NO_NETWORK_MESSAGE)
+    })
 }
 
 #[tool_router(router = tool_router)]
@@ -218,14 +246,15 @@ impl HutchMcp {
     #[tool(
         description = "Create a new isolated Linux sandbox (a disposable computer) and return its id. \
 Commands you run there cannot affect the host or other sandboxes. Ephemeral sandboxes are destroyed \
-when this session ends or after ttl_seconds of inactivity."
+when this session ends or after ttl_seconds of inactivity. Give null for anything you do not care \
+about."
     )]
     async fn create_sandbox(
         &self,
         Parameters(args): Parameters<CreateArgs>,
     ) -> Result<CallToolResult, McpError> {
         match self.create(args).await {
-            Ok(v) => ok_json(&v),
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
@@ -234,7 +263,8 @@ when this session ends or after ttl_seconds of inactivity."
         description = "Run a command in a sandbox and return its stdout, stderr and exit code \
 (exit_code 124 with timed_out=true means it was killed by the timeout; 127 means the program was \
 not found). Use `command` for a shell line (pipes, redirects) or `argv` to run a program with exact \
-arguments. Without sandbox_id the last sandbox is used, or a new one is created."
+arguments. Without sandbox_id the last sandbox is used, or a new one is created. Long output is cut \
+in the middle; the cut says where the whole output was saved in the sandbox."
     )]
     async fn run_command(
         &self,
@@ -260,7 +290,7 @@ arguments. Without sandbox_id the last sandbox is used, or a new one is created.
             self.exec(&id, body).await
         };
         match run.await {
-            Ok(v) => ok_json(&v),
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
@@ -268,7 +298,7 @@ arguments. Without sandbox_id the last sandbox is used, or a new one is created.
     #[tool(
         description = "Run Python 3 code in a sandbox (python3 reads the code from stdin) and \
 return stdout, stderr and exit code. Print what you want to see. Needs a template with Python \
-(`base`)."
+(`base`). Long output is cut in the middle; the cut says where the whole output was saved."
     )]
     async fn run_python(
         &self,
@@ -283,14 +313,15 @@ return stdout, stderr and exit code. Print what you want to see. Needs a templat
             self.exec(&id, body).await
         };
         match run.await {
-            Ok(v) => ok_json(&v),
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
 
     #[tool(
-        description = "Read a file from a sandbox. Text is returned as is; binary content is \
-returned base64-encoded with a note."
+        description = "Read a file from a sandbox, or the byte range offset..offset+length of it. \
+Text is returned as is; binary content base64-encoded with a note. A long answer is cut in the \
+middle, and the cut names the byte range to ask for next."
     )]
     async fn read_file(
         &self,
@@ -299,7 +330,7 @@ returned base64-encoded with a note."
         let run = async {
             let id = self.target(args.sandbox_id).await?;
             let resp = self
-                .api()
+                .api()?
                 .raw(
                     Method::GET,
                     &format!("/v1/sandboxes/{id}/files?path={}", encode(&args.path)),
@@ -308,13 +339,36 @@ returned base64-encoded with a note."
                 )
                 .await?;
             let bytes = resp.bytes().await?;
-            Ok::<_, anyhow::Error>(match String::from_utf8(bytes.to_vec()) {
-                Ok(text) => text,
-                Err(_) => format!(
-                    "(binary file, {} bytes, base64)\n{}",
-                    bytes.len(),
-                    base64::engine::general_purpose::STANDARD.encode(&bytes)
-                ),
+            let start = (args.offset.unwrap_or(0) as usize).min(bytes.len());
+            let end = args.length.map_or(bytes.len(), |l| {
+                start.saturating_add(l as usize).min(bytes.len())
+            });
+            let range = &bytes[start..end];
+            let cap = self.config.max_output_bytes;
+            Ok::<_, anyhow::Error>(match std::str::from_utf8(range) {
+                Ok(text) => output::cut(text, cap, output::file_marker(&args.path, start)),
+                Err(_) => {
+                    // Base64 is 4/3 of the bytes: cut the bytes, then encode the pieces.
+                    let keep = cap * 3 / 4 - 200;
+                    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+                    if range.len() <= keep {
+                        format!("(binary, {} bytes, base64)\n{}", range.len(), b64(range))
+                    } else {
+                        let half = keep / 2;
+                        format!(
+                            "(binary, {} bytes from offset {start}; base64 of the first and last \
+                             {half} bytes)\n{}{}{}",
+                            range.len(),
+                            b64(&range[..half]),
+                            output::file_marker(&args.path, start)(
+                                range.len() - 2 * half,
+                                half,
+                                range.len() - half
+                            ),
+                            b64(&range[range.len() - half..])
+                        )
+                    }
+                }
             })
         };
         match run.await {
@@ -335,7 +389,7 @@ directories are created). Use mode \"0755\" for scripts you want to execute."
             let id = self.target(args.sandbox_id).await?;
             let mode = args.mode.unwrap_or_else(|| "0644".into());
             let n = args.content.len();
-            self.api()
+            self.api()?
                 .raw(
                     Method::PUT,
                     &format!(
@@ -350,7 +404,7 @@ directories are created). Use mode \"0755\" for scripts you want to execute."
             Ok::<_, anyhow::Error>(json!({"sandbox_id": id, "path": args.path, "bytes_written": n}))
         };
         match run.await {
-            Ok(v) => ok_json(&v),
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
@@ -365,7 +419,7 @@ and mode of each entry, down to `depth` levels."
     ) -> Result<CallToolResult, McpError> {
         let run = async {
             let id = self.target(args.sandbox_id).await?;
-            self.api()
+            self.api()?
                 .call(
                     Method::GET,
                     &format!(
@@ -378,29 +432,30 @@ and mode of each entry, down to `depth` levels."
                 .await
         };
         match run.await {
-            Ok(v) => ok_json(&v),
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
 
     #[tool(
         description = "Save a named snapshot of a sandbox (its filesystem on namespace \
-sandboxes) that new sandboxes can start from."
+sandboxes) that new sandboxes can start from (create_sandbox's `snapshot`)."
     )]
     async fn snapshot_sandbox(
         &self,
         Parameters(args): Parameters<SnapshotArgs>,
     ) -> Result<CallToolResult, McpError> {
-        match self
-            .api()
-            .call(
-                Method::POST,
-                &format!("/v1/sandboxes/{}/snapshots", args.sandbox_id),
-                Some(&json!({"name": args.name})),
-            )
-            .await
-        {
-            Ok(v) => ok_json(&v),
+        let run = async {
+            self.api()?
+                .call(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{}/snapshots", args.sandbox_id),
+                    Some(&json!({"name": args.name})),
+                )
+                .await
+        };
+        match run.await {
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
@@ -414,25 +469,26 @@ from the same starting point."
         &self,
         Parameters(args): Parameters<ForkArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let result = self
-            .api()
-            .call(
-                Method::POST,
-                &format!("/v1/sandboxes/{}/fork", args.sandbox_id),
-                Some(&json!({"count": args.count.unwrap_or(1), "mode": "disk"})),
-            )
-            .await;
-        match result {
+        let run = async {
+            self.api()?
+                .call(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{}/fork", args.sandbox_id),
+                    Some(&json!({"count": args.count.unwrap_or(1), "mode": "disk"})),
+                )
+                .await
+        };
+        match run.await {
             Ok(v) => {
                 for sb in v["sandboxes"].as_array().cloned().unwrap_or_default() {
                     if let Some(id) = sb["id"].as_str() {
-                        self.lock_owned().push(Owned {
+                        self.session.lock_owned().push(Owned {
                             id: id.into(),
                             persistent: false,
                         });
                     }
                 }
-                ok_json(&v)
+                self.answer(&v)
             }
             Err(e) => fail(e),
         }
@@ -443,18 +499,21 @@ from the same starting point."
         &self,
         Parameters(args): Parameters<SandboxArg>,
     ) -> Result<CallToolResult, McpError> {
-        match self
-            .api()
-            .call(
-                Method::DELETE,
-                &format!("/v1/sandboxes/{}", args.sandbox_id),
-                None,
-            )
-            .await
-        {
+        let run = async {
+            self.api()?
+                .call(
+                    Method::DELETE,
+                    &format!("/v1/sandboxes/{}", args.sandbox_id),
+                    None,
+                )
+                .await
+        };
+        match run.await {
             Ok(_) => {
-                self.lock_owned().retain(|o| o.id != args.sandbox_id);
-                ok_json(&json!({"killed": args.sandbox_id}))
+                self.session
+                    .lock_owned()
+                    .retain(|o| o.id != args.sandbox_id);
+                self.answer(&json!({"killed": args.sandbox_id}))
             }
             Err(e) => fail(e),
         }
@@ -463,17 +522,21 @@ from the same starting point."
     #[tool(
         description = "List the sandboxes this session created that still exist, with their state."
     )]
-    async fn list_sandboxes(&self) -> Result<CallToolResult, McpError> {
-        match self
-            .api()
-            .call(
-                Method::GET,
-                &format!("/v1/sandboxes?metadata.mcp_session={}", self.session),
-                None,
-            )
-            .await
-        {
-            Ok(v) => ok_json(&v),
+    async fn list_sandboxes(
+        &self,
+        Parameters(NoArgs {}): Parameters<NoArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let run = async {
+            self.api()?
+                .call(
+                    Method::GET,
+                    &format!("/v1/sandboxes?metadata.mcp_session={}", self.session.token),
+                    None,
+                )
+                .await
+        };
+        match run.await {
+            Ok(v) => self.answer(&v),
             Err(e) => fail(e),
         }
     }
@@ -484,10 +547,27 @@ impl ServerHandler for HutchMcp {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(rmcp::model::Implementation::new("hutch", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
+            .with_instructions(format!(
                 "Hutch gives you isolated Linux sandboxes. Create one with create_sandbox (or just call \
 run_command / run_python / write_file, which create one on first use), run commands and code \
-in it, read and write its files. Nothing you do there can harm the host.",
-            )
+in it, read and write its files. Nothing you do there can harm the host. New sandboxes' network: {}.",
+                self.config.network.describe()
+            ))
+    }
+
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, McpError> {
+        if let Some(api) = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.extensions.get::<super::http::CallerApi>())
+        {
+            self.bind_key(api.0.clone());
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 }
