@@ -34,6 +34,7 @@ declare -A provider=(
     [shellcheck]=shellcheck              # scripts are linted in the test suite
     [runsc]=runsc                        # bench baseline: gVisor
     [crun]=crun                          # bench baseline: an OCI runtime
+    [runc]=runc                          # bench baseline: the OCI runtime that runs on hybrid cgroups
     [podman]=podman                      # bench baseline: a container engine
     [chromium]=chromium                  # the port proxy's browser attack tests
     [setpriv]=util-linux                 # jailed volume checks

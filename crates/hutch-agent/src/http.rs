@@ -96,6 +96,15 @@ pub fn json<T: serde::Serialize>(value: &T) -> Response<AgentBody> {
     )
 }
 
+/// `200` with a body known whole.
+pub fn bytes(content_type: &'static str, data: Bytes) -> Response<AgentBody> {
+    build(
+        StatusCode::OK,
+        Some(content_type),
+        AgentBody::Full(Some(data)),
+    )
+}
+
 /// `200` with a streamed body.
 pub fn stream(
     content_type: &'static str,

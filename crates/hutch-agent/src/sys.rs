@@ -188,6 +188,16 @@ pub fn hung_up(fd: RawFd) -> io::Result<bool> {
     Ok(pfd.revents & libc::POLLHUP != 0)
 }
 
+/// The filesystem type (`statfs` `f_type`, a `*_MAGIC` of `linux/magic.h`) of the open file
+/// `fd` is on.
+pub fn filesystem_type(fd: RawFd) -> io::Result<i64> {
+    // SAFETY: a zeroed statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes into the struct we pass; a bad fd is an error, not UB.
+    cvt_retry(|| unsafe { libc::fstatfs(fd, &mut st) })?;
+    Ok(st.f_type as i64)
+}
+
 /// Make `dir` our root directory and move into it (`chroot` + `chdir("/")`).
 pub fn chroot(dir: &Path) -> io::Result<()> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())

@@ -62,7 +62,20 @@ pub struct Config {
     /// upper layers, one subvolume each limited to its `disk_mib` (`None`: the size of the
     /// state directory's filesystem; `Some(0)`: no image, `disk_mib` not enforced on `ns`).
     pub ns_disk_pool_bytes: Option<u64>,
+    /// The host-wide directory of uid slot claims shared by every server on the host
+    /// (`uid_slots.rs`; default `/run/hutch/uid-slots`, so claims last one boot).
+    pub uid_slots_dir: PathBuf,
+    /// How many uid slots (ranges of 65,536 ids) sandboxes may use: slots `16..16 + N`,
+    /// at most [`MAX_UID_SLOTS`].
+    pub uid_slots: u32,
 }
+
+/// First uid slot handed out (slot × 65536 = uid base): keeps clear of host users.
+pub const MIN_UID_SLOT: u32 = 16;
+/// Most uid slots: 16..60000 keeps every uid below 2^32.
+pub const MAX_UID_SLOTS: u32 = 60_000 - MIN_UID_SLOT;
+/// Default of [`Config::uid_slots_dir`].
+pub const DEFAULT_UID_SLOTS_DIR: &str = "/run/hutch/uid-slots";
 
 /// How a memory snapshot of a running `vm` guest is taken (`backend/vm/capture.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +119,8 @@ impl Config {
             vm_snapshot: VmSnapshotMethod::Capture,
             vm_console_bytes: hutch_vm::console::DEFAULT_CAP_BYTES,
             ns_disk_pool_bytes: None,
+            uid_slots_dir: PathBuf::from(DEFAULT_UID_SLOTS_DIR),
+            uid_slots: MAX_UID_SLOTS,
         }
     }
 

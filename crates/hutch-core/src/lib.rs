@@ -25,6 +25,7 @@ pub mod sandbox_token;
 pub mod snapshot;
 pub mod store;
 pub mod time;
+pub mod uid_slots;
 pub mod volume;
 
 pub use config::Config;

@@ -33,7 +33,7 @@ use hutch_template::TemplateStore;
 use crate::backend::ns::NsBackend;
 use crate::backend::vm::VmBackend;
 use crate::backend::{Backend, Usage};
-use crate::config::Config;
+use crate::config::{Config, MAX_UID_SLOTS};
 use crate::error::{CoreError, CoreResult};
 use crate::events::EventBus;
 use crate::ids;
@@ -45,14 +45,10 @@ use crate::model::{
 use crate::sandbox_token::TokenSigner;
 use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
+use crate::uid_slots::UidSlots;
 
 pub use self::exec::ExecSlot;
 pub use self::ports::{parse_port, PortConnection};
-
-/// First uid slot handed out (slot × 65536 = uid base): keeps clear of host users.
-const MIN_UID_SLOT: u32 = 16;
-/// Slot count: 16..60000 keeps every uid below 2^32.
-const UID_SLOTS: u32 = 60_000 - MIN_UID_SLOT;
 
 /// The manager. Cheap to share behind an `Arc`.
 pub struct Manager {
@@ -86,6 +82,8 @@ pub struct Manager {
     output_budget: crate::output::OutputBudget,
     /// Per sandbox: permits for collected execs reading output at once (`manager/exec.rs`).
     collecting: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    /// This server's host-wide claims on uid slots.
+    uid_slots: UidSlots,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -166,6 +164,18 @@ impl Manager {
         snapshots::prepare_dir(&cfg.snapshots_dir())?;
         snapshots::prepare_dir(&cfg.state_dir.join("volumes"))?;
         let store = Store::open(&cfg.state_dir.join("state.db"))?;
+        if cfg.uid_slots == 0 || cfg.uid_slots > MAX_UID_SLOTS {
+            return Err(CoreError::InvalidArgument(format!(
+                "uid slots must be 1 to {MAX_UID_SLOTS}, got {}",
+                cfg.uid_slots
+            )));
+        }
+        let uid_slots = UidSlots::open(&cfg.uid_slots_dir, &cfg.state_dir)?;
+        {
+            let held: std::collections::BTreeSet<u32> =
+                store.all()?.iter().map(|r| r.uid_slot).collect();
+            uid_slots.lock()?.reconcile(&held)?;
+        }
         let tokens = TokenSigner::load_or_create(&cfg.state_dir.join("token.secret"))
             .map_err(|e| CoreError::Internal(e.to_string()))?;
         let templates = TemplateStore::open(&cfg.templates_dir)
@@ -208,6 +218,7 @@ impl Manager {
             running_execs: Arc::new(Mutex::new(HashMap::new())),
             output_budget: crate::output::OutputBudget::new(cfg_output_budget),
             collecting: Mutex::new(HashMap::new()),
+            uid_slots,
         });
         {
             // Decide KVM or TCG in the background (a probe guest may boot); until then
@@ -491,9 +502,22 @@ impl Manager {
             .remove(&r.id);
         let destroyed = self.destroy_resources(&r).await;
         self.release_layer(r.layer.as_deref()).await;
+        // Its processes are gone (or failed to go): only now may another server use the range.
+        if destroyed.is_ok() {
+            self.release_uid_slot(r.uid_slot);
+        }
         destroyed?;
         self.events.publish(event, &r.id, r.tenant(), None);
         Ok(())
+    }
+
+    /// Give a deleted record's uid slot back to the host (a failure leaves the claim, which
+    /// this server drops at its next start).
+    fn release_uid_slot(&self, slot: u32) {
+        let released = self.uid_slots.lock().and_then(|lock| lock.release(slot));
+        if let Err(e) = released {
+            tracing::warn!(slot, error = %e, "releasing a uid slot claim");
+        }
     }
 
     /// Unmount the `ns` disk pool when no sandbox has files in it, and the `vm` fork memory

@@ -75,6 +75,14 @@ pub struct ServeArgs {
     /// not enforced on ns). Without btrfs or mkfs.btrfs ns sandboxes have no disk limit.
     #[arg(long, env = "HUTCH_NS_DISK_POOL_GIB")]
     pub ns_disk_pool_gib: Option<u64>,
+    /// The directory of host-wide uid slot claims, shared by every hutch server on this
+    /// host so that no two give sandboxes the same uid range (per boot, under /run).
+    #[arg(long, env = "HUTCH_UID_SLOTS_DIR", default_value = hutch_core::config::DEFAULT_UID_SLOTS_DIR)]
+    pub uid_slots_dir: PathBuf,
+    /// How many uid ranges (of 65,536 ids) sandboxes may use: slots 16 to 16 + N - 1; at
+    /// most 59984 (the default). A create finding every slot of the host taken is 429.
+    #[arg(long, env = "HUTCH_UID_SLOTS", default_value_t = hutch_core::config::MAX_UID_SLOTS)]
+    pub uid_slots: u32,
     /// Give sandboxes a network (`on`: a namespace, a veth, NAT and the egress policy,
     /// enforced in this server's network namespace with nftables; `off`: loopback only).
     #[arg(long, value_enum, default_value_t = NetworkMode::On)]
@@ -319,6 +327,8 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.vm_console_bytes = args.vm_console_bytes;
     cfg.exec_output_budget_bytes = args.exec_output_budget_mib.max(1) << 20;
     cfg.max_execs_per_sandbox = args.max_execs_per_sandbox.max(1);
+    cfg.uid_slots_dir = args.uid_slots_dir.clone();
+    cfg.uid_slots = args.uid_slots;
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

@@ -40,6 +40,69 @@ async fn a_100_mib_file_round_trips_intact() {
     assert_eq!(Sha256::digest(&got), want, "content changed in transit");
 }
 
+/// GET a file's bytes through the API, reading at most `cap` bytes of the answer (an
+/// endless one is cut here, so the test ends either way): status, bytes, whether it was cut.
+async fn get_file_capped(s: &TestServer, id: &str, path: &str, cap: usize) -> (u16, Vec<u8>, bool) {
+    let mut resp = s
+        .http
+        .get(format!("{}/v1/sandboxes/{id}/files?path={path}", s.url))
+        .bearer_auth(&s.key)
+        .send()
+        .await
+        .expect("get");
+    let status = resp.status().as_u16();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.expect("body") {
+        body.extend_from_slice(&chunk);
+        if body.len() > cap {
+            return (status, body, true);
+        }
+    }
+    (status, body, false)
+}
+
+#[tokio::test]
+async fn generated_files_are_read_whole_when_small_and_refused_when_endless() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    // The workload leaves a link to an endless file where a client fetches its results.
+    let (_, code) = s.sh(&id, "ln -s /proc/self/pagemap /tmp/result").await;
+    assert_eq!(code, 0);
+    for path in ["/proc/self/pagemap", "/tmp/result"] {
+        let (status, body, cut) = get_file_capped(&s, &id, path, 4 << 20).await;
+        assert!(!cut, "{path}: more than 4 MiB streamed, status {status}");
+        assert_eq!(status, 400, "{path}: {}", String::from_utf8_lossy(&body));
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("a JSON error");
+        assert_eq!(v["error"]["code"], "bad_request", "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            format!(
+                "read {path}: files on procfs are generated as they are read, and the files API \
+                 reads at most 1048576 bytes (1 MiB) of one; this one is longer: read it with \
+                 exec (e.g. `head -c`)"
+            ),
+            "{v}"
+        );
+    }
+    // Small generated files still come back whole: the same bytes as `cat` inside (the
+    // clock rate of each CPU moves between two reads, so its lines are left out).
+    let steady = |text: &str| -> String {
+        text.lines()
+            .filter(|l| !l.starts_with("cpu MHz"))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    let (status, body, cut) = get_file_capped(&s, &id, "/proc/cpuinfo", 4 << 20).await;
+    assert_eq!((status, cut), (200, false));
+    let got = String::from_utf8(body).expect("utf-8");
+    let (want, _) = s.sh(&id, "cat /proc/cpuinfo").await;
+    assert!(got.contains("processor"), "{got}");
+    assert!(got.ends_with('\n'), "cut short: {got}");
+    assert_eq!(steady(&got), steady(&want));
+    let (status, body, _) = get_file_capped(&s, &id, "/proc/sys/kernel/ostype", 4 << 20).await;
+    assert_eq!((status, body.as_slice()), (200, &b"Linux\n"[..]));
+}
+
 both_backends!(
     file_operations_behave_as_documented,
     dot_dot_paths_stay_inside_the_sandbox

@@ -532,3 +532,154 @@ async fn host_users_cannot_read_sandbox_files_and_planted_setuid_files_are_inert
     }
     assert!(seen >= 3, "expected the sandbox's mounts under {prefix}");
 }
+
+/// The uid slot (host uid / 65,536) of a sandbox's init, read on the host.
+fn host_uid_slot(s: &TestServer, id: &str) -> u32 {
+    let pid = s.init_pid(id).expect("the sandbox's init");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let uid: u32 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|u| u.parse().ok())
+        .expect("Uid line");
+    uid / 65_536
+}
+
+#[tokio::test]
+async fn two_servers_on_one_host_never_share_a_uid_range() {
+    // Both servers on one host-wide claims directory (the test's own), with only 8 uid
+    // slots, so that each server's random picks collide with the other's all the time.
+    let claims = tempfile::Builder::new()
+        .prefix("hutch-test-uid-slots-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let dir = claims.path().to_str().expect("utf-8").to_string();
+    let env = [
+        ("HUTCH_UID_SLOTS_DIR", dir.as_str()),
+        ("HUTCH_UID_SLOTS", "8"),
+    ];
+    let mut servers = [
+        TestServer::start_with_env(&[], &env).await,
+        TestServer::start_with_env(&[], &env).await,
+    ];
+    // (server, sandbox id), alternating.
+    let mut sandboxes = Vec::new();
+    for i in 0..8 {
+        let id = servers[i % 2].create_id(json!({})).await;
+        sandboxes.push((i % 2, id));
+    }
+    let slots_of = |servers: &[TestServer], sandboxes: &[(usize, String)]| -> Vec<u32> {
+        let mut slots: Vec<u32> = sandboxes
+            .iter()
+            .map(|(s, id)| host_uid_slot(&servers[*s], id))
+            .collect();
+        slots.sort_unstable();
+        slots
+    };
+    let all: Vec<u32> = (16..24).collect();
+    assert_eq!(
+        slots_of(&servers, &sandboxes),
+        all,
+        "uid ranges shared or outside 16..24"
+    );
+    // The host's 8 slots are all in use: neither server can make a ninth.
+    for s in &servers {
+        let (status, v) = s
+            .request(Method::POST, "/v1/sandboxes", Some(json!({})))
+            .await;
+        assert_eq!(status, 429, "{v}");
+        assert_eq!(
+            v["error"]["message"],
+            "no free uid range for a new sandbox (this host's 8 uid slots are in use)"
+        );
+    }
+    let claim_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(claims.path())
+            .expect("claims")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "lock")
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(claim_files().len(), 8);
+    // A reboot empties /run: a server started again re-claims its surviving sandboxes'
+    // slots, so the other still finds none free.
+    for f in claim_files() {
+        std::fs::remove_file(claims.path().join(f)).expect("remove claim");
+    }
+    servers[0].stop_server();
+    servers[0].spawn_server().await;
+    assert_eq!(
+        claim_files().len(),
+        4,
+        "server 0's four sandboxes re-claimed"
+    );
+    servers[1].stop_server();
+    servers[1].spawn_server().await;
+    assert_eq!(claim_files().len(), 8);
+    let (status, v) = servers[0]
+        .request(Method::POST, "/v1/sandboxes", Some(json!({})))
+        .await;
+    assert_eq!(status, 429, "{v}");
+    // A slot is the host's again once its sandbox is killed, whichever server takes it.
+    let (s, id) = sandboxes.remove(1);
+    let freed = host_uid_slot(&servers[s], &id);
+    assert_eq!(servers[s].kill(&id).await, 204);
+    let id = servers[0].create_id(json!({})).await;
+    assert_eq!(host_uid_slot(&servers[0], &id), freed);
+    sandboxes.push((0, id));
+    assert_eq!(slots_of(&servers, &sandboxes), all);
+    for (s, id) in &sandboxes {
+        assert_eq!(servers[*s].kill(id).await, 204);
+    }
+    assert!(
+        claim_files().is_empty(),
+        "every claim goes with its sandbox"
+    );
+}
+
+#[tokio::test]
+async fn a_hibernated_sandbox_whose_range_another_server_took_after_a_reboot_does_not_wake() {
+    let claims = tempfile::Builder::new()
+        .prefix("hutch-test-uid-slots-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let dir = claims.path().to_str().expect("utf-8").to_string();
+    let env = [
+        ("HUTCH_UID_SLOTS_DIR", dir.as_str()),
+        ("HUTCH_UID_SLOTS", "1"),
+    ];
+    let mut a = TestServer::start_with_env(&[], &env).await;
+    let id = a.create_id(json!({})).await;
+    let (status, v) = a
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    // A reboot: the server stops, /run is emptied; another server starts first and takes
+    // the only slot.
+    a.stop_server();
+    std::fs::remove_file(claims.path().join("16")).expect("the claim of slot 16");
+    let b = TestServer::start_with_env(&[], &env).await;
+    let other = b.create_id(json!({})).await;
+    assert_eq!(host_uid_slot(&b, &other), 16);
+    a.spawn_server().await;
+    let (status, v) = a
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/wake"), None)
+        .await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        format!("sandbox {id} cannot wake: its uid range (slot 16) is in use by another hutch server on this host")
+    );
+    // Once the other server's sandbox is gone, the range is free and the wake goes ahead.
+    assert_eq!(b.kill(&other).await, 204);
+    let (status, v) = a
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/wake"), None)
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(host_uid_slot(&a, &id), 16);
+    assert_eq!(a.kill(&id).await, 204);
+}

@@ -6,6 +6,11 @@
 //! transfer therefore never sits in memory, a slow side slows the other down (bounded
 //! queue one way, HTTP/2 flow control the other), and a host that stops reading pins
 //! nothing but its own stream.
+//!
+//! Files on generated filesystems (procfs, sysfs, debugfs, …) are the exception: their
+//! size says nothing and some never end, so one is read whole, at most 1 MiB
+//! ([`ops::MAX_GENERATED_FILE_BYTES`]), before the answer starts; a longer one is refused
+//! with `bad_request` naming the limit.
 
 mod ops;
 
@@ -37,7 +42,15 @@ async fn blocking<T: Send + 'static>(op: impl FnOnce() -> Result<T> + Send + 'st
 pub async fn read(query: &Query) -> Result<Response<AgentBody>> {
     let path = query.path()?;
     let open_path = path.clone();
-    let file = blocking(move || ops::open_read(&open_path)).await?;
+    let opened = blocking(move || ops::open_read(&open_path)).await?;
+    let file = match opened.generated {
+        None => opened.file,
+        Some(filesystem) => {
+            let data =
+                blocking(move || ops::read_generated(opened.file, &path, filesystem)).await?;
+            return Ok(http::bytes("application/octet-stream", Bytes::from(data)));
+        }
+    };
     let (tx, rx) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         let mut file = Some(file);

@@ -5,6 +5,7 @@
 //! the host gets `not_found`, `not_empty`, `no_space`, ... rather than a generic failure.
 
 use std::fs::{self, File, Metadata, OpenOptions};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -18,6 +19,37 @@ use hutch_proto::time::rfc3339_utc;
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 /// Mode of files created without an explicit one.
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
+/// Most bytes read of a file on a [generated filesystem](GENERATED_FILESYSTEMS).
+pub const MAX_GENERATED_FILE_BYTES: usize = 1 << 20;
+
+/// Filesystems whose files the kernel generates as they are read: their size says nothing
+/// (0 or 4096) and some never end (`/proc/self/pagemap` spans the whole address space, 7 GB
+/// in 8 s), so a read of one is bounded by [`MAX_GENERATED_FILE_BYTES`] instead.
+const GENERATED_FILESYSTEMS: [(i64, &str); 14] = [
+    (libc::PROC_SUPER_MAGIC, "procfs"),
+    (libc::SYSFS_MAGIC, "sysfs"),
+    (libc::DEBUGFS_MAGIC, "debugfs"),
+    (libc::TRACEFS_MAGIC, "tracefs"),
+    (libc::SECURITYFS_MAGIC, "securityfs"),
+    (libc::CGROUP_SUPER_MAGIC, "cgroup"),
+    (libc::CGROUP2_SUPER_MAGIC, "cgroup2"),
+    (libc::BPF_FS_MAGIC, "bpf"),
+    (libc::SELINUX_MAGIC, "selinuxfs"),
+    (libc::SMACK_MAGIC, "smackfs"),
+    (libc::NSFS_MAGIC, "nsfs"),
+    (0x6265_6570, "configfs"),
+    (0xde5e_81e4, "efivarfs"),
+    (0x6165_676c, "pstore"),
+];
+
+/// The name of the generated filesystem `file` is on, if it is on one.
+fn generated_filesystem(file: &File) -> std::io::Result<Option<&'static str>> {
+    let magic = crate::sys::filesystem_type(file.as_raw_fd())?;
+    Ok(GENERATED_FILESYSTEMS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|(_, name)| *name))
+}
 
 /// Parse a mode like `0644`, `644` or `0o755`.
 pub fn parse_mode(text: &str) -> Result<u32> {
@@ -173,9 +205,19 @@ fn create_parents(path: &str) -> Result<()> {
     }
 }
 
+/// A file opened for reading.
+pub struct ReadableFile {
+    /// The open file.
+    pub file: File,
+    /// The generated filesystem it is on (`procfs`, `sysfs`, …), whose files are read
+    /// whole and bounded ([`read_generated`]) rather than streamed.
+    pub generated: Option<&'static str>,
+}
+
 /// Open a regular file for reading (directories and special files are refused; the open
-/// does not block on a FIFO).
-pub fn open_read(path: &str) -> Result<File> {
+/// does not block on a FIFO). Which filesystem it is on is judged on the opened file, so a
+/// symlink to `/proc/…` is judged as `/proc`.
+pub fn open_read(path: &str) -> Result<ReadableFile> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -198,7 +240,40 @@ pub fn open_read(path: &str) -> Result<File> {
         };
         return Err(Failure::BadRequest(format!("read {path}: {what}")));
     }
-    Ok(file)
+    let generated = generated_filesystem(&file).map_err(|e| Failure::io("statfs", path, e))?;
+    Ok(ReadableFile { file, generated })
+}
+
+/// Read the whole of a file on the generated filesystem `filesystem`, refusing (before
+/// anything is sent) one longer than [`MAX_GENERATED_FILE_BYTES`].
+pub fn read_generated(mut file: File, path: &str, filesystem: &str) -> Result<Vec<u8>> {
+    let limit = MAX_GENERATED_FILE_BYTES;
+    let mut data = Vec::new();
+    // Whole 64 KiB reads (not `take`'s odd remainders): `pagemap` refuses a read whose size
+    // is not a multiple of 8 with EINVAL.
+    let mut chunk = vec![0u8; 64 << 10];
+    while data.len() <= limit {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(Failure::BadRequest(format!(
+                    "read {path}: a stream on {filesystem} with nothing to read now; read it with exec"
+                )))
+            }
+            Err(e) => return Err(Failure::io("read", path, e)),
+        };
+        data.extend_from_slice(&chunk[..n]);
+    }
+    if data.len() > limit {
+        return Err(Failure::BadRequest(format!(
+            "read {path}: files on {filesystem} are generated as they are read, and the files \
+             API reads at most {limit} bytes (1 MiB) of one; this one is longer: read it with \
+             exec (e.g. `head -c`)"
+        )));
+    }
+    Ok(data)
 }
 
 /// Create or truncate `path` (parents created) for writing. With `mode`, the file gets
@@ -252,6 +327,30 @@ mod tests {
         for bad in ["", "0x644", "999", "17777", "rw-r--r--"] {
             assert!(parse_mode(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn generated_files_are_read_whole_up_to_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("big");
+        fs::write(&p, vec![7u8; 3 * MAX_GENERATED_FILE_BYTES]).expect("write");
+        let on_disk = open_read(p.to_str().expect("utf-8")).expect("open");
+        assert_eq!(on_disk.generated, None, "a file on disk is streamed");
+
+        let status = open_read("/proc/self/status").expect("open");
+        assert_eq!(status.generated, Some("procfs"));
+        let text = read_generated(status.file, "/proc/self/status", "procfs").expect("read");
+        assert!(String::from_utf8_lossy(&text).ends_with('\n'));
+
+        let pagemap = open_read("/proc/self/pagemap").expect("open");
+        let err = read_generated(pagemap.file, "/proc/self/pagemap", "procfs")
+            .expect_err("pagemap spans the address space");
+        assert!(
+            err.to_string().contains("at most 1048576 bytes (1 MiB)"),
+            "{err}"
+        );
+        let online = open_read("/sys/devices/system/cpu/online").expect("open");
+        assert_eq!(online.generated, Some("sysfs"));
     }
 
     #[test]

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 
 use hutch_proto::client::AgentClient;
 
-use super::{client_error, Manager, MIN_UID_SLOT, UID_SLOTS};
+use super::{client_error, Manager};
 use crate::backend::Backend;
+use crate::config::MIN_UID_SLOT;
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::{CreateSandbox, IsolationRequest, SandboxRecord, SandboxState, SandboxView};
 use crate::snapshot::{SnapshotDefaults, SnapshotRecord};
+use crate::uid_slots::Claim;
 
 /// Largest `disk_mib` (1 TiB): a vm root disk grows online to at most 1024 times its
 /// template image's size (ext4's reserved descriptor blocks).
@@ -102,6 +104,7 @@ impl Manager {
             Err(e) => {
                 self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
                 let _ = self.store.delete(&record.id);
+                self.release_uid_slot(record.uid_slot);
                 self.release_layer(record.layer.as_deref()).await;
                 return Err(e);
             }
@@ -357,23 +360,46 @@ impl Manager {
 
     async fn fail_create(&self, record: SandboxRecord, e: CoreError) -> CoreError {
         self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
-        let _ = self.destroy_resources(&record).await;
+        let destroyed = self.destroy_resources(&record).await;
         let _ = self.store.delete(&record.id);
+        if destroyed.is_ok() {
+            self.release_uid_slot(record.uid_slot);
+        }
         self.release_layer(record.layer.as_deref()).await;
         e
     }
 
+    /// Give `record` a uid slot free on the whole host and insert it: the slot is claimed
+    /// host-wide (`uid_slots.rs`) and the record inserted under one host-wide lock, so no
+    /// other server sees the claim without the record. Small slot spaces are tried in full
+    /// (from a random start); the full one at 64 random slots.
     pub(super) fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
-        for _ in 0..64 {
-            record.uid_slot = MIN_UID_SLOT + ids::random_u32() % UID_SLOTS;
+        let slots = self.cfg.uid_slots;
+        let start = ids::random_u32() % slots;
+        let candidates: Vec<u32> = if slots <= 256 {
+            (0..slots).map(|i| (start + i) % slots).collect()
+        } else {
+            (0..64).map(|_| ids::random_u32() % slots).collect()
+        };
+        let claims = self.uid_slots.lock()?;
+        for offset in candidates {
+            let slot = MIN_UID_SLOT + offset;
+            if claims.claim(slot)? == Claim::Taken {
+                continue;
+            }
+            record.uid_slot = slot;
             match self.store.insert(record) {
                 Ok(()) => return Ok(()),
+                // A record of this server holds it: the claim just made is right as it is.
                 Err(CoreError::Conflict(_)) => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    claims.release(slot)?;
+                    return Err(e);
+                }
             }
         }
-        Err(CoreError::Quota(
-            "no free uid range for a new sandbox".into(),
-        ))
+        Err(CoreError::Quota(format!(
+            "no free uid range for a new sandbox (this host's {slots} uid slots are in use)"
+        )))
     }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::{blocking, wrong_state, Manager};
 use crate::backend::Backend;
-use crate::error::CoreResult;
+use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::time::now_ms;
 
@@ -164,6 +164,13 @@ impl Manager {
     /// Wake `r` (its transition lock held and its state checked).
     async fn wake_locked(self: &Arc<Self>, r: SandboxRecord) -> CoreResult<(SandboxRecord, u64)> {
         let t0 = Instant::now();
+        // After a reboot another server may have claimed this sandbox's uid range first.
+        if !self.uid_slots.lock()?.hold(r.uid_slot)? {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {} cannot wake: its uid range (slot {}) is in use by another hutch server on this host",
+                r.id, r.uid_slot
+            )));
+        }
         let backend = self.backend(r.isolation)?;
         let rootfs = self.templates.rootfs(&r.template);
         let (started, net_slot, network) = {

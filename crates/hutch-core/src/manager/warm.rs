@@ -285,6 +285,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.store.delete(&record.id);
+                self.release_uid_slot(record.uid_slot);
                 return Err(e);
             }
         };
@@ -336,8 +337,9 @@ impl Manager {
     pub(super) async fn discard_warm(&self, r: &SandboxRecord) {
         self.warm.forget(&r.id);
         let _ = self.store.delete(&r.id);
-        if let Err(e) = self.destroy_resources(r).await {
-            tracing::warn!(id = %r.id, error = %e, "destroying a warm vm guest");
+        match self.destroy_resources(r).await {
+            Ok(()) => self.release_uid_slot(r.uid_slot),
+            Err(e) => tracing::warn!(id = %r.id, error = %e, "destroying a warm vm guest"),
         }
     }
 

@@ -1,9 +1,10 @@
 //! Baselines measured in the same run: plain fork/exec, `unshare` of all namespaces,
-//! `bwrap --unshare-all`, and gVisor's `runsc do` when installed.
+//! `bwrap --unshare-all`, and gVisor's `runsc do` when installed (containers: `containers.rs`).
 
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use super::containers::failure;
 use super::stats::{summarize, Summary};
 
 /// A baseline that could not run, and why.
@@ -15,7 +16,8 @@ pub struct Skipped {
     pub reason: String,
 }
 
-fn on_path(prog: &str) -> bool {
+/// Whether `prog` is a file in one of `$PATH`'s directories.
+pub(super) fn on_path(prog: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
         .unwrap_or(false)
@@ -25,15 +27,15 @@ fn time_command(name: &str, argv: &[&str], n: usize) -> Result<Summary, String> 
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let t0 = Instant::now();
-        let status = Command::new(argv[0])
+        let out = Command::new(argv[0])
             .args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
+            .stderr(Stdio::piped())
+            .output()
             .map_err(|e| format!("{}: {e}", argv[0]))?;
-        if !status.success() {
-            return Err(format!("`{}` failed with {status}", argv.join(" ")));
+        if !out.status.success() {
+            return Err(failure(&argv.join(" "), &out));
         }
         samples.push(t0.elapsed().as_secs_f64() * 1000.0);
     }

@@ -2,6 +2,7 @@
 //! and report every figure next to its baseline as a ratio (these machines are noisy).
 
 mod baselines;
+mod containers;
 mod density;
 mod exec_memory;
 mod lifecycle;
@@ -71,6 +72,16 @@ pub struct BenchArgs {
     pub json_out: Option<PathBuf>,
 }
 
+/// The baselines a user would pick instead of Hutch, each reported as the ratio of its p50
+/// to Hutch's `ns_create_to_first_exec` p50 from the same run.
+const ALTERNATIVES: [&str; 5] = [
+    "bwrap_unshare_all_true",
+    "crun_run_true",
+    "runc_run_true",
+    "podman_run_true",
+    "runsc_do_true",
+];
+
 fn machine_info() -> Value {
     let read = |p: &str| {
         std::fs::read_to_string(p)
@@ -139,7 +150,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         let mut doc = if args.vm_only {
             json!({"machine": machine_info()})
         } else {
-            measure(&args, &srv, net).await?
+            measure(&args, &srv, net, &templates_dir).await?
         };
         if args.vm > 0 {
             // A second server keeps one warm guest ready (`--vm-warm 1`).
@@ -219,11 +230,19 @@ async fn measure(
     args: &BenchArgs,
     srv: &server::BenchServer,
     net: network::NetSeries,
+    templates_dir: &std::path::Path,
 ) -> anyhow::Result<Value> {
     // Baselines first, while nothing else runs.
     eprintln!("baselines…");
     let n_base = args.n;
-    let (base, skipped) = tokio::task::spawn_blocking(move || baselines::run(n_base)).await?;
+    let (mut base, mut skipped) =
+        tokio::task::spawn_blocking(move || baselines::run(n_base)).await?;
+    eprintln!("container baselines…");
+    let rootfs = templates_dir.join(&args.template).join("rootfs");
+    let (containers, containers_skipped) =
+        tokio::task::spawn_blocking(move || containers::run(&rootfs, n_base)).await?;
+    base.extend(containers);
+    skipped.extend(containers_skipped);
     let find = |name: &str| base.iter().find(|b| b.name == name);
 
     eprintln!("create-to-first-exec ×{}…", args.n);
@@ -320,7 +339,6 @@ async fn measure(
     ];
     series.extend(life);
     series.extend(net.series);
-    let mut skipped = skipped;
     skipped.extend(life_skipped);
     skipped.extend(net.skipped);
     let net_off = series
@@ -373,6 +391,25 @@ async fn measure(
     if let Some(m) = &exec_memory {
         println!("{}", m.line());
     }
+    let c2e_p50 = series
+        .iter()
+        .find(|s| s.name == "ns_create_to_first_exec")
+        .map_or(f64::NAN, |s| s.p50);
+    let ratios: serde_json::Map<String, Value> = base
+        .iter()
+        .filter(|b| ALTERNATIVES.contains(&b.name.as_str()))
+        .map(|b| (b.name.clone(), json!(b.p50 / c2e_p50)))
+        .collect();
+    if !ratios.is_empty() {
+        let listed: Vec<String> = ratios
+            .iter()
+            .map(|(name, r)| format!("{name} {:.2}x", r.as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        println!(
+            "the alternatives against ns_create_to_first_exec ({c2e_p50:.2} ms p50): {}",
+            listed.join(", ")
+        );
+    }
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
     }
@@ -381,6 +418,7 @@ async fn measure(
             "machine": machine_info(),
             "baselines": base,
             "skipped": skipped,
+            "alternatives_vs_ns_create_to_first_exec": ratios,
             "series": series,
             "concurrent": {"count": args.concurrent, "all_ready_ms": total_concurrent_ms},
             "density": {

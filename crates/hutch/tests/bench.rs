@@ -1,0 +1,144 @@
+//! `hutch bench` with its smallest settings: every baseline — the containers a user would
+//! pick instead of Hutch included — is in the JSON report, measured or skipped with a
+//! reason, next to Hutch's series from the same run; and the container baselines leave
+//! nothing behind (their temporary directory, cgroups, the runtimes' default state
+//! directories, podman's default storage).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{hutch_bin, templates_dir};
+
+/// Every baseline the bench knows, and those reported as a ratio to Hutch's
+/// create-to-first-exec.
+const BASELINES: [&str; 7] = [
+    "fork_exec_true",
+    "unshare_all_true",
+    "bwrap_unshare_all_true",
+    "runsc_do_true",
+    "crun_run_true",
+    "runc_run_true",
+    "podman_run_true",
+];
+const ALTERNATIVES: [&str; 5] = [
+    "bwrap_unshare_all_true",
+    "crun_run_true",
+    "runc_run_true",
+    "podman_run_true",
+    "runsc_do_true",
+];
+/// Where podman and the OCI runtimes put things by default.
+const HOST_DIRS: [&str; 5] = [
+    "/var/lib/containers",
+    "/run/containers",
+    "/run/libpod",
+    "/run/runc",
+    "/run/crun",
+];
+
+/// What the container baselines could leave: their directories in /tmp and their cgroups.
+fn leftovers() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut scan = |dir: &Path| {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_name()
+                .to_string_lossy()
+                .starts_with("hutch-bench-containers-")
+            {
+                found.push(e.path());
+            }
+        }
+    };
+    scan(Path::new("/tmp"));
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        scan(&hierarchy.path());
+    }
+    scan(Path::new("/sys/fs/cgroup"));
+    found
+}
+
+#[test]
+fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_nothing() {
+    let before = leftovers();
+    let host_dirs_before: Vec<bool> = HOST_DIRS.iter().map(|d| Path::new(d).exists()).collect();
+    let state = tempfile::Builder::new()
+        .prefix("hutch-test-bench-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let json_out = state.path().join("bench.json");
+    let out = Command::new(hutch_bin())
+        .arg("bench")
+        .arg("--state-dir")
+        .arg(state.path().join("state"))
+        .arg("--templates-dir")
+        .arg(templates_dir())
+        .args([
+            "--n",
+            "3",
+            "--concurrent",
+            "1",
+            "--idle",
+            "1",
+            "--lifecycle",
+            "1",
+        ])
+        .args(["--execs", "3", "--vm", "0", "--json-out"])
+        .arg(&json_out)
+        .output()
+        .expect("run hutch bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "hutch bench failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_out).expect("bench.json")).expect("json");
+
+    let measured = doc["baselines"].as_array().expect("baselines");
+    let skipped = doc["skipped"].as_array().expect("skipped");
+    let ratios = &doc["alternatives_vs_ns_create_to_first_exec"];
+    for name in BASELINES {
+        let m = measured.iter().find(|b| b["name"] == name);
+        let s = skipped.iter().find(|b| b["name"] == name);
+        match (m, s) {
+            (Some(b), None) => {
+                assert_eq!(b["unit"], "ms", "{b}");
+                assert_eq!(b["n"], 3, "{b}");
+                let p50 = b["p50"].as_f64().expect("p50");
+                assert!(p50 > 0.0, "{b}");
+                if ALTERNATIVES.contains(&name) {
+                    let r = ratios[name]
+                        .as_f64()
+                        .expect("a ratio for every alternative");
+                    assert!(r > 0.0 && r.is_finite(), "{ratios}");
+                }
+            }
+            (None, Some(s)) => {
+                let reason = s["reason"].as_str().unwrap_or_default();
+                assert!(reason.len() > 10, "{name} skipped without a reason: {s}");
+                assert!(
+                    stdout.contains(&format!("skipped {name}: {reason}")),
+                    "{stdout}"
+                );
+                assert!(ratios.get(name).is_none(), "{ratios}");
+            }
+            _ => panic!("{name} is neither measured nor skipped once: {doc}"),
+        }
+    }
+    let series = doc["series"].as_array().expect("series");
+    assert!(series
+        .iter()
+        .any(|s| s["name"] == "ns_create_to_first_exec"));
+
+    assert_eq!(leftovers(), before, "the container baselines left these");
+    for (dir, existed) in HOST_DIRS.iter().zip(host_dirs_before) {
+        assert_eq!(Path::new(dir).exists(), existed, "{dir}");
+    }
+}
