@@ -86,7 +86,7 @@ enum Command {
     Hibernate(lifecycle::IdArgs),
     /// Start a hibernated sandbox again (exec and file calls also do).
     Wake(lifecycle::IdArgs),
-    /// Take a snapshot (`snapshot ID --name N`), list (`snapshot ls`) or delete (`snapshot rm`).
+    /// Take a snapshot (`snapshot ID [--name N]`), list (`snapshot ls`) or delete (`snapshot rm`).
     Snapshot(lifecycle::SnapshotArgs),
     /// Create children of a sandbox (ns: files copied-on-write, fresh processes).
     Fork(lifecycle::ForkArgs),
