@@ -1,4 +1,4 @@
-//! Hutch's HTTP API (see `shared/API.md` and `GET /v1/openapi.json`).
+//! Hutch's HTTP API (see `docs/api.md` and `GET /v1/openapi.json`).
 //!
 //! Handlers parse and validate requests into the core's typed commands, call the
 //! [`Manager`], and map results; statuses are chosen only in [`error::ApiError`].
