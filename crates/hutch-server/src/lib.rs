@@ -118,6 +118,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::remove),
         )
+        .route(
+            "/v1/sandboxes/{id}/files/archive",
+            get(files::read_archive).put(files::write_archive),
+        )
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
