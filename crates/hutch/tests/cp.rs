@@ -120,6 +120,7 @@ async fn directories_copy_both_ways_and_dash_is_a_tar_stream() {
     let o = hutch(
         &s,
         &[
+            "--json",
             "cp",
             src.to_str().expect("utf8"),
             &format!("{id}:/root/tree"),
@@ -127,6 +128,14 @@ async fn directories_copy_both_ways_and_dash_is_a_tar_stream() {
         None,
     );
     assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    // README, run.sh, the long name and big.bin; 8 entries with the 3 directories and the link.
+    let file_bytes = 11 + 19 + 10 + 700_000;
+    assert_eq!(
+        (v["entries"].clone(), v["copied_bytes"].clone()),
+        (8.into(), file_bytes.into()),
+        "{v}"
+    );
     let (out, code) = s
         .sh(&id, "cd /root/tree && cat README && ./src/run.sh && readlink src/readme-link && stat -c %a src/run.sh && wc -c < src/big.bin && ls -d empty")
         .await;

@@ -39,6 +39,8 @@ pub struct ArchiveWriter {
     single: Option<(PathBuf, Vec<u8>)>,
     copying: Option<Copying>,
     finished: bool,
+    entries: u64,
+    file_bytes: u64,
 }
 
 fn header_for(meta: &Metadata, kind: EntryType, size: u64) -> Header {
@@ -63,6 +65,8 @@ impl ArchiveWriter {
             single: None,
             copying: None,
             finished: false,
+            entries: 0,
+            file_bytes: 0,
         };
         if meta.is_dir() {
             let entries = fs::read_dir(path).map_err(|e| ArchiveError::io("list", &shown, e))?;
@@ -79,6 +83,16 @@ impl ArchiveWriter {
             writer.single = Some((path.to_path_buf(), name));
         }
         Ok(writer)
+    }
+
+    /// Entries archived so far.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Bytes of file data archived so far (as the headers give them).
+    pub fn file_bytes(&self) -> u64 {
+        self.file_bytes
     }
 
     /// The next bytes of the stream, about `max` of them (more when one header is longer);
@@ -157,6 +171,7 @@ impl ArchiveWriter {
                 prefix: name,
                 entries,
             });
+            self.entries += 1;
         } else if ft.is_symlink() {
             let target =
                 fs::read_link(path).map_err(|e| ArchiveError::io("readlink", shown(), e))?;
@@ -168,6 +183,7 @@ impl ArchiveWriter {
                     &target,
                 )
                 .map_err(|e| ArchiveError::io("archive", shown(), e))?;
+            self.entries += 1;
         } else if ft.is_file() {
             let file = OpenOptions::new()
                 .read(true)
@@ -192,6 +208,8 @@ impl ArchiveWriter {
                     std::io::empty(),
                 )
                 .map_err(|e| ArchiveError::io("archive", shown(), e))?;
+            self.entries += 1;
+            self.file_bytes += size;
             self.copying = Some(Copying {
                 file,
                 remaining: size,

@@ -142,20 +142,19 @@ async fn upload_dir(api: &Api, id: &str, path: &str, src: &str) -> anyhow::Resul
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
     let maker = std::thread::spawn(move || {
         let mut writer = writer;
-        let mut total = 0u64;
         loop {
             let chunk = match writer.next_chunk(UPLOAD_CHUNK) {
                 Ok(Some(chunk)) => chunk,
-                Ok(None) => return Ok(total),
+                Ok(None) => return Ok((writer.entries(), writer.file_bytes())),
                 Err(e) => {
                     let message = e.to_string();
                     let _ = tx.blocking_send(Err(std::io::Error::other(message.clone())));
                     return Err(message);
                 }
             };
-            total += chunk.len() as u64;
             if tx.blocking_send(Ok(bytes::Bytes::from(chunk))).is_err() {
-                return Ok(total); // the upload ended; its error says why
+                // The upload ended; its error says why.
+                return Ok((writer.entries(), writer.file_bytes()));
             }
         }
     });
@@ -173,11 +172,11 @@ async fn upload_dir(api: &Api, id: &str, path: &str, src: &str) -> anyhow::Resul
     let made = maker
         .join()
         .map_err(|_| anyhow::anyhow!("the archive of {src} could not be made"))?;
-    let total = made.map_err(|e| anyhow::anyhow!("archiving {src}: {e}"))?;
+    let (entries, bytes) = made.map_err(|e| anyhow::anyhow!("archiving {src}: {e}"))?;
     sent?;
     Ok(Copied {
-        bytes: total,
-        entries: None,
+        bytes,
+        entries: Some(entries),
     })
 }
 
