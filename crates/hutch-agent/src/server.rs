@@ -234,6 +234,7 @@ const ROUTES: &[&str] = &[
     "/v1/files/stat",
     "/v1/files/mkdir",
     "/v1/files/move",
+    "/v1/files/archive",
     "/v1/identity",
     "/v1/sync",
     "/v1/tcp",
@@ -267,6 +268,14 @@ async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentB
         },
         (&Method::GET, "/v1/files/stat") => match Query::parse(query) {
             Ok(q) => files::stat(&q).await.map(|entry| agent_http::json(&entry)),
+            Err(e) => Err(e),
+        },
+        (&Method::GET, "/v1/files/archive") => match Query::parse(query) {
+            Ok(q) => files::read_archive(&q).await,
+            Err(e) => Err(e),
+        },
+        (&Method::PUT, "/v1/files/archive") => match Query::parse(query) {
+            Ok(q) => files::write_archive(&q, body).await.map(|()| done()),
             Err(e) => Err(e),
         },
         (&Method::POST, "/v1/files/mkdir") => files::mkdir(body).await.map(|()| done()),

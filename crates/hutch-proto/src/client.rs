@@ -252,6 +252,32 @@ impl AgentClient {
         self.call(Method::PUT, &uri, body).await.map(drop)
     }
 
+    /// `GET /v1/files/archive`: a tar stream of the directory (or file) at `path`, made by
+    /// the agent without following symlinks.
+    pub async fn read_archive(&self, path: &str) -> ClientResult<ByteStream> {
+        let uri = format!("/v1/files/archive?{}", query::build(&[("path", path)]));
+        let response = self.call(Method::GET, &uri, empty_body()).await?;
+        Ok(ByteStream {
+            body: response.into_body(),
+        })
+    }
+
+    /// `PUT /v1/files/archive`: the agent unpacks the tar stream `body` below the directory
+    /// `path` (created if missing), refusing entries that would land outside it.
+    pub async fn write_archive<S>(&self, path: &str, body: S) -> ClientResult<()>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+    {
+        let body = StreamBody::new(
+            body.map_ok(Frame::data)
+                .map_err(|e| Box::new(e) as BoxError),
+        );
+        let uri = format!("/v1/files/archive?{}", query::build(&[("path", path)]));
+        self.call(Method::PUT, &uri, UnsyncBoxBody::new(body))
+            .await
+            .map(drop)
+    }
+
     /// `DELETE /v1/files/remove`. Directories need `recursive`; symlinks are never followed.
     pub async fn remove(&self, path: &str, recursive: bool) -> ClientResult<()> {
         let recursive = if recursive { "true" } else { "false" };

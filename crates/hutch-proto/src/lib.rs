@@ -26,12 +26,16 @@
 //! | GET | `/v1/files/stat?path=` | – | [`FileEntry`] JSON |
 //! | POST | `/v1/files/mkdir` | [`MkdirRequest`] JSON | 204 |
 //! | POST | `/v1/files/move` | [`MoveRequest`] JSON | 204 |
+//! | GET | `/v1/files/archive?path=` | – | a tar stream of the directory (or file) at `path` |
+//! | PUT | `/v1/files/archive?path=` | a tar stream, unpacked into the directory `path` | 204 |
 //! | POST | `/v1/identity` | [`IdentityRequest`] JSON | 204 |
 //! | POST | `/v1/sync` | — | 204 (every filesystem flushed to its disk) |
 //! | POST | `/v1/tcp?port=` | raw bytes to the port (streamed) | raw bytes from it (streamed) |
 //!
 //! Errors are a non-2xx status with an [`AgentError`] JSON body.
 
+#[cfg(feature = "archive")]
+pub mod archive;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod frame;

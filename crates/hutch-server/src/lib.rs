@@ -1,4 +1,4 @@
-//! Hutch's HTTP API (see `shared/API.md` and `GET /v1/openapi.json`).
+//! Hutch's HTTP API (see `docs/api.md` and `GET /v1/openapi.json`).
 //!
 //! Handlers parse and validate requests into the core's typed commands, call the
 //! [`Manager`], and map results; statuses are chosen only in [`error::ApiError`].
@@ -143,6 +143,10 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::remove),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files/archive",
+            get(files::read_archive).put(files::write_archive),
         )
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Default TTL of ephemeral sandboxes, in seconds.
     #[arg(long, default_value_t = 300)]
     pub default_ttl: u64,
+    /// Timeout of an exec request that sets no `timeout_seconds`, in seconds (`hutch exec`
+    /// and `hutch run` send none: they wait like `docker exec`).
+    #[arg(long, default_value_t = 60.0)]
+    pub default_exec_timeout: f64,
     /// How often to look for expired sandboxes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub reaper_interval_ms: u64,
@@ -311,6 +315,13 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     }
     cfg.default_template = args.default_template.clone();
     cfg.default_ttl_seconds = args.default_ttl;
+    if !(args.default_exec_timeout.is_finite() && args.default_exec_timeout > 0.0) {
+        bail!(
+            "--default-exec-timeout must be a positive number of seconds, got {}",
+            args.default_exec_timeout
+        );
+    }
+    cfg.default_exec_timeout = Duration::from_secs_f64(args.default_exec_timeout);
     cfg.reaper_interval = Duration::from_millis(args.reaper_interval_ms.max(10));
     cfg.network = network;
     if let Some(dir) = args.vm_dir.clone() {

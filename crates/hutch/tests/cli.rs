@@ -241,3 +241,238 @@ async fn run_python_on_the_base_template(isolation: &str) {
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     assert_eq!(stdout(&o), "42\n");
 }
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `hutch create` of a minimal sandbox; its id.
+fn create_minimal(s: &TestServer) -> String {
+    let o = hutch(s, &["create", "--template", "minimal", "--isolation", "ns"]);
+    assert!(o.status.success(), "{o:?}");
+    stdout(&o).trim().to_string()
+}
+
+/// `hutch exec` waits like `docker exec` (the server's default timeout, 1 s here, does not
+/// apply); `--timeout N` kills and says so; `-e`, `--cwd` and `--user` reach the command, on
+/// `exec` and on `run`.
+#[tokio::test]
+async fn exec_waits_without_a_timeout_and_passes_env_cwd_user() {
+    let s = TestServer::start_with(&["--default-exec-timeout", "1"]).await;
+    let id = create_minimal(&s);
+    let o = hutch(&s, &["exec", &id, "--", "sh", "-c", "sleep 2; echo done"]);
+    assert_eq!(
+        (o.status.code(), stdout(&o)),
+        (Some(0), "done\n".into()),
+        "{o:?}"
+    );
+
+    let o = hutch(&s, &["exec", "--timeout", "1", &id, "--", "sleep", "30"]);
+    assert_ne!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        stderr(&o).contains("hutch: the command was killed after 1 s (--timeout 1)"),
+        "{o:?}"
+    );
+    let o = hutch(
+        &s,
+        &["--json", "exec", "--timeout", "1", &id, "--", "sleep", "30"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert!(stderr(&o).contains("killed after 1 s"), "{o:?}");
+
+    let script = "echo \"$GREETING $(pwd) $(id -u)\"";
+    let o = hutch(
+        &s,
+        &[
+            "exec",
+            "-e",
+            "GREETING=hi",
+            "--cwd",
+            "/tmp",
+            "--user",
+            "user",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert_eq!(stdout(&o), "hi /tmp 1000\n", "{o:?}");
+    let o = hutch(&s, &["exec", "-e", "NOEQUALS", &id, "--", "true"]);
+    assert!(
+        stderr(&o).contains("--env \"NOEQUALS\" must be KEY=VALUE"),
+        "{o:?}"
+    );
+    let o = hutch(
+        &s,
+        &[
+            "run",
+            "--template",
+            "minimal",
+            "--isolation",
+            "ns",
+            "-e",
+            "GREETING=yo",
+            "-w",
+            "/tmp",
+            "-u",
+            "user",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    assert_eq!(stdout(&o), "yo /tmp 1000\n", "{o:?}");
+    hutch(&s, &["kill", &id]);
+}
+
+/// A create naming a template the server lacks says which it has and how to make one,
+/// instead of a `hutch template build NAME` that cannot work for a custom name.
+#[tokio::test]
+async fn unknown_template_names_the_servers_templates_and_how_to_make_one() {
+    let s = TestServer::start().await;
+    let o = hutch(&s, &["create", "--template", "my-env"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let e = stderr(&o);
+    assert!(e.contains("template \"my-env\" does not exist"), "{e}");
+    assert!(
+        e.contains("templates on this server: ") && e.contains("minimal"),
+        "{e}"
+    );
+    assert!(e.contains("hutch snapshot ID --name NAME"), "{e}");
+    assert!(!e.contains("hutch template build my-env"), "{e}");
+    // A built-in recipe that is not built is named as such.
+    let o = hutch(&s, &["create", "--template", "base"]);
+    let e = stderr(&o);
+    if !o.status.success() {
+        assert!(e.contains("`hutch template build base`"), "{e}");
+    } else {
+        hutch(&s, &["kill", stdout(&o).trim()]);
+    }
+}
+
+/// `hutch template ls` and `inspect` ask the server at HUTCH_URL, not this host's state
+/// dir (the test's state dir holds no templates; the server's templates dir does).
+#[tokio::test]
+async fn template_ls_and_inspect_ask_the_server() {
+    let s = TestServer::start().await;
+    assert!(!s.state_dir.join("templates").exists());
+    let o = hutch(&s, &["--json", "template", "ls"]);
+    assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let names: Vec<&str> = v["templates"]
+        .as_array()
+        .expect("templates")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"minimal"), "{v}");
+    let o = hutch(&s, &["template", "ls"]);
+    assert!(
+        stdout(&o)
+            .lines()
+            .any(|l| l.starts_with("minimal") && l.contains("ready")),
+        "{o:?}"
+    );
+    let o = hutch(&s, &["template", "inspect", "minimal"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(
+        (v["name"].clone(), v["ready"].clone()),
+        ("minimal".into(), true.into()),
+        "{v}"
+    );
+    let o = hutch(&s, &["template", "inspect", "nope"]);
+    assert!(
+        stderr(&o).contains("the server has no template \"nope\""),
+        "{o:?}"
+    );
+    // A server that is not there is an error, not an empty local list.
+    let o = Command::new(hutch_bin())
+        .args(["template", "ls"])
+        .env("HUTCH_URL", "http://127.0.0.1:9")
+        .env("HUTCH_STATE_DIR", &s.state_dir)
+        .output()
+        .expect("run hutch");
+    assert!(
+        stderr(&o).contains("cannot reach the Hutch server"),
+        "{o:?}"
+    );
+}
+
+/// Snapshots need no name (named by their id), and `--snapshot NAME` finds a unique name;
+/// two snapshots of one name make it ambiguous: 409 naming both ids.
+#[tokio::test]
+async fn snapshot_names_are_optional_and_resolve_when_unique() {
+    let s = TestServer::start().await;
+    let id = create_minimal(&s);
+    let o = hutch(
+        &s,
+        &["exec", &id, "--", "sh", "-c", "echo warm > /root/mark"],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let o = hutch(&s, &["--json", "snapshot", &id]);
+    assert!(o.status.success(), "{o:?}");
+    let unnamed: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(unnamed["name"], unnamed["id"], "{unnamed}");
+    let (status, v) = s
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+
+    let o = hutch(&s, &["snapshot", &id, "--name", "warm"]);
+    let first = stdout(&o).trim().to_string();
+    assert!(first.starts_with("snap_"), "{o:?}");
+    let o = hutch(&s, &["create", "--snapshot", "warm"]);
+    assert!(o.status.success(), "{o:?}");
+    let child = stdout(&o).trim().to_string();
+    let o = hutch(&s, &["exec", &child, "--", "cat", "/root/mark"]);
+    assert_eq!(stdout(&o), "warm\n", "{o:?}");
+
+    let o = hutch(&s, &["snapshot", &id, "--name", "warm"]);
+    let second = stdout(&o).trim().to_string();
+    let o = hutch(&s, &["--json", "create", "--snapshot", "warm"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["error"]["status"], 409, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("2 snapshots are named \"warm\"")
+            && msg.contains(&first)
+            && msg.contains(&second),
+        "{v}"
+    );
+    let o = hutch(&s, &["--json", "create", "--snapshot", "cold"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["error"]["status"], 404, "{v}");
+    hutch(&s, &["kill", &child, &id]);
+}
+
+/// `explore ID -- a ::: b --timeout 3` would run `b --timeout 3`: refused, naming the option.
+#[tokio::test]
+async fn explore_refuses_its_options_after_the_commands() {
+    let s = TestServer::start().await;
+    let o = hutch(
+        &s,
+        &[
+            "explore",
+            "sbx_any",
+            "--",
+            "true",
+            ":::",
+            "false",
+            "--timeout",
+            "3",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        stderr(&o).contains("hutch: --timeout after `--` would be part of a candidate command"),
+        "{o:?}"
+    );
+}

@@ -111,6 +111,24 @@ def test_snapshot_create_from_it_and_delete(server: Server) -> None:
             Sandbox.create(snapshot=snap.id, client=c)
 
 
+def test_snapshot_without_a_name_and_create_by_a_unique_name(server: Server) -> None:
+    with Client() as c:
+        with Sandbox.create(client=c, metadata={"suite": "py-lifecycle"}) as parent:
+            parent.files.write("/root/mark", "by name\n")
+            unnamed = parent.snapshot()
+            assert unnamed.name == unnamed.id
+            first = parent.snapshot("py-by-name")
+            with Sandbox.create(snapshot="py-by-name", client=c) as child:
+                assert child.info.snapshot == first.id
+                assert child.files.read("/root/mark") == "by name\n"
+            second = parent.snapshot("py-by-name")
+            with pytest.raises(hutch.ConflictError) as ei:
+                Sandbox.create(snapshot="py-by-name", client=c)
+            assert first.id in ei.value.message and second.id in ei.value.message
+        for snap in (unnamed, first, second):
+            c.delete_snapshot(snap.id)
+
+
 def test_fork_children_start_from_the_parent_and_are_independent(server: Server) -> None:
     with Sandbox.create(metadata={"suite": "py-lifecycle", "case": "fork"}) as parent:
         parent.files.write("/root/shared.txt", "parent\n")

@@ -80,8 +80,9 @@ export interface CreateOptions extends ConnectOptions {
   /** Durable volumes to mount; see {@link VolumeMount}. */
   volumes?: VolumeMount[];
   /**
-   * Start from this snapshot (`snap_…`, from {@link Sandbox.snapshot}) instead of the bare
-   * template: the sandbox gets the snapshot's files, copy-on-write (nothing is copied), over the
+   * Start from this snapshot (its id `snap_…` from {@link Sandbox.snapshot}, or its name while
+   * no other of your snapshots has it; several are a {@link ConflictError} listing their ids)
+   * instead of the bare template: the sandbox gets the snapshot's files, copy-on-write (nothing is copied), over the
    * snapshot's template, and the resources and environment of the snapshot's source sandbox as
    * defaults (other options override them). `template` may be left out (a different one is
    * 422). On `ns` no process is restored: the sandbox starts with a fresh agent. While the
@@ -560,20 +561,22 @@ export class Sandbox implements AsyncDisposable {
   }
 
   /**
-   * Take a named snapshot that new sandboxes can start from (`Sandbox.create({ snapshot: snap.id })`).
+   * Take a snapshot that new sandboxes can start from (`Sandbox.create({ snapshot: snap.id })`,
+   * or `{ snapshot: "warm" }` by a name no other of your snapshots has).
    *
    * On `ns` a snapshot is filesystem-level (`kind: "filesystem"`): the sandbox's files, not its
    * processes, memory, `/tmp` or `/dev/shm`. A running sandbox is frozen while its files are
    * read (so the snapshot is consistent) and then keeps running; a hibernated one is read from
    * disk without being woken. The snapshot does not depend on this sandbox, which can be killed
    * at any time; delete it with {@link Client.deleteSnapshot}.
-   * @param name 1–64 characters of `[A-Za-z0-9._-]`; names need not be unique.
+   * @param name 1–64 characters of `[A-Za-z0-9._-]`; names need not be unique. Without one the
+   *   snapshot is named by its id.
    * @throws {@link InvalidRequest} for a bad name; {@link ConflictError} when the sandbox is
    *   paused (or otherwise not running or hibernated).
    */
-  async snapshot(name: string): Promise<Snapshot> {
+  async snapshot(name?: string): Promise<Snapshot> {
     const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/snapshots"), {
-      json: { name },
+      json: name === undefined ? {} : { name },
       timeoutMs: null,
     });
     return snapshot(doc);

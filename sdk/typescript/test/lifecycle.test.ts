@@ -80,6 +80,34 @@ describe("pause and hibernate", () => {
 });
 
 describe("snapshots", () => {
+  test("a snapshot needs no name; create finds one by a unique name, 409 when ambiguous", async () => {
+    const client = new Client();
+    const ids: string[] = [];
+    {
+      await using parent = await Sandbox.create({ client, metadata: { suite: "ts-lifecycle" } });
+      await parent.files.write("/root/mark", "by name\n");
+      const unnamed = await parent.snapshot();
+      ids.push(unnamed.id);
+      assert.equal(unnamed.name, unnamed.id);
+      const first = await parent.snapshot("ts-by-name");
+      ids.push(first.id);
+      {
+        await using child = await Sandbox.create({ client, snapshot: "ts-by-name" });
+        assert.equal(child.info.snapshot, first.id);
+        assert.equal(await child.files.read("/root/mark"), "by name\n");
+      }
+      const second = await parent.snapshot("ts-by-name");
+      ids.push(second.id);
+      await assert.rejects(Sandbox.create({ client, snapshot: "ts-by-name" }), (e: unknown) => {
+        assert.ok(conflict(e));
+        const message = (e as Error).message;
+        assert.ok(message.includes(first.id) && message.includes(second.id), message);
+        return true;
+      });
+    }
+    for (const id of ids) await client.deleteSnapshot(id);
+  });
+
   test("snapshot, create from it, delete is 409 while used and 204 after", async () => {
     const client = new Client();
     let snapId = "";

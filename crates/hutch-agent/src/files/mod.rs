@@ -1,5 +1,5 @@
 //! The file routes (`/v1/files/*`): parse the query or body, run the operation on a
-//! blocking thread, answer.
+//! blocking thread, answer. Directory trees as tar streams are in [`archive`].
 //!
 //! Reads and writes stream in chunks: each chunk is one short job on the blocking pool, and
 //! between chunks the transfer waits on the network without holding a thread. A 100 MiB
@@ -12,7 +12,10 @@
 //! ([`ops::MAX_GENERATED_FILE_BYTES`]), before the answer starts; a longer one is refused
 //! with `bad_request` naming the limit.
 
+mod archive;
 mod ops;
+
+pub use archive::{read_archive, write_archive};
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -32,7 +35,9 @@ const READ_CHUNK: usize = 64 << 10;
 /// Chunks queued between the file and the HTTP stream of a download.
 const QUEUE: usize = 8;
 
-async fn blocking<T: Send + 'static>(op: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(op)
         .await
         .map_err(|e| Failure::Internal(format!("file operation did not finish: {e}")))?

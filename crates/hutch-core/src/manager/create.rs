@@ -157,11 +157,10 @@ impl Manager {
             (None, Some(t)) => t.clone(),
             (None, None) => self.cfg.default_template.clone(),
         };
-        let info = self.templates.get(&template).ok_or_else(|| {
-            CoreError::NotFound(format!(
-                "template {template:?} does not exist or is not built (build it with `hutch template build {template}`)"
-            ))
-        })?;
+        let info = self
+            .templates
+            .get(&template)
+            .ok_or_else(|| CoreError::NotFound(self.unknown_template_message(&template)))?;
         if !info.ready {
             return Err(CoreError::Conflict(format!(
                 "template {template:?} is not ready"
@@ -401,5 +400,34 @@ impl Manager {
         Err(CoreError::Quota(format!(
             "no free uid range for a new sandbox (this host's {slots} uid slots are in use)"
         )))
+    }
+}
+
+impl Manager {
+    /// What a create naming a template this server does not have is told: the templates it
+    /// has, and how to get one (a built-in recipe is built on the server's host; anything
+    /// else is made by setting up a sandbox and snapshotting it).
+    pub(super) fn unknown_template_message(&self, name: &str) -> String {
+        let templates = self.templates.list().unwrap_or_default();
+        let ready: Vec<&str> = templates
+            .iter()
+            .filter(|t| t.ready)
+            .map(|t| t.name.as_str())
+            .collect();
+        let have = if ready.is_empty() {
+            "this server has no ready template".to_string()
+        } else {
+            format!("templates on this server: {}", ready.join(", "))
+        };
+        let builtins = hutch_template::builtin_names();
+        let how = if builtins.contains(&name) {
+            format!("{name} is a built-in recipe: build it on the server's host with `hutch template build {name}`")
+        } else {
+            format!(
+                "built-in recipes ({}) are built on the server's host with `hutch template build NAME`; for an environment of your own, set up a sandbox, snapshot it (`hutch snapshot ID --name NAME`) and create from it with `--snapshot NAME`",
+                builtins.join(", ")
+            )
+        };
+        format!("template {name:?} does not exist ({have}); {how}")
     }
 }

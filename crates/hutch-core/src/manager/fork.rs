@@ -53,7 +53,7 @@ impl Manager {
             if !parent.state.can_snapshot() {
                 return Err(wrong_state(&parent, Some("fork")));
             }
-            self.take_snapshot(&parent, &format!("fork-of-{id}"), true)
+            self.take_snapshot(&parent, Some(&format!("fork-of-{id}")), true)
                 .await?
         };
         let snapshot_ms = t0.elapsed().as_millis() as u64;

@@ -34,9 +34,15 @@ fn visible(s: &SnapshotRecord, tenant: Option<&str>, include_hidden: bool) -> bo
 }
 
 impl Manager {
-    /// Take a named snapshot of a running or hibernated sandbox.
-    pub async fn snapshot(self: &Arc<Self>, id: &str, name: &str) -> CoreResult<SnapshotView> {
-        if !valid_name(name) {
+    /// Take a snapshot of a running or hibernated sandbox, named `name` (without one, it is
+    /// named by its own id). Names need not be unique; a create that names an ambiguous one
+    /// is refused ([`Manager::resolve_snapshot`]).
+    pub async fn snapshot(
+        self: &Arc<Self>,
+        id: &str,
+        name: Option<&str>,
+    ) -> CoreResult<SnapshotView> {
+        if let Some(name) = name.filter(|n| !valid_name(n)) {
             return Err(CoreError::InvalidArgument(format!(
                 "snapshot name {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
             )));
@@ -51,15 +57,17 @@ impl Manager {
         Ok(s.view(Vec::new()))
     }
 
-    /// Snapshot `r` (its transition lock held and its state checked) and record it.
+    /// Snapshot `r` (its transition lock held and its state checked) and record it, named
+    /// `name` or else by its id.
     pub(super) async fn take_snapshot(
         &self,
         r: &SandboxRecord,
-        name: &str,
+        name: Option<&str>,
         hidden: bool,
     ) -> CoreResult<SnapshotRecord> {
         let t0 = std::time::Instant::now();
         let sid = ids::new_snapshot_id();
+        let name = name.unwrap_or(&sid);
         let tmp = self.cfg.snapshots_dir().join(format!("{TMP_PREFIX}{sid}"));
         let dir = self.cfg.snapshot_dir(&sid);
         let backend = self.backend(r.isolation)?;
@@ -151,6 +159,33 @@ impl Manager {
             .get_snapshot(id)?
             .filter(|s| visible(s, tenant, include_hidden))
             .ok_or_else(missing)
+    }
+
+    /// The id of the snapshot `tenant` (`None`: any) names `name_or_id`: a snapshot id as it
+    /// is, else the one visible snapshot of that name. None → 404; several → 409 listing
+    /// their ids, so the caller can pick one.
+    pub fn resolve_snapshot(&self, name_or_id: &str, tenant: Option<&str>) -> CoreResult<String> {
+        if ids::is_snapshot_id(name_or_id) {
+            return Ok(self.snapshot_record(name_or_id, tenant, false)?.id);
+        }
+        let named: Vec<String> = self
+            .store
+            .snapshots()?
+            .into_iter()
+            .filter(|s| visible(s, tenant, false) && s.name == name_or_id)
+            .map(|s| s.id)
+            .collect();
+        match named.as_slice() {
+            [] => Err(CoreError::NotFound(format!(
+                "no snapshot is named {name_or_id:?} (GET /v1/snapshots lists them)"
+            ))),
+            [id] => Ok(id.clone()),
+            ids => Err(CoreError::Conflict(format!(
+                "{} snapshots are named {name_or_id:?}: {}; give the id of the one you mean",
+                ids.len(),
+                ids.join(", ")
+            ))),
+        }
     }
 
     /// Sandboxes that hold disk and were created from snapshot `id`.

@@ -1,6 +1,9 @@
-//! `/v1/sandboxes/{id}/files…`: read, write, remove, list, stat, mkdir, move.
+//! `/v1/sandboxes/{id}/files…`: read, write, remove, list, stat, mkdir, move, and directory
+//! trees as tar streams (`files/archive`).
 //!
 //! Paths are resolved by the agent inside the sandbox's own root, so `..` cannot leave it.
+//! Archives are made and unpacked by the agent too: the server relays their bytes and never
+//! reads an entry.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -119,6 +122,46 @@ pub async fn write(
         .map_err(|e| std::io::Error::other(e.to_string()));
     agent
         .write_file(&q.path, mode, stream)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sandboxes/{id}/files/archive?path=` → a tar stream of the directory (or file).
+pub async fn read_archive(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let agent = state.manager.agent(&id).await?;
+    let stream = agent
+        .read_archive(&q.path)
+        .await
+        .map_err(|e| state.manager.agent_error(&id, e))?;
+    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
+}
+
+/// `PUT /v1/sandboxes/{id}/files/archive?path=` with a tar stream → 204: unpacked by the
+/// agent below the directory `path`.
+pub async fn write_archive(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+    body: Body,
+) -> ApiResult<StatusCode> {
+    authorize(&state, &caller, &id)?;
+    check_path(&q.path)?;
+    let agent = state.manager.agent(&id).await?;
+    let stream = body
+        .into_data_stream()
+        .map_err(|e| std::io::Error::other(e.to_string()));
+    agent
+        .write_archive(&q.path, stream)
         .await
         .map_err(|e| state.manager.agent_error(&id, e))?;
     Ok(StatusCode::NO_CONTENT)

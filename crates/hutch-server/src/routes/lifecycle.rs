@@ -3,7 +3,7 @@
 //!
 //! - `POST /v1/sandboxes/{id}/pause|resume|hibernate` → Sandbox
 //! - `POST /v1/sandboxes/{id}/wake` → Sandbox plus `woke_in_ms`
-//! - `POST /v1/sandboxes/{id}/snapshots {"name"}` → 201 Snapshot
+//! - `POST /v1/sandboxes/{id}/snapshots {"name"?}` → 201 Snapshot
 //! - `GET /v1/snapshots`, `GET|DELETE /v1/snapshots/{id}`
 //! - `POST /v1/sandboxes/{id}/fork {"count", "mode"}` → 201 `{"sandboxes": [...]}`
 //! - `POST /v1/sandboxes/{id}/explore {"commands", "timeout_seconds", "keep", "score_regex"}`
@@ -77,11 +77,12 @@ pub async fn wake(
     Ok(Json(serde_json::Value::Object(body)))
 }
 
-/// `POST /v1/sandboxes/{id}/snapshots` body.
-#[derive(Debug, Deserialize)]
+/// `POST /v1/sandboxes/{id}/snapshots` body (optional; without a name the snapshot is named
+/// by its id).
+#[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotBody {
-    name: String,
+    name: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/snapshots`.
@@ -89,10 +90,11 @@ pub async fn snapshot(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<SnapshotBody>,
+    body: axum::body::Bytes,
 ) -> ApiResult<impl IntoResponse> {
+    let body: SnapshotBody = json_or_default(&body)?;
     authorize(&state, &caller, &id)?;
-    let snap = state.manager.snapshot(&id, &body.name).await?;
+    let snap = state.manager.snapshot(&id, body.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(snap)))
 }
 
@@ -124,10 +126,10 @@ pub async fn delete_snapshot(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Check the snapshot a create names exists for the caller (404 otherwise).
-pub fn check_snapshot_visible(state: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
-    state.manager.get_snapshot(id, tenant(caller))?;
-    Ok(())
+/// The id of the snapshot a create names, by id or by a name unique among the caller's
+/// snapshots (404 when none matches, 409 listing the ids when several do).
+pub fn resolve_snapshot(state: &AppState, caller: &Caller, name_or_id: &str) -> ApiResult<String> {
+    Ok(state.manager.resolve_snapshot(name_or_id, tenant(caller))?)
 }
 
 /// `POST /v1/sandboxes/{id}/fork` body.

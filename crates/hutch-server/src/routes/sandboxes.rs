@@ -79,11 +79,6 @@ fn validate_template_name(t: &str) -> ApiResult<()> {
 
 impl CreateBody {
     fn into_command(self, caller: &Caller) -> ApiResult<CreateSandbox> {
-        if let Some(s) = &self.snapshot {
-            if !hutch_core::ids::is_snapshot_id(s) {
-                return Err(ApiError::not_found(format!("snapshot {s} does not exist")));
-            }
-        }
         if let Some(t) = &self.template {
             validate_template_name(t)?;
         }
@@ -147,9 +142,9 @@ pub async fn create(
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateBody = json_or_default(&body)?;
-    let cmd = body.into_command(&caller)?;
+    let mut cmd = body.into_command(&caller)?;
     if let Some(s) = &cmd.snapshot {
-        super::lifecycle::check_snapshot_visible(&state, &caller, s)?;
+        cmd.snapshot = Some(super::lifecycle::resolve_snapshot(&state, &caller, s)?);
     }
     let view = state.manager.create(cmd).await?;
     Ok((StatusCode::CREATED, Json(view)))

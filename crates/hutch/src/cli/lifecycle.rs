@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -16,7 +16,7 @@ pub struct IdArgs {
     pub id: String,
 }
 
-/// `hutch snapshot ID --name N`, `hutch snapshot ls`, `hutch snapshot rm SNAP…`.
+/// `hutch snapshot ID [--name N]`, `hutch snapshot ls`, `hutch snapshot rm SNAP…`.
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct SnapshotArgs {
@@ -24,7 +24,8 @@ pub struct SnapshotArgs {
     command: Option<SnapshotCommand>,
     /// Sandbox to snapshot (running or hibernated).
     id: Option<String>,
-    /// Name of the snapshot.
+    /// Name of the snapshot (default: its id). `create --snapshot NAME` finds it by a
+    /// unique name.
     #[arg(long, short)]
     name: Option<String>,
 }
@@ -73,16 +74,43 @@ pub struct ExploreArgs {
     words: Vec<String>,
 }
 
+/// Options of `hutch explore` (and global ones) that, written after `--`, would silently
+/// become words of the last command.
+const EXPLORE_OPTIONS: &[&str] = &[
+    "--timeout",
+    "--score-regex",
+    "--cmd",
+    "--json",
+    "--state-dir",
+];
+
 impl ExploreArgs {
     /// Every candidate as a shell string: the `--cmd`s, then the `:::`-separated groups.
-    fn commands(&self) -> Vec<String> {
+    /// Refused when a word after `--` is one of explore's own options: `explore ID -- a :::
+    /// b --timeout 3` almost surely meant the timeout for explore, not for `b`.
+    fn commands(&self) -> anyhow::Result<Vec<String>> {
+        let misplaced: Vec<&str> = self
+            .words
+            .iter()
+            .filter_map(|w| {
+                let name = w.split_once('=').map_or(w.as_str(), |(name, _)| name);
+                EXPLORE_OPTIONS.contains(&name).then_some(name)
+            })
+            .collect();
+        if !misplaced.is_empty() {
+            bail!(
+                "{} after `--` would be part of a candidate command: put explore's options before `--` (hutch explore ID --timeout 3 -- CMD1 ::: CMD2), or pass such a command whole with --cmd 'CMD {}'",
+                misplaced.join(", "),
+                misplaced[0]
+            );
+        }
         let mut out = self.cmds.clone();
         for group in self.words.split(|w| w == ":::") {
             if !group.is_empty() {
                 out.push(group.join(" "));
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -168,14 +196,15 @@ pub async fn snapshot(args: SnapshotArgs, state_dir: &Path, json_out: bool) -> a
             }
         }
         (None, Some(id)) => {
-            let name = args
-                .name
-                .context("give the snapshot a name: hutch snapshot ID --name NAME")?;
+            let body = match &args.name {
+                Some(name) => json!({ "name": name }),
+                None => json!({}),
+            };
             let v = api
                 .call(
                     Method::POST,
                     &format!("/v1/sandboxes/{id}/snapshots"),
-                    Some(&json!({ "name": name })),
+                    Some(&body),
                 )
                 .await?;
             if json_out {
@@ -185,7 +214,7 @@ pub async fn snapshot(args: SnapshotArgs, state_dir: &Path, json_out: bool) -> a
             }
         }
         (None, None) => bail!(
-            "usage: hutch snapshot ID --name NAME | hutch snapshot ls | hutch snapshot rm SNAP…"
+            "usage: hutch snapshot ID [--name NAME] | hutch snapshot ls | hutch snapshot rm SNAP…"
         ),
     }
     Ok(())
@@ -213,7 +242,7 @@ pub async fn fork(args: ForkArgs, state_dir: &Path, json_out: bool) -> anyhow::R
 
 /// `hutch explore ID -- CMD1 ::: CMD2 …`: a table of outcomes, then the winner.
 pub async fn explore(args: ExploreArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
-    let commands = args.commands();
+    let commands = args.commands()?;
     if commands.is_empty() {
         bail!(
             "give candidate commands: hutch explore ID -- CMD1 ::: CMD2, or --cmd CMD (repeatable)"
@@ -285,6 +314,29 @@ mod tests {
                 .map(String::from)
                 .to_vec(),
         };
-        assert_eq!(a.commands(), ["make", "pytest -x", "ls"]);
+        assert_eq!(
+            a.commands().expect("no misplaced options"),
+            ["make", "pytest -x", "ls"]
+        );
+    }
+
+    #[test]
+    fn explore_options_after_the_commands_are_refused_by_name() {
+        let a = ExploreArgs {
+            id: "sbx_x".into(),
+            cmds: vec!["pytest --timeout 3".into()],
+            timeout: None,
+            score_regex: None,
+            words: ["a", ":::", "b", "--timeout", "3", "--score-regex=x"]
+                .map(String::from)
+                .to_vec(),
+        };
+        let e = a.commands().expect_err("misplaced options").to_string();
+        assert!(
+            e.starts_with(
+                "--timeout, --score-regex after `--` would be part of a candidate command"
+            ),
+            "{e}"
+        );
     }
 }

@@ -61,7 +61,8 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// Copy a file into or out of a sandbox: `cp LOCAL ID:/path` or `cp ID:/path LOCAL`.
+    /// Copy a file or directory into or out of a sandbox, like `docker cp`: `cp LOCAL
+    /// ID:/path`, `cp ID:/path LOCAL`; `-` is a tar stream on stdin or stdout.
     Cp(files::CpArgs),
     /// Forward a local TCP port to a port inside a sandbox: `port-forward ID PORT [LOCAL]`.
     PortForward(ports::PortForwardArgs),
@@ -87,7 +88,7 @@ enum Command {
     Hibernate(lifecycle::IdArgs),
     /// Start a hibernated sandbox again (exec and file calls also do).
     Wake(lifecycle::IdArgs),
-    /// Take a snapshot (`snapshot ID --name N`), list (`snapshot ls`) or delete (`snapshot rm`).
+    /// Take a snapshot (`snapshot ID [--name N]`), list (`snapshot ls`) or delete (`snapshot rm`).
     Snapshot(lifecycle::SnapshotArgs),
     /// Create children of a sandbox (ns: files copied-on-write, fresh processes).
     Fork(lifecycle::ForkArgs),

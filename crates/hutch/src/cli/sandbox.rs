@@ -37,7 +37,8 @@ pub struct SandboxOpts {
     /// Metadata `KEY=VALUE` (repeatable).
     #[arg(long = "meta")]
     meta: Vec<String>,
-    /// Start from this snapshot's files (`snap_…`) instead of the bare template.
+    /// Start from this snapshot's files instead of the bare template: its id (`snap_…`) or
+    /// its name, if no other snapshot has that name.
     #[arg(long)]
     snapshot: Option<String>,
     /// Mount a volume: `VOLUME:/path[:ro]` (repeatable).
@@ -113,8 +114,9 @@ pub struct CommandOpts {
     /// Pass this process's stdin to the command.
     #[arg(long, short)]
     interactive: bool,
-    /// Timeout in seconds (0 = none).
-    #[arg(long)]
+    /// Kill the command after this many seconds (default: no timeout, like `docker exec`;
+    /// 0 also means none). When it fires, hutch says so on stderr.
+    #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
     /// Working directory inside the sandbox.
     #[arg(long, short = 'w')]
@@ -128,7 +130,9 @@ pub struct CommandOpts {
 }
 
 impl CommandOpts {
-    fn body(&self) -> anyhow::Result<Value> {
+    /// The exec request; `env` (`KEY=VALUE`s) is added to the sandbox's environment for this
+    /// command only.
+    fn body(&self, env: &[String]) -> anyhow::Result<Value> {
         let mut b = serde_json::Map::new();
         b.insert(
             "cmd".into(),
@@ -138,8 +142,11 @@ impl CommandOpts {
                 json!(self.cmd)
             },
         );
-        if let Some(t) = self.timeout {
-            b.insert("timeout_seconds".into(), json!(t));
+        // The server's default (60 s) suits API callers that must not hang; a person at a
+        // terminal gets what they asked for, and Ctrl-C.
+        b.insert("timeout_seconds".into(), json!(self.timeout.unwrap_or(0.0)));
+        if !env.is_empty() {
+            b.insert("env".into(), json!(pairs(env, "--env")?));
         }
         if let Some(c) = &self.cwd {
             b.insert("cwd".into(), json!(c));
@@ -204,6 +211,9 @@ pub struct CreateArgs {
 pub struct ExecArgs {
     /// Sandbox id.
     id: String,
+    /// Environment `KEY=VALUE` for this command (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    env: Vec<String>,
     #[command(flatten)]
     command: CommandOpts,
 }
@@ -231,8 +241,14 @@ fn decode_data(v: &Value) -> Vec<u8> {
 
 /// Run a command in `id`: streamed to this terminal (human) or collected (JSON).
 /// Returns the command's exit code.
-async fn exec_in(api: &Api, id: &str, cmd: &CommandOpts, json_out: bool) -> anyhow::Result<i32> {
-    let body = cmd.body()?;
+async fn exec_in(
+    api: &Api,
+    id: &str,
+    cmd: &CommandOpts,
+    env: &[String],
+    json_out: bool,
+) -> anyhow::Result<i32> {
+    let body = cmd.body(env)?;
     if json_out {
         let out = api
             .call(
@@ -242,6 +258,9 @@ async fn exec_in(api: &Api, id: &str, cmd: &CommandOpts, json_out: bool) -> anyh
             )
             .await?;
         print_json(&out);
+        if out["timed_out"].as_bool() == Some(true) {
+            eprintln!("{}", timed_out_message(cmd.timeout));
+        }
         return Ok(out["exit_code"].as_i64().unwrap_or(1) as i32);
     }
     let resp = api
@@ -269,7 +288,7 @@ async fn exec_in(api: &Api, id: &str, cmd: &CommandOpts, json_out: bool) -> anyh
             }
             "exit" => {
                 if data["timed_out"].as_bool() == Some(true) {
-                    eprintln!("hutch: the command timed out and was killed");
+                    eprintln!("{}", timed_out_message(cmd.timeout));
                 }
                 code = Some(data["exit_code"].as_i64().unwrap_or(1) as i32);
                 return false;
@@ -294,13 +313,21 @@ async fn exec_in(api: &Api, id: &str, cmd: &CommandOpts, json_out: bool) -> anyh
     code.context("the stream ended before the command exited")
 }
 
+/// What stderr says when the server killed a command at its timeout.
+fn timed_out_message(timeout: Option<f64>) -> String {
+    match timeout {
+        Some(t) => format!("hutch: the command was killed after {t} s (--timeout {t})"),
+        None => "hutch: the command was killed at the server's timeout".to_string(),
+    }
+}
+
 /// `hutch run`: create, run, print, destroy; exits with the command's code.
 pub async fn run(args: RunArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let api = Api::from_env(state_dir)?;
     let sb = create_showing_progress(&api, &args.sandbox, false).await?;
     let id = field(&sb, "id").to_string();
     let result = tokio::select! {
-        r = exec_in(&api, &id, &args.command, json_out) => r,
+        r = exec_in(&api, &id, &args.command, &[], json_out) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
     };
     let killed = api
@@ -327,7 +354,7 @@ pub async fn create(args: CreateArgs, state_dir: &Path, json_out: bool) -> anyho
 /// `hutch exec`.
 pub async fn exec(args: ExecArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let api = Api::from_env(state_dir)?;
-    exec_in(&api, &args.id, &args.command, json_out).await
+    exec_in(&api, &args.id, &args.command, &args.env, json_out).await
 }
 
 /// `hutch ls`.

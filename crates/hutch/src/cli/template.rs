@@ -1,15 +1,23 @@
-//! `hutch template build|ls`: local template management.
+//! `hutch template ls|inspect` (asked of the server, like every command with an API) and
+//! `hutch template build|set-isolation` (on this host's templates directory: there is no
+//! API for them yet).
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use hutch_template::TemplateStore;
+use reqwest::Method;
+use serde_json::Value;
 
 use super::output::{print_json, table};
+use crate::client::Api;
 
 /// Template subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum TemplateCommand {
-    /// Build a built-in template (`minimal`, `base`).
+    /// Build a built-in template (`minimal`, `base`) into this host's templates directory.
+    /// It runs here, not through HUTCH_URL (the API cannot build templates yet): run it on
+    /// the server's host, with the server's state dir.
     Build {
         /// Template name.
         name: String,
@@ -21,7 +29,8 @@ pub enum TemplateCommand {
         force: bool,
     },
     /// Set the isolation of sandboxes created from a template when the request says
-    /// `auto` or nothing (`auto` removes the default).
+    /// `auto` or nothing (`auto` removes the default). Like `build`, it changes this host's
+    /// templates directory, not a server's at HUTCH_URL.
     SetIsolation {
         /// Template name.
         name: String,
@@ -31,12 +40,23 @@ pub enum TemplateCommand {
         #[arg(long)]
         templates_dir: Option<PathBuf>,
     },
-    /// List templates.
-    Ls {
-        /// Templates directory (default `<state-dir>/templates`).
-        #[arg(long)]
-        templates_dir: Option<PathBuf>,
+    /// List the server's templates (`GET /v1/templates` at HUTCH_URL).
+    Ls,
+    /// Show one of the server's templates as JSON.
+    Inspect {
+        /// Template name.
+        name: String,
     },
+}
+
+/// The server's templates (`GET /v1/templates`).
+async fn server_templates(state_dir: &Path) -> anyhow::Result<Vec<Value>> {
+    let api = Api::from_env(state_dir)?;
+    let v = api.call(Method::GET, "/v1/templates", None).await?;
+    v["templates"]
+        .as_array()
+        .cloned()
+        .context("the server's answer to GET /v1/templates has no templates list")
 }
 
 /// Run a template subcommand.
@@ -77,31 +97,40 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             }
             Ok(())
         }
-        TemplateCommand::Ls { templates_dir } => {
-            let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
-            let list = if dir.exists() {
-                TemplateStore::open(&dir)?.list()?
-            } else {
-                vec![]
-            };
+        TemplateCommand::Ls => {
+            let list = server_templates(state_dir).await?;
             if json_out {
                 print_json(&serde_json::json!({ "templates": list }));
                 return Ok(());
             }
-            let known = hutch_template::builtin_names();
+            let name_of = |t: &Value| t["name"].as_str().unwrap_or("").to_string();
             let mut rows: Vec<Vec<String>> = list
                 .iter()
                 .map(|t| {
+                    let isolations: Vec<&str> = t["isolations"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
                     vec![
-                        t.name.clone(),
-                        if t.ready { "ready" } else { "not ready" }.to_string(),
-                        format!("{:.1} MiB", t.size_bytes as f64 / 1048576.0),
-                        t.isolations.join(","),
+                        name_of(t),
+                        if t["ready"].as_bool() == Some(true) {
+                            "ready"
+                        } else {
+                            "not ready"
+                        }
+                        .to_string(),
+                        format!(
+                            "{:.1} MiB",
+                            t["size_bytes"].as_f64().unwrap_or(0.0) / 1048576.0
+                        ),
+                        isolations.join(","),
                     ]
                 })
                 .collect();
-            for k in known {
-                if !list.iter().any(|t| t.name == *k) {
+            for k in hutch_template::builtin_names() {
+                if !list.iter().any(|t| name_of(t) == *k) {
                     rows.push(vec![
                         k.to_string(),
                         "not built".into(),
@@ -111,6 +140,16 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
                 }
             }
             table(&["NAME", "STATUS", "SIZE", "ISOLATION"], &rows);
+            Ok(())
+        }
+        TemplateCommand::Inspect { name } => {
+            let list = server_templates(state_dir).await?;
+            let Some(t) = list.into_iter().find(|t| t["name"] == name.as_str()) else {
+                anyhow::bail!(
+                    "the server has no template {name:?} (`hutch template ls` lists its templates)"
+                );
+            };
+            print_json(&t);
             Ok(())
         }
     }

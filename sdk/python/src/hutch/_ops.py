@@ -196,10 +196,9 @@ def lifecycle(sandbox_id: str, action: str, body: Any = None) -> Call[SandboxInf
     return Call(request, _one(SandboxInfo.from_json))
 
 
-def snapshot(sandbox_id: str, name: str) -> Call[Snapshot]:
-    request = Request(
-        "POST", sandbox_path(sandbox_id, "/snapshots"), json={"name": name}, timeout=None
-    )
+def snapshot(sandbox_id: str, name: Optional[str]) -> Call[Snapshot]:
+    body = {} if name is None else {"name": name}
+    request = Request("POST", sandbox_path(sandbox_id, "/snapshots"), json=body, timeout=None)
     return Call(request, _one(Snapshot.from_json))
 
 

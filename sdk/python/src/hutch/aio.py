@@ -497,8 +497,9 @@ class AsyncSandbox(SandboxBase[AsyncClient]):
         """
         return await self._lifecycle("wake")
 
-    async def snapshot(self, name: str) -> Snapshot:
-        """Take a named snapshot; start sandboxes from it with ``create(snapshot=snap.id)``.
+    async def snapshot(self, name: Optional[str] = None) -> Snapshot:
+        """Take a snapshot (named by its id without ``name``); start sandboxes from it with
+        ``create(snapshot=snap.id)`` or by a unique name.
 
         On ``ns`` it is filesystem-level (``kind == "filesystem"``): files, not processes,
         memory, ``/tmp`` or ``/dev/shm``. ``name``: 1–64 characters of ``[A-Za-z0-9._-]``.

@@ -319,8 +319,9 @@ class Sandbox(SandboxBase[Client]):
                 attached read-write to one sandbox at a time, or read-only to any number: else
                 409. :attr:`SandboxInfo.volumes` lists the mounts (by id). Forks get only the
                 read-only ones.
-            snapshot: Start from this snapshot (``snap_…``, from :meth:`snapshot`) instead of
-                the bare template: the sandbox gets the snapshot's files, copy-on-write (nothing
+            snapshot: Start from this snapshot (its id ``snap_…`` from :meth:`snapshot`, or
+                its name while no other of your snapshots has it; several raise
+                ``ConflictError`` listing their ids) instead of the bare template: the sandbox gets the snapshot's files, copy-on-write (nothing
                 is copied), over the snapshot's template, and the resources and environment of
                 the snapshot's source sandbox as defaults (other arguments override them).
                 ``template`` may be left out (a different one is 422). On ``ns`` no process is
@@ -675,10 +676,12 @@ class Sandbox(SandboxBase[Client]):
         """
         return self._lifecycle("wake")
 
-    def snapshot(self, name: str) -> Snapshot:
-        """Take a named snapshot that new sandboxes can start from.
+    def snapshot(self, name: Optional[str] = None) -> Snapshot:
+        """Take a snapshot that new sandboxes can start from.
 
-        Start one with ``Sandbox.create(snapshot=snap.id)``. On ``ns`` a snapshot is
+        Start one with ``Sandbox.create(snapshot=snap.id)``, or by name
+        (``snapshot="warm"``) while no other of your snapshots has that name (several raise
+        ``ConflictError`` listing their ids). On ``ns`` a snapshot is
         filesystem-level (``kind == "filesystem"``): the sandbox's files, not its processes,
         memory, ``/tmp`` or ``/dev/shm``. A running sandbox is frozen while its files are read
         (so the snapshot is consistent) and then keeps running; a hibernated one is read from
@@ -686,7 +689,8 @@ class Sandbox(SandboxBase[Client]):
         killed at any time; delete it with :meth:`Client.delete_snapshot`.
 
         Args:
-            name: 1–64 characters of ``[A-Za-z0-9._-]``; names need not be unique.
+            name: 1–64 characters of ``[A-Za-z0-9._-]``; names need not be unique. Without
+                one the snapshot is named by its id.
 
         Raises:
             InvalidRequest: A bad name.
