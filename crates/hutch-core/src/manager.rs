@@ -47,7 +47,7 @@ use crate::store::{KeyOwner, Store};
 use crate::time::now_ms;
 use crate::uid_slots::UidSlots;
 
-pub use self::exec::ExecSlot;
+pub use self::exec::{ExecSlot, ExitRecorder};
 pub use self::ports::{parse_port, PortConnection};
 
 /// The manager. Cheap to share behind an `Arc`.
@@ -62,7 +62,7 @@ pub struct Manager {
     /// Warm `vm` guests waiting to become sandboxes.
     warm: warm::WarmPool,
     agents: Mutex<HashMap<String, AgentClient>>,
-    events: EventBus,
+    events: Arc<EventBus>,
     metrics: Metrics,
     /// One lock per sandbox, held across a state transition.
     ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -188,7 +188,7 @@ impl Manager {
             ),
             None => None,
         };
-        let events = EventBus::new();
+        let events = Arc::new(EventBus::new());
         let progress = {
             let events = events.clone();
             Arc::new(move |r: &SandboxRecord, what: String| {

@@ -13,12 +13,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use hutch_proto::client::{ExecSession, CONNECTION_WINDOW, STREAM_WINDOW};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Manager;
 use crate::error::{CoreError, CoreResult};
+use crate::events::{EventBus, ExecInfo};
 use crate::exec::{ExecCommand, ExecOutcome};
 use crate::output::OutputBudget;
 
@@ -26,15 +28,80 @@ use crate::output::OutputBudget;
 /// below the connection's, with one window to spare for everything else on it.
 pub const COLLECTING_PER_SANDBOX: usize = (CONNECTION_WINDOW / STREAM_WINDOW) as usize - 1;
 
-/// One running exec of a sandbox, counted against `max_execs_per_sandbox` until dropped.
-#[derive(Debug)]
+/// One running exec of a sandbox, counted against `max_execs_per_sandbox` until dropped;
+/// when it tracks an exec, a `sandbox.exec` event (argv, exit code, duration — never output)
+/// is published as it goes.
 pub struct ExecSlot {
     running: Arc<Mutex<HashMap<String, usize>>>,
     id: String,
+    tracked: Option<TrackedExec>,
+}
+
+impl std::fmt::Debug for ExecSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecSlot")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a slot reports in its `sandbox.exec` event.
+struct TrackedExec {
+    events: Arc<EventBus>,
+    tenant: Option<String>,
+    argv: Vec<String>,
+    mode: &'static str,
+    started: Instant,
+    exit: ExitRecorder,
+}
+
+/// Where the relay of a streamed exec or PTY notes how the process ended.
+#[derive(Clone, Default)]
+pub struct ExitRecorder(Arc<Mutex<Option<(i32, bool, u64)>>>);
+
+impl ExitRecorder {
+    /// The process exited with `code` (`timed_out`: killed by its timeout) after `ms`.
+    pub fn record(&self, code: i32, timed_out: bool, ms: u64) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((code, timed_out, ms));
+    }
+}
+
+impl ExecSlot {
+    /// Where to note the exit of the exec this slot tracks.
+    pub fn exit_recorder(&self) -> ExitRecorder {
+        self.tracked
+            .as_ref()
+            .map(|t| t.exit.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The argv an exec runs (a shell command as `sh -c`).
+fn argv_of(cmd: &hutch_proto::Command) -> Vec<String> {
+    match cmd {
+        hutch_proto::Command::Argv(v) => v.clone(),
+        hutch_proto::Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+    }
 }
 
 impl Drop for ExecSlot {
     fn drop(&mut self) {
+        if let Some(t) = self.tracked.take() {
+            let exit = *t.exit.0.lock().unwrap_or_else(|p| p.into_inner());
+            t.events.publish_exec(
+                &self.id,
+                t.tenant,
+                ExecInfo {
+                    argv: t.argv,
+                    mode: t.mode,
+                    exit_code: exit.map(|(c, _, _)| c),
+                    timed_out: exit.is_some_and(|(_, timed_out, _)| timed_out),
+                    duration_ms: exit
+                        .map(|(_, _, ms)| ms)
+                        .unwrap_or_else(|| t.started.elapsed().as_millis() as u64),
+                },
+            );
+        }
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = running.get_mut(&self.id) {
             *n = n.saturating_sub(1);
@@ -66,7 +133,28 @@ impl Manager {
         Ok(ExecSlot {
             running: Arc::clone(&self.running_execs),
             id: id.to_string(),
+            tracked: None,
         })
+    }
+
+    /// [`Manager::exec_slot`] for `cmd`, which publishes its `sandbox.exec` event.
+    fn tracked_exec_slot(
+        &self,
+        id: &str,
+        cmd: &ExecCommand,
+        mode: &'static str,
+    ) -> CoreResult<ExecSlot> {
+        let tenant = self.load(id)?.metadata.get("tenant_id").cloned();
+        let mut slot = self.exec_slot(id)?;
+        slot.tracked = Some(TrackedExec {
+            events: Arc::clone(&self.events),
+            tenant,
+            argv: argv_of(&cmd.cmd),
+            mode,
+            started: Instant::now(),
+            exit: ExitRecorder::default(),
+        });
+        Ok(slot)
     }
 
     /// Wait for a permit to collect output in sandbox `id` (see the module docs).
@@ -106,9 +194,13 @@ impl Manager {
         cmd: ExecCommand,
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
-        let _slot = self.exec_slot(id)?;
+        let slot = self.tracked_exec_slot(id, &cmd, "collected")?;
         let permit = self.collect_permit(id).await;
         let result = self.exec_collecting(id, cmd, cap).await;
+        if let Ok(o) = &result {
+            slot.exit_recorder()
+                .record(o.exit_code, o.timed_out, o.duration_ms);
+        }
         drop(permit);
         self.release_collect_permits(id);
         result
@@ -187,7 +279,8 @@ impl Manager {
         cmd: &ExecCommand,
         pty: Option<hutch_proto::PtySize>,
     ) -> CoreResult<(ExecSession, ExecSlot)> {
-        let slot = self.exec_slot(id)?;
+        let mode = if pty.is_some() { "pty" } else { "stream" };
+        let slot = self.tracked_exec_slot(id, cmd, mode)?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
         let session = client

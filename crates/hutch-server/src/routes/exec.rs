@@ -278,50 +278,58 @@ pub async fn exec_stream(
     let feeder = AbortOnDrop(tokio::spawn(feed_stdin(input, source)));
     // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
     let guard = state.manager.session_guard(&id);
-    let stream = futures_util::StreamExt::map(async_stream(events), move |event| {
+    let exit = slot.exit_recorder();
+    let stream = futures_util::StreamExt::map(async_stream(events, exit), move |event| {
         let _ = (&guard, &feeder, &slot);
         event
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-fn async_stream(events: ExecEvents) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold(Some(events), |state| async move {
-        let mut events = state?;
-        let event = match events.next().await {
-            Some(Ok(ExecEvent::Started { pid })) => Event::default()
-                .event("start")
-                .data(serde_json::json!({ "pid": pid }).to_string()),
-            Some(Ok(ExecEvent::Stdout(b))) => data_event("stdout", &b),
-            Some(Ok(ExecEvent::Stderr(b))) => data_event("stderr", &b),
-            Some(Ok(ExecEvent::Exit(exit))) => {
-                let ev = Event::default().event("exit").data(
-                    serde_json::json!({
-                        "exit_code": exit.exit_code,
-                        "timed_out": exit.timed_out,
-                        "duration_ms": exit.duration_ms,
-                    })
-                    .to_string(),
-                );
-                return Some((Ok(ev), None));
-            }
-            Some(Ok(ExecEvent::Error(e))) => {
-                let ev = Event::default()
-                    .event("error")
-                    .data(serde_json::json!({ "code": e.code, "message": e.message }).to_string());
-                return Some((Ok(ev), None));
-            }
-            Some(Err(_)) | None => {
-                let ev = Event::default().event("error").data(
-                    serde_json::json!({
-                        "code": "sandbox_failed",
-                        "message": "the sandbox's agent went away before the command finished"
-                    })
-                    .to_string(),
-                );
-                return Some((Ok(ev), None));
-            }
-        };
-        Some((Ok(event), Some(events)))
+fn async_stream(
+    events: ExecEvents,
+    exit_recorder: hutch_core::manager::ExitRecorder,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold(Some(events), move |state| {
+        let exit_recorder = exit_recorder.clone();
+        async move {
+            let mut events = state?;
+            let event = match events.next().await {
+                Some(Ok(ExecEvent::Started { pid })) => Event::default()
+                    .event("start")
+                    .data(serde_json::json!({ "pid": pid }).to_string()),
+                Some(Ok(ExecEvent::Stdout(b))) => data_event("stdout", &b),
+                Some(Ok(ExecEvent::Stderr(b))) => data_event("stderr", &b),
+                Some(Ok(ExecEvent::Exit(exit))) => {
+                    exit_recorder.record(exit.exit_code, exit.timed_out, exit.duration_ms);
+                    let ev = Event::default().event("exit").data(
+                        serde_json::json!({
+                            "exit_code": exit.exit_code,
+                            "timed_out": exit.timed_out,
+                            "duration_ms": exit.duration_ms,
+                        })
+                        .to_string(),
+                    );
+                    return Some((Ok(ev), None));
+                }
+                Some(Ok(ExecEvent::Error(e))) => {
+                    let ev = Event::default().event("error").data(
+                        serde_json::json!({ "code": e.code, "message": e.message }).to_string(),
+                    );
+                    return Some((Ok(ev), None));
+                }
+                Some(Err(_)) | None => {
+                    let ev = Event::default().event("error").data(
+                        serde_json::json!({
+                            "code": "sandbox_failed",
+                            "message": "the sandbox's agent went away before the command finished"
+                        })
+                        .to_string(),
+                    );
+                    return Some((Ok(ev), None));
+                }
+            };
+            Some((Ok(event), Some(events)))
+        }
     })
 }

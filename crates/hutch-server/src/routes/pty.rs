@@ -72,13 +72,18 @@ pub async fn pty(
     let (session, slot) = state.manager.exec_session(&id, &cmd, Some(size)).await?;
     // An open terminal keeps an idle-hibernating sandbox up.
     let guard = state.manager.session_guard(&id);
+    let exit = slot.exit_recorder();
     Ok(ws.on_upgrade(move |socket| async move {
-        bridge(socket, session).await;
+        bridge(socket, session, exit).await;
         drop((guard, slot));
     }))
 }
 
-async fn bridge(mut socket: WebSocket, session: hutch_proto::client::ExecSession) {
+async fn bridge(
+    mut socket: WebSocket,
+    session: hutch_proto::client::ExecSession,
+    exit_recorder: hutch_core::manager::ExitRecorder,
+) {
     let (input, mut events) = session.into_parts();
     loop {
         tokio::select! {
@@ -90,6 +95,7 @@ async fn bridge(mut socket: WebSocket, session: hutch_proto::client::ExecSession
                 }
                 Some(Ok(ExecEvent::Started { .. })) => {}
                 Some(Ok(ExecEvent::Exit(exit))) => {
+                    exit_recorder.record(exit.exit_code, exit.timed_out, exit.duration_ms);
                     let msg = serde_json::json!({"type": "exit", "exit_code": exit.exit_code});
                     let _ = socket.send(Message::Text(msg.to_string().into())).await;
                     let _ = socket.send(Message::Close(None)).await;
