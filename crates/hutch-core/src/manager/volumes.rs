@@ -187,6 +187,22 @@ impl Manager {
         self.volume_view(&self.volume_record(key, t.as_ref())?)
     }
 
+    /// 409 naming the sandboxes that hold volume `id`, with `then` saying what to do.
+    fn refuse_attached(&self, id: &str, then: &str) -> CoreResult<()> {
+        let users: BTreeSet<String> = self
+            .attachments(id)?
+            .into_iter()
+            .map(|a| a.sandbox)
+            .collect();
+        if users.is_empty() {
+            return Ok(());
+        }
+        Err(CoreError::Conflict(format!(
+            "volume {id} is attached to {}: {then}",
+            users.into_iter().collect::<Vec<_>>().join(", ")
+        )))
+    }
+
     /// Check a volume's filesystem (`e2fsck -f`, jailed; with `repair`, fixing everything it
     /// can) while no sandbox has it; 409 while attached, or when damage is left.
     pub async fn check_volume(
@@ -200,18 +216,7 @@ impl Manager {
         let mgr = self.clone();
         blocking(move || {
             let _guard = mgr.lock_snapshots();
-            let users: BTreeSet<String> = mgr
-                .attachments(&v.id)?
-                .into_iter()
-                .map(|a| a.sandbox)
-                .collect();
-            if !users.is_empty() {
-                return Err(CoreError::Conflict(format!(
-                    "volume {} is attached to {}: a check needs it detached",
-                    v.id,
-                    users.into_iter().collect::<Vec<_>>().join(", ")
-                )));
-            }
+            mgr.refuse_attached(&v.id, "a check needs it detached")?;
             let dir = mgr.cfg.volume_dir(&v.id);
             let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
             vol::unmount_image(&mnt)
@@ -241,18 +246,7 @@ impl Manager {
         let t = tenant.map(String::from);
         let v = self.volume_record(key, t.as_ref())?;
         let _guard = self.lock_snapshots();
-        let users: BTreeSet<String> = self
-            .attachments(&v.id)?
-            .into_iter()
-            .map(|a| a.sandbox)
-            .collect();
-        if !users.is_empty() {
-            return Err(CoreError::Conflict(format!(
-                "volume {} is attached to {}: kill those sandboxes first",
-                v.id,
-                users.into_iter().collect::<Vec<_>>().join(", ")
-            )));
-        }
+        self.refuse_attached(&v.id, "kill those sandboxes first")?;
         let dir = self.cfg.volume_dir(&v.id);
         let mnt = dir.join("mnt");
         vol::unmount_image_discarding(&mnt).map_err(jail_error)?;
