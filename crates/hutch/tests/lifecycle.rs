@@ -113,6 +113,18 @@ async fn a_restarted_server_readopts_running_sandboxes() {
     // While the server is down one sandbox dies.
     // SAFETY: killing the init of a sandbox this test created, by its pid.
     unsafe { libc::kill(doomed_pid, libc::SIGKILL) };
+    // kill() returns before the process is gone: wait until it is dead (a zombie or reaped),
+    // so it died while the server was down, as this case means.
+    let dead = wait_until(Duration::from_secs(10), async || {
+        let stat = std::fs::read_to_string(format!("/proc/{doomed_pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        matches!(state, None | Some("Z") | Some("X")).then_some(())
+    })
+    .await;
+    assert!(dead.is_some(), "the doomed sandbox's init did not die");
     s.spawn_server().await;
 
     assert_eq!(s.sh(&id, "cat /root/note").await.0, "remembered\n");
