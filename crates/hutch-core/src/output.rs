@@ -284,15 +284,7 @@ pub async fn collect(
     lease: &mut OutputLease,
 ) -> ClientResult<Collected> {
     let (input, mut events) = session.into_parts();
-    // Feed stdin while reading output: a process may fill its stdout before reading stdin.
-    // Errors mean the process is gone and are answered by the events.
-    let feed = async move {
-        if let Some(data) = stdin {
-            if input.send_stdin(data).await.is_ok() {
-                let _ = input.close_stdin().await;
-            }
-        }
-    };
+    let feed = input.feed(stdin);
     let gather = async move {
         let mut stdout = Capture::new(cap);
         let mut stderr = Capture::new(cap);

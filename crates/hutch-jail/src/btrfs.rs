@@ -255,14 +255,7 @@ pub fn kernel_has_btrfs() -> bool {
 
 /// Where `mkfs.btrfs` is found on `PATH` (as [`setup_pool`] runs it), if anywhere.
 pub fn mkfs_path() -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join("mkfs.btrfs"))
-        .find(|p| {
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    crate::host::find_program("mkfs.btrfs")
 }
 
 /// Size of the filesystem holding `dir`, in bytes (the default size of the pool's image).

@@ -135,12 +135,16 @@ pub(crate) fn kernel_version(release: &str) -> Option<(u32, u32)> {
     Some((major, minor))
 }
 
-fn on_path(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(program))
-            .find(|f| f.is_file())
-    })
+/// `program`'s path on `PATH`: the first regular file of that name with an execute bit.
+pub fn find_program(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|f| {
+            f.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 fn cgroup_check() -> (String, Vec<String>, HostCheck) {
@@ -295,7 +299,7 @@ pub fn host_report() -> HostReport {
         (false, _) => check("kvm", false, "no /dev/kvm: vm sandboxes would run under TCG (~15x slower)", "vm"),
     });
 
-    let qemu = on_path("qemu-system-x86_64");
+    let qemu = find_program("qemu-system-x86_64");
     checks.push(match qemu {
         Some(p) => check("qemu", true, format!("{}", p.display()), "vm"),
         None => check(

@@ -48,7 +48,7 @@ pub use cgroup::{
     thaw, CgroupStats,
 };
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
-pub use host::{host_report, HostCheck, HostReport};
+pub use host::{find_program, host_report, HostCheck, HostReport};
 pub use layer::{export_layer, layer_usage, remove_layer, LayerExport, LayerStats};
 pub use procstat::{init_alive, start_time};
 pub use spawn::spawn;

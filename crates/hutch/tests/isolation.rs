@@ -546,15 +546,21 @@ fn host_uid_slot(s: &TestServer, id: &str) -> u32 {
     uid / 65_536
 }
 
-#[tokio::test]
-async fn two_servers_on_one_host_never_share_a_uid_range() {
-    // Both servers on one host-wide claims directory (the test's own), with only 8 uid
-    // slots, so that each server's random picks collide with the other's all the time.
+/// A host-wide uid claims directory of the test's own, and its path.
+fn uid_claims_dir() -> (tempfile::TempDir, String) {
     let claims = tempfile::Builder::new()
         .prefix("hutch-test-uid-slots-")
         .tempdir_in("/tmp")
         .expect("tempdir");
     let dir = claims.path().to_str().expect("utf-8").to_string();
+    (claims, dir)
+}
+
+#[tokio::test]
+async fn two_servers_on_one_host_never_share_a_uid_range() {
+    // Both servers on one host-wide claims directory (the test's own), with only 8 uid
+    // slots, so that each server's random picks collide with the other's all the time.
+    let (claims, dir) = uid_claims_dir();
     let env = [
         ("HUTCH_UID_SLOTS_DIR", dir.as_str()),
         ("HUTCH_UID_SLOTS", "8"),
@@ -643,11 +649,7 @@ async fn two_servers_on_one_host_never_share_a_uid_range() {
 
 #[tokio::test]
 async fn a_hibernated_sandbox_whose_range_another_server_took_after_a_reboot_does_not_wake() {
-    let claims = tempfile::Builder::new()
-        .prefix("hutch-test-uid-slots-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let dir = claims.path().to_str().expect("utf-8").to_string();
+    let (claims, dir) = uid_claims_dir();
     let env = [
         ("HUTCH_UID_SLOTS_DIR", dir.as_str()),
         ("HUTCH_UID_SLOTS", "1"),

@@ -106,6 +106,17 @@ impl ExecInput {
         self.send(encode_frame(FrameKind::StdinEof, b"")).await
     }
 
+    /// Write all of `stdin` (if any), then close it. Meant to run while the output is read
+    /// (a process may fill its stdout before reading stdin); errors mean the process is gone
+    /// and are answered by its events, so they end the feed quietly.
+    pub async fn feed(self, stdin: Option<Bytes>) {
+        if let Some(data) = stdin {
+            if self.send_stdin(data).await.is_ok() {
+                let _ = self.close_stdin().await;
+            }
+        }
+    }
+
     /// Deliver a signal to the process group.
     pub async fn signal(&self, signal: i32) -> ClientResult<()> {
         self.send(encode_json_frame(
@@ -273,15 +284,7 @@ pub(super) async fn collect(
 ) -> ClientResult<CollectedExec> {
     request.stdin = stdin.is_some();
     let (input, mut events) = client.exec(request).await?.into_parts();
-    // Feed stdin while reading output: a process may fill its stdout before reading stdin.
-    // Errors mean the process is gone and are answered by the events.
-    let feed = async move {
-        if let Some(data) = stdin {
-            if input.send_stdin(data).await.is_ok() {
-                let _ = input.close_stdin().await;
-            }
-        }
-    };
+    let feed = input.feed(stdin);
     let gather = async move {
         let mut stdout = Capture::new(cap);
         let mut stderr = Capture::new(cap);

@@ -221,11 +221,7 @@ enum StdinSource {
 async fn feed_stdin(input: ExecInput, source: StdinSource) {
     match source {
         StdinSource::Closed => {}
-        StdinSource::Bytes(data) => {
-            if input.send_stdin(data).await.is_ok() {
-                let _ = input.close_stdin().await;
-            }
-        }
+        StdinSource::Bytes(data) => input.feed(Some(data)).await,
         StdinSource::Body(body) => {
             let mut chunks = body.into_data_stream();
             while let Some(chunk) = chunks.next().await {

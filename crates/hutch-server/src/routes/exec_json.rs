@@ -82,15 +82,57 @@ fn escaped_text(buf: &[u8]) -> (Vec<u8>, bool) {
     (out, lossy)
 }
 
-/// Renders one stream's text view, piece by piece.
-#[derive(Debug, Default)]
-struct TextView {
+/// How a view renders a stream's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    /// Lossy UTF-8 text, JSON-escaped.
+    Text,
+    /// Standard base64 (pieces of whole 3-byte groups join unpadded).
+    Base64,
+}
+
+impl Encoding {
+    /// Where `buf` may be cut so the rest can wait for the next piece.
+    fn cut(self, buf: &[u8]) -> usize {
+        match self {
+            Encoding::Text => utf8_cut(buf),
+            Encoding::Base64 => buf.len() - buf.len() % 3,
+        }
+    }
+
+    /// `buf` rendered; whether anything was replaced (lossy text).
+    fn render(self, buf: &[u8]) -> (Vec<u8>, bool) {
+        match self {
+            Encoding::Text => escaped_text(buf),
+            Encoding::Base64 => (
+                base64::engine::general_purpose::STANDARD
+                    .encode(buf)
+                    .into_bytes(),
+                false,
+            ),
+        }
+    }
+}
+
+/// Renders one stream in one encoding, piece by piece.
+#[derive(Debug)]
+struct View {
+    encoding: Encoding,
     cursor: Cursor,
     carry: Vec<u8>,
     lossy: bool,
 }
 
-impl TextView {
+impl View {
+    fn new(encoding: Encoding) -> Self {
+        Self {
+            encoding,
+            cursor: Cursor::default(),
+            carry: Vec::new(),
+            lossy: false,
+        }
+    }
+
     fn next(&mut self, out: &OutputChunks) -> Option<Bytes> {
         loop {
             let slice = self.cursor.take(out, PIECE);
@@ -100,44 +142,15 @@ impl TextView {
             let mut buf = std::mem::take(&mut self.carry);
             buf.extend_from_slice(slice.unwrap_or_default());
             if !self.cursor.at_end(out) {
-                let cut = utf8_cut(&buf);
+                let cut = self.encoding.cut(&buf);
                 self.carry = buf.split_off(cut);
             }
             if buf.is_empty() {
                 continue;
             }
-            let (text, lossy) = escaped_text(&buf);
+            let (rendered, lossy) = self.encoding.render(&buf);
             self.lossy |= lossy;
-            return Some(Bytes::from(text));
-        }
-    }
-}
-
-/// Renders one stream's base64 view, piece by piece.
-#[derive(Debug, Default)]
-struct Base64View {
-    cursor: Cursor,
-    carry: Vec<u8>,
-}
-
-impl Base64View {
-    fn next(&mut self, out: &OutputChunks) -> Option<Bytes> {
-        loop {
-            let slice = self.cursor.take(out, PIECE);
-            if slice.is_none() && self.carry.is_empty() {
-                return None;
-            }
-            let mut buf = std::mem::take(&mut self.carry);
-            buf.extend_from_slice(slice.unwrap_or_default());
-            if !self.cursor.at_end(out) {
-                let whole = buf.len() - buf.len() % 3;
-                self.carry = buf.split_off(whole);
-            }
-            if buf.is_empty() {
-                continue;
-            }
-            let text = base64::engine::general_purpose::STANDARD.encode(&buf);
-            return Some(Bytes::from(text));
+            return Some(Bytes::from(rendered));
         }
     }
 }
@@ -157,8 +170,8 @@ enum Stage {
 pub struct ExecJson {
     outcome: ExecOutcome,
     stage: Stage,
-    text: TextView,
-    base64: Base64View,
+    text: View,
+    base64: View,
 }
 
 impl ExecJson {
@@ -167,15 +180,15 @@ impl ExecJson {
         Self {
             outcome,
             stage: Stage::Head,
-            text: TextView::default(),
-            base64: Base64View::default(),
+            text: View::new(Encoding::Text),
+            base64: View::new(Encoding::Base64),
         }
     }
 
     /// The literal between the end of a text view and what follows it.
     fn after_text(&mut self, name: &str, next_stage: Stage) -> Bytes {
         let lossy = self.text.lossy;
-        self.text = TextView::default();
+        self.text = View::new(Encoding::Text);
         if lossy {
             self.stage = next_stage;
             Bytes::from(format!("\",\"{name}_b64\":\""))
@@ -232,7 +245,7 @@ impl Iterator for ExecJson {
                 if let Some(piece) = self.base64.next(out) {
                     return Some(piece);
                 }
-                self.base64 = Base64View::default();
+                self.base64 = View::new(Encoding::Base64);
                 if stage == Stage::StdoutBase64 {
                     self.stage = Stage::StderrText;
                     Some(Bytes::from_static(b"\",\"stderr\":\""))
@@ -255,7 +268,7 @@ mod tests {
     }
 
     fn render_text(out: &OutputChunks) -> (String, bool) {
-        let mut view = TextView::default();
+        let mut view = View::new(Encoding::Text);
         let mut s = Vec::new();
         while let Some(p) = view.next(out) {
             s.extend_from_slice(&p);
@@ -315,7 +328,7 @@ mod tests {
         let data = pseudo_random(200_003, 9);
         let parts: Vec<&[u8]> = data.chunks(65_537).collect();
         let out = chunks(&parts);
-        let mut view = Base64View::default();
+        let mut view = View::new(Encoding::Base64);
         let mut s = String::new();
         while let Some(p) = view.next(&out) {
             s.push_str(std::str::from_utf8(&p).expect("ascii"));

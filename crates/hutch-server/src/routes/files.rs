@@ -87,6 +87,24 @@ fn parse_mode(m: &str) -> ApiResult<u32> {
     }
 }
 
+/// A response streaming what the agent sends, as `content_type`.
+fn streamed_answer<S, E>(stream: S, content_type: &'static str) -> Response
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// A request body as the byte stream the agent is fed from.
+fn upload_stream(
+    body: Body,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static {
+    body.into_data_stream()
+        .map_err(|e| std::io::Error::other(e.to_string()))
+}
+
 /// `GET /v1/sandboxes/{id}/files?path=` → raw bytes.
 pub async fn read(
     State(state): State<AppState>,
@@ -101,8 +119,7 @@ pub async fn read(
         .read_file(&q.path)
         .await
         .map_err(|e| state.manager.agent_error(&id, e))?;
-    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+    Ok(streamed_answer(stream, "application/octet-stream"))
 }
 
 /// `PUT /v1/sandboxes/{id}/files?path=&mode=` with raw bytes → 204.
@@ -117,9 +134,7 @@ pub async fn write(
     check_path(&q.path)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let agent = state.manager.agent(&id).await?;
-    let stream = body
-        .into_data_stream()
-        .map_err(|e| std::io::Error::other(e.to_string()));
+    let stream = upload_stream(body);
     agent
         .write_file(&q.path, mode, stream)
         .await
@@ -141,8 +156,7 @@ pub async fn read_archive(
         .read_archive(&q.path)
         .await
         .map_err(|e| state.manager.agent_error(&id, e))?;
-    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
-    Ok(([(header::CONTENT_TYPE, "application/x-tar")], body).into_response())
+    Ok(streamed_answer(stream, "application/x-tar"))
 }
 
 /// `PUT /v1/sandboxes/{id}/files/archive?path=` with a tar stream → 204: unpacked by the
@@ -157,9 +171,7 @@ pub async fn write_archive(
     authorize(&state, &caller, &id)?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
-    let stream = body
-        .into_data_stream()
-        .map_err(|e| std::io::Error::other(e.to_string()));
+    let stream = upload_stream(body);
     agent
         .write_archive(&q.path, stream)
         .await

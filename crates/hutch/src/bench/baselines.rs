@@ -16,11 +16,9 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// Whether `prog` is a file in one of `$PATH`'s directories.
+/// Whether `prog` is an executable file in one of `$PATH`'s directories.
 pub(super) fn on_path(prog: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
-        .unwrap_or(false)
+    hutch_jail::find_program(prog).is_some()
 }
 
 fn time_command(name: &str, argv: &[&str], n: usize) -> Result<Summary, String> {

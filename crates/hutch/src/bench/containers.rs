@@ -210,7 +210,7 @@ fn time_oci_runtime(
 
 fn time_podman(ws: &Workspace, rootfs: &Path, rt: &str, n: usize) -> Result<Summary, String> {
     let p = ws.dir.join("podman");
-    let runtime = which(rt).ok_or_else(|| format!("{rt} is not on PATH"))?;
+    let runtime = hutch_jail::find_program(rt).ok_or_else(|| format!("{rt} is not on PATH"))?;
     let mut rootfs_arg = rootfs.as_os_str().to_owned();
     rootfs_arg.push(":O");
     let run_one = || -> Result<f64, String> {
@@ -250,13 +250,6 @@ fn time_podman(ws: &Workspace, rootfs: &Path, rt: &str, n: usize) -> Result<Summ
     run_one()?;
     let samples = (0..n).map(|_| run_one()).collect::<Result<Vec<_>, _>>()?;
     Ok(summarize("podman_run_true", "ms", &samples))
-}
-
-fn which(prog: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(prog))
-        .find(|p| p.is_file())
 }
 
 fn quiet(cmd: &mut Command) -> &mut Command {

@@ -83,24 +83,11 @@ const TOOLS: &[Tool] = &[
     },
 ];
 
-/// `command`'s path on `PATH`, if it is an executable file there.
-fn find_on_path(command: &str) -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(command))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| {
-                m.is_file()
-                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
-            })
-        })
-}
-
 /// The tools `needed_for` lacks, as "command (apt-get install package)" lines.
 fn missing_for(needed_for: &str) -> Vec<String> {
     TOOLS
         .iter()
-        .filter(|t| t.needed_for == needed_for && find_on_path(t.command).is_none())
+        .filter(|t| t.needed_for == needed_for && hutch_jail::find_program(t.command).is_none())
         .map(|t| format!("{} (apt-get install {})", t.command, t.package))
         .collect()
 }
@@ -135,7 +122,7 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let tools: Vec<Value> = TOOLS
         .iter()
         .map(|t| {
-            let found = find_on_path(t.command);
+            let found = hutch_jail::find_program(t.command);
             json!({
                 "command": t.command,
                 "package": t.package,
