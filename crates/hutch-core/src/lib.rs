@@ -6,7 +6,7 @@
 //! - [`backend`]: isolation backends (`ns` today).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
-//! - [`events`], [`metrics`]: observability.
+//! - [`events`], [`metrics`], [`logs`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
 pub mod backend;
@@ -16,6 +16,7 @@ pub mod events;
 pub mod exec;
 pub mod fork;
 pub mod ids;
+pub mod logs;
 pub mod manager;
 pub mod metrics;
 pub mod model;
@@ -36,4 +37,4 @@ pub use hutch_net as net;
 /// Why a create asking for a network is refused by a server started with `--network off`
 /// (clients such as `hutch mcp` fall back to `egress: none` on it).
 pub const NO_NETWORK_MESSAGE: &str = "this server gives sandboxes no network (it runs with --network off): only {\"egress\": \"none\"} is accepted";
-pub use manager::{ActiveGuard, Manager, PortConnection};
+pub use manager::{ActiveGuard, LogFollow, Manager, PortConnection};

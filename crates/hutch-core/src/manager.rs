@@ -16,6 +16,7 @@ mod create;
 mod exec;
 mod fork;
 mod lifecycle;
+mod logs;
 mod network;
 mod ports;
 mod snapshots;
@@ -48,6 +49,7 @@ use crate::time::now_ms;
 use crate::uid_slots::UidSlots;
 
 pub use self::exec::{ExecSlot, ExitRecorder};
+pub use self::logs::LogFollow;
 pub use self::ports::{parse_port, PortConnection};
 
 /// The manager. Cheap to share behind an `Arc`.

@@ -101,7 +101,7 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, lifecycle, misc, network, ports, pty, sandboxes, volumes};
+    use routes::{exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, volumes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/metrics", get(misc::metrics_per_sandbox))
@@ -118,6 +118,7 @@ pub fn app(state: AppState) -> Router {
                 .patch(sandboxes::update),
         )
         .route("/v1/sandboxes/{id}/usage", get(sandboxes::usage))
+        .route("/v1/sandboxes/{id}/logs", get(logs::logs))
         .route("/v1/sandboxes/{id}/network", put(network::put_network))
         .route("/v1/volumes", post(volumes::create).get(volumes::list))
         .route(

@@ -163,6 +163,23 @@ impl Api {
         self.check(resp).await
     }
 
+    /// A `GET` whose answer is read as it comes (logs, events), asking for `accept`.
+    pub async fn get_streamed(
+        &self,
+        path: &str,
+        accept: &str,
+    ) -> anyhow::Result<reqwest::Response> {
+        let resp = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(&self.key)
+            .header(reqwest::header::ACCEPT, accept)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        self.check(resp).await
+    }
+
     /// `ws://` URL for a path.
     pub fn ws_url(&self, path: &str) -> String {
         let base = self

@@ -114,6 +114,10 @@ pub trait Backend: Send + Sync {
     /// Take back a sandbox whose init survived a server restart (`vm`: drain its console
     /// again). Called on the runtime, before its init is watched.
     fn adopt(&self, _record: &SandboxRecord) {}
+    /// The logs the backend keeps about the sandbox (`GET /v1/sandboxes/{id}/logs`).
+    fn log_files(&self, _record: &SandboxRecord) -> Vec<crate::logs::LogFile> {
+        Vec::new()
+    }
     /// Why the sandbox died, given how its init exited (`status`), for its `error` field.
     fn exit_reason(&self, _record: &SandboxRecord, status: &str) -> String {
         format!("the sandbox's init (agent) exited unexpectedly ({status})")

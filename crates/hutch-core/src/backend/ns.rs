@@ -353,6 +353,14 @@ impl Backend for NsBackend {
         self.cfg.sandbox_dir(id).join("agent.sock")
     }
 
+    fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
+        vec![crate::logs::LogFile {
+            source: crate::logs::LogSource::Agent,
+            paths: vec![self.cfg.sandbox_dir(&r.id).join("agent.log")],
+            timestamped: true,
+        }]
+    }
+
     fn alive(&self, r: &SandboxRecord) -> bool {
         match (r.init_pid, r.init_start_time) {
             (Some(pid), Some(start)) => hutch_jail::init_alive(pid, start),

@@ -630,6 +630,10 @@ impl Backend for VmBackend {
         self.adopt_console(r);
     }
 
+    fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
+        vec![self.console_log_file(&r.id)]
+    }
+
     fn agent_socket(&self, id: &str) -> PathBuf {
         self.dir(id).join("agent.sock")
     }

@@ -4,6 +4,7 @@ pub mod exec;
 mod exec_json;
 pub mod files;
 pub mod lifecycle;
+pub mod logs;
 pub mod misc;
 pub mod network;
 pub mod ports;

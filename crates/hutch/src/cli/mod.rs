@@ -3,6 +3,7 @@
 mod doctor;
 mod files;
 mod lifecycle;
+mod logs;
 mod network;
 mod output;
 mod ports;
@@ -50,6 +51,8 @@ enum Command {
     Shell(shell::ShellArgs),
     /// List sandboxes.
     Ls(sandbox::LsArgs),
+    /// Print a sandbox's logs (agent on ns, console on vm); `-f` follows them.
+    Logs(logs::LogsArgs),
     /// Show one sandbox.
     Inspect {
         /// Sandbox id.
@@ -112,6 +115,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Exec(args) => sandbox::exec(args, &state_dir, json).await,
         Command::Shell(args) => shell::shell(args, &state_dir).await,
         Command::Ls(args) => sandbox::ls(args, &state_dir, json).await.map(|()| 0),
+        Command::Logs(args) => logs::logs(args, &state_dir, json).await.map(|()| 0),
         Command::Inspect { id } => sandbox::inspect(&id, &state_dir, json).await.map(|()| 0),
         Command::Kill { ids } => sandbox::kill(&ids, &state_dir, json).await.map(|()| 0),
         Command::Cp(args) => files::cp(args, &state_dir, json).await.map(|()| 0),

@@ -88,6 +88,17 @@ impl VmBackend {
         )
     }
 
+    /// Sandbox `id`'s console as a log (`GET /v1/sandboxes/{id}/logs?source=console`): the
+    /// ring's older half, then its newest; raw guest bytes, no times.
+    pub(super) fn console_log_file(&self, id: &str) -> crate::logs::LogFile {
+        let ring = self.console_ring(id);
+        crate::logs::LogFile {
+            source: crate::logs::LogSource::Console,
+            paths: vec![ring.old_path(), ring.path],
+            timestamped: false,
+        }
+    }
+
     /// The end of sandbox `r`'s console (what a QEMU exit is explained from).
     pub(super) fn console_tail(&self, r: &SandboxRecord) -> String {
         self.console_ring(&r.id).tail(EXIT_CONSOLE_TAIL)
