@@ -354,3 +354,36 @@ async fn a_vm_sandbox_serves_its_console() {
     );
     s.kill(&id).await;
 }
+
+#[tokio::test]
+async fn following_a_log_does_not_keep_its_sandbox_alive() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({"ttl_seconds": 2})).await;
+    let mut resp = s
+        .http
+        .get(format!("{}/v1/sandboxes/{id}/logs?follow=true", s.url))
+        .bearer_auth(&s.key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("follow");
+    assert_eq!(resp.status().as_u16(), 200);
+    let events = read_sse(&mut resp, |ev| ev.iter().any(|(e, _)| e == "end")).await;
+    assert!(
+        events.iter().any(|(e, _)| e == "end"),
+        "the sandbox expired while its log was followed: {events:?}"
+    );
+    let (status, _) = s
+        .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, 404);
+    // The record goes before the teardown ends; let the teardown finish before the server
+    // stops (a stop in the middle of it is issue 23's to handle).
+    let torn_down = common::wait_until(Duration::from_secs(20), async || {
+        let theirs = s.mounts_under_state().into_iter().any(|m| m.contains(&id));
+        (!theirs && std::fs::metadata(s.state_dir.join("sandboxes").join(&id)).is_err())
+            .then_some(())
+    })
+    .await;
+    assert!(torn_down.is_some(), "{:?}", s.mounts_under_state());
+}

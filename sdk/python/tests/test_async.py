@@ -164,6 +164,22 @@ async def test_events(server: Server) -> None:
             await sb.close()
 
 
+async def test_logs_and_follow(server: Server) -> None:
+    async with AsyncClient() as c:
+        sb = await AsyncSandbox.create(client=c)
+        lines = await sb.logs(source="agent")
+        assert [line.source for line in lines if "starting as pid 1" in line.text] == ["agent"]
+        async with sb.follow_logs(timeout=20) as follow:
+            await sb.hibernate()
+            await sb.wake()
+            async for line in follow:
+                if "starting as pid 1" in line.text:
+                    break
+        assert len([line for line in await sb.logs() if "starting as pid 1" in line.text]) == 2
+        await sb.kill()
+        await sb.close()
+
+
 async def test_gather(server: Server) -> None:
     async with AsyncClient() as c:
         sandboxes = await asyncio.gather(*(AsyncSandbox.create(client=c) for _ in range(3)))

@@ -317,6 +317,33 @@ def test_events(server: Server) -> None:
         sb.close()
 
 
+def test_logs_tail_since_and_follow(server: Server) -> None:
+    with Client() as c:
+        sb = Sandbox.create(client=c)
+        lines = sb.logs()
+        starts = [line for line in lines if "starting as pid 1" in line.text]
+        assert len(starts) == 1, lines
+        assert starts[0].source == "agent" and starts[0].time
+        assert sb.logs(tail=1) == lines[-1:]
+        with sb.follow_logs(timeout=20) as follow:
+            sb.hibernate()
+            sb.wake()
+            new = next(line for line in follow if "starting as pid 1" in line.text)
+        assert new.time and new.time > starts[0].time
+        since = sb.logs(since=new.time)
+        assert [line.text for line in since if "starting as pid 1" in line.text] == [new.text]
+        assert len([line for line in sb.logs(since="1h") if "starting as pid 1" in line.text]) == 2
+        with pytest.raises(hutch.InvalidRequest, match="no console log"):
+            sb.logs(source="console")
+        with pytest.raises(ValueError):
+            sb.logs(tail=-1)
+        # A followed log ends with its sandbox.
+        with sb.follow_logs(timeout=20) as follow:
+            sb.kill()
+            assert [line for line in follow if "starting as pid 1" in line.text] == []
+        sb.close()
+
+
 def test_concurrent_execs(sb: Sandbox) -> None:
     results: List[str] = []
 

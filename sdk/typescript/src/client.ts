@@ -9,10 +9,12 @@ import {
 } from "./errors.js";
 import {
   lifecycleEvent,
+  logLine,
   snapshot,
   template,
   volume,
   type LifecycleEvent,
+  type LogLine,
   type Snapshot,
   type Template,
   type Volume,
@@ -48,6 +50,8 @@ export interface RequestOptions {
   kind?: string;
   /** Abort the request. */
   signal?: AbortSignal;
+  /** The `Accept` header, for routes that answer in several formats. */
+  accept?: string;
 }
 
 /** Map a `fetch` failure to the SDK's errors. */
@@ -127,6 +131,7 @@ export class Client {
       for (const [k, v] of pairs) if (v !== undefined) url.searchParams.append(k, String(v));
     }
     const headers = this.headers();
+    if (opts.accept) headers.accept = opts.accept;
     let body: string | Uint8Array | undefined = opts.body;
     if (opts.json !== undefined) {
       headers["content-type"] = "application/json";
@@ -279,9 +284,12 @@ export class Client {
   }
 }
 
-/** An open `GET /v1/events` subscription: iterate it with `for await`. */
-export class EventStream implements AsyncIterable<LifecycleEvent>, AsyncDisposable {
-  private readonly iter: AsyncGenerator<LifecycleEvent>;
+/**
+ * An open server-sent-event answer, each event turned into an item by `parse` (`undefined`
+ * skips it): iterate it with `for await`.
+ */
+export class SseStream<T> implements AsyncIterable<T>, AsyncDisposable {
+  private readonly iter: AsyncGenerator<T>;
 
   /** @internal */
   constructor(
@@ -289,6 +297,7 @@ export class EventStream implements AsyncIterable<LifecycleEvent>, AsyncDisposab
     private readonly controller: AbortController,
     idleTimeoutMs: number | undefined,
     url: string,
+    parse: (event: string, doc: Record<string, unknown>) => T | undefined,
   ) {
     this.iter = (async function* () {
       try {
@@ -299,7 +308,8 @@ export class EventStream implements AsyncIterable<LifecycleEvent>, AsyncDisposab
           } catch {
             continue;
           }
-          yield lifecycleEvent(doc, ev.event);
+          const item = parse(ev.event, doc);
+          if (item !== undefined) yield item;
         }
       } catch (e) {
         throw mapFetchError(e, url);
@@ -307,7 +317,7 @@ export class EventStream implements AsyncIterable<LifecycleEvent>, AsyncDisposab
     })();
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<LifecycleEvent> {
+  [Symbol.asyncIterator](): AsyncIterator<T> {
     return this.iter;
   }
 
@@ -319,5 +329,31 @@ export class EventStream implements AsyncIterable<LifecycleEvent>, AsyncDisposab
 
   async [Symbol.asyncDispose](): Promise<void> {
     await this.close();
+  }
+}
+
+/** An open `GET /v1/events` subscription: iterate it with `for await`. */
+export class EventStream extends SseStream<LifecycleEvent> {
+  /** @internal */
+  constructor(
+    body: ReadableStream<Uint8Array>,
+    controller: AbortController,
+    idleTimeoutMs: number | undefined,
+    url: string,
+  ) {
+    super(body, controller, idleTimeoutMs, url, (event, doc) => lifecycleEvent(doc, event));
+  }
+}
+
+/** A sandbox's followed logs (`Sandbox.followLogs`): iterate it with `for await`; it ends when the sandbox is gone. */
+export class LogStream extends SseStream<LogLine> {
+  /** @internal */
+  constructor(
+    body: ReadableStream<Uint8Array>,
+    controller: AbortController,
+    idleTimeoutMs: number | undefined,
+    url: string,
+  ) {
+    super(body, controller, idleTimeoutMs, url, (event, doc) => (event === "log" ? logLine(doc) : undefined));
   }
 }

@@ -12,7 +12,7 @@
  */
 import "./polyfill.js";
 
-export { Client, EventStream, type ClientOptions, type Query, type RequestOptions } from "./client.js";
+export { Client, EventStream, LogStream, SseStream, type ClientOptions, type Query, type RequestOptions } from "./client.js";
 export { DEFAULT_URL, defaultStateDir, resolveConfig, type ResolvedConfig } from "./config.js";
 export {
   AuthError,
@@ -39,6 +39,7 @@ export type {
   ExploreResult,
   FileEntry,
   LifecycleEvent,
+  LogLine,
   SandboxInfo,
   SandboxState,
   Snapshot,
@@ -58,6 +59,7 @@ export {
   type ExecOptions,
   type ExecStreamOptions,
   type ExploreOptions,
+  type LogOptions,
   type NetworkPolicy,
   type VolumeMount,
 } from "./sandbox.js";

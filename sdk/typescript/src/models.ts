@@ -117,6 +117,16 @@ export interface LifecycleEvent {
   raw: Record<string, unknown>;
 }
 
+/** One line of a sandbox's logs (`Sandbox.logs`, `Sandbox.followLogs`). */
+export interface LogLine {
+  /** `agent` (the sandbox's init, on `ns`) or `console` (a `vm` guest's serial console). */
+  source: string;
+  /** The line, without its time and newline. */
+  text: string;
+  /** When it was written (RFC 3339), if the log records it. */
+  time: string | undefined;
+}
+
 /**
  * A named snapshot that new sandboxes can start from (`Sandbox.create({ snapshot })`).
  *
@@ -342,6 +352,11 @@ export function lifecycleEvent(d: Json, event = ""): LifecycleEvent {
     detail: optStr(d.detail),
     raw: d,
   };
+}
+
+/** @internal */
+export function logLine(d: Json): LogLine {
+  return { source: str(d.source), text: str(d.text), time: optStr(d.time) };
 }
 
 /** @internal */

@@ -1,5 +1,5 @@
 import "./polyfill.js";
-import { Client, anySignal, mapFetchError, type ClientOptions } from "./client.js";
+import { Client, LogStream, anySignal, mapFetchError, type ClientOptions } from "./client.js";
 import {
   AuthError,
   HutchError,
@@ -12,18 +12,47 @@ import {
   execResult,
   exploreResult,
   fileEntry,
+  logLine,
   sandboxInfo,
   snapshot,
   usage,
   type ExecResult,
   type ExploreResult,
   type FileEntry,
+  type LogLine,
   type SandboxInfo,
   type Snapshot,
   type Usage,
 } from "./models.js";
 import { PtySession, type PtyOptions } from "./pty.js";
 import { sseEvents } from "./sse.js";
+
+/** Which log lines {@link Sandbox.logs} and {@link Sandbox.followLogs} return. */
+export interface LogOptions {
+  /** Only the last N lines (of what was written so far, when following; default 0 then). */
+  tail?: number;
+  /**
+   * Only lines written from this time on: RFC 3339, a duration before now (`"10m"`), Unix
+   * seconds or a `Date`. Only for logs whose lines carry times (the agent's).
+   */
+  since?: string | number | Date;
+  /** `"agent"` (ns) or `"console"` (vm), or both; default every log the sandbox has. */
+  source?: string | string[];
+}
+
+function logQuery(opts: LogOptions, follow: boolean): Array<[string, string]> {
+  const q: Array<[string, string]> = [];
+  if (opts.source !== undefined) q.push(["source", Array.isArray(opts.source) ? opts.source.join(",") : opts.source]);
+  if (opts.tail !== undefined) {
+    if (!Number.isInteger(opts.tail) || opts.tail < 0) throw new RangeError(`tail must be a whole number >= 0, got ${opts.tail}`);
+    q.push(["tail", String(opts.tail)]);
+  }
+  if (opts.since !== undefined) {
+    q.push(["since", opts.since instanceof Date ? opts.since.toISOString() : String(opts.since)]);
+  }
+  if (follow) q.push(["follow", "true"]);
+  return q;
+}
 
 /** A command: a string runs under `/bin/sh -c`; an array runs that program without a shell. */
 export type Command = string | readonly string[];
@@ -321,6 +350,40 @@ export class Sandbox implements AsyncDisposable {
   /** Replace the sandbox's metadata. */
   setMetadata(metadata: Record<string, string>): Promise<SandboxInfo> {
     return this.update({ metadata });
+  }
+
+  /**
+   * The sandbox's logs, oldest first: its agent's (`ns`) or its guest console (`vm`).
+   * @throws {@link InvalidRequest} for a log it does not have, or `since` on a log without times.
+   */
+  async logs(opts: LogOptions = {}): Promise<LogLine[]> {
+    const doc = await this.client.requestJson<{ lines?: Json[] }>("GET", sandboxPath(this.id, "/logs"), {
+      query: logQuery(opts, false),
+      accept: "application/json",
+    });
+    return (doc.lines ?? []).map((l) => logLine(l));
+  }
+
+  /**
+   * Follow the sandbox's logs: the last `tail` lines so far (none by default), then each new
+   * line as it is written, until the sandbox is gone.
+   *
+   * ```ts
+   * await using logs = await sb.followLogs();
+   * for await (const line of logs) console.log(line.text);
+   * ```
+   */
+  async followLogs(opts: LogOptions & { idleTimeoutMs?: number; signal?: AbortSignal } = {}): Promise<LogStream> {
+    const controller = new AbortController();
+    const signal = opts.signal ? anySignal([opts.signal, controller.signal]) : controller.signal;
+    const resp = await this.client.request("GET", sandboxPath(this.id, "/logs"), {
+      query: logQuery({ tail: 0, ...opts }, true),
+      accept: "text/event-stream",
+      timeoutMs: null,
+      signal,
+    });
+    if (!resp.body) throw new HutchError("the logs answer has no body");
+    return new LogStream(resp.body, controller, opts.idleTimeoutMs, this.client.url);
   }
 
   /** Memory, CPU and process counts right now (undefined if the server cannot read them). */

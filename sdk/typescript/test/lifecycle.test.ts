@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Client, ConflictError, HutchError, InvalidRequest, NotFoundError, Sandbox } from "../src/index.js";
+import { Client, ConflictError, HutchError, InvalidRequest, NotFoundError, Sandbox, type LogLine } from "../src/index.js";
 import { startServer, type TestServer } from "./harness.js";
 
 let server: TestServer;
@@ -260,5 +260,42 @@ describe("fork and explore", () => {
     }
     await assert.rejects(parent.explore(["true"], { scoreRegex: "no group" }), InvalidRequest);
     await assert.rejects(parent.explore([]), InvalidRequest);
+  });
+});
+
+describe("logs", () => {
+  const starts = <T extends { text: string }>(lines: T[]): T[] => lines.filter((l) => l.text.includes("starting as pid 1"));
+
+  test("logs: tail, since, and a followed log that ends with its sandbox", async () => {
+    const sb = await Sandbox.create({ metadata: { suite: "ts-lifecycle" } });
+    const lines = await sb.logs();
+    const first = starts(lines);
+    assert.equal(first.length, 1, JSON.stringify(lines));
+    assert.equal(first[0].source, "agent");
+    assert.ok(first[0].time?.endsWith("Z"));
+    assert.deepEqual(await sb.logs({ tail: 1 }), lines.slice(-1));
+
+    const follow = await sb.followLogs({ idleTimeoutMs: 20_000 });
+    await sb.hibernate();
+    await sb.wake();
+    let fresh: LogLine | undefined;
+    for await (const line of follow) {
+      if (line.text.includes("starting as pid 1")) {
+        fresh = line;
+        break;
+      }
+    }
+    await follow.close();
+    assert.ok(fresh?.time && fresh.time > (first[0].time ?? ""), JSON.stringify(fresh));
+    assert.equal(starts(await sb.logs({ since: fresh.time })).length, 1);
+    assert.equal(starts(await sb.logs({ since: "1h" })).length, 2);
+    await assert.rejects(sb.logs({ source: "console" }), (e: unknown) => e instanceof InvalidRequest && /no console log/.test(e.message));
+    await assert.rejects(sb.logs({ tail: -1 }), RangeError);
+
+    const ending = await sb.followLogs({ idleTimeoutMs: 20_000 });
+    await sb.kill();
+    const after: string[] = [];
+    for await (const line of ending) after.push(line.text);
+    assert.equal(starts(after.map((text) => ({ text }))).length, 0);
   });
 });

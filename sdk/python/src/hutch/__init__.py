@@ -13,6 +13,7 @@ asyncio flavour (:class:`AsyncSandbox`), also exported here.
 
 from ._config import DEFAULT_URL, Config, default_state_dir, resolve
 from ._version import __version__
+from ._events import AsyncLogStream, LogStream
 from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
 from .errors import (
     AuthError,
@@ -37,6 +38,7 @@ from .models import (
     ExploreResult,
     FileEntry,
     LifecycleEvent,
+    LogLine,
     SandboxInfo,
     Snapshot,
     Template,
@@ -58,16 +60,19 @@ __all__ = [
     "Files",
     "PtySession",
     "EventStream",
+    "LogStream",
     "AsyncClient",
     "AsyncSandbox",
     "AsyncFiles",
     "AsyncPtySession",
     "AsyncEventStream",
+    "AsyncLogStream",
     "ExecResult",
     "ExploreOutcome",
     "ExploreResult",
     "FileEntry",
     "LifecycleEvent",
+    "LogLine",
     "SandboxInfo",
     "Snapshot",
     "Template",

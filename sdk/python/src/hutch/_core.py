@@ -80,6 +80,7 @@ class ClientBase:
             json=req.json,
             content=req.content,
             timeout=timeout,
+            headers={"accept": req.accept} if req.accept else None,
         )
 
     def _check_open(self) -> None:

@@ -25,8 +25,10 @@ from ._protocol import (
     explore_read_timeout,
     file_params,
     fork_body,
+    LogSince,
     link_with_path,
     list_params,
+    log_params,
     mode_text,
     parse_sandboxes,
     sandbox_path,
@@ -38,6 +40,7 @@ from .models import (
     ExecResult,
     ExploreResult,
     FileEntry,
+    LogLine,
     SandboxInfo,
     Snapshot,
     Template,
@@ -162,6 +165,40 @@ def update_sandbox(
 def _usage(resp: httpx.Response) -> Optional[Usage]:
     u = resp.json().get("usage")
     return Usage.from_json(u) if isinstance(u, dict) else None
+
+
+def logs(
+    sandbox_id: str,
+    *,
+    tail: Optional[int],
+    since: Optional[LogSince],
+    source: Union[str, Sequence[str], None],
+) -> Call[List[LogLine]]:
+    """``GET /v1/sandboxes/{id}/logs`` as JSON."""
+    params = log_params(tail=tail, since=since, source=source, follow=False)
+    req = Request(
+        "GET", sandbox_path(sandbox_id, "/logs"), params=params, accept="application/json"
+    )
+    return Call(req, _listed("lines", LogLine.from_json))
+
+
+def follow_logs(
+    sandbox_id: str,
+    *,
+    tail: Optional[int],
+    since: Optional[LogSince],
+    source: Union[str, Sequence[str], None],
+    timeout: Optional[float],
+) -> Request:
+    """``GET /v1/sandboxes/{id}/logs?follow=true``, read as server-sent events."""
+    params = log_params(tail=tail, since=since, source=source, follow=True)
+    return Request(
+        "GET",
+        sandbox_path(sandbox_id, "/logs"),
+        params=params,
+        timeout=timeout,
+        accept="text/event-stream",
+    )
 
 
 def usage(sandbox_id: str) -> Call[Optional[Usage]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import datetime
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -36,6 +37,8 @@ class Request:
     """Read timeout in seconds; ``None`` waits forever; unset uses the client's default."""
     kind: str = ""
     """Error-mapping hint, see :func:`hutch.errors.from_response`."""
+    accept: Optional[str] = None
+    """The ``Accept`` header, for routes that answer in several formats."""
 
 
 def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
@@ -143,6 +146,46 @@ def list_params(
     for k, v in (metadata or {}).items():
         params.append((f"metadata.{k}", str(v)))
     return params
+
+
+LogSince = Union[str, float, int, datetime.datetime]
+"""A time for ``since``: RFC 3339 text, a duration before now (``"10m"``), Unix seconds, or
+a ``datetime`` (a naive one is taken as UTC)."""
+
+
+def log_params(
+    *,
+    tail: Optional[int],
+    since: Optional[LogSince],
+    source: Union[str, Sequence[str], None],
+    follow: bool,
+) -> List[Tuple[str, str]]:
+    """The query of ``GET /v1/sandboxes/{id}/logs``."""
+    params: List[Tuple[str, str]] = []
+    if source is not None:
+        params.append(("source", source if isinstance(source, str) else ",".join(source)))
+    if tail is not None:
+        if isinstance(tail, bool) or not isinstance(tail, int) or tail < 0:
+            raise ValueError(f"tail must be a whole number of lines >= 0, got {tail!r}")
+        params.append(("tail", str(tail)))
+    if since is not None:
+        params.append(("since", since_text(since)))
+    if follow:
+        params.append(("follow", "true"))
+    return params
+
+
+def since_text(since: LogSince) -> str:
+    """``since`` as the server reads it."""
+    if isinstance(since, datetime.datetime):
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=datetime.timezone.utc)
+        return since.isoformat()
+    if isinstance(since, bool):
+        raise ValueError("since must be a time, a duration or Unix seconds, not a bool")
+    if isinstance(since, (int, float)):
+        return repr(float(since)) if isinstance(since, float) else str(since)
+    return str(since)
 
 
 def parse_sandboxes(doc: Any) -> List[SandboxInfo]:

@@ -28,12 +28,13 @@ from . import _ops as ops
 from . import _protocol as p
 from . import errors
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
-from ._events import AsyncEventStream
+from ._events import AsyncEventStream, AsyncLogStream
 from ._files import AsyncFiles
 from ._pty import AsyncPtySession
 from .models import (
     ExecResult,
     ExploreResult,
+    LogLine,
     SandboxInfo,
     Snapshot,
     Template,
@@ -363,6 +364,33 @@ class AsyncSandbox(SandboxBase[AsyncClient]):
     async def set_metadata(self, metadata: Mapping[str, str]) -> SandboxInfo:
         """Replace the sandbox's metadata."""
         return await self.update(metadata=metadata)
+
+    async def logs(
+        self,
+        *,
+        tail: Optional[int] = None,
+        since: Optional[p.LogSince] = None,
+        source: Union[str, Sequence[str], None] = None,
+    ) -> List[LogLine]:
+        """The sandbox's logs: its agent's (``ns``) or its guest console (``vm``), oldest
+        first. ``tail`` keeps the last lines; ``since`` the lines from a time on (RFC 3339,
+        a duration before now such as ``"10m"``, Unix seconds or a ``datetime``; only for
+        logs with times, the agent's); ``source`` picks ``"agent"`` or ``"console"``."""
+        return await self._client._call(ops.logs(self.id, tail=tail, since=since, source=source))
+
+    def follow_logs(
+        self,
+        *,
+        tail: Optional[int] = 0,
+        since: Optional[p.LogSince] = None,
+        source: Union[str, Sequence[str], None] = None,
+        timeout: Optional[float] = None,
+    ) -> AsyncLogStream:
+        """Follow the sandbox's logs: the last ``tail`` lines written so far (none by
+        default), then each new line as it is written, until the sandbox is gone. Use as a
+        context manager (``async with``, ``async for``)."""
+        req = ops.follow_logs(self.id, tail=tail, since=since, source=source, timeout=timeout)
+        return AsyncLogStream(self._client, req)
 
     async def usage(self) -> Optional[Usage]:
         """Memory, CPU and process counts right now."""

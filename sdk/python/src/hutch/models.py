@@ -270,6 +270,23 @@ class LifecycleEvent:
 
 
 @dataclass
+class LogLine:
+    """One line of a sandbox's logs (``Sandbox.logs``, ``Sandbox.follow_logs``)."""
+
+    source: str
+    """``agent`` (the sandbox's init, on ``ns``) or ``console`` (a ``vm`` guest's serial
+    console)."""
+    text: str
+    """The line, without its time and newline."""
+    time: Optional[str] = None
+    """When it was written (RFC 3339), if the log records it."""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> LogLine:
+        return cls(source=str(d.get("source", "")), text=str(d.get("text", "")), time=d.get("time"))
+
+
+@dataclass
 class Snapshot:
     """A named snapshot that new sandboxes can start from (``Sandbox.create(snapshot=…)``).
 

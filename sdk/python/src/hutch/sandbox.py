@@ -25,12 +25,13 @@ from . import _ops as ops
 from . import _protocol as p
 from . import errors
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
-from ._events import EventStream
+from ._events import EventStream, LogStream
 from ._files import Files
 from ._pty import PtySession
 from .models import (
     ExecResult,
     ExploreResult,
+    LogLine,
     SandboxInfo,
     Snapshot,
     Template,
@@ -445,6 +446,33 @@ class Sandbox(SandboxBase[Client]):
     def set_metadata(self, metadata: Mapping[str, str]) -> SandboxInfo:
         """Replace the sandbox's metadata."""
         return self.update(metadata=metadata)
+
+    def logs(
+        self,
+        *,
+        tail: Optional[int] = None,
+        since: Optional[p.LogSince] = None,
+        source: Union[str, Sequence[str], None] = None,
+    ) -> List[LogLine]:
+        """The sandbox's logs: its agent's (``ns``) or its guest console (``vm``), oldest
+        first. ``tail`` keeps the last lines; ``since`` the lines from a time on (RFC 3339,
+        a duration before now such as ``"10m"``, Unix seconds or a ``datetime``; only for
+        logs with times, the agent's); ``source`` picks ``"agent"`` or ``"console"``."""
+        return self._client._call(ops.logs(self.id, tail=tail, since=since, source=source))
+
+    def follow_logs(
+        self,
+        *,
+        tail: Optional[int] = 0,
+        since: Optional[p.LogSince] = None,
+        source: Union[str, Sequence[str], None] = None,
+        timeout: Optional[float] = None,
+    ) -> LogStream:
+        """Follow the sandbox's logs: the last ``tail`` lines written so far (none by
+        default), then each new line as it is written, until the sandbox is gone. Use as a
+        context manager."""
+        req = ops.follow_logs(self.id, tail=tail, since=since, source=source, timeout=timeout)
+        return LogStream(self._client, req)
 
     def usage(self) -> Optional[Usage]:
         """Memory, CPU and process counts right now (``None`` if the server cannot read them)."""
