@@ -117,16 +117,38 @@ pub(crate) fn errno_name(errno: i32) -> Option<&'static str> {
     })
 }
 
+/// A failed system call's `errno`, read without allocating: what a child cloned from a
+/// multi-threaded process may carry (see [`crate::exec_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Errno(pub i32);
+
+impl Errno {
+    /// The thread's current `errno` (EIO if there is none).
+    pub fn last() -> Self {
+        Self(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        )
+    }
+}
+
+/// The checked helper without a description: `ret < 0` means failure with `errno` set.
+/// Allocates nothing, so it is safe between `clone` and `execve` in any process.
+pub(crate) fn check_errno(ret: libc::c_long) -> Result<libc::c_long, Errno> {
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(ret)
+    }
+}
+
 /// The checked helper: `ret < 0` means failure with `errno` set.
 pub(crate) fn check(
     ret: libc::c_long,
     op: impl FnOnce() -> String,
 ) -> Result<libc::c_long, SysError> {
-    if ret < 0 {
-        Err(SysError::last(op()))
-    } else {
-        Ok(ret)
-    }
+    check_errno(ret).map_err(|Errno(errno)| SysError::new(op(), errno))
 }
 
 /// A path as a C string (EINVAL when it contains a NUL byte).
@@ -296,13 +318,16 @@ pub(crate) fn chdir(path: &Path) -> Result<(), SysError> {
 /// in the parent.
 ///
 /// # Safety
-/// The caller must be single-threaded: the child is a copy of this one thread, and any lock
-/// held by another thread would stay locked forever in the child.
+/// The child is a copy of this one thread, and any lock held by another thread (the
+/// allocator's too) stays locked forever in it. So either the caller is single-threaded, or
+/// the child runs only async-signal-safe code that allocates nothing until it calls `execve`
+/// or `_exit` (what [`crate::exec_plan`]'s child does).
 pub(crate) unsafe fn clone_process(flags: libc::c_int) -> Result<libc::pid_t, SysError> {
     let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: with a null stack pointer, clone behaves like fork (the child continues on a
     // copy of the parent's stack); the parent-tid/child-tid/tls pointers are null and unused
-    // because no CLONE_*TID/SETTLS flag is passed. Single-threadedness is the caller's promise.
+    // because no CLONE_*TID/SETTLS flag is passed. What the child may do is the caller's
+    // promise.
     let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     check(ret, || "clone".to_string()).map(|p| p as libc::pid_t)
 }
