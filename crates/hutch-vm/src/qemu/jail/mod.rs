@@ -3,48 +3,34 @@
 //!
 //! [`spawn`] clones QEMU straight into new **mount, pid**, IPC, UTS and network namespaces
 //! (so the process that execs QEMU is pid 1 of its own pid namespace, and its host pid is
-//! the one the server records, watches and kills). Between the clone and `execve`, in the
-//! child, with nothing allocated:
+//! the one the server records, watches and kills). The child of the multi-threaded server
+//! runs an [`ExecPlan`] (`hutch_jail::exec_plan`: steps prepared here, run there without
+//! allocating), built by [`plan`]:
 //!
 //! 1. join the sandbox's cgroups (descriptors of their `cgroup.procs` opened before);
 //! 2. make every mount private, mount an empty tmpfs on QEMU's own directory and build the
 //!    new root in it: each path of the [`root::RootPlan`] bound at its own path (read-only
 //!    where QEMU only reads), its own directory bound read-write from a descriptor;
 //!    `pivot_root` into it, detach the old root, remount the tmpfs read-only;
-//! 3. drop to the unprivileged uid, gid and groups (raw system calls: the child of a
-//!    multi-threaded process must not use glibc's all-threads `setxid`), `no_new_privs`;
+//! 3. drop to the unprivileged uid, gid and groups, `no_new_privs`;
 //! 4. reset the signal mask and `SIGPIPE`, connect stdin to `/dev/null` and stdout/stderr to
-//!    the log, the TAP device to fd [`crate::qemu::TAP_FD`]; exec QEMU with an empty
-//!    environment. QEMU's own seccomp filter (`-sandbox`) comes on top.
+//!    the log, the TAP device to fd [`TAP_FD`]; exec QEMU with an empty environment. QEMU's
+//!    own seccomp filter (`-sandbox`) comes on top.
 //!
-//! A failing step is reported to the parent over a close-on-exec pipe (step, errno, which
-//! path); end of file on it means QEMU was exec'd.
+//! A failing step is reported by the plan with the label given here and its errno:
+//! `confine QEMU: bind /usr/lib/…: …`.
 
-mod child;
 pub(crate) mod root;
 
-use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::AsFd;
+use std::path::Path;
 
-use crate::qemu::{QemuError, VmConfig};
-use child::{Prepared, Step, REPORT_LEN};
+use hutch_jail::exec_plan::{c_path, ExecPlan, ExecPlanError, MountSource, Step};
 
-/// How QEMU is confined when it starts (see the module documentation). The uid, gid and
-/// groups are the sandbox's; the file tree and the namespaces follow from its [`VmConfig`].
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QemuJail {
-    /// The uid QEMU runs as (never 0).
-    pub uid: u32,
-    /// Its gid.
-    pub gid: u32,
-    /// Supplementary groups (the group that may open template memory files; `kvm`).
-    pub groups: Vec<u32>,
-    /// `cgroup.procs` files QEMU moves itself into.
-    pub cgroup_procs: Vec<PathBuf>,
-}
+use crate::qemu::config::{QemuJail, VmConfig, TAP_FD};
+use crate::qemu::error::QemuError;
+use root::{ProgramFiles, RootPlan};
 
 /// Namespaces QEMU is cloned into.
 const NAMESPACES: libc::c_int = libc::CLONE_NEWNS
@@ -58,9 +44,14 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> QemuError {
     move |source| QemuError::Io { what, source }
 }
 
-fn c_path(path: &Path) -> Result<CString, QemuError> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| QemuError::Jail(format!("{} contains a NUL byte", path.display())))
+/// The files QEMU's child uses: opened before the clone, borrowed by its plan.
+struct Descriptors<'a> {
+    /// `cgroup.procs` of each of its cgroups, for writing.
+    cgroups: Vec<File>,
+    /// `/dev/null`, its stdin.
+    null: File,
+    /// Its stdout and stderr.
+    log: &'a File,
 }
 
 /// Start QEMU for `config` in `jail`, its output going to `log`; returns its host pid once
@@ -75,9 +66,7 @@ pub(crate) fn spawn(config: &VmConfig, jail: &QemuJail, log: &File) -> Result<i3
     let program = root::program_files(&config.qemu)?;
     let cwd = std::env::current_dir().map_err(io("the working directory"))?;
     let config = &root::with_absolute_paths(config, &cwd);
-    let plan = root::RootPlan::new(config, &program, &cwd)?;
-
-    // Everything the child uses, made before the clone.
+    let root = RootPlan::new(config, &program, &cwd)?;
     let cgroups = jail
         .cgroup_procs
         .iter()
@@ -89,138 +78,234 @@ pub(crate) fn spawn(config: &VmConfig, jail: &QemuJail, log: &File) -> Result<i3
         })
         .collect::<Result<Vec<File>, _>>()?;
     let null = File::open("/dev/null").map_err(io("open /dev/null"))?;
+    let fds = Descriptors { cgroups, null, log };
+    let plan = plan(config, jail, &program, &root, &fds).map_err(from_plan(&program))?;
+    let pid = plan.spawn(NAMESPACES).map_err(from_plan(&program))?;
+    tracing::debug!(
+        pid,
+        binds = root.binds.len(),
+        spawn_us = started.elapsed().as_micros() as u64,
+        "QEMU exec'd in its jail"
+    );
+    Ok(pid)
+}
+
+/// The steps from the clone to QEMU's `execve` (see the module documentation).
+fn plan<'a>(
+    config: &'a VmConfig,
+    jail: &QemuJail,
+    program: &ProgramFiles,
+    root: &RootPlan,
+    fds: &'a Descriptors<'a>,
+) -> Result<ExecPlan<'a>, ExecPlanError> {
+    let mut plan = ExecPlan::new(&program.binary, &config.argv())?;
+    for procs in &fds.cgroups {
+        plan.push("join its cgroups", Step::JoinCgroup(procs.as_fd()));
+    }
+    let own_dir = c_path(&root.own_dir)?;
+    plan.push(
+        "make the mounts private",
+        Step::Mount {
+            source: MountSource::None,
+            target: c"/".into(),
+            fstype: None,
+            flags: libc::MS_REC | libc::MS_PRIVATE,
+            data: None,
+        },
+    )
+    // Opened in the child's mount namespace before the tmpfs hides it; closed at exec.
+    .push("open its directory", Step::OpenDirectory(own_dir.clone()))
+    .push(
+        "mount the tmpfs root",
+        Step::Mount {
+            source: MountSource::Path(c"tmpfs".into()),
+            target: own_dir.clone(),
+            fstype: Some(c"tmpfs".into()),
+            flags: libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            data: Some(c"mode=0755,size=1m,nr_inodes=4096".into()),
+        },
+    )
+    .push("enter the new root", Step::Chdir(own_dir));
+    for dir in root.directories() {
+        let label = format!("create directory {}", Path::new("/").join(&dir).display());
+        plan.push(label, Step::Mkdir(c_path(&dir)?));
+    }
     let relative = |p: &Path| c_path(p.strip_prefix("/").unwrap_or(p));
-    let mut binds = Vec::with_capacity(plan.binds.len());
-    for b in &plan.binds {
-        // The own directory is hidden under the tmpfs by then: bound from a descriptor.
-        let own = b.path == plan.own_dir;
-        binds.push((
-            c_path(&b.path)?,
-            relative(&b.path)?,
-            own,
-            b.dir,
-            b.access.flags(),
-        ));
-    }
-    let dirs = plan
-        .directories()
-        .iter()
-        .map(|d| c_path(d))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut argv = vec![c_path(&program.binary)?];
-    for arg in config.argv() {
-        argv.push(
-            CString::new(arg.as_bytes())
-                .map_err(|_| QemuError::Jail(format!("argument {arg:?} contains a NUL byte")))?,
+    for bind in root.binds.iter().filter(|b| !b.dir) {
+        plan.push(
+            "create the mount point",
+            Step::CreateFile(relative(&bind.path)?),
         );
     }
-    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_ptrs.push(std::ptr::null());
-    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-    let (report_read, report_write) = pipe()?;
-    let prepared = Prepared {
-        cgroup_fds: cgroups.iter().map(|f| f.as_raw_fd()).collect(),
-        own_dir: c_path(&plan.own_dir)?,
-        dirs,
-        binds,
-        groups: jail.groups.clone(),
-        uid: jail.uid,
-        gid: jail.gid,
-        stdin: null.as_raw_fd(),
-        log: log.as_raw_fd(),
-        tap: config.tap.as_ref().map(|t| t.as_raw_fd()),
-        program: argv[0].clone(),
-        argv: argv_ptrs,
-        envp: envp.as_ptr(),
-        report: report_write.as_raw_fd(),
-    };
-    // SAFETY: fork semantics (null stack, no tid pointers): the child runs on a copy of this
-    // stack and only calls `child::run`, which makes async-signal-safe raw system calls on
-    // the data prepared above, allocates nothing, and ends in execve or _exit; it returns
-    // in no case, so nothing of this (possibly multi-threaded) process's state is touched
-    // in the child.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (NAMESPACES | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
+    for bind in &root.binds {
+        // The own directory is hidden under the tmpfs by now: bound from its descriptor.
+        let source = if bind.path == root.own_dir {
+            MountSource::Opened(0)
+        } else {
+            MountSource::Path(c_path(&bind.path)?)
+        };
+        let target = relative(&bind.path)?;
+        let shown = bind.path.display();
+        plan.push(format!("bind {shown}"), Step::bind(source, target.clone()))
+            .push(
+                format!("remount {shown}"),
+                Step::remount_bind(target, bind.access.flags()),
+            );
+    }
+    plan.push("pivot_root", Step::PivotRootHere)
+        .push(
+            "detach the old root",
+            Step::Unmount {
+                target: c".".into(),
+                flags: libc::MNT_DETACH,
+            },
         )
-    };
-    if pid == 0 {
-        child::run(&prepared);
+        .push("chdir", Step::Chdir(c"/".into()))
+        .push(
+            "make the root read-only",
+            Step::remount_bind(
+                c"/".into(),
+                libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            ),
+        )
+        .push("setgroups", Step::SetGroups(jail.groups.clone()))
+        .push("setresgid", Step::SetGid(jail.gid))
+        .push("setresuid", Step::SetUid(jail.uid))
+        .push("no_new_privs", Step::NoNewPrivs)
+        // What Rust's `Command` does for a child: an empty signal mask, SIGPIPE back to
+        // default (the server ignores it).
+        .push("reset signals", Step::ClearSignalMask)
+        .push("reset signals", Step::DefaultSignal(libc::SIGPIPE));
+    for to in 0..3 {
+        let from = if to == 0 {
+            fds.null.as_fd()
+        } else {
+            fds.log.as_fd()
+        };
+        plan.push("connect stdio", Step::Dup { from, to });
     }
-    if pid < 0 {
-        return Err(io("clone QEMU into its namespaces")(
-            std::io::Error::last_os_error(),
-        ));
+    if let Some(tap) = &config.tap {
+        let from = tap.as_fd();
+        plan.push("pass the TAP device", Step::Dup { from, to: TAP_FD });
     }
-    let pid = pid as i32;
-    drop(report_write);
-    let mut report = [0u8; REPORT_LEN];
-    let got = read_report(&report_read, &mut report)?;
-    if got == 0 {
-        tracing::debug!(
-            pid,
-            binds = plan.binds.len(),
-            spawn_us = started.elapsed().as_micros() as u64,
-            "QEMU exec'd in its jail"
+    Ok(plan)
+}
+
+/// The error a failed plan surfaces as (`confine QEMU: <step>: <errno>`; a missing binary
+/// is [`QemuError::Missing`]).
+fn from_plan(program: &ProgramFiles) -> impl Fn(ExecPlanError) -> QemuError + '_ {
+    move |e| match e {
+        ExecPlanError::Nul(_) => QemuError::Jail(e.to_string()),
+        ExecPlanError::Pipe(source) => io("pipe")(source),
+        ExecPlanError::Clone(source) => io("clone QEMU into its namespaces")(source),
+        ExecPlanError::Report(source) => io("read QEMU's start report")(source),
+        ExecPlanError::Step { label, source } => io(format!("confine QEMU: {label}"))(source),
+        ExecPlanError::Exec { source, .. } if source.raw_os_error() == Some(libc::ENOENT) => {
+            QemuError::Missing(program.binary.display().to_string())
+        }
+        ExecPlanError::Exec { source, .. } => io("confine QEMU: exec QEMU")(source),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// The order of the child's steps, what the own directory is bound from, and where the
+    /// credentials and descriptors go, without cloning anything.
+    #[test]
+    fn the_plan_builds_the_root_then_drops_privileges_then_passes_descriptors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = VmConfig::new("/vm/vmlinux".into(), "/vm/initrd".into(), dir.path());
+        let tap: std::os::fd::OwnedFd = File::open("/dev/null").expect("null").into();
+        let tap_raw = tap.as_raw_fd();
+        config.tap = Some(std::sync::Arc::new(tap));
+        let program = ProgramFiles {
+            binary: "/usr/bin/qemu-system-x86_64".into(),
+            libraries: vec!["/lib64/ld-linux-x86-64.so.2".into()],
+            modules: vec![],
+            data: vec!["/usr/share/qemu".into()],
+        };
+        let root = RootPlan::new(&config, &program, Path::new("/")).expect("root");
+        let jail = QemuJail {
+            uid: 65536 * 3,
+            gid: 65536 * 3,
+            groups: vec![991],
+            cgroup_procs: vec![],
+        };
+        let log = tempfile::tempfile().expect("log");
+        let fds = Descriptors {
+            cgroups: vec![File::open("/dev/null").expect("null")],
+            null: File::open("/dev/null").expect("null"),
+            log: &log,
+        };
+        let plan = plan(&config, &jail, &program, &root, &fds).expect("plan");
+        let labels: Vec<&str> = plan.labels().collect();
+        let own = dir.path().display().to_string();
+        let at = |label: &str| {
+            labels
+                .iter()
+                .position(|l| *l == label)
+                .unwrap_or_else(|| panic!("no step {label:?} in {labels:?}"))
+        };
+        assert_eq!(
+            labels[..5],
+            [
+                "join its cgroups",
+                "make the mounts private",
+                "open its directory",
+                "mount the tmpfs root",
+                "enter the new root"
+            ]
         );
-        return Ok(pid);
+        assert!(at("create directory /usr/share/qemu") < at("bind /usr/share/qemu"));
+        assert!(at("bind /usr/share/qemu") + 1 == at("remount /usr/share/qemu"));
+        assert!(at(&format!("remount {own}")) < at("pivot_root"));
+        assert!(at("pivot_root") < at("make the root read-only"));
+        assert!(at("make the root read-only") < at("setgroups"));
+        assert!(at("setgroups") < at("setresgid") && at("setresgid") < at("setresuid"));
+        assert!(at("setresuid") < at("no_new_privs"));
+        assert_eq!(labels.last(), Some(&"pass the TAP device"));
+        let steps: Vec<&Step<'_>> = plan.steps().collect();
+        let own_bind = &steps[at(&format!("bind {own}"))];
+        assert!(
+            matches!(
+                own_bind,
+                Step::Mount {
+                    source: MountSource::Opened(0),
+                    ..
+                }
+            ),
+            "the own directory is bound from the descriptor opened before the tmpfs: {own_bind:?}"
+        );
+        assert!(matches!(steps[at("setresuid")], Step::SetUid(uid) if *uid == 65536 * 3));
+        assert!(matches!(steps[at("setgroups")], Step::SetGroups(g) if g == &[991]));
+        let dups: Vec<(i32, i32)> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Dup { from, to } => Some((from.as_raw_fd(), *to)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            dups,
+            [
+                (fds.null.as_raw_fd(), 0),
+                (log.as_raw_fd(), 1),
+                (log.as_raw_fd(), 2),
+                (tap_raw, TAP_FD)
+            ]
+        );
     }
-    // SAFETY: waitpid on our own child with a null status pointer.
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-    let (step, errno, index) = child::decode(&report);
-    let source = std::io::Error::from_raw_os_error(errno);
-    if step == Step::Exec && errno == libc::ENOENT {
-        return Err(QemuError::Missing(program.binary.display().to_string()));
-    }
-    let path = match step {
-        Step::Mkdir => plan
-            .directories()
-            .get(index)
-            .map(|d| Path::new("/").join(d)),
-        Step::Bind | Step::Remount => plan.binds.get(index).map(|b| b.path.clone()),
-        _ => None,
-    };
-    let what = match path {
-        Some(p) => format!("confine QEMU: {} {}", step.name(), p.display()),
-        None => format!("confine QEMU: {}", step.name()),
-    };
-    Err(QemuError::Io { what, source })
-}
 
-/// A close-on-exec pipe: (read end, write end).
-fn pipe() -> Result<(OwnedFd, OwnedFd), QemuError> {
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 writes two descriptors into the array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(io("pipe")(std::io::Error::last_os_error()));
+    #[test]
+    fn a_jailed_qemu_never_runs_as_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = VmConfig::new("/vm/vmlinux".into(), "/vm/initrd".into(), dir.path());
+        let log = tempfile::tempfile().expect("log");
+        let err = spawn(&config, &QemuJail::default(), &log).expect_err("uid 0");
+        assert!(err.to_string().contains("as uid 0"), "{err}");
     }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// Read the child's report: 0 bytes once it exec'd, else a whole report.
-fn read_report(fd: &OwnedFd, buf: &mut [u8; REPORT_LEN]) -> Result<usize, QemuError> {
-    let mut got = 0;
-    while got < buf.len() {
-        let rest = &mut buf[got..];
-        // SAFETY: reads at most `rest.len()` bytes into `rest`.
-        let n = unsafe { libc::read(fd.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len()) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(io("read QEMU's start report")(e));
-        }
-        if n == 0 {
-            break;
-        }
-        got += n as usize;
-    }
-    Ok(got)
 }
