@@ -6,7 +6,7 @@ use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, RawFd};
 
 use super::{encode, MountSource, Step, MAX_OPENED, REPORT_LEN};
-use crate::sys::{check_errno, Errno};
+use crate::sys::{self, check_errno, Errno};
 
 /// The program and where to report, prepared by the parent.
 pub(super) struct Exec<'a> {
@@ -58,17 +58,11 @@ struct Opened {
 }
 
 impl Opened {
+    /// The `n`-th opened directory (`EBADF` if there is none).
     fn get(&self, n: usize) -> Result<RawFd, Errno> {
-        if n < self.len {
-            self.fds.get(n).copied().ok_or(Errno(libc::EBADF))
-        } else {
-            Err(Errno(libc::EBADF))
-        }
+        let open = self.fds.get(..self.len).unwrap_or_default();
+        open.get(n).copied().ok_or(Errno(libc::EBADF))
     }
-}
-
-fn ptr(s: Option<&CString>) -> *const libc::c_char {
-    s.map_or(std::ptr::null(), |s| s.as_ptr())
 }
 
 fn perform(step: &Step<'_>, opened: &mut Opened) -> Result<(), Errno> {
@@ -86,25 +80,15 @@ fn perform(step: &Step<'_>, opened: &mut Opened) -> Result<(), Errno> {
             data,
         } => {
             let fd_path;
-            let source: *const libc::c_char = match source {
-                MountSource::None => std::ptr::null(),
-                MountSource::Path(path) => path.as_ptr(),
+            let source = match source {
+                MountSource::None => None,
+                MountSource::Path(path) => Some(path.as_c_str()),
                 MountSource::Opened(n) => {
                     fd_path = FdPath::new(opened.get(*n)?);
-                    fd_path.as_c_str().as_ptr()
+                    Some(fd_path.as_c_str())
                 }
             };
-            // SAFETY: every pointer is NUL-terminated or null and outlives the call.
-            let ret = unsafe {
-                libc::mount(
-                    source,
-                    target.as_ptr(),
-                    ptr(fstype.as_ref()),
-                    *flags,
-                    ptr(data.as_ref()).cast(),
-                )
-            };
-            check_errno(ret.into())?;
+            sys::mount_c(source, target, fstype.as_deref(), *flags, data.as_deref())?;
         }
         Step::OpenDirectory(path) => {
             if opened.len >= MAX_OPENED {
@@ -123,8 +107,7 @@ fn perform(step: &Step<'_>, opened: &mut Opened) -> Result<(), Errno> {
                 opened.len += 1;
             }
         }
-        // SAFETY: chdir on a NUL-terminated string prepared before the clone.
-        Step::Chdir(path) => check_errno(unsafe { libc::chdir(path.as_ptr()) }.into()).map(drop)?,
+        Step::Chdir(path) => sys::chdir_c(path)?,
         Step::Mkdir(path) => {
             // SAFETY: mkdir on a NUL-terminated string prepared before the clone.
             if let Err(e) = check_errno(unsafe { libc::mkdir(path.as_ptr(), 0o755) }.into()) {
@@ -142,15 +125,8 @@ fn perform(step: &Step<'_>, opened: &mut Opened) -> Result<(), Errno> {
                 libc::close(fd as RawFd);
             }
         }
-        Step::PivotRootHere => {
-            // SAFETY: both arguments are the static NUL-terminated string ".".
-            let ret = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
-            check_errno(ret)?;
-        }
-        Step::Unmount { target, flags } => {
-            // SAFETY: umount2 on a NUL-terminated string prepared before the clone.
-            check_errno(unsafe { libc::umount2(target.as_ptr(), *flags) }.into())?;
-        }
+        Step::PivotRootHere => sys::pivot_root_here_c()?,
+        Step::Unmount { target, flags } => sys::umount2_c(target, *flags)?,
         // The raw credential system calls, not glibc's wrappers: those signal every other
         // thread of the process, which do not exist in this copy.
         Step::SetGroups(groups) => {
@@ -191,18 +167,11 @@ fn perform(step: &Step<'_>, opened: &mut Opened) -> Result<(), Errno> {
                 return Err(Errno::last());
             }
         }
-        Step::Dup { from, to } => {
-            let from = from.as_raw_fd();
-            // SAFETY: plain descriptor operations.
-            let ret = unsafe {
-                if from == *to {
-                    libc::fcntl(from, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(from, *to)
-                }
-            };
-            check_errno(ret.into())?;
+        Step::Dup { from, to } if from.as_raw_fd() == *to => {
+            // SAFETY: clears the descriptor's flags (close-on-exec); takes integers only.
+            check_errno(unsafe { libc::fcntl(*to, libc::F_SETFD, 0) }.into())?;
         }
+        Step::Dup { from, to } => sys::dup2_c(from.as_raw_fd(), *to)?,
     }
     Ok(())
 }
