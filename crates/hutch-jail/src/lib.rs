@@ -14,6 +14,10 @@
 //! [`destroy`], [`stop`], [`export_layer`] and the cgroup readers do not fork and are safe to
 //! call from the server.
 //!
+//! [`exec_plan`] is the one primitive that does fork from the server: a program exec'd into
+//! new namespaces after a list of steps prepared before the clone, run without allocating
+//! (QEMU's jail is built on it).
+//!
 //! Layers, what each stops and how it is proven: `docs/isolation.md`.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -22,6 +26,7 @@ pub mod btrfs;
 mod caps;
 mod cgroup;
 mod child;
+pub mod exec_plan;
 mod fsat;
 mod helper;
 mod host;

@@ -6,7 +6,9 @@
 //!
 //! Several wrappers are used in the cloned child between `clone` and `execve`: they only
 //! allocate (the helper process is single-threaded, so the allocator's locks are free) and
-//! never touch threads.
+//! never touch threads. The `*_c` cores under them take C strings and return an [`Errno`]
+//! without allocating: [`crate::exec_plan`]'s child, cloned from a multi-threaded process,
+//! uses those.
 
 use std::ffi::{CStr, CString};
 use std::fmt;
@@ -117,16 +119,43 @@ pub(crate) fn errno_name(errno: i32) -> Option<&'static str> {
     })
 }
 
+/// A failed system call's `errno`, read without allocating: what a child cloned from a
+/// multi-threaded process may carry (see [`crate::exec_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Errno(pub i32);
+
+impl Errno {
+    /// The thread's current `errno` (EIO if there is none).
+    pub fn last() -> Self {
+        Self(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        )
+    }
+
+    /// The [`SysError`] of `op` (allocates: not in a cloned child of a threaded process).
+    pub fn context(self, op: impl Into<String>) -> SysError {
+        SysError::new(op, self.0)
+    }
+}
+
+/// The checked helper without a description: `ret < 0` means failure with `errno` set.
+/// Allocates nothing, so it is safe between `clone` and `execve` in any process.
+pub(crate) fn check_errno(ret: libc::c_long) -> Result<libc::c_long, Errno> {
+    if ret < 0 {
+        Err(Errno::last())
+    } else {
+        Ok(ret)
+    }
+}
+
 /// The checked helper: `ret < 0` means failure with `errno` set.
 pub(crate) fn check(
     ret: libc::c_long,
     op: impl FnOnce() -> String,
 ) -> Result<libc::c_long, SysError> {
-    if ret < 0 {
-        Err(SysError::last(op()))
-    } else {
-        Ok(ret)
-    }
+    check_errno(ret).map_err(|e| e.context(op()))
 }
 
 /// A path as a C string (EINVAL when it contains a NUL byte).
@@ -148,6 +177,27 @@ fn opt_ptr(s: Option<&CStr>) -> *const libc::c_char {
     s.map_or(std::ptr::null(), CStr::as_ptr)
 }
 
+/// `mount(2)`, allocation-free.
+pub(crate) fn mount_c(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> Result<(), Errno> {
+    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
+    let ret = unsafe {
+        libc::mount(
+            opt_ptr(source),
+            target.as_ptr(),
+            opt_ptr(fstype),
+            flags,
+            opt_ptr(data).cast(),
+        )
+    };
+    check_errno(ret.into()).map(drop)
+}
+
 /// `mount(2)`.
 pub(crate) fn mount(
     source: Option<&CStr>,
@@ -157,26 +207,19 @@ pub(crate) fn mount(
     data: Option<&CStr>,
     what: &str,
 ) -> Result<(), SysError> {
-    let t = cpath(target)?;
-    // SAFETY: every pointer is either null or a NUL-terminated string that outlives the call.
-    let ret = unsafe {
-        libc::mount(
-            opt_ptr(source),
-            t.as_ptr(),
-            opt_ptr(fstype),
-            flags,
-            opt_ptr(data).cast(),
-        )
-    };
-    check(ret.into(), || format!("{what} ({})", target.display())).map(drop)
+    mount_c(source, &cpath(target)?, fstype, flags, data)
+        .map_err(|e| e.context(format!("{what} ({})", target.display())))
+}
+
+/// `umount2(2)`, allocation-free.
+pub(crate) fn umount2_c(target: &CStr, flags: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: `target` is a NUL-terminated string that outlives the call.
+    check_errno(unsafe { libc::umount2(target.as_ptr(), flags) }.into()).map(drop)
 }
 
 /// `umount2(2)`.
 pub(crate) fn umount2(target: &Path, flags: libc::c_int) -> Result<(), SysError> {
-    let t = cpath(target)?;
-    // SAFETY: `t` is a NUL-terminated string that outlives the call.
-    let ret = unsafe { libc::umount2(t.as_ptr(), flags) };
-    check(ret.into(), || format!("umount {}", target.display())).map(drop)
+    umount2_c(&cpath(target)?, flags).map_err(|e| e.context(format!("umount {}", target.display())))
 }
 
 /// `open_tree(2)` flag: clone the mount instead of opening it in place.
@@ -277,32 +320,43 @@ pub(crate) fn mount_setattr_exists() -> bool {
     !(ret < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS))
 }
 
+/// `pivot_root(".", ".")` in the current directory, allocation-free.
+pub(crate) fn pivot_root_here_c() -> Result<(), Errno> {
+    // SAFETY: both arguments are the static NUL-terminated string ".".
+    check_errno(unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) })
+        .map(drop)
+}
+
 /// `pivot_root(".", ".")` in the current directory.
 pub(crate) fn pivot_root_here() -> Result<(), SysError> {
-    // SAFETY: both arguments are the static NUL-terminated string ".".
-    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
-    check(ret, || "pivot_root".to_string()).map(drop)
+    pivot_root_here_c().map_err(|e| e.context("pivot_root"))
+}
+
+/// `chdir(2)`, allocation-free.
+pub(crate) fn chdir_c(path: &CStr) -> Result<(), Errno> {
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    check_errno(unsafe { libc::chdir(path.as_ptr()) }.into()).map(drop)
 }
 
 /// `chdir(2)`.
 pub(crate) fn chdir(path: &Path) -> Result<(), SysError> {
-    let p = cpath(path)?;
-    // SAFETY: `p` is a NUL-terminated string that outlives the call.
-    let ret = unsafe { libc::chdir(p.as_ptr()) };
-    check(ret.into(), || format!("chdir {}", path.display())).map(drop)
+    chdir_c(&cpath(path)?).map_err(|e| e.context(format!("chdir {}", path.display())))
 }
 
 /// Raw `clone(2)` with fork semantics (no new stack): returns 0 in the child and the child's pid
 /// in the parent.
 ///
 /// # Safety
-/// The caller must be single-threaded: the child is a copy of this one thread, and any lock
-/// held by another thread would stay locked forever in the child.
+/// The child is a copy of this one thread, and any lock held by another thread (the
+/// allocator's too) stays locked forever in it. So either the caller is single-threaded, or
+/// the child runs only async-signal-safe code that allocates nothing until it calls `execve`
+/// or `_exit` (what [`crate::exec_plan`]'s child does).
 pub(crate) unsafe fn clone_process(flags: libc::c_int) -> Result<libc::pid_t, SysError> {
     let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: with a null stack pointer, clone behaves like fork (the child continues on a
     // copy of the parent's stack); the parent-tid/child-tid/tls pointers are null and unused
-    // because no CLONE_*TID/SETTLS flag is passed. Single-threadedness is the caller's promise.
+    // because no CLONE_*TID/SETTLS flag is passed. What the child may do is the caller's
+    // promise.
     let ret = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     check(ret, || "clone".to_string()).map(|p| p as libc::pid_t)
 }
@@ -375,11 +429,15 @@ pub(crate) fn dup_at_least(fd: RawFd, min: RawFd) -> Result<OwnedFd, SysError> {
     Ok(unsafe { OwnedFd::from_raw_fd(new as RawFd) })
 }
 
+/// `dup2(2)`, allocation-free (the new descriptor does not have close-on-exec).
+pub(crate) fn dup2_c(fd: RawFd, target: RawFd) -> Result<(), Errno> {
+    // SAFETY: dup2 only manipulates the descriptor table.
+    check_errno(unsafe { libc::dup2(fd, target) }.into()).map(drop)
+}
+
 /// `dup2(2)` (the new descriptor does not have close-on-exec).
 pub(crate) fn dup2(fd: RawFd, target: RawFd) -> Result<(), SysError> {
-    // SAFETY: dup2 only manipulates the descriptor table.
-    let ret = unsafe { libc::dup2(fd, target) };
-    check(ret.into(), || format!("dup2 {fd} -> {target}")).map(drop)
+    dup2_c(fd, target).map_err(|e| e.context(format!("dup2 {fd} -> {target}")))
 }
 
 /// Close a raw descriptor this process does not track as an `OwnedFd` (errors ignored).

@@ -27,6 +27,7 @@ pub mod tap;
 mod network;
 mod proxy;
 mod resolver;
+mod services;
 
 mod error;
 

@@ -1,5 +1,6 @@
 //! The running network of one server: slots handed to sandboxes, their policies, the warm
-//! pool, and the shared state the resolver and the proxy judge by.
+//! pool, and the shared state the resolver and the proxy judge by. They read it; it never
+//! names them (`services` starts all three).
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::addr::{Ipv4Net, Pool, SlotAddrs};
 use crate::link::{self, BuiltSlot};
 use crate::policy::{Policy, Verdict};
-use crate::{netns, nft, NetError};
+use crate::{nft, NetError};
 
 /// How the server's sandbox network is set up.
 #[derive(Debug, Clone)]
@@ -141,35 +142,16 @@ impl std::fmt::Debug for Network {
 }
 
 impl Network {
-    /// Set up the network in the calling thread's namespace: forwarding on, the base
-    /// ruleset, the resolver and the proxy (on ports chosen now). Needs a tokio runtime.
-    pub async fn start(cfg: NetConfig) -> Result<Network, NetError> {
-        let pool = Pool::new(cfg.pool)?;
-        let host_ns = netns::current()?;
-        let (udp, tcp_dns) = crate::resolver::bind().await?;
-        let proxy = tokio::net::TcpListener::bind(("0.0.0.0", 0))
-            .await
-            .map_err(NetError::sys("bind the egress proxy"))?;
-        let resolver_port = udp
-            .local_addr()
-            .map_err(NetError::sys("resolver address"))?
-            .port();
-        let proxy_port = proxy
-            .local_addr()
-            .map_err(NetError::sys("proxy address"))?
-            .port();
-        netns::write_sysctl("net/ipv4/ip_forward", "1")?;
-        let base = nft::BaseRules {
-            pool: cfg.pool,
-            resolver_port,
-            proxy_port,
-            mining_ports: cfg.mining_ports.clone(),
-        };
-        let script = nft::base_ruleset(&base);
-        tokio::task::spawn_blocking(move || nft::run(&script))
-            .await
-            .map_err(|e| NetError::Invalid(format!("nft task: {e}")))??;
-        let net = Network {
+    /// The network of a server whose resolver and proxy listen on these ports (started by
+    /// [`Network::start`], in `services`, which then hands this to them).
+    pub(crate) fn assemble(
+        cfg: NetConfig,
+        pool: Pool,
+        host_ns: OwnedFd,
+        resolver_port: u16,
+        proxy_port: u16,
+    ) -> Network {
+        Network {
             inner: Arc::new(Inner {
                 cfg,
                 pool,
@@ -181,10 +163,7 @@ impl Network {
                 resolver_port,
                 proxy_port,
             }),
-        };
-        crate::resolver::spawn(net.clone(), udp, tcp_dns);
-        crate::proxy::spawn(net.clone(), proxy);
-        Ok(net)
+        }
     }
 
     /// The pool.

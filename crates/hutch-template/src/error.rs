@@ -4,7 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::recipes::builtin_names;
+use crate::names::builtin_names;
 
 /// Everything that can go wrong while building, reading or removing templates.
 #[derive(Debug, thiserror::Error)]

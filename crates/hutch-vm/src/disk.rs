@@ -284,7 +284,7 @@ impl RootDisk {
             text.push_str(&format!("{}\t{path}\n", layer.format.as_str()));
         }
         let tmp = record.with_extension("tmp");
-        crate::qemu::create_fresh(&tmp)
+        create_fresh(&tmp)
             .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
             .and_then(|()| std::fs::rename(&tmp, record))
             .map_err(|source| DiskError::Io {
@@ -377,9 +377,44 @@ pub fn tree_bytes(root: &Path) -> Result<u64, DiskError> {
     Ok(total)
 }
 
+/// Create `path` anew for the host to write (as root) in a directory a QEMU may write too:
+/// whatever is there is unlinked first (a planted symlink is removed, not followed) and
+/// the file is created exclusively (`O_EXCL` never follows a link; should one reappear
+/// meanwhile, this fails).
+pub fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fresh_file_never_follows_a_planted_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("precious");
+        std::fs::write(&target, b"keep").expect("write");
+        let log = dir.path().join("qemu.log");
+        std::os::unix::fs::symlink(&target, &log).expect("symlink");
+        use std::io::Write;
+        create_fresh(&log)
+            .expect("create")
+            .write_all(b"log")
+            .expect("write");
+        assert_eq!(std::fs::read(&target).expect("read"), b"keep");
+        assert_eq!(std::fs::read(&log).expect("read"), b"log");
+        assert!(!std::fs::symlink_metadata(&log)
+            .expect("stat")
+            .file_type()
+            .is_symlink());
+    }
 
     #[test]
     fn image_and_overlay_of_a_tree() {

@@ -3,9 +3,9 @@
 //! * [`kernel`]: extract the ELF `vmlinux` from Debian's LZ4 bzImage (booted PVH).
 //! * [`modules`]: find virtio modules in an unpacked kernel package, dependency-ordered.
 //! * [`initramfs`]: a reproducible newc cpio with busybox, the static agent and an `/init`.
-//! * [`qemu`]: the QEMU `microvm` command line and a process handle killed on drop.
-//! * `jail`: QEMU cloned into its own mount, pid, IPC, UTS and network namespaces with
-//!   a minimal root, an unprivileged uid, cgroups ([`qemu::QemuJail`]).
+//! * [`qemu`]: the QEMU `microvm` command line, a process handle killed on drop, and QEMU's
+//!   jail: cloned into its own mount, pid, IPC, UTS and network namespaces with a minimal
+//!   root, an unprivileged uid, cgroups ([`qemu::QemuJail`]), on `hutch_jail::exec_plan`.
 //! * [`qmp`]: an async QMP client, including `getfd` with `SCM_RIGHTS`.
 //! * [`snapshot`]: bake a template snapshot (cold boot, device state with RAM in a memory
 //!   file) and restore it copy-on-write until the agent answers `GET /v1/info`.
@@ -29,7 +29,6 @@ pub mod console;
 pub mod disk;
 pub mod gc;
 pub mod initramfs;
-mod jail;
 pub mod kernel;
 mod lock;
 pub mod modules;

@@ -17,11 +17,6 @@ use crate::build::BuildContext;
 use crate::error::Result;
 use crate::info::ResourceDefaults;
 
-/// Names of the built-in templates, in the order they are documented.
-pub fn builtin_names() -> &'static [&'static str] {
-    &["minimal", "base"]
-}
-
 /// One built-in recipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Recipe {

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::qemu::{Accel, Console, QemuError, RootDisk, VmConfig};
+use crate::disk::RootDisk;
+use crate::qemu::config::{Accel, Console, VmConfig, VolumeDrive};
+use crate::qemu::error::QemuError;
 
 /// How a bound path may be used (the flags of its read-only or read-write remount).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -279,7 +281,7 @@ pub(crate) fn with_absolute_paths(config: &VmConfig, cwd: &Path) -> VmConfig {
             ..disk.clone()
         }),
         volumes: config.volumes.clone().map(|slot| {
-            slot.map(|v| crate::qemu::VolumeDrive {
+            slot.map(|v| VolumeDrive {
                 image: abs(&v.image),
                 ..v
             })
