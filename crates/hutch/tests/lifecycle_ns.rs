@@ -4,11 +4,9 @@
 //! `cargo test --release -p hutch --test lifecycle_ns -- --ignored --nocapture` measures
 //! pause/resume and hibernate/wake latency (p50 of 20).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -698,7 +696,7 @@ async fn openapi_documents_the_lifecycle_routes() {
 }
 
 fn hutch(s: &TestServer, args: &[&str]) -> (i32, String, String) {
-    let o = std::process::Command::new(common::hutch_bin())
+    let o = std::process::Command::new(hutch_testkit::hutch_bin())
         .args(args)
         .env("HUTCH_URL", &s.url)
         .env("HUTCH_STATE_DIR", &s.state_dir)

@@ -7,11 +7,9 @@
 //! Needs QEMU, qemu-img and mkfs.ext4 (`scripts/deps.sh`); the guest kernel is fetched from
 //! Debian's registry into the shared cache on first use.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -416,9 +414,9 @@ async fn qemu_sees_only_its_own_files_as_pid_1_of_its_namespace() {
 async fn a_template_can_default_to_vm() {
     // A templates directory of this test's own, kept between runs like the shared one (so
     // its image and snapshot in the vm cache are reused, not made again on every run).
-    let templates = common::templates_dir().with_file_name("templates-default-vm");
+    let templates = hutch_testkit::templates_dir().with_file_name("templates-default-vm");
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(common::hutch_bin())
+        let out = std::process::Command::new(hutch_testkit::hutch_bin())
             .args(args)
             .arg("--templates-dir")
             .arg(&templates)
@@ -435,7 +433,7 @@ async fn a_template_can_default_to_vm() {
     assert_eq!(v["isolation"], "vm", "{v}");
     let v = s.create(json!({"isolation": "ns"})).await;
     assert_eq!(v["isolation"], "ns", "an explicit choice wins: {v}");
-    let out = std::process::Command::new(common::hutch_bin())
+    let out = std::process::Command::new(hutch_testkit::hutch_bin())
         .args([
             "template",
             "set-isolation",
@@ -863,7 +861,7 @@ async fn a_first_vm_create_shows_what_it_builds() {
         let id = shared.create_id(json!({"isolation": "vm"})).await;
         assert_eq!(shared.kill(&id).await, 204);
     }
-    let kernel_root = std::fs::read_dir(common::vm_cache_dir().join("kernel"))
+    let kernel_root = std::fs::read_dir(hutch_testkit::vm_cache_dir().join("kernel"))
         .expect("kernel cache")
         .flatten()
         .map(|e| e.path().join("root"))
@@ -881,7 +879,7 @@ async fn a_first_vm_create_shows_what_it_builds() {
     ])
     .await;
     let create = || {
-        std::process::Command::new(common::hutch_bin())
+        std::process::Command::new(hutch_testkit::hutch_bin())
             .args(["create", "--isolation", "vm"])
             .env("HUTCH_URL", &s.url)
             .env("HUTCH_STATE_DIR", &s.state_dir)
