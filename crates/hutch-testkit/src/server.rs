@@ -390,6 +390,67 @@ impl TestServer {
             })
     }
 
+    /// The pid of the QEMU running vm sandbox `id` (its command line names the sandbox's QMP
+    /// socket).
+    pub fn qemu_pid(&self, id: &str) -> Option<i32> {
+        let needle = self
+            .state_dir
+            .join("sandboxes")
+            .join(id)
+            .join("qmp.sock")
+            .to_string_lossy()
+            .into_owned();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(&needle)
+                .then_some(pid)
+        })
+    }
+
+    /// POST a JSON body (`Value::Null` sends none); returns status and JSON.
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let body = (!body.is_null()).then_some(body);
+        self.request(Method::POST, path, body).await
+    }
+
+    /// A lifecycle action on sandbox `id` (`pause`, `resume`, `hibernate`, `wake`), 200
+    /// expected; returns the answer.
+    pub async fn act(&self, id: &str, action: &str) -> Value {
+        let (status, v) = self
+            .request(Method::POST, &format!("/v1/sandboxes/{id}/{action}"), None)
+            .await;
+        assert_eq!(status, 200, "{action} {id}: {v}");
+        v
+    }
+
+    /// The `state` of sandbox `id` ("" when it has none, e.g. a 404).
+    pub async fn state(&self, id: &str) -> String {
+        let (_, v) = self
+            .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        v["state"].as_str().unwrap_or("").to_string()
+    }
+
+    /// Run a shell command that must exit 0; returns its stdout.
+    pub async fn sh_ok(&self, id: &str, script: &str) -> String {
+        let (out, code) = self.sh(id, script).await;
+        assert_eq!(code, 0, "{script}: {out}");
+        out
+    }
+
+    /// Ids of every sandbox the server lists.
+    pub async fn sandbox_ids(&self) -> Vec<String> {
+        let (_, v) = self.request(Method::GET, "/v1/sandboxes", None).await;
+        v["sandboxes"]
+            .as_array()
+            .expect("sandboxes")
+            .iter()
+            .filter_map(|s| s["id"].as_str().map(String::from))
+            .collect()
+    }
+
     /// Mount points under this server's state directory.
     pub fn mounts_under_state(&self) -> Vec<String> {
         let prefix = self.state_dir.to_string_lossy().to_string();
