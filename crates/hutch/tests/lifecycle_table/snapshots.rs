@@ -117,6 +117,13 @@ pub async fn a_snapshot_restored_twice_gives_two_independent_sandboxes(isolation
         shared.trim().to_string()
     });
     if b.memory_snapshots {
+        // It was captured (RAM copied out of QEMU), not saved as a migration stream.
+        let metrics = s.metrics_text().await;
+        assert!(
+            metrics.contains("hutch_vm_memory_snapshots_total{method=\"captured\"} 1")
+                && metrics.contains("hutch_vm_memory_snapshots_total{method=\"stream\"} 0"),
+            "{metrics}"
+        );
         let (st, v) = s
             .post(
                 "/v1/sandboxes",
