@@ -6,9 +6,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{argv, children_of, is_gone, request, shell, wait_until, TestAgent};
+use common::{argv, children_of, is_gone, request, shell, TestAgent};
 use hutch_proto::client::{ClientError, ExecEvent};
 use hutch_proto::{AgentErrorCode, IdentityRequest};
+use hutch_testkit::wait_until;
 
 const CAP: usize = 64 << 20;
 
@@ -102,12 +103,11 @@ async fn timeout_kills_the_whole_process_group() {
         .trim()
         .parse()
         .expect("the shell printed the background pid");
-    wait_until(
-        "the background sleep is gone",
-        Duration::from_secs(5),
-        || async move { is_gone(background) },
-    )
-    .await;
+    wait_until(Duration::from_secs(5), async || {
+        (is_gone(background)).then_some(())
+    })
+    .await
+    .expect("timed out waiting until the background sleep is gone");
 }
 
 #[tokio::test]
@@ -387,12 +387,11 @@ async fn orphans_are_reaped() {
         "the orphan should be the agent's child by now"
     );
     let pid = agent.pid();
-    wait_until(
-        "the orphan is reaped",
-        Duration::from_secs(5),
-        || async move { is_gone(orphan) && children_of(pid).is_empty() },
-    )
-    .await;
+    wait_until(Duration::from_secs(5), async || {
+        (is_gone(orphan) && children_of(pid).is_empty()).then_some(())
+    })
+    .await
+    .expect("timed out waiting until the orphan is reaped");
 
     // Many at once, exiting together.
     let out = client
@@ -404,10 +403,11 @@ async fn orphans_are_reaped() {
         .await
         .expect("exec");
     assert_eq!(out.exit.exit_code, 0);
-    wait_until("no zombies remain", Duration::from_secs(5), || async move {
-        children_of(pid).is_empty()
+    wait_until(Duration::from_secs(5), async || {
+        (children_of(pid).is_empty()).then_some(())
     })
-    .await;
+    .await
+    .expect("timed out waiting until no zombies remain");
 }
 
 #[tokio::test]

@@ -6,9 +6,10 @@ mod common;
 use std::net::Shutdown;
 use std::time::Duration;
 
-use common::{argv, is_alive, is_gone, request, wait_until, TestAgent};
+use common::{argv, is_alive, is_gone, request, TestAgent};
 use hutch_proto::client::{ClientError, ExecEvent, ExecSession};
 use hutch_proto::PROTOCOL_VERSION;
+use hutch_testkit::wait_until;
 
 async fn started_pid(session: &mut ExecSession) -> u32 {
     match session.next_event().await {
@@ -40,12 +41,11 @@ async fn dropping_the_session_kills_the_process() {
     let pid = started_pid(&mut session).await;
     assert!(is_alive(pid));
     drop(session);
-    wait_until(
-        "the process is killed and reaped",
-        Duration::from_secs(5),
-        || async move { is_gone(pid) },
-    )
-    .await;
+    wait_until(Duration::from_secs(5), async || {
+        (is_gone(pid)).then_some(())
+    })
+    .await
+    .expect("timed out waiting until the process is killed and reaped");
     // The connection is still fine.
     client.info().await.expect("info after a reset stream");
 }
@@ -66,12 +66,11 @@ async fn dropping_the_connection_kills_running_execs_and_the_agent_serves_on() {
     }
     cutter.shutdown(Shutdown::Both).expect("cut the connection");
     for pid in pids {
-        wait_until(
-            "the process is killed",
-            Duration::from_secs(5),
-            || async move { is_gone(pid) },
-        )
-        .await;
+        wait_until(Duration::from_secs(5), async || {
+            (is_gone(pid)).then_some(())
+        })
+        .await
+        .expect("timed out waiting until the process is killed");
     }
     // The client notices.
     let err = sessions[0]
@@ -80,15 +79,11 @@ async fn dropping_the_connection_kills_running_execs_and_the_agent_serves_on() {
         .expect("an event")
         .expect_err("connection gone");
     assert!(err.is_transport(), "{err:?}");
-    wait_until(
-        "the client sees the closed connection",
-        Duration::from_secs(5),
-        || {
-            let closed = client.is_closed();
-            async move { closed }
-        },
-    )
-    .await;
+    wait_until(Duration::from_secs(5), async || {
+        client.is_closed().then_some(())
+    })
+    .await
+    .expect("timed out waiting until the client sees the closed connection");
     assert!(matches!(
         client.info().await,
         Err(ClientError::Transport(_))
@@ -119,12 +114,11 @@ async fn background_execs_survive_the_host_going_away() {
     // Still signallable by pid from another connection.
     let other = agent.client().await;
     other.signal(pid, libc::SIGKILL).await.expect("signal");
-    wait_until(
-        "the background exec is gone",
-        Duration::from_secs(5),
-        || async move { is_gone(pid) },
-    )
-    .await;
+    wait_until(Duration::from_secs(5), async || {
+        (is_gone(pid)).then_some(())
+    })
+    .await
+    .expect("timed out waiting until the background exec is gone");
 }
 
 #[tokio::test]

@@ -6,11 +6,10 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{
-    argv, children_of, is_alive, is_gone, proc_stat, request, status_kib, wait_until, TestAgent,
-};
+use common::{argv, children_of, is_alive, is_gone, proc_stat, request, status_kib, TestAgent};
 use futures_util::future::join_all;
 use hutch_proto::client::{ExecEvent, ExecSession};
+use hutch_testkit::wait_until;
 
 /// More than the 1024 concurrent streams the protocol promises.
 const IN_FLIGHT: usize = 1100;
@@ -86,12 +85,11 @@ async fn a_thousand_sessions_dropped_at_once_are_all_killed() {
     let pids: Vec<u32> = sessions.iter().map(|(pid, _)| *pid).collect();
     drop(sessions);
     let agent_pid = agent.pid();
-    wait_until(
-        "every dropped exec is killed and reaped",
-        Duration::from_secs(30),
-        || async move { children_of(agent_pid).is_empty() },
-    )
-    .await;
+    wait_until(Duration::from_secs(30), async || {
+        (children_of(agent_pid).is_empty()).then_some(())
+    })
+    .await
+    .expect("timed out waiting until every dropped exec is killed and reaped");
     assert!(pids.iter().all(|&pid| is_gone(pid)));
     // Neither the connection nor the agent minded.
     let out = client
@@ -115,11 +113,9 @@ async fn a_host_that_stops_reading_blocks_the_writer_not_the_agent_memory() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // `yes` is blocked writing to a full pipe, not producing into the agent's memory.
     let sleeping = || proc_stat(pid).map(|(state, _)| state) == Some('S');
-    wait_until("the writer blocks", Duration::from_secs(5), || {
-        let blocked = sleeping();
-        async move { blocked }
-    })
-    .await;
+    wait_until(Duration::from_secs(5), async || sleeping().then_some(()))
+        .await
+        .expect("timed out waiting until the writer blocks");
     let after = status_kib(agent.pid(), "VmRSS").expect("agent RSS");
     assert!(
         after < before + 32 * 1024,
@@ -135,12 +131,11 @@ async fn a_host_that_stops_reading_blocks_the_writer_not_the_agent_memory() {
     }
     assert!(is_alive(pid));
     drop(session);
-    wait_until(
-        "the writer is killed",
-        Duration::from_secs(5),
-        || async move { is_gone(pid) },
-    )
-    .await;
+    wait_until(Duration::from_secs(5), async || {
+        (is_gone(pid)).then_some(())
+    })
+    .await
+    .expect("timed out waiting until the writer is killed");
 }
 
 #[tokio::test]
@@ -171,12 +166,11 @@ async fn a_long_lived_connection_survives_thousands_of_reset_streams() {
     assert!(!client.is_closed());
     client.info().await.expect("info on the same connection");
     let agent_pid = agent.pid();
-    wait_until(
-        "nothing is left running",
-        Duration::from_secs(10),
-        || async move { children_of(agent_pid).is_empty() },
-    )
-    .await;
+    wait_until(Duration::from_secs(10), async || {
+        (children_of(agent_pid).is_empty()).then_some(())
+    })
+    .await
+    .expect("timed out waiting until nothing is left running");
 }
 
 #[tokio::test]

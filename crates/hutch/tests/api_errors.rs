@@ -1,8 +1,6 @@
 //! Bad input gets a clear 4xx JSON error and loses nothing.
 
-mod common;
-
-use common::TestServer;
+use hutch_testkit::TestServer;
 use reqwest::Method;
 use serde_json::json;
 

@@ -4,12 +4,10 @@
 //! nothing behind (their temporary directory, cgroups, the runtimes' default state
 //! directories, podman's default storage).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{hutch_bin, templates_dir};
+use hutch_testkit::{hutch_bin, templates_dir};
 
 /// Every baseline the bench knows, and those reported as a ratio to Hutch's
 /// create-to-first-exec.

@@ -1,11 +1,8 @@
 //! The `hutch` CLI against a real server.
 
-#[macro_use]
-mod common;
-
 use std::process::{Command, Output};
 
-use common::{hutch_bin, TestServer};
+use hutch_testkit::{both_backends, hutch_bin, TestServer};
 
 fn hutch(s: &TestServer, args: &[&str]) -> Output {
     Command::new(hutch_bin())
@@ -136,7 +133,7 @@ async fn errors_are_clear_in_human_and_json_modes() {
 fn doctor_json(path: Option<&std::path::Path>) -> (serde_json::Value, Option<i32>) {
     let mut cmd = Command::new(hutch_bin());
     cmd.args(["--json", "doctor"])
-        .env("HUTCH_AGENT", common::agent_bin());
+        .env("HUTCH_AGENT", hutch_testkit::agent_bin());
     if let Some(p) = path {
         cmd.env("PATH", p);
     }
@@ -149,7 +146,7 @@ fn doctor_json(path: Option<&std::path::Path>) -> (serde_json::Value, Option<i32
 /// still runs (exit 0).
 #[test]
 fn doctor_names_the_package_of_a_missing_vm_tool() {
-    let bin = common::path_without(&["qemu-img"]);
+    let bin = hutch_testkit::path_without(&["qemu-img"]);
     let (v, code) = doctor_json(Some(bin.path()));
     assert_eq!(code, Some(0), "{v}");
     assert_eq!(v["backends"]["vm"]["available"], false, "{v}");
@@ -199,7 +196,7 @@ fn doctor_is_all_ok_after_deps() {
 fn doctor_reports_namespace_support() {
     let o = Command::new(hutch_bin())
         .args(["--json", "doctor"])
-        .env("HUTCH_AGENT", common::agent_bin())
+        .env("HUTCH_AGENT", hutch_testkit::agent_bin())
         .output()
         .expect("doctor");
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
@@ -222,7 +219,7 @@ fn doctor_reports_namespace_support() {
 /// The "done when": `hutch run -- python3 -c 'print(6*7)'` on the `base` template.
 /// On `vm` the first run on a machine also makes the template's image and snapshot.
 async fn run_python_on_the_base_template(isolation: &str) {
-    common::ensure_template("base");
+    hutch_testkit::ensure_template("base");
     let s = TestServer::start().await;
     let o = hutch(
         &s,

@@ -2,14 +2,12 @@
 //! agent) and `-`, and both ends refusing hostile archives: an upload from an API caller, and
 //! a download from a sandbox whose agent is not to be trusted.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{hutch_bin, TestServer};
+use hutch_testkit::{hutch_bin, TestServer};
 use reqwest::Method;
 use serde_json::json;
 

@@ -1,11 +1,9 @@
 //! `GET /v1/events`: lifecycle and exec events (argv, exit code, duration — never output),
 //! with sequence numbers and a replay window a reconnecting client reads from.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use hutch_testkit::TestServer;
 use serde_json::{json, Value};
 
 /// Read the event stream from `since` (query, or the `Last-Event-ID` header) until `done`

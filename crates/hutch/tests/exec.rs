@@ -1,10 +1,7 @@
 //! Exec: output apart, exit codes, timeouts, signals, stdin, streaming, concurrency.
 
-#[macro_use]
-mod common;
-
-use common::{on, TestServer};
 use futures_util::StreamExt;
+use hutch_testkit::{both_backends, on, TestServer};
 use reqwest::Method;
 use serde_json::json;
 
@@ -195,7 +192,7 @@ async fn a_stream_client_that_disconnects_kills_its_process(isolation: &str) {
     let mut body = resp.bytes_stream();
     let _ = body.next().await; // the start event
     drop(body);
-    let gone = common::wait_until(std::time::Duration::from_secs(5), async || {
+    let gone = hutch_testkit::wait_until(std::time::Duration::from_secs(5), async || {
         let (out, _) = s
             .sh(&id, "ps -o args | grep -c '^sleep 1234' || true")
             .await;

@@ -1,9 +1,6 @@
 //! Files: read, write, list, stat, mkdir, move, remove; large files; paths stay inside.
 
-#[macro_use]
-mod common;
-
-use common::{on, TestServer};
+use hutch_testkit::{both_backends, on, TestServer};
 use reqwest::Method;
 use serde_json::json;
 use sha2::{Digest, Sha256};

@@ -1,10 +1,8 @@
 //! Isolation, proven from inside sandboxes through the real API.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{static_c_binary, TestServer};
+use hutch_testkit::{static_c_binary, TestServer};
 use reqwest::Method;
 use serde_json::json;
 
@@ -38,7 +36,7 @@ async fn cannot_see_host_processes_or_files() {
         "{out}"
     );
     // The project's checkout is not visible.
-    let checkout = common::repo_root().canonicalize().expect("checkout");
+    let checkout = hutch_testkit::repo_root().canonicalize().expect("checkout");
     let (out, _) = s
         .sh(
             &id,
@@ -60,7 +58,7 @@ async fn cannot_see_host_processes_or_files() {
 async fn writes_to_etc_stay_in_the_sandbox_and_the_template_is_unchanged() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({})).await;
-    let template_passwd = common::templates_dir().join("minimal/rootfs/etc/passwd");
+    let template_passwd = hutch_testkit::templates_dir().join("minimal/rootfs/etc/passwd");
     let before = std::fs::read(&template_passwd).expect("template passwd");
     let (_, code) = s
         .sh(
@@ -76,7 +74,7 @@ async fn writes_to_etc_stay_in_the_sandbox_and_the_template_is_unchanged() {
         before,
         "template modified"
     );
-    assert!(!common::templates_dir()
+    assert!(!hutch_testkit::templates_dir()
         .join("minimal/rootfs/etc/new-file")
         .exists());
     // A second sandbox sees the pristine template.
@@ -307,7 +305,7 @@ async fn two_sandboxes_cannot_see_each_other() {
         )
         .await;
     assert!(!ls.contains("secret-a"), "b sees a's file: {ls}");
-    let seen = common::wait_until(Duration::from_secs(5), async || {
+    let seen = hutch_testkit::wait_until(Duration::from_secs(5), async || {
         let (ps, _) = s.sh(&a, "ps -o args").await;
         ps.contains("sleep 4321").then_some(())
     })
@@ -402,7 +400,7 @@ async fn disk_mib_larger_than_the_pool_is_refused_and_overcommit_is_allowed() {
 
 /// A directory of links to every program on `PATH` but `mkfs.btrfs`.
 fn path_without_mkfs_btrfs() -> tempfile::TempDir {
-    common::path_without(&["mkfs.btrfs"])
+    hutch_testkit::path_without(&["mkfs.btrfs"])
 }
 
 #[tokio::test]
@@ -428,10 +426,10 @@ async fn without_mkfs_btrfs_ns_sandboxes_run_without_a_disk_limit_and_say_so() {
         "{metrics}"
     );
     // `hutch doctor` with the same PATH says why.
-    let o = std::process::Command::new(common::hutch_bin())
+    let o = std::process::Command::new(hutch_testkit::hutch_bin())
         .args(["--json", "doctor"])
         .env("PATH", &path)
-        .env("HUTCH_AGENT", common::agent_bin())
+        .env("HUTCH_AGENT", hutch_testkit::agent_bin())
         .env("HUTCH_STATE_DIR", &s.state_dir)
         .output()
         .expect("doctor");

@@ -27,6 +27,7 @@ use hutch_jail::{
     cgroup_stats, destroy, freeze, init_alive, spawn_with_helper, thaw, JailError, JailSpec,
     Limits, SpawnedJail, Teardown,
 };
+use hutch_testkit::wait_until_blocking;
 
 /// Parent cgroup of every test sandbox.
 const CGROUP_PARENT: &str = "hutch-jail-test";
@@ -217,18 +218,6 @@ fn unique_uid_base() -> u32 {
         .subsec_nanos();
     let slot = (nanos / 1000 + std::process::id() * 7 + n * 131) % 25_000;
     2_000_000 + slot * 65_536
-}
-
-/// Poll `f` every few milliseconds until it holds or `timeout` passes.
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    f()
 }
 
 /// A template (busybox + probe) in a fresh temporary directory, plus the host-side probe that
@@ -440,7 +429,7 @@ impl Jail {
         let path = self.upper().join("result");
         let log = self.spec.sandbox_dir.join("agent.log");
         assert!(
-            wait_until(Duration::from_secs(20), || path.exists()),
+            wait_until_blocking(Duration::from_secs(20), || path.exists().then_some(())).is_some(),
             "no /result; agent.log: {}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
@@ -688,7 +677,7 @@ fn isolation_holds_from_inside() {
         .unwrap()
         .contains("intruder"));
     assert!(!t.rootfs.join("etc/hutch-written").exists());
-    assert!(wait_until(Duration::from_secs(10), || jail.exited()));
+    assert!(wait_until_blocking(Duration::from_secs(10), || jail.exited().then_some(())).is_some());
     drop(jail);
     assert_eq!(t.digest(), before, "the template changed");
 }
@@ -859,7 +848,7 @@ mv /result.tmp /result
     let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).unwrap();
     let pa = a.spawned().init_pid;
     assert_ne!(ns(pa), std::fs::read_link("/proc/self/ns/pid").unwrap());
-    assert!(wait_until(Duration::from_secs(10), || b.exited()));
+    assert!(wait_until_blocking(Duration::from_secs(10), || b.exited().then_some(())).is_some());
 }
 
 #[test]
@@ -875,14 +864,12 @@ fn freeze_thaw_and_cpu_limit() {
     let s = jail.spawned().clone();
     let counter_path = format!("/proc/{}/root/tmp/counter", s.init_pid);
     let counter = || -> u64 {
-        let mut v = None;
-        wait_until(Duration::from_secs(10), || {
-            v = std::fs::read_to_string(&counter_path)
+        wait_until_blocking(Duration::from_secs(10), || {
+            std::fs::read_to_string(&counter_path)
                 .ok()
-                .and_then(|t| t.trim().parse().ok());
-            v.is_some()
-        });
-        v.expect("counter")
+                .and_then(|t| t.trim().parse().ok())
+        })
+        .expect("counter")
     };
     counter();
 
@@ -903,7 +890,9 @@ fn freeze_thaw_and_cpu_limit() {
     assert_eq!(raw(), frozen, "frozen sandbox kept running");
     thaw(&s.cgroups).unwrap();
     assert!(
-        wait_until(Duration::from_secs(5), || counter() > before),
+        wait_until_blocking(Duration::from_secs(5), || (counter() > before)
+            .then_some(()))
+        .is_some(),
         "thawed sandbox did not resume"
     );
     let stats = cgroup_stats(&s.cgroups);

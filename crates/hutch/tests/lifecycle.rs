@@ -1,10 +1,8 @@
 //! TTL, persistence, metadata, restart re-adoption, and death of a sandbox's init.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::json;
 

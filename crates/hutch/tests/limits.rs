@@ -1,11 +1,9 @@
 //! The API server against hostile clients: half-open connections (slowloris), oversized
 //! bodies, exec output past the memory budget, too many execs at once (docs/limits.md).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use hutch_testkit::TestServer;
 use reqwest::Method;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -481,7 +479,7 @@ async fn execs_past_the_per_sandbox_cap_get_429() {
     );
     // Dropping a stream kills its command and frees its slot.
     drop(first);
-    let freed = common::wait_until(Duration::from_secs(10), async || {
+    let freed = hutch_testkit::wait_until(Duration::from_secs(10), async || {
         let (st, v) = s
             .request(
                 Method::POST,

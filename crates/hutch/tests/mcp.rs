@@ -1,13 +1,11 @@
 //! `hutch mcp` driven by a real MCP client (the `mcp` package from PyPI) over stdio and
 //! Streamable HTTP, with the OpenAI Agents SDK's strict-schema conversion run on its tools.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{hutch_bin, repo_root, wait_until, TestServer};
+use hutch_testkit::{hutch_bin, repo_root, wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 

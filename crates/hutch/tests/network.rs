@@ -4,13 +4,11 @@
 //! packet of these tests can leave the machine, even when a block under test fails: every
 //! address probed (the metadata service included) is a test host of ours.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{repo_root, TestServer};
+use hutch_testkit::{repo_root, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -201,7 +199,7 @@ async fn server() -> TestServer {
 }
 
 async fn server_with(extra: &[&str]) -> TestServer {
-    common::ensure_template("base");
+    hutch_testkit::ensure_template("base");
     let mut args = vec![
         "--network",
         "on",
@@ -331,8 +329,13 @@ fn default_allow_reaches_the_internet_and_nothing_forbidden() {
 
         // Spoofed sources are dropped: the same connection succeeds from the sandbox's own
         // address and fails from another sandbox's (b's) or an outside one.
-        s.put_file(&a, "/tmp/probe", "755", common::static_c_binary("probe"))
-            .await;
+        s.put_file(
+            &a,
+            "/tmp/probe",
+            "755",
+            hutch_testkit::static_c_binary("probe"),
+        )
+        .await;
         let own = va["network"]["address"].as_str().expect("address");
         let (out, _) = s
             .sh(&a, &format!("/tmp/probe connect {own} 203.0.113.10 3000"))
@@ -566,7 +569,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
         // The CLI shows and replaces the policy (it runs in the world too: a child of this
         // thread).
         let cli = |args: &[&str]| {
-            let out = Command::new(common::hutch_bin())
+            let out = Command::new(hutch_testkit::hutch_bin())
                 .args(args)
                 .env("HUTCH_URL", &s.url)
                 .env("HUTCH_STATE_DIR", &s.state_dir)
@@ -633,7 +636,7 @@ fn a_live_policy_change_cuts_open_connections_and_none_means_loopback() {
 /// Wait (up to 10 s) until the world's DNS server has been asked for slow.test `n` times.
 async fn slow_test_asked(dir: &std::path::Path, n: usize) -> bool {
     let file = dir.join("asked-slow.test");
-    common::wait_until(Duration::from_secs(10), async || {
+    hutch_testkit::wait_until(Duration::from_secs(10), async || {
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         (text.lines().count() >= n).then_some(())
     })
@@ -789,7 +792,7 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
                 .unwrap_or_default()
         };
         let known = [id.clone()];
-        let warm = common::wait_until(std::time::Duration::from_secs(60), async || {
+        let warm = hutch_testkit::wait_until(std::time::Duration::from_secs(60), async || {
             // Ready (restored, warmed up, paused), not merely being restored.
             if !s.metrics_text().await.contains("hutch_vm_warm_guests 1") {
                 return None;

@@ -2,13 +2,11 @@
 //! inside sandboxes (busybox `httpd` on `minimal`, a Python service on `base`), the raw TCP
 //! tunnel and `hutch port-forward`, and every error a caller can meet.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{wait_until, TestServer};
 use futures_util::{SinkExt, StreamExt};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -49,7 +47,7 @@ async fn httpd_sandbox(s: &TestServer) -> String {
 
 /// A `base` sandbox running the Python echo service on each of `ports` (`v6` ones on ::1).
 async fn echo_sandbox(s: &TestServer, ports: &[(u16, bool)]) -> String {
-    common::ensure_template("base");
+    hutch_testkit::ensure_template("base");
     let id = s.create_id(json!({"template": "base"})).await;
     s.put_file(&id, "/srv/port_echo.py", "0644", ECHO_SERVICE.into())
         .await;
@@ -367,7 +365,7 @@ async fn the_raw_tunnel_and_hutch_port_forward_carry_bytes_both_ways() {
     assert!(raw.ends_with("hello from inside\n"), "{raw}");
 
     // `hutch port-forward ID 8080 0 --json`: a local port any TCP client can use.
-    let mut child = Command::new(common::hutch_bin())
+    let mut child = Command::new(hutch_testkit::hutch_bin())
         .args(["port-forward", &id, "8080", "0", "--json"])
         .env("HUTCH_URL", &s.url)
         .env("HUTCH_API_KEY", &s.key)
@@ -410,7 +408,7 @@ async fn the_raw_tunnel_and_hutch_port_forward_carry_bytes_both_ways() {
 
     // Forwarding to a port where nothing listens: each local connection is closed, and the
     // forwarder keeps serving.
-    let mut child = Command::new(common::hutch_bin())
+    let mut child = Command::new(hutch_testkit::hutch_bin())
         .args(["port-forward", &id, "9", "0", "--json"])
         .env("HUTCH_URL", &s.url)
         .env("HUTCH_API_KEY", &s.key)
@@ -448,7 +446,7 @@ async fn the_raw_tunnel_and_hutch_port_forward_carry_bytes_both_ways() {
     let _ = child.wait();
 
     // An unknown sandbox fails at once, before listening.
-    let out = Command::new(common::hutch_bin())
+    let out = Command::new(hutch_testkit::hutch_bin())
         .args(["port-forward", "sbx_nope", "8080", "0", "--json"])
         .env("HUTCH_URL", &s.url)
         .env("HUTCH_API_KEY", &s.key)

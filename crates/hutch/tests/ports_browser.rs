@@ -7,13 +7,11 @@
 //!
 //! Needs Debian's `chromium` package for the browser cases (they skip, loudly, without it).
 
-mod common;
-
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::TestServer;
+use hutch_testkit::TestServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -24,7 +22,7 @@ const SPY_LOG: &str = "/tmp/spy.log";
 
 /// A `base` sandbox running the spy on port 8000.
 async fn spy_sandbox(s: &TestServer) -> String {
-    common::ensure_template("base");
+    hutch_testkit::ensure_template("base");
     let id = s.create_id(json!({"template": "base"})).await;
     s.put_file(&id, "/srv/port_spy.py", "0644", SPY_SERVICE.into())
         .await;

@@ -1,12 +1,9 @@
 //! The WebSocket PTY: a real terminal, input echoed, resize seen by the program.
 
-#[macro_use]
-mod common;
-
 use std::time::Duration;
 
-use common::{on, TestServer};
 use futures_util::{SinkExt, StreamExt};
+use hutch_testkit::{both_backends, on, TestServer};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;

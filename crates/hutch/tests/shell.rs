@@ -1,12 +1,10 @@
 //! `hutch shell` in a real terminal: tmux runs it, send-keys types, capture-pane reads the
 //! screen, and resizing the tmux window must reach the program inside the sandbox.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::{hutch_bin, wait_until, TestServer};
+use hutch_testkit::{hutch_bin, wait_until, TestServer};
 use serde_json::json;
 
 /// A tmux server of its own (socket name unique to this test run), killed on drop.

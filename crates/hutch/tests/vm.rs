@@ -1,17 +1,17 @@
 //! The `vm` backend end to end: a guest kernel of its own, a fresh identity and random state
 //! per restored sandbox, failures (QEMU killed, guest panic, guest OOM) contained and
-//! reported, re-adoption after a server restart, pause/resume, hibernate/wake, memory
-//! snapshots and live forks, QEMU's jail. The exec/stream/PTY/files cases shared with `ns` live in
-//! exec.rs, files.rs and pty.rs (`both_backends!`).
+//! reported, re-adoption after a server restart, live forks (a full-stream fallback, a
+//! counting process in three children), QEMU's jail. The cases shared with `ns` run on both
+//! backends through `both_backends!`: exec/stream/PTY/files in exec.rs, files.rs and pty.rs;
+//! pause/resume, hibernate/wake, memory snapshots, live forks and explore in
+//! lifecycle_table/.
 //!
 //! Needs QEMU, qemu-img and mkfs.ext4 (`scripts/deps.sh`); the guest kernel is fetched from
 //! Debian's registry into the shared cache on first use.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -20,25 +20,6 @@ fn host_release() -> String {
         .expect("osrelease")
         .trim()
         .to_string()
-}
-
-/// The pid of the QEMU running sandbox `id` of server `s` (its command line names the
-/// sandbox's QMP socket).
-fn qemu_pid(s: &TestServer, id: &str) -> Option<i32> {
-    let needle = s
-        .state_dir
-        .join("sandboxes")
-        .join(id)
-        .join("qmp.sock")
-        .to_string_lossy()
-        .into_owned();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        String::from_utf8_lossy(&cmdline)
-            .contains(&needle)
-            .then_some(pid)
-    })
 }
 
 async fn state_of(s: &TestServer, id: &str) -> Value {
@@ -109,22 +90,8 @@ async fn guests_have_their_own_kernel_hostname_and_randomness() {
 }
 
 #[tokio::test]
-async fn pause_resume_and_auto_without_kvm() {
+async fn auto_means_ns_without_kvm() {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({"isolation": "vm"})).await;
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (200, Some("paused")), "{v}");
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (200, Some("running")), "{v}");
-    let (out, _) = s.sh(&id, "echo alive").await;
-    assert_eq!(out, "alive\n");
-
-    assert_eq!(state_of(&s, &id).await["state"], "running");
-
     // Without hardware virtualization `auto` means ns.
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     if !cpuinfo.contains(" vmx") && !cpuinfo.contains(" svm") {
@@ -138,7 +105,7 @@ async fn a_killed_qemu_or_a_guest_panic_fails_the_sandbox_and_the_server_carries
     let s = TestServer::start().await;
     let killed = s.create_id(json!({"isolation": "vm"})).await;
     let panicked = s.create_id(json!({"isolation": "vm"})).await;
-    let pid = qemu_pid(&s, &killed).expect("QEMU of the sandbox");
+    let pid = s.qemu_pid(&killed).expect("QEMU of the sandbox");
     // SAFETY: signalling the QEMU this test's server started, found by its pid.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let v = failed(&s, &killed).await;
@@ -160,7 +127,7 @@ async fn a_killed_qemu_or_a_guest_panic_fails_the_sandbox_and_the_server_carries
         v["error"].as_str().unwrap_or("").contains("Kernel panic"),
         "{v}"
     );
-    assert!(qemu_pid(&s, &panicked).is_none());
+    assert!(s.qemu_pid(&panicked).is_none());
     // Calls on a failed sandbox are refused; the server keeps serving others.
     let (st, _) = s
         .request(
@@ -179,9 +146,9 @@ async fn a_restarted_server_readopts_running_vms() {
     let mut s = TestServer::start().await;
     let id = s.create_id(json!({"isolation": "vm"})).await;
     s.sh(&id, "echo kept > /root/state").await;
-    let pid = qemu_pid(&s, &id).expect("QEMU");
+    let pid = s.qemu_pid(&id).expect("QEMU");
     s.stop_server();
-    assert_eq!(qemu_pid(&s, &id), Some(pid), "QEMU outlives the server");
+    assert_eq!(s.qemu_pid(&id), Some(pid), "QEMU outlives the server");
     s.spawn_server().await;
     let v = state_of(&s, &id).await;
     assert_eq!(v["state"], "running", "{v}");
@@ -189,7 +156,7 @@ async fn a_restarted_server_readopts_running_vms() {
     assert_eq!(code, 0);
     assert_eq!(out, format!("kept\n{}\n", id.replace('_', "-")));
     assert_eq!(s.kill(&id).await, 204);
-    assert!(qemu_pid(&s, &id).is_none(), "QEMU is gone after delete");
+    assert!(s.qemu_pid(&id).is_none(), "QEMU is gone after delete");
     assert!(!s.state_dir.join("sandboxes").join(&id).exists());
 }
 
@@ -247,7 +214,7 @@ async fn qemu_runs_jailed_with_its_own_uid_namespaces_and_cgroup() {
     let id = s
         .create_id(json!({"isolation": "vm", "memory_mib": 256}))
         .await;
-    let pid = qemu_pid(&s, &id).expect("QEMU");
+    let pid = s.qemu_pid(&id).expect("QEMU");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let field = |name: &str| {
         status
@@ -321,7 +288,7 @@ async fn qemu_sees_only_its_own_files_as_pid_1_of_its_namespace() {
     let s = TestServer::start().await;
     let a = s.create_id(json!({"isolation": "vm"})).await;
     let b = s.create_id(json!({"isolation": "vm"})).await;
-    let pid = qemu_pid(&s, &a).expect("QEMU");
+    let pid = s.qemu_pid(&a).expect("QEMU");
     let ns = |pid: &str, kind: &str| {
         std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).expect("ns link")
     };
@@ -416,9 +383,9 @@ async fn qemu_sees_only_its_own_files_as_pid_1_of_its_namespace() {
 async fn a_template_can_default_to_vm() {
     // A templates directory of this test's own, kept between runs like the shared one (so
     // its image and snapshot in the vm cache are reused, not made again on every run).
-    let templates = common::templates_dir().with_file_name("templates-default-vm");
+    let templates = hutch_testkit::templates_dir().with_file_name("templates-default-vm");
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(common::hutch_bin())
+        let out = std::process::Command::new(hutch_testkit::hutch_bin())
             .args(args)
             .arg("--templates-dir")
             .arg(&templates)
@@ -435,7 +402,7 @@ async fn a_template_can_default_to_vm() {
     assert_eq!(v["isolation"], "vm", "{v}");
     let v = s.create(json!({"isolation": "ns"})).await;
     assert_eq!(v["isolation"], "ns", "an explicit choice wins: {v}");
-    let out = std::process::Command::new(common::hutch_bin())
+    let out = std::process::Command::new(hutch_testkit::hutch_bin())
         .args([
             "template",
             "set-isolation",
@@ -474,210 +441,10 @@ async fn a_missing_qemu_is_a_clear_422_and_ns_still_works() {
     assert_eq!(v["isolation"], "ns");
 }
 
-#[tokio::test]
-async fn hibernate_and_wake_keep_memory_and_processes() {
-    let s = TestServer::start().await;
-    let id = s.create_id(json!({"isolation": "vm"})).await;
-    // State only in RAM: a tmpfs file and a running process.
-    let (_, code) = s
-        .sh(
-            &id,
-            "echo in-ram > /dev/shm/x; setsid sleep 1000 > /dev/null 2>&1 < /dev/null & echo started",
-        )
-        .await;
-    assert_eq!(code, 0);
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (200, Some("hibernated")), "{v}");
-    assert!(qemu_pid(&s, &id).is_none(), "a hibernated vm holds no QEMU");
-    let saved = s
-        .state_dir
-        .join("sandboxes")
-        .join(&id)
-        .join("hibernated.state");
-    assert!(saved.is_file(), "memory saved to disk");
-    // The next exec wakes it transparently, with its memory and processes.
-    let (out, code) = s
-        .sh(
-            &id,
-            "cat /dev/shm/x; ps | grep -q '[s]leep 1000' && echo sleeping; date +%s; hostname",
-        )
-        .await;
-    assert_eq!(code, 0, "{out}");
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[..2], ["in-ram", "sleeping"], "{out}");
-    let guest_now: i64 = lines[2].parse().expect("date");
-    let host_now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs() as i64;
-    assert!(
-        (guest_now - host_now).abs() <= 5,
-        "clock set on wake: {out}"
-    );
-    assert_eq!(lines[3], id.replace('_', "-"));
-    assert_eq!(state_of(&s, &id).await["state"], "running");
-    assert!(!saved.exists(), "the saved state is dropped once awake");
-    // Explicitly, once more.
-    let (st, _) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/hibernate"), None)
-        .await;
-    assert_eq!(st, 200);
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/wake"), None)
-        .await;
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(s.sh(&id, "cat /dev/shm/x").await.0, "in-ram\n");
-}
-
-#[tokio::test]
-async fn an_idle_vm_hibernates_by_itself_and_wakes_on_the_next_call() {
-    let s = TestServer::start().await;
-    let id = s
-        .create_id(json!({"isolation": "vm", "idle_hibernate_seconds": 2}))
-        .await;
-    s.sh(&id, "echo kept > /dev/shm/k").await;
-    // The state says hibernated as soon as it starts; QEMU exits once the memory is saved.
-    let hibernated = wait_until(Duration::from_secs(20), async || {
-        (state_of(&s, &id).await["state"] == "hibernated" && qemu_pid(&s, &id).is_none())
-            .then_some(())
-    })
-    .await;
-    assert!(
-        hibernated.is_some(),
-        "an idle vm sandbox was not hibernated"
-    );
-    assert_eq!(s.sh(&id, "cat /dev/shm/k").await.0, "kept\n");
-    assert_eq!(state_of(&s, &id).await["state"], "running");
-}
-
 async fn sh_ok(s: &TestServer, id: &str, script: &str) -> String {
     let (out, code) = s.sh(id, script).await;
     assert_eq!(code, 0, "{script}: {out}");
     out
-}
-
-#[tokio::test]
-async fn memory_snapshots_create_from_them_and_live_forks() {
-    let s = TestServer::start().await;
-    let parent = s.create_id(json!({"isolation": "vm"})).await;
-    sh_ok(
-        &s,
-        &parent,
-        "echo mem > /dev/shm/m; echo disk > /root/d; setsid sleep 1000 > /dev/null 2>&1 < /dev/null &",
-    )
-    .await;
-    let (st, snap) = s
-        .request(
-            Method::POST,
-            &format!("/v1/sandboxes/{parent}/snapshots"),
-            Some(json!({"name": "warm"})),
-        )
-        .await;
-    assert_eq!(st, 201, "{snap}");
-    assert_eq!(snap["kind"], "memory", "{snap}");
-    let snap_id = snap["id"].as_str().expect("id").to_string();
-    // The parent goes on.
-    assert_eq!(sh_ok(&s, &parent, "echo after").await, "after\n");
-
-    // A sandbox created from it has its memory, processes and files, and its own identity.
-    let child = s.create(json!({"snapshot": snap_id})).await;
-    assert_eq!(child["isolation"], "vm", "{child}");
-    let cid = child["id"].as_str().expect("id").to_string();
-    // Its RAM is the snapshot's shared memory file, mapped copy-on-write.
-    let shared =
-        std::fs::read_to_string(s.state_dir.join("snapshots").join(&snap_id).join("shared"))
-            .expect("the snapshot's memory was shared");
-    let cmdline = std::fs::read(format!(
-        "/proc/{}/cmdline",
-        qemu_pid(&s, &cid).expect("QEMU")
-    ))
-    .expect("cmdline");
-    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-    assert!(
-        cmdline.contains(&format!("mem-path={}/memory,share=off", shared.trim())),
-        "{cmdline}"
-    );
-    let check = "cat /dev/shm/m /root/d; ps | grep -c '[s]leep 1000'; hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'";
-    let out = sh_ok(&s, &cid, check).await;
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[..3], ["mem", "disk", "1"], "{out}");
-    assert_eq!(lines[3], cid.replace('_', "-"));
-    let parent_random = sh_ok(
-        &s,
-        &parent,
-        "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'",
-    )
-    .await;
-    assert_ne!(lines[4], parent_random.trim());
-    let (st, v) = s
-        .request(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(json!({"snapshot": snap_id, "memory_mib": 512})),
-        )
-        .await;
-    assert_eq!(st, 422, "a memory snapshot keeps its size: {v}");
-
-    // Live fork: two children with the parent's memory; their disks are their own.
-    let kids = s.fork(&parent, 2, "live").await;
-    assert_eq!(kids.len(), 2);
-    sh_ok(&s, &kids[0], "echo only-here > /root/k").await;
-    for k in &kids {
-        assert_eq!(sh_ok(&s, k, "cat /dev/shm/m").await, "mem\n");
-    }
-    let out = sh_ok(&s, &kids[1], "cat /root/k 2>/dev/null || echo none").await;
-    assert_eq!(out, "none\n");
-    // The firmware's region (written at boot, not part of guest memory) came along too.
-    let firmware = "dd if=/dev/mem bs=65536 skip=15 count=1 2>/dev/null | md5sum";
-    let parent_firmware = sh_ok(&s, &parent, firmware).await;
-    assert_ne!(
-        parent_firmware,
-        sh_ok(&s, &parent, "head -c 65536 /dev/zero | md5sum").await
-    );
-    assert_eq!(sh_ok(&s, &kids[0], firmware).await, parent_firmware);
-    // A child's own fork: its RAM maps the fork's memory file, not the bake's.
-    sh_ok(&s, &kids[0], "echo grand >> /dev/shm/m").await;
-    let grandchild = s.fork(&kids[0], 1, "live").await;
-    assert_eq!(
-        sh_ok(&s, &grandchild[0], "cat /dev/shm/m").await,
-        "mem\ngrand\n"
-    );
-    // All three were captured (RAM copied out of QEMU), not saved as a migration stream.
-    let metrics = s.metrics_text().await;
-    assert!(
-        metrics.contains("hutch_vm_memory_snapshots_total{method=\"captured\"} 3")
-            && metrics.contains("hutch_vm_memory_snapshots_total{method=\"stream\"} 0"),
-        "{metrics}"
-    );
-
-    // Explore: each command in its own child, the winner kept.
-    let (st, v) = s
-        .request(
-            Method::POST,
-            &format!("/v1/sandboxes/{parent}/explore"),
-            Some(json!({"commands": ["cat /dev/shm/m; exit 1", "cat /dev/shm/m"], "timeout_seconds": 60})),
-        )
-        .await;
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(v["winner"]["index"], 1, "{v}");
-    assert_eq!(v["winner"]["stdout"], "mem\n", "{v}");
-
-    // The named snapshot is kept while a sandbox uses it.
-    let (st, _) = s
-        .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
-        .await;
-    assert_eq!(st, 409);
-    assert_eq!(s.kill(&cid).await, 204);
-    let (st, _) = s
-        .request(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
-        .await;
-    assert_eq!(st, 204);
-    assert!(
-        !std::path::Path::new(shared.trim()).exists(),
-        "the shared memory goes with the snapshot"
-    );
 }
 
 /// `df -m /` of a sandbox: (total, available) MiB of its root filesystem.
@@ -863,7 +630,7 @@ async fn a_first_vm_create_shows_what_it_builds() {
         let id = shared.create_id(json!({"isolation": "vm"})).await;
         assert_eq!(shared.kill(&id).await, 204);
     }
-    let kernel_root = std::fs::read_dir(common::vm_cache_dir().join("kernel"))
+    let kernel_root = std::fs::read_dir(hutch_testkit::vm_cache_dir().join("kernel"))
         .expect("kernel cache")
         .flatten()
         .map(|e| e.path().join("root"))
@@ -881,7 +648,7 @@ async fn a_first_vm_create_shows_what_it_builds() {
     ])
     .await;
     let create = || {
-        std::process::Command::new(common::hutch_bin())
+        std::process::Command::new(hutch_testkit::hutch_bin())
             .args(["create", "--isolation", "vm"])
             .env("HUTCH_URL", &s.url)
             .env("HUTCH_STATE_DIR", &s.state_dir)

@@ -5,12 +5,10 @@
 //!
 //! Needs QEMU, qemu-img and mkfs.ext4 (`scripts/deps.sh`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use serde_json::json;
 
 /// The cap the test's server runs with: small, so a guest under TCG exceeds it many times

@@ -6,14 +6,12 @@
 //!
 //! Needs QEMU, qemu-img and mkfs.ext4 (`scripts/deps.sh`).
 
-mod common;
-
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::json;
 

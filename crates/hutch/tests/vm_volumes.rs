@@ -4,9 +4,7 @@
 //! the raw disk; a full volume fails only that write; hibernation keeps the mount; a fork
 //! child keeps the parent's read-only volume and loses its read-write one.
 
-mod common;
-
-use common::TestServer;
+use hutch_testkit::TestServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 

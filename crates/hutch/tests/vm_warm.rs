@@ -4,12 +4,10 @@
 //! identity (hostname, environment, clock, entropy) and CPU limit when claimed, is replaced
 //! when its QEMU dies, and is destroyed when the server stops.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{wait_until, TestServer};
+use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 

@@ -2,9 +2,7 @@
 //! refuse writes, exclusivity and deletion rules, a full volume fails only the write that
 //! does not fit, and input errors.
 
-mod common;
-
-use common::TestServer;
+use hutch_testkit::TestServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 

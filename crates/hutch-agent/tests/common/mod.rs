@@ -4,14 +4,14 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hutch_proto::client::AgentClient;
 use hutch_proto::{Command, ExecRequest};
+use hutch_testkit::wait_until;
 
 /// A running agent process serving `serve --listen <dir>/a.sock`.
 pub struct TestAgent {
@@ -85,11 +85,11 @@ impl TestAgent {
         let child = command.spawn().expect("start hutch-agent");
         let agent = Self { child, dir, socket };
         let socket = agent.socket.clone();
-        wait_until("the agent listens", Duration::from_secs(10), || {
-            let socket = socket.clone();
-            async move { StdUnixStream::connect(&socket).is_ok() }
+        wait_until(Duration::from_secs(10), async || {
+            StdUnixStream::connect(&socket).is_ok().then_some(())
         })
-        .await;
+        .await
+        .expect("timed out waiting until the agent listens");
         agent
     }
 
@@ -185,19 +185,6 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         .lines()
         .find(|l| l.starts_with(&format!("{field}:")))?;
     line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Poll `check` every 20 ms until it holds; panic with `what` after `timeout`.
-pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < timeout, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// An exec request with defaults.

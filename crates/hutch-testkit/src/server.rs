@@ -1,100 +1,18 @@
-//! The shared integration-test harness: a real `hutch serve` on `127.0.0.1:0` with a
-//! temporary state directory, a real HTTP client, polling instead of sleeping, and cleanup
-//! of everything the server made (sandboxes, mounts, cgroups, files) when dropped.
-#![allow(dead_code)]
+//! The test server: a real `hutch serve` on `127.0.0.1:0` with a temporary state directory,
+//! a real HTTP client, and cleanup of everything the server made (sandboxes, snapshots,
+//! mounts, cgroups, files) when dropped.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{json, Value};
 
-/// The `hutch` binary under test.
-pub fn hutch_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_hutch"))
-}
-
-/// Repository root.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The static agent, built by `scripts/build-agent.sh`.
-pub fn agent_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("HUTCH_AGENT") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
-    let p = target.join("x86_64-unknown-linux-gnu/release-agent/hutch-agent");
-    assert!(
-        p.is_file(),
-        "the static agent {} is missing: run scripts/build-agent.sh first",
-        p.display()
-    );
-    p
-}
-
-/// Run one behaviour case (`async fn case(isolation: &str)`) against both backends: makes
-/// `case::ns` and `case::vm` tests. Shared cases are written once and parameterised, not
-/// copied (see STYLE.md).
-#[macro_export]
-macro_rules! both_backends {
-    ($($case:ident),+ $(,)?) => {$(
-        mod $case {
-            #[tokio::test]
-            async fn ns() {
-                super::$case("ns").await
-            }
-            #[tokio::test]
-            async fn vm() {
-                super::$case("vm").await
-            }
-        }
-    )+};
-}
-
-/// `body` with `"isolation": isolation` added (a create request).
-pub fn on(isolation: &str, mut body: Value) -> Value {
-    body["isolation"] = Value::String(isolation.to_string());
-    body
-}
-
-/// The vm backend's cache shared by all tests on this machine (guest kernel, initramfs,
-/// template images and snapshots are built once and reused).
-pub fn vm_cache_dir() -> PathBuf {
-    std::env::var_os("HUTCH_TEST_VM_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/hutch-test/vm"))
-}
-
-/// Templates shared by all tests on this machine (built once, reused).
-pub fn templates_dir() -> PathBuf {
-    std::env::var_os("HUTCH_TEST_TEMPLATES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/hutch-test/templates"))
-}
-
-/// Build a template into the shared directory if it is not ready (the store's lock makes
-/// concurrent calls from parallel tests safe).
-pub fn ensure_template(name: &str) {
-    let dir = templates_dir();
-    std::fs::create_dir_all(&dir).expect("create templates dir");
-    let status = Command::new(hutch_bin())
-        .args(["template", "build", name, "--templates-dir"])
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .status()
-        .expect("run hutch template build");
-    assert!(status.success(), "building template {name} failed");
-}
-
-static MINIMAL: OnceLock<()> = OnceLock::new();
+use crate::paths::{agent_bin, ensure_minimal, hutch_bin, templates_dir, vm_cache_dir};
+use crate::wait::wait_until;
 
 /// A running server for one test.
 pub struct TestServer {
@@ -114,20 +32,6 @@ pub struct TestServer {
     templates_dir: PathBuf,
 }
 
-/// Poll `f` every 20 ms until it returns `Some` or `timeout` passes.
-pub async fn wait_until<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return Some(v);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 impl TestServer {
     /// Start a server with the `minimal` template as default.
     pub async fn start() -> Self {
@@ -136,7 +40,7 @@ impl TestServer {
 
     /// Start a server with extra `hutch serve` flags.
     pub async fn start_with(extra: &[&str]) -> Self {
-        MINIMAL.get_or_init(|| ensure_template("minimal"));
+        ensure_minimal();
         Self::start_in(templates_dir(), extra).await
     }
 
@@ -148,7 +52,7 @@ impl TestServer {
 
     /// Start a server with extra flags and environment variables (e.g. another `PATH`).
     pub async fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Self {
-        MINIMAL.get_or_init(|| ensure_template("minimal"));
+        ensure_minimal();
         Self::start_in_env(templates_dir(), extra, env, None).await
     }
 
@@ -186,7 +90,7 @@ impl TestServer {
 
     /// Start a server whose descriptor limit (RLIMIT_NOFILE, soft and hard) is `limit`.
     pub async fn start_with_open_files(extra: &[&str], limit: u64) -> Self {
-        MINIMAL.get_or_init(|| ensure_template("minimal"));
+        ensure_minimal();
         Self::start_in_env(templates_dir(), extra, &[], Some(limit)).await
     }
 
@@ -486,6 +390,67 @@ impl TestServer {
             })
     }
 
+    /// The pid of the QEMU running vm sandbox `id` (its command line names the sandbox's QMP
+    /// socket).
+    pub fn qemu_pid(&self, id: &str) -> Option<i32> {
+        let needle = self
+            .state_dir
+            .join("sandboxes")
+            .join(id)
+            .join("qmp.sock")
+            .to_string_lossy()
+            .into_owned();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(&needle)
+                .then_some(pid)
+        })
+    }
+
+    /// POST a JSON body (`Value::Null` sends none); returns status and JSON.
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let body = (!body.is_null()).then_some(body);
+        self.request(Method::POST, path, body).await
+    }
+
+    /// A lifecycle action on sandbox `id` (`pause`, `resume`, `hibernate`, `wake`), 200
+    /// expected; returns the answer.
+    pub async fn act(&self, id: &str, action: &str) -> Value {
+        let (status, v) = self
+            .request(Method::POST, &format!("/v1/sandboxes/{id}/{action}"), None)
+            .await;
+        assert_eq!(status, 200, "{action} {id}: {v}");
+        v
+    }
+
+    /// The `state` of sandbox `id` ("" when it has none, e.g. a 404).
+    pub async fn state(&self, id: &str) -> String {
+        let (_, v) = self
+            .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        v["state"].as_str().unwrap_or("").to_string()
+    }
+
+    /// Run a shell command that must exit 0; returns its stdout.
+    pub async fn sh_ok(&self, id: &str, script: &str) -> String {
+        let (out, code) = self.sh(id, script).await;
+        assert_eq!(code, 0, "{script}: {out}");
+        out
+    }
+
+    /// Ids of every sandbox the server lists.
+    pub async fn sandbox_ids(&self) -> Vec<String> {
+        let (_, v) = self.request(Method::GET, "/v1/sandboxes", None).await;
+        v["sandboxes"]
+            .as_array()
+            .expect("sandboxes")
+            .iter()
+            .filter_map(|s| s["id"].as_str().map(String::from))
+            .collect()
+    }
+
     /// Mount points under this server's state directory.
     pub fn mounts_under_state(&self) -> Vec<String> {
         let prefix = self.state_dir.to_string_lossy().to_string();
@@ -549,56 +514,4 @@ impl Drop for TestServer {
             panic!("mounts left under the state dir after cleanup: {mounts:?}");
         }
     }
-}
-
-/// Compile a C program statically and return its bytes. Built once per version of its
-/// source into one shared directory (`/tmp/hutch-probe/<name>-<hash>`), atomically, so
-/// parallel test processes share it and nothing piles up.
-pub fn static_c_binary(name: &str) -> Vec<u8> {
-    use std::hash::{Hash, Hasher};
-    let src = repo_root()
-        .join("crates/hutch/tests/probe")
-        .join(format!("{name}.c"));
-    let text = std::fs::read(&src).expect("probe source");
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut h);
-    let out_dir = std::env::temp_dir().join("hutch-probe");
-    std::fs::create_dir_all(&out_dir).expect("probe dir");
-    let out = out_dir.join(format!("{name}-{:016x}", h.finish()));
-    if !out.exists() {
-        let tmp = out_dir.join(format!("{name}.{}.tmp", std::process::id()));
-        let status = Command::new("cc")
-            .args(["-static", "-O1", "-o"])
-            .arg(&tmp)
-            .arg(&src)
-            .status()
-            .expect("run cc");
-        assert!(status.success(), "compiling {}", src.display());
-        std::fs::rename(&tmp, &out).expect("install probe");
-    }
-    std::fs::read(&out).expect("read probe")
-}
-
-/// A directory of links to every program on `PATH` but those named in `left_out` (to run a
-/// command as on a host that lacks them).
-pub fn path_without(left_out: &[&str]) -> tempfile::TempDir {
-    let bin = tempfile::Builder::new()
-        .prefix("hutch-test-path-")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let path = std::env::var_os("PATH").expect("PATH");
-    for dir in std::env::split_paths(&path) {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let link = bin.path().join(&name);
-            if left_out.iter().any(|l| name == *l) || link.symlink_metadata().is_ok() {
-                continue;
-            }
-            std::os::unix::fs::symlink(e.path(), link).expect("symlink");
-        }
-    }
-    bin
 }

@@ -1,0 +1,27 @@
+//! The shared harness of Hutch's integration tests (a dev-dependency, never shipped).
+//!
+//! - [`TestServer`]: a real `hutch serve` on `127.0.0.1:0` with a temporary state
+//!   directory, the shared templates, its admin key and an HTTP client; dropping it deletes
+//!   every sandbox and snapshot through the API, stops the server and removes the state
+//!   directory (it panics if mounts are left under it).
+//! - [`wait_until`]: polling instead of sleeping (and [`wait_until_blocking`] for tests
+//!   without a runtime).
+//! - [`both_backends!`]: one behaviour case, an `ns` and a `vm` test; the `vm` one skips,
+//!   saying why, where `hutch doctor` says the vm backend cannot run.
+//! - Paths of what is under test ([`hutch_bin`], [`agent_bin`]) and of the caches shared by
+//!   every test on the machine ([`templates_dir`], [`vm_cache_dir`]), and programs for the
+//!   tests ([`static_c_binary`], [`path_without`]).
+//!
+//! See `docs/testing.md`.
+
+mod backends;
+mod paths;
+mod programs;
+mod server;
+mod wait;
+
+pub use backends::{on, skip_without_vm, vm_unavailable};
+pub use paths::{agent_bin, ensure_template, hutch_bin, repo_root, templates_dir, vm_cache_dir};
+pub use programs::{path_without, static_c_binary};
+pub use server::TestServer;
+pub use wait::{wait_until, wait_until_blocking};
