@@ -1,11 +1,9 @@
 //! `GET /v1/sandboxes/{id}/logs` and `hutch logs`: a sandbox's agent log (ns) and guest
 //! console (vm), as text, JSON and SSE, with `tail`, `since` and `follow`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use hutch_testkit::TestServer;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -268,7 +266,7 @@ async fn hutch_logs_follow_prints_lines_as_they_are_written() {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let s = TestServer::start().await;
     let id = s.create_id(json!({})).await;
-    let mut child = tokio::process::Command::new(common::hutch_bin())
+    let mut child = tokio::process::Command::new(hutch_testkit::hutch_bin())
         .args(["logs", "-f", "--tail", "0", &id])
         .env("HUTCH_URL", &s.url)
         .env("HUTCH_API_KEY", &s.key)
@@ -303,11 +301,14 @@ async fn hutch_logs_follow_prints_lines_as_they_are_written() {
 
 #[tokio::test]
 async fn a_vm_sandbox_serves_its_console() {
+    if hutch_testkit::skip_without_vm(module_path!()) {
+        return;
+    }
     let s = TestServer::start().await;
-    let id = s.create_id(common::on("vm", json!({}))).await;
+    let id = s.create_id(hutch_testkit::on("vm", json!({}))).await;
     let (out, code) = s.sh(&id, "echo console-marker-one > /dev/ttyS0").await;
     assert_eq!(code, 0, "{out}");
-    let found = common::wait_until(Duration::from_secs(20), async || {
+    let found = hutch_testkit::wait_until(Duration::from_secs(20), async || {
         let lines = json_lines(&s, &id, "source=console").await;
         lines
             .iter()
@@ -379,7 +380,7 @@ async fn following_a_log_does_not_keep_its_sandbox_alive() {
     assert_eq!(status, 404);
     // The record goes before the teardown ends; let the teardown finish before the server
     // stops (a stop in the middle of it is issue 23's to handle).
-    let torn_down = common::wait_until(Duration::from_secs(20), async || {
+    let torn_down = hutch_testkit::wait_until(Duration::from_secs(20), async || {
         let theirs = s.mounts_under_state().into_iter().any(|m| m.contains(&id));
         (!theirs && std::fs::metadata(s.state_dir.join("sandboxes").join(&id)).is_err())
             .then_some(())
