@@ -255,7 +255,7 @@ async fn an_upload_to_a_process_that_does_not_read_is_held_back() {
         // buffers between: a few MiB.
         eprintln!("{route}: stdin taken for a process that never reads: {taken} bytes");
         // Behind those bytes the server cannot see the connection close: the exec ends by
-        // its timeout or with its sandbox (docs/exec.md), as here.
+        // its timeout or with its sandbox (docs/api.md), as here.
         drop(conn);
         assert_eq!(s.kill(&id).await, 204);
     }
