@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::output::{OutputChunks, OutputLease};
 
+pub use hutch_proto::client::StdinSource;
 pub use hutch_proto::Command;
 
 /// A validated exec.

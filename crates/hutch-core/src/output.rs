@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 pub use hutch_proto::client::STREAM_WINDOW;
-use hutch_proto::client::{ClientError, ClientResult, ExecEvent, ExecSession};
+use hutch_proto::client::{ClientError, ClientResult, ExecEvent, PipedExec};
 use hutch_proto::ExecExit;
 use tokio::sync::Notify;
 
@@ -274,55 +274,42 @@ impl Capture {
     }
 }
 
-/// Run `session` to its exit: feed `stdin` (then EOF) while reading output, keep up to `cap`
-/// bytes of each stream, each byte reserved from `lease` first (so this waits while the
-/// budget is spent).
+/// Run `exec` to its exit (its stdin is written meanwhile, see [`PipedExec`]): keep up to
+/// `cap` bytes of each stream, each byte reserved from `lease` first (so this waits while
+/// the budget is spent, and the process with it, while its stdin keeps flowing as it reads).
 pub async fn collect(
-    session: ExecSession,
-    stdin: Option<Bytes>,
+    mut exec: PipedExec,
     cap: usize,
     lease: &mut OutputLease,
 ) -> ClientResult<Collected> {
-    let (input, mut events) = session.into_parts();
-    let feed = input.feed(stdin);
-    let gather = async move {
-        let mut stdout = Capture::new(cap);
-        let mut stderr = Capture::new(cap);
-        while let Some(event) = events.next().await {
-            let (capture, data) = match event? {
-                ExecEvent::Started { .. } => continue,
-                ExecEvent::Stdout(data) => (&mut stdout, data),
-                ExecEvent::Stderr(data) => (&mut stderr, data),
-                ExecEvent::Error(e) => return Err(ClientError::Agent(e)),
-                ExecEvent::Exit(exit) => {
-                    return Ok(Collected {
-                        stdout_truncated: stdout.truncated,
-                        stderr_truncated: stderr.truncated,
-                        stdout: stdout.out,
-                        stderr: stderr.out,
-                        exit,
-                    })
-                }
-            };
-            let keep = capture.room_for(&data);
-            if keep > 0 {
-                lease.reserve(keep).await;
-                // A copy of exactly the kept bytes: the frame's buffer is freed at once.
-                capture.out.push(Bytes::copy_from_slice(&data[..keep]));
+    let mut stdout = Capture::new(cap);
+    let mut stderr = Capture::new(cap);
+    while let Some(event) = exec.next().await {
+        let (capture, data) = match event? {
+            ExecEvent::Started { .. } => continue,
+            ExecEvent::Stdout(data) => (&mut stdout, data),
+            ExecEvent::Stderr(data) => (&mut stderr, data),
+            ExecEvent::Error(e) => return Err(ClientError::Agent(e)),
+            ExecEvent::Exit(exit) => {
+                return Ok(Collected {
+                    stdout_truncated: stdout.truncated,
+                    stderr_truncated: stderr.truncated,
+                    stdout: stdout.out,
+                    stderr: stderr.out,
+                    exit,
+                })
             }
-        }
-        Err(ClientError::Protocol(
-            "exec stream ended without an exit".into(),
-        ))
-    };
-    tokio::pin!(feed, gather);
-    let mut feeding = true;
-    loop {
-        tokio::select! {
-            () = &mut feed, if feeding => feeding = false,
-            result = &mut gather => return result,
+        };
+        let keep = capture.room_for(&data);
+        if keep > 0 {
+            lease.reserve(keep).await;
+            // A copy of exactly the kept bytes: the frame's buffer is freed at once.
+            capture.out.push(Bytes::copy_from_slice(&data[..keep]));
         }
     }
+    Err(ClientError::Protocol(
+        "exec stream ended without an exit".into(),
+    ))
 }
 
 #[cfg(test)]

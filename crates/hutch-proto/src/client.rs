@@ -10,6 +10,7 @@
 //! [`ClientError::Protocol`] is an answer the client could not understand.
 
 mod exec;
+mod piped;
 mod tunnel;
 
 use std::error::Error as StdError;
@@ -28,6 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use self::exec::{CollectedExec, ExecEvent, ExecEvents, ExecInput, ExecSession};
+pub use self::piped::{PipedExec, StdinSource};
 pub use self::tunnel::TcpTunnel;
 use crate::{
     query, AgentError, AgentInfo, ExecRequest, FileEntry, IdentityRequest, ListResponse,

@@ -115,9 +115,14 @@ pub struct ServeArgs {
     pub max_json_body: usize,
     /// Memory collected exec output may hold, server-wide, in MiB. Past it, reading exec
     /// output waits (back-pressure on the agent stream); one exec at a time may overdraw by
-    /// its 32 MiB cap, so held output stays under this + 36 MiB. See docs/limits.md.
+    /// its cap (both streams: 32 MiB by default), so held output stays under this + 4 MiB +
+    /// twice --exec-output-cap. See docs/limits.md.
     #[arg(long, default_value_t = 256)]
     pub exec_output_budget_mib: usize,
+    /// Output a collected exec (`POST …/exec`) keeps of each of stdout and stderr (bytes,
+    /// or with a KiB/MiB suffix); the rest is read, dropped and flagged as truncated.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
+    pub exec_output_cap: usize,
     /// Execs (collected, streamed, PTY) one sandbox may run at once; more are answered 429.
     #[arg(long, default_value_t = 32)]
     pub max_execs_per_sandbox: usize,
@@ -337,6 +342,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
     cfg.vm_console_bytes = args.vm_console_bytes;
     cfg.exec_output_budget_bytes = args.exec_output_budget_mib.max(1) << 20;
+    cfg.output_cap_bytes = args.exec_output_cap;
     cfg.max_execs_per_sandbox = args.max_execs_per_sandbox.max(1);
     cfg.uid_slots_dir = args.uid_slots_dir.clone();
     cfg.uid_slots = args.uid_slots;

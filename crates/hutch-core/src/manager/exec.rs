@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use hutch_proto::client::{ExecSession, CONNECTION_WINDOW, STREAM_WINDOW};
+use hutch_proto::client::{ExecSession, StdinSource, CONNECTION_WINDOW, STREAM_WINDOW};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::Manager;
@@ -186,6 +186,19 @@ impl Manager {
         self.exec_capped(id, cmd, self.cfg.output_cap_bytes).await
     }
 
+    /// Run a command with its stdin piped from `stdin` (e.g. a request body, as it arrives,
+    /// instead of `cmd.stdin`) and collect its output; stdin is written while the output
+    /// is read.
+    pub async fn exec_piped(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: ExecCommand,
+        stdin: StdinSource,
+    ) -> CoreResult<ExecOutcome> {
+        self.exec_in_slot(id, cmd, stdin, self.cfg.output_cap_bytes)
+            .await
+    }
+
     /// Run a command and collect at most `cap` bytes of each stream: counted against the
     /// sandbox's cap of execs (refused past it), started once a collect permit is free.
     pub(super) async fn exec_capped(
@@ -194,9 +207,21 @@ impl Manager {
         cmd: ExecCommand,
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
+        let stdin = StdinSource::from(cmd.stdin.clone());
+        self.exec_in_slot(id, cmd, stdin, cap).await
+    }
+
+    /// [`Manager::exec_capped`] with stdin from `stdin`.
+    async fn exec_in_slot(
+        self: &Arc<Self>,
+        id: &str,
+        cmd: ExecCommand,
+        stdin: StdinSource,
+        cap: usize,
+    ) -> CoreResult<ExecOutcome> {
         let slot = self.tracked_exec_slot(id, &cmd, "collected")?;
         let permit = self.collect_permit(id).await;
-        let result = self.exec_collecting(id, cmd, cap).await;
+        let result = self.exec_collecting(id, cmd, stdin, cap).await;
         if let Ok(o) = &result {
             slot.exit_recorder()
                 .record(o.exit_code, o.timed_out, o.duration_ms);
@@ -212,6 +237,7 @@ impl Manager {
         self: &Arc<Self>,
         id: &str,
         cmd: ExecCommand,
+        stdin: StdinSource,
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
         let client = self.agent(id).await?;
@@ -220,17 +246,19 @@ impl Manager {
         let backend = self.backend(r.isolation)?;
         let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let req = cmd.to_agent_request(None);
+        let mut req = cmd.to_agent_request(None);
+        req.stdin = stdin.is_piped();
         // The stream's HTTP/2 window holds output not read yet: reserve it first (waiting
         // while the budget is spent), give it back once everything is read.
         let window = crate::output::STREAM_WINDOW as usize;
         let mut lease = self.output_budget.lease();
         lease.reserve(window).await;
-        let session = client
+        let exec = client
             .exec(req)
             .await
-            .map_err(|e| self.on_transport_error(&r, e))?;
-        let collected = crate::output::collect(session, cmd.stdin.clone(), cap, &mut lease)
+            .map_err(|e| self.on_transport_error(&r, e))?
+            .pipe_stdin(stdin);
+        let collected = crate::output::collect(exec, cap, &mut lease)
             .await
             .map_err(|e| self.on_transport_error(&r, e))?;
         lease.release(window);

@@ -3,7 +3,8 @@
 //! The request body carries the [`ExecRequest`] frame and then whatever [`ExecInput`] sends;
 //! the response body is decoded into [`ExecEvent`]s. Dropping [`ExecEvents`] (or the whole
 //! [`ExecSession`]) resets the HTTP/2 stream, which makes the agent kill the process group
-//! unless the request set `background`.
+//! unless the request set `background`. A non-interactive exec feeds its stdin through
+//! [`ExecSession::pipe_stdin`] (`super::piped`), which writes it while the output is read.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -16,8 +17,8 @@ use http_body_util::StreamBody;
 use hyper::body::{Body, Frame, Incoming};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{classify, AgentClient, BoxError, ClientError, ClientResult};
-use crate::frame::{encode_data_frames, encode_frame, encode_json_frame, FrameDecoder, FrameKind};
+use super::{classify, AgentClient, BoxError, ClientError, ClientResult, StdinSource};
+use crate::frame::{encode_frame, encode_json_frame, FrameDecoder, FrameKind, MAX_FRAME_PAYLOAD};
 use crate::{AgentError, ExecExit, ExecRequest, ExecStarted, PtySize, SignalFrame};
 
 /// Input frames queued towards the agent before `send_stdin` waits.
@@ -95,8 +96,10 @@ pub struct ExecInput {
 impl ExecInput {
     /// Write to the process's stdin (or type into its PTY); split into frames as needed.
     pub async fn send_stdin(&self, data: Bytes) -> ClientResult<()> {
-        for frame in encode_data_frames(FrameKind::Stdin, &data) {
-            self.send(frame).await?;
+        // One frame encoded at a time, as the queue takes it: a large `data` is never copied
+        // whole.
+        for piece in data.chunks(MAX_FRAME_PAYLOAD) {
+            self.send(encode_frame(FrameKind::Stdin, piece)).await?;
         }
         Ok(())
     }
@@ -104,17 +107,6 @@ impl ExecInput {
     /// Close stdin (EOF). On a PTY this types `^D`.
     pub async fn close_stdin(&self) -> ClientResult<()> {
         self.send(encode_frame(FrameKind::StdinEof, b"")).await
-    }
-
-    /// Write all of `stdin` (if any), then close it. Meant to run while the output is read
-    /// (a process may fill its stdout before reading stdin); errors mean the process is gone
-    /// and are answered by its events, so they end the feed quietly.
-    pub async fn feed(self, stdin: Option<Bytes>) {
-        if let Some(data) = stdin {
-            if self.send_stdin(data).await.is_ok() {
-                let _ = self.close_stdin().await;
-            }
-        }
     }
 
     /// Deliver a signal to the process group.
@@ -282,41 +274,31 @@ pub(super) async fn collect(
     stdin: Option<Bytes>,
     cap: usize,
 ) -> ClientResult<CollectedExec> {
-    request.stdin = stdin.is_some();
-    let (input, mut events) = client.exec(request).await?.into_parts();
-    let feed = input.feed(stdin);
-    let gather = async move {
-        let mut stdout = Capture::new(cap);
-        let mut stderr = Capture::new(cap);
-        while let Some(event) = events.next().await {
-            match event? {
-                ExecEvent::Started { .. } => {}
-                ExecEvent::Stdout(data) => stdout.push(&data),
-                ExecEvent::Stderr(data) => stderr.push(&data),
-                ExecEvent::Error(e) => return Err(ClientError::Agent(e)),
-                ExecEvent::Exit(exit) => {
-                    return Ok(CollectedExec {
-                        stdout_truncated: stdout.truncated,
-                        stderr_truncated: stderr.truncated,
-                        stdout: stdout.buf.freeze(),
-                        stderr: stderr.buf.freeze(),
-                        exit,
-                    })
-                }
+    let stdin = StdinSource::from(stdin);
+    request.stdin = stdin.is_piped();
+    let mut exec = client.exec(request).await?.pipe_stdin(stdin);
+    let mut stdout = Capture::new(cap);
+    let mut stderr = Capture::new(cap);
+    while let Some(event) = exec.next().await {
+        match event? {
+            ExecEvent::Started { .. } => {}
+            ExecEvent::Stdout(data) => stdout.push(&data),
+            ExecEvent::Stderr(data) => stderr.push(&data),
+            ExecEvent::Error(e) => return Err(ClientError::Agent(e)),
+            ExecEvent::Exit(exit) => {
+                return Ok(CollectedExec {
+                    stdout_truncated: stdout.truncated,
+                    stderr_truncated: stderr.truncated,
+                    stdout: stdout.buf.freeze(),
+                    stderr: stderr.buf.freeze(),
+                    exit,
+                })
             }
         }
-        Err(ClientError::Protocol(
-            "exec stream ended without an exit".into(),
-        ))
-    };
-    tokio::pin!(feed, gather);
-    let mut feeding = true;
-    loop {
-        tokio::select! {
-            () = &mut feed, if feeding => feeding = false,
-            result = &mut gather => return result,
-        }
     }
+    Err(ClientError::Protocol(
+        "exec stream ended without an exit".into(),
+    ))
 }
 
 struct Capture {

@@ -1,9 +1,10 @@
 //! `POST /v1/sandboxes/{id}/exec` (collected) and `/exec/stream` (SSE).
 //!
-//! `/exec/stream` takes the command either as the JSON body (stdin, if any, inside it, within
-//! the JSON body limit) or, with `Content-Type: application/octet-stream`, in the query
-//! string with the request body as stdin, streamed to the process while its output streams
-//! back (see [`query_exec_body`]).
+//! Both take the command either as the JSON body (stdin, if any, inside it, within the JSON
+//! body limit) or, with `Content-Type: application/octet-stream`, in the query string with
+//! the request body as stdin (see [`query_exec_body`]). Either way stdin is written to the
+//! process while its output is read ([`PipedExec`]), so a process that writes before it
+//! reads never waits on its own input.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -16,9 +17,9 @@ use axum::response::IntoResponse;
 use axum::Extension;
 use base64::Engine;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
-use hutch_core::exec::{Command, ExecCommand};
-use hutch_proto::client::{ExecEvent, ExecEvents, ExecInput};
+use futures_util::Stream;
+use hutch_core::exec::{Command, ExecCommand, StdinSource};
+use hutch_proto::client::{ExecEvent, PipedExec};
 use serde::Deserialize;
 
 use super::sandboxes::{authorize, validate_env};
@@ -108,21 +109,42 @@ impl ExecBody {
 }
 
 /// `POST /v1/sandboxes/{id}/exec`: the answer is written from the one copy of the output,
-/// piece by piece ([`super::exec_json`]).
+/// piece by piece ([`super::exec_json`]). The command comes as the JSON body or, with raw
+/// stdin as the body, in the query string ([`query_exec_body`]); stdin is written while the
+/// output is collected.
 pub async fn exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    ApiJson(body): ApiJson<ExecBody>,
+    req: Request,
 ) -> ApiResult<impl IntoResponse> {
     authorize(&state, &caller, &id)?;
-    let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
-    let out = state.manager.exec(&id, cmd).await?;
+    let (cmd, stdin) = exec_and_stdin(&state, req).await?;
+    let out = state.manager.exec_piped(&id, cmd, stdin).await?;
     let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         Body::from_stream(futures_util::stream::iter(pieces)),
     ))
+}
+
+/// The command of an exec request and where its stdin comes from: the JSON body (stdin
+/// inside it), or the query string with the raw request body as stdin.
+async fn exec_and_stdin(state: &AppState, req: Request) -> ApiResult<(ExecCommand, StdinSource)> {
+    let default_timeout = state.manager.config().default_exec_timeout;
+    if has_raw_stdin(&req) {
+        let body = query_exec_body(req.uri().query().unwrap_or(""))?;
+        let mut cmd = body.into_command(default_timeout)?;
+        // Marks the exec as having stdin; the bytes follow from the request body.
+        cmd.stdin = Some(Bytes::new());
+        let stdin = StdinSource::stream(req.into_body().into_data_stream());
+        Ok((cmd, stdin))
+    } else {
+        let ApiJson(body) = ApiJson::<ExecBody>::from_request(req, state).await?;
+        let cmd = body.into_command(default_timeout)?;
+        let stdin = StdinSource::from(cmd.stdin.clone());
+        Ok((cmd, stdin))
+    }
 }
 
 fn data_event(name: &str, data: &[u8]) -> Event {
@@ -205,45 +227,6 @@ pub fn query_exec_body(query: &str) -> ApiResult<ExecBody> {
     Ok(body)
 }
 
-/// Where a streamed exec's stdin comes from.
-enum StdinSource {
-    /// None: the process reads `/dev/null`.
-    Closed,
-    /// Bytes from the JSON body.
-    Bytes(Bytes),
-    /// The request body, as it arrives.
-    Body(Body),
-}
-
-/// Write stdin, then EOF, while the output is relayed: a process may fill its stdout before
-/// it reads all of its stdin. Ends early when the exec has ended (sends fail) or the client
-/// stops its upload.
-async fn feed_stdin(input: ExecInput, source: StdinSource) {
-    match source {
-        StdinSource::Closed => {}
-        StdinSource::Bytes(data) => input.feed(Some(data)).await,
-        StdinSource::Body(body) => {
-            let mut chunks = body.into_data_stream();
-            while let Some(chunk) = chunks.next().await {
-                let Ok(chunk) = chunk else { return };
-                if input.send_stdin(chunk).await.is_err() {
-                    return;
-                }
-            }
-            let _ = input.close_stdin().await;
-        }
-    }
-}
-
-/// Aborts the stdin feeder when the SSE stream is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// `POST /v1/sandboxes/{id}/exec/stream`: SSE of `start`, `stdout`, `stderr`, `exit`
 /// (or `error`). Dropping the connection kills the process unless `background` is set.
 pub async fn exec_stream(
@@ -253,37 +236,21 @@ pub async fn exec_stream(
     req: Request,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     authorize(&state, &caller, &id)?;
-    let default_timeout = state.manager.config().default_exec_timeout;
-    let (cmd, source) = if has_raw_stdin(&req) {
-        let body = query_exec_body(req.uri().query().unwrap_or(""))?;
-        let mut cmd = body.into_command(default_timeout)?;
-        // Marks the exec as having stdin; the bytes follow from the request body.
-        cmd.stdin = Some(Bytes::new());
-        (cmd, StdinSource::Body(req.into_body()))
-    } else {
-        let ApiJson(body) = ApiJson::<ExecBody>::from_request(req, &state).await?;
-        let cmd = body.into_command(default_timeout)?;
-        let source = match &cmd.stdin {
-            Some(data) => StdinSource::Bytes(data.clone()),
-            None => StdinSource::Closed,
-        };
-        (cmd, source)
-    };
+    let (cmd, stdin) = exec_and_stdin(&state, req).await?;
     let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
-    let (input, events) = session.into_parts();
-    let feeder = AbortOnDrop(tokio::spawn(feed_stdin(input, source)));
+    let exec = session.pipe_stdin(stdin);
     // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
     let guard = state.manager.session_guard(&id);
     let exit = slot.exit_recorder();
-    let stream = futures_util::StreamExt::map(async_stream(events, exit), move |event| {
-        let _ = (&guard, &feeder, &slot);
+    let stream = futures_util::StreamExt::map(async_stream(exec, exit), move |event| {
+        let _ = (&guard, &slot);
         event
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
 fn async_stream(
-    events: ExecEvents,
+    events: PipedExec,
     exit_recorder: hutch_core::manager::ExitRecorder,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     futures_util::stream::unfold(Some(events), move |state| {
