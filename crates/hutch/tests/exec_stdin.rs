@@ -3,15 +3,12 @@
 //! written to the process while its output is read, so large inputs come back whole and a
 //! process that writes before it reads never deadlocks on its own input.
 
-#[macro_use]
-mod common;
-
 use std::time::Duration;
 
 use base64::Engine;
 use bytes::Bytes;
-use common::{on, TestServer};
 use futures_util::StreamExt;
+use hutch_testkit::{both_backends, on, TestServer};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -236,7 +233,7 @@ async fn an_upload_to_a_process_that_does_not_read_is_held_back() {
     for route in ["exec", "exec/stream"] {
         let id = s.create_id(json!({})).await;
         let mut conn = raw_upload(&s, &id, route, "arg=sleep&arg=1234").await;
-        let running = common::wait_until(Duration::from_secs(10), async || {
+        let running = hutch_testkit::wait_until(Duration::from_secs(10), async || {
             (processes(&s, &id, "sleep 1234").await == "1").then_some(())
         })
         .await;
@@ -276,13 +273,13 @@ async fn a_client_that_goes_away_mid_upload_kills_its_exec(isolation: &str) {
         for _ in 0..16 {
             conn.write_all(&chunk()).await.expect("a chunk");
         }
-        let running = common::wait_until(Duration::from_secs(10), async || {
+        let running = hutch_testkit::wait_until(Duration::from_secs(10), async || {
             (processes(&s, &id, "/bin/sh -c cat").await == "1").then_some(())
         })
         .await;
         assert!(running.is_some(), "{route}: the exec did not start");
         drop(conn);
-        let gone = common::wait_until(Duration::from_secs(10), async || {
+        let gone = hutch_testkit::wait_until(Duration::from_secs(10), async || {
             let left = (
                 processes(&s, &id, "/bin/sh -c cat").await,
                 processes(&s, &id, "sleep 1234").await,
