@@ -32,7 +32,7 @@ use hutch_template::TemplateStore;
 
 use crate::backend::ns::NsBackend;
 use crate::backend::vm::VmBackend;
-use crate::backend::{Backend, Usage};
+use crate::backend::{Backend, Backends, Usage};
 use crate::config::{Config, MAX_UID_SLOTS};
 use crate::error::{CoreError, CoreResult};
 use crate::events::EventBus;
@@ -55,10 +55,10 @@ pub struct Manager {
     cfg: Config,
     store: Store,
     templates: TemplateStore,
-    ns: Arc<NsBackend>,
+    /// One backend per isolation: the only way to a sandbox's container.
+    backends: Backends,
     /// Sandbox networking (`None`: loopback only).
     network: Option<hutch_net::Network>,
-    vm: Arc<VmBackend>,
     /// Warm `vm` guests waiting to become sandboxes.
     warm: warm::WarmPool,
     agents: Mutex<HashMap<String, AgentClient>>,
@@ -151,9 +151,39 @@ fn client_error(e: ClientError) -> CoreError {
     }
 }
 
+/// Makes a server's backends once its networking and event bus exist.
+pub type MakeBackends =
+    Box<dyn FnOnce(&Config, Option<&hutch_net::Network>, &Arc<EventBus>) -> Backends + Send>;
+
+/// The backends of a real server: `ns` (also what `auto` falls back to) and `vm`.
+fn host_backends(
+    cfg: &Config,
+    network: Option<&hutch_net::Network>,
+    events: &Arc<EventBus>,
+) -> Backends {
+    let progress = {
+        let events = events.clone();
+        Arc::new(move |r: &SandboxRecord, what: String| {
+            events.publish("sandbox.preparing", &r.id, r.tenant(), Some(what));
+        })
+    };
+    let ns: Arc<dyn Backend> = Arc::new(NsBackend::new(cfg.clone(), network.cloned()));
+    let vm: Arc<dyn Backend> = Arc::new(VmBackend::new(
+        cfg.clone(),
+        network.cloned(),
+        Some(progress),
+    ));
+    Backends::new(vec![ns, vm], Isolation::Ns)
+}
+
 impl Manager {
     /// Open the state directory, re-adopt surviving sandboxes and start the reaper.
     pub async fn start(cfg: Config) -> CoreResult<Arc<Self>> {
+        Self::start_with(cfg, Box::new(host_backends)).await
+    }
+
+    /// [`Manager::start`] with the backends `make` builds (tests give a fake one).
+    pub async fn start_with(cfg: Config, make: MakeBackends) -> CoreResult<Arc<Self>> {
         let cfg_output_budget = cfg.exec_output_budget_bytes;
         std::fs::create_dir_all(cfg.state_dir.join("sandboxes"))
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", cfg.state_dir.display())))?;
@@ -189,19 +219,9 @@ impl Manager {
             None => None,
         };
         let events = Arc::new(EventBus::new());
-        let progress = {
-            let events = events.clone();
-            Arc::new(move |r: &SandboxRecord, what: String| {
-                events.publish("sandbox.preparing", &r.id, r.tenant(), Some(what));
-            })
-        };
+        let backends = make(&cfg, network.as_ref(), &events);
         let mgr = Arc::new(Self {
-            ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
-            vm: Arc::new(
-                VmBackend::new(cfg.clone())
-                    .with_network(network.clone())
-                    .with_progress(progress),
-            ),
+            backends,
             warm: warm::WarmPool::default(),
             network,
             cfg,
@@ -220,17 +240,10 @@ impl Manager {
             collecting: Mutex::new(HashMap::new()),
             uid_slots,
         });
-        {
-            // Decide KVM or TCG in the background (a probe guest may boot); until then
-            // `auto` means ns.
-            let vm = mgr.vm.clone();
-            tokio::task::spawn_blocking(move || {
-                if vm.check().is_ok() {
-                    let choice = vm.accel();
-                    tracing::info!(accel = ?choice.accel, why = %choice.why, "vm acceleration");
-                }
-                vm.collect_garbage();
-            });
+        for backend in mgr.backends.all() {
+            // In the background (`vm` may boot a probe guest; until then `auto` means ns).
+            let backend = backend.clone();
+            tokio::spawn(async move { backend.prepare().await });
         }
         mgr.readopt().await?;
         mgr.release_volumes().await;
@@ -302,28 +315,17 @@ impl Manager {
     }
 
     fn backend(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
-        match isolation {
-            Isolation::Ns => Ok(self.ns.clone()),
-            Isolation::Vm => Ok(self.vm.clone()),
-        }
-    }
-
-    /// The `vm` backend (for `hutch doctor` and the bench).
-    pub fn vm_backend(&self) -> &VmBackend {
-        &self.vm
+        self.backends.get(isolation)
     }
 
     fn resolve_isolation(&self, req: IsolationRequest) -> CoreResult<Isolation> {
-        match req {
-            // `auto` picks vm only where KVM works (a probe guest booted); under TCG guest
-            // code runs ~15x slower, so those hosts get ns.
-            IsolationRequest::Auto => Ok(match self.vm.accel_if_known().map(|c| c.accel) {
-                Some(hutch_vm::qemu::Accel::Kvm) if self.vm.check().is_ok() => Isolation::Vm,
-                _ => Isolation::Ns,
-            }),
-            IsolationRequest::Ns => Ok(Isolation::Ns),
-            IsolationRequest::Vm => self.vm.check().map(|_| Isolation::Vm),
-        }
+        let isolation = match req {
+            IsolationRequest::Auto => self.backends.auto(),
+            IsolationRequest::Ns => Isolation::Ns,
+            IsolationRequest::Vm => Isolation::Vm,
+        };
+        self.backend(isolation)?.available()?;
+        Ok(isolation)
     }
 
     fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentClient>> {
@@ -523,27 +525,22 @@ impl Manager {
     /// Unmount the `ns` disk pool when no sandbox has files in it, and the `vm` fork memory
     /// tmpfs when no fork's memory is in it (server shutdown).
     pub async fn release_disk_pool(&self) {
-        let (ns, vm) = (self.ns.clone(), self.vm.clone());
-        let _ = tokio::task::spawn_blocking(move || {
-            ns.release_pool();
-            vm.release_fork_memory();
-        })
-        .await;
+        for backend in self.backends.all() {
+            backend.release().await;
+        }
     }
 
     async fn destroy_resources(&self, r: &SandboxRecord) -> CoreResult<()> {
         let backend = self.backend(r.isolation)?;
-        let rec = r.clone();
-        let net = self.network.clone();
-        tokio::task::spawn_blocking(move || {
-            let destroyed = backend.destroy(&rec);
-            if let (Some(net), Some(i)) = (net, rec.net_slot) {
+        let destroyed = backend.destroy(r).await;
+        if let (Some(net), Some(i)) = (self.network.clone(), r.net_slot) {
+            blocking(move || {
                 net.release(i);
-            }
-            destroyed
-        })
-        .await
-        .map_err(|e| CoreError::Internal(e.to_string()))??;
+                Ok(())
+            })
+            .await?;
+        }
+        destroyed?;
         self.unmount_unused_volumes();
         Ok(())
     }
@@ -636,23 +633,9 @@ impl Manager {
                 budget.peak(),
                 budget.waits()
             );
-            let (captured, streamed) = self.vm.memory_snapshot_counts();
-            let _ = writeln!(
-                text,
-                "# HELP hutch_vm_memory_snapshots_total Memory snapshots of running vm guests (named snapshots and live forks), by how they were taken: captured (RAM copied out of QEMU) or stream (the fallback: a full migration stream).\n# TYPE hutch_vm_memory_snapshots_total counter\nhutch_vm_memory_snapshots_total{{method=\"captured\"}} {captured}\nhutch_vm_memory_snapshots_total{{method=\"stream\"}} {streamed}"
-            );
         }
-        if let Some(quota) = self.ns.disk_quota_known() {
-            use std::fmt::Write as _;
-            let (on, mib) = match quota {
-                crate::backend::ns::DiskQuota::Enforced { pool_mib } => (1, pool_mib),
-                crate::backend::ns::DiskQuota::Off { .. } => (0, 0),
-            };
-            let _ = writeln!(
-                text,
-                "# HELP hutch_ns_disk_quota_enforced Whether disk_mib is enforced on ns sandboxes (btrfs disk pool; known after the first ns create).\n# TYPE hutch_ns_disk_quota_enforced gauge\nhutch_ns_disk_quota_enforced {on}\n# HELP hutch_ns_disk_pool_bytes Size of the ns disk pool (0 without one).\n# TYPE hutch_ns_disk_pool_bytes gauge\nhutch_ns_disk_pool_bytes {}",
-                mib << 20
-            );
+        for backend in self.backends.all() {
+            text.push_str(&backend.metrics_text());
         }
         let traffic = self.traffic_all();
         if self.network.is_some() && !per_sandbox {
@@ -694,11 +677,7 @@ impl Manager {
         for r in self.store.all()? {
             if r.state == SandboxState::Hibernated {
                 let backend = self.backend(r.isolation)?;
-                let rec = r.clone();
-                let cleaned = tokio::task::spawn_blocking(move || backend.hibernate(&rec))
-                    .await
-                    .map_err(|e| CoreError::Internal(e.to_string()))?;
-                if let Err(e) = cleaned {
+                if let Err(e) = backend.hibernate(&r).await {
                     tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
                 }
                 continue;
@@ -770,9 +749,7 @@ impl Manager {
                 Ok(b) => b,
                 Err(_) => return,
             };
-            let oom = rec.isolation == Isolation::Ns
-                && backend.usage(&rec).map(|u| u.oom_kills).unwrap_or(0) > 0;
-            let reason = if oom {
+            let reason = if backend.init_oom_killed(&rec) {
                 m.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
                 m.events.publish(
                     "sandbox.oom",
