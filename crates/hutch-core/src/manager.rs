@@ -19,6 +19,8 @@ mod lifecycle;
 mod network;
 mod ports;
 mod snapshots;
+#[cfg(test)]
+mod tests;
 mod volumes;
 mod warm;
 

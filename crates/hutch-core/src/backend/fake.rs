@@ -263,3 +263,50 @@ impl Backend for FakeBackend {
         }
     }
 }
+
+/// A manager over a [`FakeBackend`] of isolation `ns` (also what `auto` means), with its
+/// state, claims and agent sockets under `dir` and one ready template, `minimal` (64 MiB,
+/// 1 CPU), as the default. Needs no root: nothing is mounted and no namespace is made.
+pub async fn start_manager(dir: &Path) -> CoreResult<(Arc<crate::Manager>, FakeBackend)> {
+    start_manager_with(dir, None).await
+}
+
+/// [`start_manager`] with the fake declaring `capabilities` (`None`: those of `ns`).
+pub async fn start_manager_with(
+    dir: &Path,
+    capabilities: Option<Capabilities>,
+) -> CoreResult<(Arc<crate::Manager>, FakeBackend)> {
+    let io = |what: &str, e: std::io::Error| CoreError::Internal(format!("{what}: {e}"));
+    let state = dir.join("state");
+    let template = state.join("templates").join("minimal");
+    std::fs::create_dir_all(template.join("rootfs")).map_err(|e| io("template", e))?;
+    let info = serde_json::json!({
+        "format": 1,
+        "recipe": "fake",
+        "name": "minimal",
+        "ready": true,
+        "isolations": ["ns"],
+        "size_bytes": 0,
+        "created_at": "2025-05-20T12:00:00Z",
+        "description": "an empty root for the fake backend",
+        "defaults": {"cpus": 1.0, "memory_mib": 64, "disk_mib": 64, "pids_max": 64}
+    });
+    std::fs::write(template.join("template.json"), info.to_string())
+        .map_err(|e| io("template.json", e))?;
+    let agents = dir.join("agents");
+    std::fs::create_dir_all(&agents).map_err(|e| io("agents", e))?;
+    let mut cfg = crate::Config::new(state, PathBuf::from("/nonexistent/hutch"), PathBuf::new());
+    cfg.uid_slots_dir = dir.join("uid-slots");
+    cfg.default_template = "minimal".into();
+    let mut fake = FakeBackend::new(Isolation::Ns, &agents);
+    if let Some(capabilities) = capabilities {
+        fake = fake.with_capabilities(capabilities);
+    }
+    let backend: Arc<dyn Backend> = Arc::new(fake.clone());
+    let manager = crate::Manager::start_with(
+        cfg,
+        Box::new(move |_, _, _| super::Backends::new(vec![backend], Isolation::Ns)),
+    )
+    .await?;
+    Ok((manager, fake))
+}
