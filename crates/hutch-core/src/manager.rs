@@ -8,7 +8,9 @@
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
 //! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
-//! (connections to TCP ports inside a sandbox, through its agent). State
+//! (connections to TCP ports inside a sandbox, through its agent), `exec` (execs and the
+//! agent connection), `reaper` (TTL expiry, deaths, re-adoption after a restart), `metrics`
+//! (the Prometheus text). State
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
@@ -16,8 +18,10 @@ mod create;
 mod exec;
 mod fork;
 mod lifecycle;
+mod metrics;
 mod network;
 mod ports;
+mod reaper;
 mod snapshots;
 #[cfg(test)]
 mod tests;
@@ -26,7 +30,6 @@ mod warm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use hutch_proto::client::{AgentClient, ClientError};
@@ -547,251 +550,10 @@ impl Manager {
         Ok(())
     }
 
-    /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
-    /// sandbox is woken first.
-    pub async fn agent(self: &Arc<Self>, id: &str) -> CoreResult<AgentClient> {
-        let mut r = self.touch_used(id)?;
-        if r.state == SandboxState::Hibernated {
-            self.wake_if_hibernated(id).await?;
-            r = self.load(id)?;
-        }
-        if !r.state.can_use() {
-            return Err(wrong_state(&r, None));
-        }
-        if let Some(c) = self.lock_agents().get(id) {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
-        }
-        let backend = self.backend(r.isolation)?;
-        let client = AgentClient::connect_unix(&backend.agent_socket(id))
-            .await
-            .map_err(|e| self.on_transport_error(&r, e))?;
-        self.lock_agents().insert(id.to_string(), client.clone());
-        Ok(client)
-    }
-
-    /// Map an agent error, noticing a dead sandbox.
-    pub fn on_transport_error(&self, r: &SandboxRecord, e: ClientError) -> CoreError {
-        if matches!(e, ClientError::Agent(_)) {
-            return client_error(e);
-        }
-        if let Ok(backend) = self.backend(r.isolation) {
-            if !backend.alive(r) {
-                return CoreError::SandboxFailed(format!("sandbox {} is no longer running", r.id));
-            }
-        }
-        client_error(e)
-    }
-
-    /// Map an error from an agent call on sandbox `id`.
-    pub fn agent_error(&self, id: &str, e: ClientError) -> CoreError {
-        match self.load(id) {
-            Ok(r) => self.on_transport_error(&r, e),
-            Err(_) => CoreError::NotFound(format!("sandbox {id} does not exist")),
-        }
-    }
-
     /// Current resource usage of a sandbox.
     pub fn usage(&self, id: &str) -> CoreResult<Option<Usage>> {
         let r = self.touch(id)?;
         Ok(self.backend(r.isolation)?.usage(&r))
-    }
-
-    /// Prometheus text.
-    ///
-    /// `per_sandbox`: include the series labelled with sandbox ids (for authenticated
-    /// scrapes); without it, their server-wide sums (safe to serve without a key: no ids,
-    /// bounded cardinality).
-    pub fn metrics_text(&self, per_sandbox: bool) -> CoreResult<String> {
-        let counts = self.store.count_by_state()?;
-        let states: Vec<(&str, u64)> = SandboxState::ALL
-            .iter()
-            .map(|s| {
-                (
-                    s.as_str(),
-                    counts
-                        .iter()
-                        .find(|(c, _)| c == s)
-                        .map(|(_, n)| *n)
-                        .unwrap_or(0),
-                )
-            })
-            .collect();
-        let mut text = self.metrics.render(&states);
-        {
-            use std::fmt::Write as _;
-            let _ = writeln!(
-                text,
-                "# HELP hutch_vm_warm_guests Warm vm guests ready to become sandboxes.\n# TYPE hutch_vm_warm_guests gauge\nhutch_vm_warm_guests {}",
-                self.warm.len()
-            );
-            let budget = &self.output_budget;
-            let _ = writeln!(
-                text,
-                "# HELP hutch_exec_output_budget_bytes Memory collected exec output may hold (hutch serve --exec-output-budget-mib).\n# TYPE hutch_exec_output_budget_bytes gauge\nhutch_exec_output_budget_bytes {}\n# HELP hutch_exec_output_buffered_bytes Collected exec output held now.\n# TYPE hutch_exec_output_buffered_bytes gauge\nhutch_exec_output_buffered_bytes {}\n# HELP hutch_exec_output_buffered_peak_bytes Most collected exec output held at once since start.\n# TYPE hutch_exec_output_buffered_peak_bytes gauge\nhutch_exec_output_buffered_peak_bytes {}\n# HELP hutch_exec_output_waits_total Execs whose output reading waited for the budget.\n# TYPE hutch_exec_output_waits_total counter\nhutch_exec_output_waits_total {}",
-                budget.limit(),
-                budget.used(),
-                budget.peak(),
-                budget.waits()
-            );
-        }
-        for backend in self.backends.all() {
-            text.push_str(&backend.metrics_text());
-        }
-        let traffic = self.traffic_all();
-        if self.network.is_some() && !per_sandbox {
-            use std::fmt::Write as _;
-            let (bytes, conns) = traffic.values().fold((0u64, 0u64), |(b, c), t| {
-                (b + t.bytes_out, c + t.connections_out)
-            });
-            let _ = writeln!(text, "# HELP hutch_network_bytes_out Bytes all live sandboxes sent out (per sandbox: GET /v1/metrics with a key).\n# TYPE hutch_network_bytes_out gauge\nhutch_network_bytes_out {bytes}\n# HELP hutch_network_connections_out Connections (and UDP flows) all live sandboxes opened out.\n# TYPE hutch_network_connections_out gauge\nhutch_network_connections_out {conns}");
-        }
-        if self.network.is_some() && per_sandbox {
-            use std::fmt::Write as _;
-            let mut ids: Vec<_> = traffic.keys().collect();
-            ids.sort();
-            let _ = writeln!(text, "# HELP hutch_sandbox_network_bytes_out Bytes a sandbox sent out (IP packets leaving its interface).\n# TYPE hutch_sandbox_network_bytes_out counter");
-            for id in &ids {
-                let _ = writeln!(
-                    text,
-                    "hutch_sandbox_network_bytes_out{{sandbox=\"{id}\"}} {}",
-                    traffic[*id].bytes_out
-                );
-            }
-            let _ = writeln!(text, "# HELP hutch_sandbox_network_connections_out Connections (and UDP flows) a sandbox opened out.\n# TYPE hutch_sandbox_network_connections_out counter");
-            for id in &ids {
-                let _ = writeln!(
-                    text,
-                    "hutch_sandbox_network_connections_out{{sandbox=\"{id}\"}} {}",
-                    traffic[*id].connections_out
-                );
-            }
-        }
-        Ok(text)
-    }
-
-    /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed. Paused
-    /// sandboxes stay paused; hibernated ones stay hibernated (after removing whatever a wake
-    /// interrupted by the restart left running).
-    pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
-        self.drain_warm().await;
-        for r in self.store.all()? {
-            if r.state == SandboxState::Hibernated {
-                let backend = self.backend(r.isolation)?;
-                if let Err(e) = backend.hibernate(&r).await {
-                    tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
-                }
-                continue;
-            }
-            if !r.state.holds_resources() {
-                continue;
-            }
-            let backend = self.backend(r.isolation)?;
-            if r.state != SandboxState::Starting && backend.alive(&r) {
-                if r.net_slot.is_some() && self.readopt_network(&r, true).is_none() {
-                    let _ = self.store.modify(&r.id, |rec| {
-                        rec.net_slot = None;
-                        Ok(())
-                    });
-                }
-                tracing::info!(id = %r.id, "re-adopted running sandbox");
-                backend.adopt(&r);
-                self.watch_init(&r);
-            } else {
-                self.mark_failed(r, "the sandbox stopped while the server was down".into())
-                    .await;
-            }
-        }
-        Ok(())
-    }
-
-    /// Record a death: state `failed` with a reason, host resources released.
-    async fn mark_failed(&self, r: SandboxRecord, reason: String) {
-        tracing::warn!(id = %r.id, %reason, "sandbox failed");
-        self.lock_agents().remove(&r.id);
-        if let Err(e) = self.destroy_resources(&r).await {
-            tracing::error!(id = %r.id, error = %e, "teardown of a failed sandbox");
-        }
-        self.metrics.failures.fetch_add(1, Ordering::Relaxed);
-        let saved = self.store.modify(&r.id, |rec| {
-            rec.state = SandboxState::Failed;
-            rec.error = Some(reason.clone());
-            rec.init_pid = None;
-            rec.init_start_time = None;
-            Ok(())
-        });
-        if saved.is_ok() {
-            self.events
-                .publish("sandbox.failed", &r.id, r.tenant(), Some(reason));
-        }
-        self.release_layer(r.layer.as_deref()).await;
-    }
-
-    /// Watch the sandbox's init; when it dies unexpectedly, mark the sandbox failed.
-    fn watch_init(self: &Arc<Self>, r: &SandboxRecord) {
-        let Some(pid) = r.init_pid else { return };
-        let weak = Arc::downgrade(self);
-        let id = r.id.clone();
-        tokio::spawn(async move {
-            let status = crate::pidwatch::wait_exit(pid).await;
-            let Some(m) = weak.upgrade() else { return };
-            let Ok(Some(rec)) = m.store.get(&id) else {
-                return;
-            };
-            if rec.state == SandboxState::Pooled && rec.init_pid == Some(pid) {
-                tracing::warn!(%id, %status, "a warm vm guest stopped");
-                m.replace_warm(&rec).await;
-                return;
-            }
-            if !rec.state.holds_resources() || rec.init_pid != Some(pid) {
-                return;
-            }
-            let backend = match m.backend(rec.isolation) {
-                Ok(b) => b,
-                Err(_) => return,
-            };
-            let reason = if backend.init_oom_killed(&rec) {
-                m.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
-                m.events.publish(
-                    "sandbox.oom",
-                    &id,
-                    rec.metadata.get("tenant_id").cloned(),
-                    Some(format!("memory limit of {} MiB exceeded", rec.memory_mib)),
-                );
-                format!(
-                    "the sandbox's init (agent) was killed: out of memory (limit {} MiB)",
-                    rec.memory_mib
-                )
-            } else {
-                backend.exit_reason(&rec, &status)
-            };
-            m.mark_failed(rec, reason).await;
-        });
-    }
-
-    /// Destroy sandboxes whose TTL ran out (never persistent ones).
-    pub async fn reap_expired(&self) {
-        let now = now_ms();
-        let Ok(all) = self.store.all() else { return };
-        for r in all {
-            if !r.persistent && r.expires_at_ms <= now {
-                let id = r.id.clone();
-                // Not in the middle of a transition (a wake, a snapshot being read).
-                let _op = self.op_lock(&id).await;
-                let Ok(r) = self.load(&id) else { continue };
-                if r.persistent || r.expires_at_ms > now {
-                    continue;
-                }
-                match self.remove(r, "sandbox.expired").await {
-                    Ok(()) => {
-                        self.metrics.expired.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(%id, "sandbox expired");
-                    }
-                    Err(e) => tracing::error!(%id, error = %e, "reaping an expired sandbox"),
-                }
-            }
-        }
     }
 
     /// The signer of sandbox tokens (see [`crate::sandbox_token`]).
