@@ -76,6 +76,8 @@ pub const MIN_UID_SLOT: u32 = 16;
 pub const MAX_UID_SLOTS: u32 = 60_000 - MIN_UID_SLOT;
 /// Default of [`Config::uid_slots_dir`].
 pub const DEFAULT_UID_SLOTS_DIR: &str = "/run/hutch/uid-slots";
+/// Default of [`Config::vm_console_bytes`]: the console ring kept per `vm` guest.
+pub const DEFAULT_VM_CONSOLE_BYTES: u64 = hutch_vm::console::DEFAULT_CAP_BYTES;
 
 /// How a memory snapshot of a running `vm` guest is taken (`backend/vm/capture.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +119,7 @@ impl Config {
             vm_kernel_root: None,
             vm_warm: 0,
             vm_snapshot: VmSnapshotMethod::Capture,
-            vm_console_bytes: hutch_vm::console::DEFAULT_CAP_BYTES,
+            vm_console_bytes: DEFAULT_VM_CONSOLE_BYTES,
             ns_disk_pool_bytes: None,
             uid_slots_dir: PathBuf::from(DEFAULT_UID_SLOTS_DIR),
             uid_slots: MAX_UID_SLOTS,

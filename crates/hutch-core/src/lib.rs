@@ -3,7 +3,9 @@
 //! - [`manager`]: lifecycle (create, pause, hibernate, snapshots, fork, explore), TTL and
 //!   idle reaper, re-adoption after a restart.
 //! - [`store`]: the SQLite state database.
-//! - [`backend`]: isolation backends (`ns` today).
+//! - [`backend`]: isolation backends (`ns`, `vm`) behind one async trait, and a fake one for
+//!   tests (feature `testing`).
+//! - [`host`]: what this host offers the backends (`hutch doctor`, the bench).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
 //! - [`events`], [`metrics`], [`logs`]: observability.
@@ -15,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod fork;
+pub mod host;
 pub mod ids;
 pub mod logs;
 pub mod manager;

@@ -8,7 +8,9 @@
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
 //! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
-//! (connections to TCP ports inside a sandbox, through its agent). State
+//! (connections to TCP ports inside a sandbox, through its agent), `exec` (execs and the
+//! agent connection), `reaper` (TTL expiry, deaths, re-adoption after a restart), `metrics`
+//! (the Prometheus text). State
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
@@ -17,15 +19,18 @@ mod exec;
 mod fork;
 mod lifecycle;
 mod logs;
+mod metrics;
 mod network;
 mod ports;
+mod reaper;
 mod snapshots;
+#[cfg(test)]
+mod tests;
 mod volumes;
 mod warm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use hutch_proto::client::{AgentClient, ClientError};
@@ -33,7 +38,7 @@ use hutch_template::TemplateStore;
 
 use crate::backend::ns::NsBackend;
 use crate::backend::vm::VmBackend;
-use crate::backend::{Backend, Usage};
+use crate::backend::{Backend, Backends, Usage};
 use crate::config::{Config, MAX_UID_SLOTS};
 use crate::error::{CoreError, CoreResult};
 use crate::events::EventBus;
@@ -57,10 +62,10 @@ pub struct Manager {
     cfg: Config,
     store: Store,
     templates: TemplateStore,
-    ns: Arc<NsBackend>,
+    /// One backend per isolation: the only way to a sandbox's container.
+    backends: Backends,
     /// Sandbox networking (`None`: loopback only).
     network: Option<hutch_net::Network>,
-    vm: Arc<VmBackend>,
     /// Warm `vm` guests waiting to become sandboxes.
     warm: warm::WarmPool,
     agents: Mutex<HashMap<String, AgentClient>>,
@@ -153,9 +158,39 @@ fn client_error(e: ClientError) -> CoreError {
     }
 }
 
+/// Makes a server's backends once its networking and event bus exist.
+pub type MakeBackends =
+    Box<dyn FnOnce(&Config, Option<&hutch_net::Network>, &Arc<EventBus>) -> Backends + Send>;
+
+/// The backends of a real server: `ns` (also what `auto` falls back to) and `vm`.
+fn host_backends(
+    cfg: &Config,
+    network: Option<&hutch_net::Network>,
+    events: &Arc<EventBus>,
+) -> Backends {
+    let progress = {
+        let events = events.clone();
+        Arc::new(move |r: &SandboxRecord, what: String| {
+            events.publish("sandbox.preparing", &r.id, r.tenant(), Some(what));
+        })
+    };
+    let ns: Arc<dyn Backend> = Arc::new(NsBackend::new(cfg.clone(), network.cloned()));
+    let vm: Arc<dyn Backend> = Arc::new(VmBackend::new(
+        cfg.clone(),
+        network.cloned(),
+        Some(progress),
+    ));
+    Backends::new(vec![ns, vm], Isolation::Ns)
+}
+
 impl Manager {
     /// Open the state directory, re-adopt surviving sandboxes and start the reaper.
     pub async fn start(cfg: Config) -> CoreResult<Arc<Self>> {
+        Self::start_with(cfg, Box::new(host_backends)).await
+    }
+
+    /// [`Manager::start`] with the backends `make` builds (tests give a fake one).
+    pub async fn start_with(cfg: Config, make: MakeBackends) -> CoreResult<Arc<Self>> {
         let cfg_output_budget = cfg.exec_output_budget_bytes;
         std::fs::create_dir_all(cfg.state_dir.join("sandboxes"))
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", cfg.state_dir.display())))?;
@@ -191,19 +226,9 @@ impl Manager {
             None => None,
         };
         let events = Arc::new(EventBus::new());
-        let progress = {
-            let events = events.clone();
-            Arc::new(move |r: &SandboxRecord, what: String| {
-                events.publish("sandbox.preparing", &r.id, r.tenant(), Some(what));
-            })
-        };
+        let backends = make(&cfg, network.as_ref(), &events);
         let mgr = Arc::new(Self {
-            ns: Arc::new(NsBackend::new(cfg.clone(), network.clone())),
-            vm: Arc::new(
-                VmBackend::new(cfg.clone())
-                    .with_network(network.clone())
-                    .with_progress(progress),
-            ),
+            backends,
             warm: warm::WarmPool::default(),
             network,
             cfg,
@@ -222,17 +247,10 @@ impl Manager {
             collecting: Mutex::new(HashMap::new()),
             uid_slots,
         });
-        {
-            // Decide KVM or TCG in the background (a probe guest may boot); until then
-            // `auto` means ns.
-            let vm = mgr.vm.clone();
-            tokio::task::spawn_blocking(move || {
-                if vm.check().is_ok() {
-                    let choice = vm.accel();
-                    tracing::info!(accel = ?choice.accel, why = %choice.why, "vm acceleration");
-                }
-                vm.collect_garbage();
-            });
+        for backend in mgr.backends.all() {
+            // In the background (`vm` may boot a probe guest; until then `auto` means ns).
+            let backend = backend.clone();
+            tokio::spawn(async move { backend.prepare().await });
         }
         mgr.readopt().await?;
         mgr.release_volumes().await;
@@ -304,28 +322,17 @@ impl Manager {
     }
 
     fn backend(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
-        match isolation {
-            Isolation::Ns => Ok(self.ns.clone()),
-            Isolation::Vm => Ok(self.vm.clone()),
-        }
-    }
-
-    /// The `vm` backend (for `hutch doctor` and the bench).
-    pub fn vm_backend(&self) -> &VmBackend {
-        &self.vm
+        self.backends.get(isolation)
     }
 
     fn resolve_isolation(&self, req: IsolationRequest) -> CoreResult<Isolation> {
-        match req {
-            // `auto` picks vm only where KVM works (a probe guest booted); under TCG guest
-            // code runs ~15x slower, so those hosts get ns.
-            IsolationRequest::Auto => Ok(match self.vm.accel_if_known().map(|c| c.accel) {
-                Some(hutch_vm::qemu::Accel::Kvm) if self.vm.check().is_ok() => Isolation::Vm,
-                _ => Isolation::Ns,
-            }),
-            IsolationRequest::Ns => Ok(Isolation::Ns),
-            IsolationRequest::Vm => self.vm.check().map(|_| Isolation::Vm),
-        }
+        let isolation = match req {
+            IsolationRequest::Auto => self.backends.auto(),
+            IsolationRequest::Ns => Isolation::Ns,
+            IsolationRequest::Vm => Isolation::Vm,
+        };
+        self.backend(isolation)?.available()?;
+        Ok(isolation)
     }
 
     fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentClient>> {
@@ -525,296 +532,30 @@ impl Manager {
     /// Unmount the `ns` disk pool when no sandbox has files in it, and the `vm` fork memory
     /// tmpfs when no fork's memory is in it (server shutdown).
     pub async fn release_disk_pool(&self) {
-        let (ns, vm) = (self.ns.clone(), self.vm.clone());
-        let _ = tokio::task::spawn_blocking(move || {
-            ns.release_pool();
-            vm.release_fork_memory();
-        })
-        .await;
+        for backend in self.backends.all() {
+            backend.release().await;
+        }
     }
 
     async fn destroy_resources(&self, r: &SandboxRecord) -> CoreResult<()> {
         let backend = self.backend(r.isolation)?;
-        let rec = r.clone();
-        let net = self.network.clone();
-        tokio::task::spawn_blocking(move || {
-            let destroyed = backend.destroy(&rec);
-            if let (Some(net), Some(i)) = (net, rec.net_slot) {
+        let destroyed = backend.destroy(r).await;
+        if let (Some(net), Some(i)) = (self.network.clone(), r.net_slot) {
+            blocking(move || {
                 net.release(i);
-            }
-            destroyed
-        })
-        .await
-        .map_err(|e| CoreError::Internal(e.to_string()))??;
+                Ok(())
+            })
+            .await?;
+        }
+        destroyed?;
         self.unmount_unused_volumes();
         Ok(())
-    }
-
-    /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
-    /// sandbox is woken first.
-    pub async fn agent(self: &Arc<Self>, id: &str) -> CoreResult<AgentClient> {
-        let mut r = self.touch_used(id)?;
-        if r.state == SandboxState::Hibernated {
-            self.wake_if_hibernated(id).await?;
-            r = self.load(id)?;
-        }
-        if !r.state.can_use() {
-            return Err(wrong_state(&r, None));
-        }
-        if let Some(c) = self.lock_agents().get(id) {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
-        }
-        let backend = self.backend(r.isolation)?;
-        let client = AgentClient::connect_unix(&backend.agent_socket(id))
-            .await
-            .map_err(|e| self.on_transport_error(&r, e))?;
-        self.lock_agents().insert(id.to_string(), client.clone());
-        Ok(client)
-    }
-
-    /// Map an agent error, noticing a dead sandbox.
-    pub fn on_transport_error(&self, r: &SandboxRecord, e: ClientError) -> CoreError {
-        if matches!(e, ClientError::Agent(_)) {
-            return client_error(e);
-        }
-        if let Ok(backend) = self.backend(r.isolation) {
-            if !backend.alive(r) {
-                return CoreError::SandboxFailed(format!("sandbox {} is no longer running", r.id));
-            }
-        }
-        client_error(e)
-    }
-
-    /// Map an error from an agent call on sandbox `id`.
-    pub fn agent_error(&self, id: &str, e: ClientError) -> CoreError {
-        match self.load(id) {
-            Ok(r) => self.on_transport_error(&r, e),
-            Err(_) => CoreError::NotFound(format!("sandbox {id} does not exist")),
-        }
     }
 
     /// Current resource usage of a sandbox.
     pub fn usage(&self, id: &str) -> CoreResult<Option<Usage>> {
         let r = self.touch(id)?;
         Ok(self.backend(r.isolation)?.usage(&r))
-    }
-
-    /// Prometheus text.
-    ///
-    /// `per_sandbox`: include the series labelled with sandbox ids (for authenticated
-    /// scrapes); without it, their server-wide sums (safe to serve without a key: no ids,
-    /// bounded cardinality).
-    pub fn metrics_text(&self, per_sandbox: bool) -> CoreResult<String> {
-        let counts = self.store.count_by_state()?;
-        let states: Vec<(&str, u64)> = SandboxState::ALL
-            .iter()
-            .map(|s| {
-                (
-                    s.as_str(),
-                    counts
-                        .iter()
-                        .find(|(c, _)| c == s)
-                        .map(|(_, n)| *n)
-                        .unwrap_or(0),
-                )
-            })
-            .collect();
-        let mut text = self.metrics.render(&states);
-        {
-            use std::fmt::Write as _;
-            let _ = writeln!(
-                text,
-                "# HELP hutch_vm_warm_guests Warm vm guests ready to become sandboxes.\n# TYPE hutch_vm_warm_guests gauge\nhutch_vm_warm_guests {}",
-                self.warm.len()
-            );
-            let budget = &self.output_budget;
-            let _ = writeln!(
-                text,
-                "# HELP hutch_exec_output_budget_bytes Memory collected exec output may hold (hutch serve --exec-output-budget-mib).\n# TYPE hutch_exec_output_budget_bytes gauge\nhutch_exec_output_budget_bytes {}\n# HELP hutch_exec_output_buffered_bytes Collected exec output held now.\n# TYPE hutch_exec_output_buffered_bytes gauge\nhutch_exec_output_buffered_bytes {}\n# HELP hutch_exec_output_buffered_peak_bytes Most collected exec output held at once since start.\n# TYPE hutch_exec_output_buffered_peak_bytes gauge\nhutch_exec_output_buffered_peak_bytes {}\n# HELP hutch_exec_output_waits_total Execs whose output reading waited for the budget.\n# TYPE hutch_exec_output_waits_total counter\nhutch_exec_output_waits_total {}",
-                budget.limit(),
-                budget.used(),
-                budget.peak(),
-                budget.waits()
-            );
-            let (captured, streamed) = self.vm.memory_snapshot_counts();
-            let _ = writeln!(
-                text,
-                "# HELP hutch_vm_memory_snapshots_total Memory snapshots of running vm guests (named snapshots and live forks), by how they were taken: captured (RAM copied out of QEMU) or stream (the fallback: a full migration stream).\n# TYPE hutch_vm_memory_snapshots_total counter\nhutch_vm_memory_snapshots_total{{method=\"captured\"}} {captured}\nhutch_vm_memory_snapshots_total{{method=\"stream\"}} {streamed}"
-            );
-        }
-        if let Some(quota) = self.ns.disk_quota_known() {
-            use std::fmt::Write as _;
-            let (on, mib) = match quota {
-                crate::backend::ns::DiskQuota::Enforced { pool_mib } => (1, pool_mib),
-                crate::backend::ns::DiskQuota::Off { .. } => (0, 0),
-            };
-            let _ = writeln!(
-                text,
-                "# HELP hutch_ns_disk_quota_enforced Whether disk_mib is enforced on ns sandboxes (btrfs disk pool; known after the first ns create).\n# TYPE hutch_ns_disk_quota_enforced gauge\nhutch_ns_disk_quota_enforced {on}\n# HELP hutch_ns_disk_pool_bytes Size of the ns disk pool (0 without one).\n# TYPE hutch_ns_disk_pool_bytes gauge\nhutch_ns_disk_pool_bytes {}",
-                mib << 20
-            );
-        }
-        let traffic = self.traffic_all();
-        if self.network.is_some() && !per_sandbox {
-            use std::fmt::Write as _;
-            let (bytes, conns) = traffic.values().fold((0u64, 0u64), |(b, c), t| {
-                (b + t.bytes_out, c + t.connections_out)
-            });
-            let _ = writeln!(text, "# HELP hutch_network_bytes_out Bytes all live sandboxes sent out (per sandbox: GET /v1/metrics with a key).\n# TYPE hutch_network_bytes_out gauge\nhutch_network_bytes_out {bytes}\n# HELP hutch_network_connections_out Connections (and UDP flows) all live sandboxes opened out.\n# TYPE hutch_network_connections_out gauge\nhutch_network_connections_out {conns}");
-        }
-        if self.network.is_some() && per_sandbox {
-            use std::fmt::Write as _;
-            let mut ids: Vec<_> = traffic.keys().collect();
-            ids.sort();
-            let _ = writeln!(text, "# HELP hutch_sandbox_network_bytes_out Bytes a sandbox sent out (IP packets leaving its interface).\n# TYPE hutch_sandbox_network_bytes_out counter");
-            for id in &ids {
-                let _ = writeln!(
-                    text,
-                    "hutch_sandbox_network_bytes_out{{sandbox=\"{id}\"}} {}",
-                    traffic[*id].bytes_out
-                );
-            }
-            let _ = writeln!(text, "# HELP hutch_sandbox_network_connections_out Connections (and UDP flows) a sandbox opened out.\n# TYPE hutch_sandbox_network_connections_out counter");
-            for id in &ids {
-                let _ = writeln!(
-                    text,
-                    "hutch_sandbox_network_connections_out{{sandbox=\"{id}\"}} {}",
-                    traffic[*id].connections_out
-                );
-            }
-        }
-        Ok(text)
-    }
-
-    /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed. Paused
-    /// sandboxes stay paused; hibernated ones stay hibernated (after removing whatever a wake
-    /// interrupted by the restart left running).
-    pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
-        self.drain_warm().await;
-        for r in self.store.all()? {
-            if r.state == SandboxState::Hibernated {
-                let backend = self.backend(r.isolation)?;
-                let rec = r.clone();
-                let cleaned = tokio::task::spawn_blocking(move || backend.hibernate(&rec))
-                    .await
-                    .map_err(|e| CoreError::Internal(e.to_string()))?;
-                if let Err(e) = cleaned {
-                    tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
-                }
-                continue;
-            }
-            if !r.state.holds_resources() {
-                continue;
-            }
-            let backend = self.backend(r.isolation)?;
-            if r.state != SandboxState::Starting && backend.alive(&r) {
-                if r.net_slot.is_some() && self.readopt_network(&r, true).is_none() {
-                    let _ = self.store.modify(&r.id, |rec| {
-                        rec.net_slot = None;
-                        Ok(())
-                    });
-                }
-                tracing::info!(id = %r.id, "re-adopted running sandbox");
-                backend.adopt(&r);
-                self.watch_init(&r);
-            } else {
-                self.mark_failed(r, "the sandbox stopped while the server was down".into())
-                    .await;
-            }
-        }
-        Ok(())
-    }
-
-    /// Record a death: state `failed` with a reason, host resources released.
-    async fn mark_failed(&self, r: SandboxRecord, reason: String) {
-        tracing::warn!(id = %r.id, %reason, "sandbox failed");
-        self.lock_agents().remove(&r.id);
-        if let Err(e) = self.destroy_resources(&r).await {
-            tracing::error!(id = %r.id, error = %e, "teardown of a failed sandbox");
-        }
-        self.metrics.failures.fetch_add(1, Ordering::Relaxed);
-        let saved = self.store.modify(&r.id, |rec| {
-            rec.state = SandboxState::Failed;
-            rec.error = Some(reason.clone());
-            rec.init_pid = None;
-            rec.init_start_time = None;
-            Ok(())
-        });
-        if saved.is_ok() {
-            self.events
-                .publish("sandbox.failed", &r.id, r.tenant(), Some(reason));
-        }
-        self.release_layer(r.layer.as_deref()).await;
-    }
-
-    /// Watch the sandbox's init; when it dies unexpectedly, mark the sandbox failed.
-    fn watch_init(self: &Arc<Self>, r: &SandboxRecord) {
-        let Some(pid) = r.init_pid else { return };
-        let weak = Arc::downgrade(self);
-        let id = r.id.clone();
-        tokio::spawn(async move {
-            let status = crate::pidwatch::wait_exit(pid).await;
-            let Some(m) = weak.upgrade() else { return };
-            let Ok(Some(rec)) = m.store.get(&id) else {
-                return;
-            };
-            if rec.state == SandboxState::Pooled && rec.init_pid == Some(pid) {
-                tracing::warn!(%id, %status, "a warm vm guest stopped");
-                m.replace_warm(&rec).await;
-                return;
-            }
-            if !rec.state.holds_resources() || rec.init_pid != Some(pid) {
-                return;
-            }
-            let backend = match m.backend(rec.isolation) {
-                Ok(b) => b,
-                Err(_) => return,
-            };
-            let oom = rec.isolation == Isolation::Ns
-                && backend.usage(&rec).map(|u| u.oom_kills).unwrap_or(0) > 0;
-            let reason = if oom {
-                m.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
-                m.events.publish(
-                    "sandbox.oom",
-                    &id,
-                    rec.metadata.get("tenant_id").cloned(),
-                    Some(format!("memory limit of {} MiB exceeded", rec.memory_mib)),
-                );
-                format!(
-                    "the sandbox's init (agent) was killed: out of memory (limit {} MiB)",
-                    rec.memory_mib
-                )
-            } else {
-                backend.exit_reason(&rec, &status)
-            };
-            m.mark_failed(rec, reason).await;
-        });
-    }
-
-    /// Destroy sandboxes whose TTL ran out (never persistent ones).
-    pub async fn reap_expired(&self) {
-        let now = now_ms();
-        let Ok(all) = self.store.all() else { return };
-        for r in all {
-            if !r.persistent && r.expires_at_ms <= now {
-                let id = r.id.clone();
-                // Not in the middle of a transition (a wake, a snapshot being read).
-                let _op = self.op_lock(&id).await;
-                let Ok(r) = self.load(&id) else { continue };
-                if r.persistent || r.expires_at_ms > now {
-                    continue;
-                }
-                match self.remove(r, "sandbox.expired").await {
-                    Ok(()) => {
-                        self.metrics.expired.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(%id, "sandbox expired");
-                    }
-                    Err(e) => tracing::error!(%id, error = %e, "reaping an expired sandbox"),
-                }
-            }
-        }
     }
 
     /// The signer of sandbox tokens (see [`crate::sandbox_token`]).

@@ -116,7 +116,7 @@ impl SandboxState {
 }
 
 /// Isolation backend of a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Isolation {
     /// Hardened Linux namespaces.

@@ -14,7 +14,7 @@ use clap::Parser;
 fn main() {
     // The jail helper forks: it must run before any thread (tokio runtime) exists.
     if std::env::args().nth(1).as_deref() == Some("__jail-spawn") {
-        std::process::exit(hutch_jail::helper_main());
+        std::process::exit(hutch_core::host::jail_helper_main());
     }
     let args = cli::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("HUTCH_LOG").unwrap_or_else(|_| {

@@ -71,7 +71,7 @@ pub struct ServeArgs {
     pub vm_snapshot: VmSnapshotArg,
     /// Most bytes of each vm guest's serial console the server keeps on disk (in two files
     /// of half that size; older output is dropped; at least 4096).
-    #[arg(long, env = "HUTCH_VM_CONSOLE_BYTES", default_value_t = hutch_vm::console::DEFAULT_CAP_BYTES)]
+    #[arg(long, env = "HUTCH_VM_CONSOLE_BYTES", default_value_t = hutch_core::config::DEFAULT_VM_CONSOLE_BYTES)]
     pub vm_console_bytes: u64,
     /// Size in GiB of the sparse btrfs image (`<state-dir>/layers.btrfs`) holding ns
     /// sandboxes' writable layers, each a subvolume limited to the sandbox's `disk_mib`

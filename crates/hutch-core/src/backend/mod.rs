@@ -4,19 +4,30 @@
 //! byte stream is. Everything above the stream (exec, PTY, files) is backend-independent:
 //! it is the agent protocol.
 //!
-//! Backend calls block (they mount, fork helpers, wait for cgroups to empty, copy files); the
-//! manager runs them on the blocking pool.
+//! [`Backend`] is the only way the manager reaches a backend: an async trait, one
+//! implementation per [`Isolation`], held in [`Backends`]. What differs between backends is
+//! either a method or a [`Capabilities`] flag the backend declares (live fork, memory
+//! snapshots, volume slots and how volumes reach the sandbox, the warm pool), so the manager
+//! never names a backend, and "not supported on this backend" is answered in one place
+//! ([`not_supported`]). Blocking work (mounts, copies, waiting for cgroups to empty) runs
+//! inside the backend on the blocking pool ([`blocking`]); the manager only awaits.
 //!
 //! Lifecycle operations beyond create/destroy (pause, hibernate, snapshot) go through the same
 //! trait, so the `vm` backend can give them their full meaning (memory saved with the disk)
 //! while `ns` gives the filesystem-level one (see `docs/lifecycle.md`).
 
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
 pub mod ns;
 pub mod vm;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::error::CoreResult;
+use hutch_proto::client::AgentClient;
+
+use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord};
 use crate::snapshot::SnapshotKind;
 
@@ -63,14 +74,83 @@ pub struct SnapshotTaken {
     pub files: u64,
 }
 
+/// How a sandbox's volumes reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeAccess {
+    /// The server mounts each volume's filesystem on the host and the backend binds it into
+    /// the sandbox (`ns`).
+    HostMount,
+    /// The sandbox gets the raw image as a block device and mounts it itself (`vm`): one
+    /// attached read-write has no host filesystem left, is untrusted to the host kernel until
+    /// checked, and the guest must flush its page cache before it stops.
+    BlockDevice,
+}
+
+/// What a backend can do beyond the operations every backend has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Forks can carry memory and running processes (`"mode": "live"`), not only files.
+    pub live_fork: bool,
+    /// Snapshots hold the sandbox's memory: the server's agent session is ended first, so no
+    /// copy of the memory is caught mid-session ([`Backend::quiesce`]).
+    pub memory_snapshots: bool,
+    /// Most volumes one sandbox may have.
+    pub volume_slots: usize,
+    /// How volumes reach the sandbox.
+    pub volume_access: VolumeAccess,
+    /// Sandboxes can be restored ahead of time into a pool and claimed by a create
+    /// ([`Backend::create_warm`], [`Backend::claim_warm`]).
+    pub warm_pool: bool,
+}
+
+/// The error for a `feature` the `backend` does not have (422).
+pub fn not_supported(backend: Isolation, feature: &str) -> CoreError {
+    CoreError::Unsupported(format!(
+        "{feature} is not supported on isolation \"{}\"",
+        backend.as_str()
+    ))
+}
+
+/// Run blocking host work (mounts, copies, waits for cgroups) on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> CoreResult<T> + Send + 'static,
+) -> CoreResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CoreError::Internal(format!("blocking task: {e}")))?
+}
+
 /// One isolation backend.
+///
+/// Methods that touch the host are async and do their blocking work on the blocking pool;
+/// the few plain ones (`alive`, `usage`, `agent_socket`, ...) only read `/proc` or `/sys`.
+#[async_trait::async_trait]
 pub trait Backend: Send + Sync {
     /// Which isolation this backend provides.
     fn isolation(&self) -> Isolation;
+    /// What it can do beyond the common operations.
+    fn capabilities(&self) -> Capabilities;
+    /// Whether it can run sandboxes on this host (`vm`: QEMU is installed and new enough);
+    /// the error says why not.
+    fn available(&self) -> CoreResult<()> {
+        Ok(())
+    }
+    /// Whether `"isolation": "auto"` picks this backend (`vm`: where KVM works).
+    fn preferred_by_auto(&self) -> bool {
+        false
+    }
+    /// Work done once in the background after the server starts (`vm`: decide KVM or TCG,
+    /// collect unused assets).
+    async fn prepare(&self) {}
+    /// Refuse a new sandbox this backend could never serve as described (`ns`: a `disk_mib`
+    /// larger than its disk pool), before anything is made for it.
+    async fn admit(&self, _record: &SandboxRecord) -> CoreResult<()> {
+        Ok(())
+    }
     /// Build and start the sandbox described by `record` from the template root `rootfs`.
-    fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
+    async fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
     /// Kill everything and release every host resource; idempotent.
-    fn destroy(&self, record: &SandboxRecord) -> CoreResult<()>;
+    async fn destroy(&self, record: &SandboxRecord) -> CoreResult<()>;
     /// Host path of the unix socket that carries the agent stream.
     fn agent_socket(&self, id: &str) -> PathBuf;
     /// Whether the sandbox's init is still the process we started.
@@ -78,32 +158,30 @@ pub trait Backend: Send + Sync {
     /// Current resource usage.
     fn usage(&self, record: &SandboxRecord) -> Option<Usage>;
     /// Stop every process of the sandbox from running (no CPU) without losing anything.
-    fn pause(&self, record: &SandboxRecord) -> CoreResult<()>;
+    async fn pause(&self, record: &SandboxRecord) -> CoreResult<()>;
     /// Let a paused sandbox run again.
-    fn resume(&self, record: &SandboxRecord) -> CoreResult<()>;
+    async fn resume(&self, record: &SandboxRecord) -> CoreResult<()>;
     /// Give back the sandbox's CPU and memory and keep its state on disk (`ns`: processes are
     /// stopped, files kept). Idempotent: also cleans up after an interrupted [`Backend::wake`].
-    fn hibernate(&self, record: &SandboxRecord) -> CoreResult<()>;
+    async fn hibernate(&self, record: &SandboxRecord) -> CoreResult<()>;
     /// Start a hibernated sandbox again from its state on disk.
-    fn wake(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
+    async fn wake(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
     /// Write a snapshot of the sandbox into `dir` (a new, empty directory). A running sandbox
     /// is frozen while its state is read, so the snapshot is consistent.
-    fn snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken>;
+    async fn snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken>;
     /// [`Backend::snapshot`] for a fork: the snapshot lives only as long as the fork's
     /// children (a backend may keep it where it is cheaper to make and cannot outlive a
     /// reboot).
-    fn fork_snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
-        self.snapshot(record, dir)
+    async fn fork_snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        self.snapshot(record, dir).await
     }
     /// Delete a snapshot's directory.
-    fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
-    /// Whether forks can carry memory and running processes (`live`), not only files.
-    fn live_fork(&self) -> bool;
+    async fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
     /// End the server's agent session before the sandbox's memory is saved (hibernation,
     /// a memory snapshot): `hang_up` drops the server's connection; a backend that saves
     /// memory waits until the agent has ended that session and waits for a new host, so no
-    /// copy of the memory is caught mid-session. Blocking.
-    fn quiesce(&self, _record: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
+    /// copy of the memory is caught mid-session.
+    async fn quiesce(&self, _record: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
         hang_up();
     }
     /// CPU time per second the sandbox uses while nothing runs in it (a VM's timer ticks
@@ -118,8 +196,77 @@ pub trait Backend: Send + Sync {
     fn log_files(&self, _record: &SandboxRecord) -> Vec<crate::logs::LogFile> {
         Vec::new()
     }
+    /// Whether the sandbox's init died of the sandbox's own memory limit (`ns`: the agent is
+    /// in the sandbox's cgroup), reported as the sandbox running out of memory.
+    fn init_oom_killed(&self, _record: &SandboxRecord) -> bool {
+        false
+    }
     /// Why the sandbox died, given how its init exited (`status`), for its `error` field.
     fn exit_reason(&self, _record: &SandboxRecord, status: &str) -> String {
         format!("the sandbox's init (agent) exited unexpectedly ({status})")
+    }
+    /// The backend's own lines of Prometheus text for `/metrics` (each ends with a newline).
+    fn metrics_text(&self) -> String {
+        String::new()
+    }
+    /// Give back host resources no sandbox needs any more (server shutdown: `ns` unmounts an
+    /// empty disk pool, `vm` the fork memory tmpfs).
+    async fn release(&self) {}
+    /// What makes pooled sandboxes of a template interchangeable beyond its name and the
+    /// sandbox's shape: the build of its root (`None` without a warm pool).
+    fn template_build(&self, _rootfs: &Path) -> Option<String> {
+        None
+    }
+    /// Restore a sandbox for the warm pool ([`Capabilities::warm_pool`]).
+    async fn create_warm(&self, _record: &SandboxRecord, _rootfs: &Path) -> CoreResult<Started> {
+        Err(not_supported(self.isolation(), "the warm pool"))
+    }
+    /// Make a pooled sandbox the one `record` describes ([`Capabilities::warm_pool`]).
+    async fn claim_warm(&self, _record: &SandboxRecord, _agent: &AgentClient) -> CoreResult<()> {
+        Err(not_supported(self.isolation(), "the warm pool"))
+    }
+}
+
+/// The backends of one server, by the isolation each provides.
+#[derive(Clone)]
+pub struct Backends {
+    by_isolation: HashMap<Isolation, Arc<dyn Backend>>,
+    /// Which one `"isolation": "auto"` gets when no backend asks for it.
+    fallback: Isolation,
+}
+
+impl Backends {
+    /// The backends `backends` (one per isolation; a later one replaces an earlier one of the
+    /// same isolation), with `fallback` for `auto` when none prefers itself.
+    pub fn new(backends: Vec<Arc<dyn Backend>>, fallback: Isolation) -> Self {
+        Self {
+            by_isolation: backends.into_iter().map(|b| (b.isolation(), b)).collect(),
+            fallback,
+        }
+    }
+
+    /// The backend of `isolation`, or 422 when this server has none.
+    pub fn get(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
+        self.by_isolation
+            .get(&isolation)
+            .cloned()
+            .ok_or_else(|| not_supported(isolation, "running sandboxes"))
+    }
+
+    /// Every backend.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Backend>> {
+        self.by_isolation.values()
+    }
+
+    /// What `"isolation": "auto"` means now: a backend that prefers itself, else the
+    /// fallback.
+    pub fn auto(&self) -> Isolation {
+        let mut preferred: Vec<Isolation> = self
+            .all()
+            .filter(|b| b.preferred_by_auto())
+            .map(|b| b.isolation())
+            .collect();
+        preferred.sort_by_key(|i| i.as_str());
+        preferred.first().copied().unwrap_or(self.fallback)
     }
 }

@@ -12,15 +12,18 @@
 //! limited to the sandbox's `disk_mib` with a qgroup ([`hutch_jail::btrfs`]). Without btrfs or
 //! `mkfs.btrfs` (logged once), uppers stay in `<sandbox_dir>/upper` with no limit; so do the
 //! uppers of sandboxes created before the image existed.
+//!
+//! Every operation blocks (mounts, the helper's fork, waiting for cgroups to empty): the
+//! [`Backend`] methods run the synchronous [`NsJails`] on the blocking pool.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hutch_jail::{JailError, JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
 
-use super::{Backend, SnapshotTaken, Started, Usage};
+use super::{blocking, Backend, Capabilities, SnapshotTaken, Started, Usage, VolumeAccess};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord, SandboxState};
@@ -53,8 +56,14 @@ pub enum DiskQuota {
     },
 }
 
-/// The namespace backend.
+/// The namespace backend: a cheap handle on [`NsJails`].
+#[derive(Clone)]
 pub struct NsBackend {
+    jails: Arc<NsJails>,
+}
+
+/// The synchronous side of the namespace backend: every method blocks.
+pub struct NsJails {
     cfg: Config,
     network: Option<hutch_net::Network>,
     /// The disk pool: `None` until first needed, then whether (and how big) it is.
@@ -63,19 +72,33 @@ pub struct NsBackend {
 
 impl NsBackend {
     /// A backend using `cfg`'s paths. A disk pool an earlier server made is mounted again
-    /// now, before sandboxes are re-adopted.
+    /// now, before sandboxes are re-adopted (blocking).
     pub fn new(cfg: Config, network: Option<hutch_net::Network>) -> Self {
-        let b = Self {
+        let jails = NsJails {
             cfg,
             network,
             pool: Mutex::new(None),
         };
-        if b.cfg.disk_pool_image().exists() {
-            b.pool();
+        if jails.cfg.disk_pool_image().exists() {
+            jails.pool();
         }
-        b
+        Self {
+            jails: Arc::new(jails),
+        }
     }
 
+    /// Run `f` on the jails on the blocking pool, with its own copy of `record`.
+    async fn run<T: Send + 'static>(
+        &self,
+        record: &SandboxRecord,
+        f: impl FnOnce(&NsJails, &SandboxRecord) -> CoreResult<T> + Send + 'static,
+    ) -> CoreResult<T> {
+        let (jails, record) = (self.jails.clone(), record.clone());
+        blocking(move || f(&jails, &record)).await
+    }
+}
+
+impl NsJails {
     /// The mounted disk pool, set up on first use (`None`: not available, no disk limit).
     fn pool(&self) -> Option<PathBuf> {
         matches!(self.disk_quota(), DiskQuota::Enforced { .. }).then(|| self.cfg.disk_pool_dir())
@@ -328,11 +351,7 @@ impl NsBackend {
     }
 }
 
-impl Backend for NsBackend {
-    fn isolation(&self) -> Isolation {
-        Isolation::Ns
-    }
-
+impl NsJails {
     fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         let fresh = self.prepare_upper(record)?;
         let started = self.spawn(record, rootfs);
@@ -351,43 +370,6 @@ impl Backend for NsBackend {
 
     fn agent_socket(&self, id: &str) -> PathBuf {
         self.cfg.sandbox_dir(id).join("agent.sock")
-    }
-
-    fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
-        vec![crate::logs::LogFile {
-            source: crate::logs::LogSource::Agent,
-            paths: vec![self.cfg.sandbox_dir(&r.id).join("agent.log")],
-            timestamped: true,
-        }]
-    }
-
-    fn alive(&self, r: &SandboxRecord) -> bool {
-        match (r.init_pid, r.init_start_time) {
-            (Some(pid), Some(start)) => hutch_jail::init_alive(pid, start),
-            _ => false,
-        }
-    }
-
-    fn usage(&self, r: &SandboxRecord) -> Option<Usage> {
-        if r.cgroups.is_empty() {
-            return None;
-        }
-        let s = hutch_jail::cgroup_stats(&cgroup_paths(r));
-        Some(Usage {
-            memory_bytes: s.memory_bytes,
-            memory_limit_bytes: s.memory_limit_bytes,
-            oom_kills: s.oom_kills,
-            cpu_usage_ns: s.cpu_usage_ns,
-            pids: s.pids_current,
-        })
-    }
-
-    fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
-        hutch_jail::freeze(&cgroup_paths(r)).map_err(internal)
-    }
-
-    fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
-        hutch_jail::thaw(&cgroup_paths(r)).map_err(internal)
     }
 
     fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
@@ -426,13 +408,139 @@ impl Backend for NsBackend {
             files: stats.files,
         })
     }
+}
 
-    fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
-        hutch_jail::remove_layer(dir).map_err(internal)
+#[async_trait::async_trait]
+impl Backend for NsBackend {
+    fn isolation(&self) -> Isolation {
+        Isolation::Ns
     }
 
-    fn live_fork(&self) -> bool {
-        false
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            live_fork: false,
+            memory_snapshots: false,
+            volume_slots: hutch_jail::MAX_VOLUMES,
+            volume_access: VolumeAccess::HostMount,
+            warm_pool: false,
+        }
+    }
+
+    async fn admit(&self, r: &SandboxRecord) -> CoreResult<()> {
+        // Sets the pool up on the first ns create (may run mkfs.btrfs).
+        let quota = self.run(r, |jails, _| Ok(jails.disk_quota())).await?;
+        match quota {
+            DiskQuota::Enforced { pool_mib } if r.disk_mib > pool_mib => {
+                Err(CoreError::InvalidArgument(format!(
+                    "disk_mib {} is larger than this server's ns disk pool ({pool_mib} MiB, hutch serve --ns-disk-pool-gib): an ns sandbox could never fill it; ask for at most {pool_mib} (sandboxes share the pool: their disk_mib together may exceed it)",
+                    r.disk_mib
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        let rootfs = rootfs.to_path_buf();
+        self.run(record, move |jails, r| jails.create(r, &rootfs))
+            .await
+    }
+
+    async fn destroy(&self, record: &SandboxRecord) -> CoreResult<()> {
+        self.run(record, |jails, r| jails.destroy(r)).await
+    }
+
+    fn agent_socket(&self, id: &str) -> PathBuf {
+        self.jails.agent_socket(id)
+    }
+
+    fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
+        vec![crate::logs::LogFile {
+            source: crate::logs::LogSource::Agent,
+            paths: vec![self.jails.cfg.sandbox_dir(&r.id).join("agent.log")],
+            timestamped: true,
+        }]
+    }
+
+    fn alive(&self, r: &SandboxRecord) -> bool {
+        match (r.init_pid, r.init_start_time) {
+            (Some(pid), Some(start)) => hutch_jail::init_alive(pid, start),
+            _ => false,
+        }
+    }
+
+    fn usage(&self, r: &SandboxRecord) -> Option<Usage> {
+        if r.cgroups.is_empty() {
+            return None;
+        }
+        let s = hutch_jail::cgroup_stats(&cgroup_paths(r));
+        Some(Usage {
+            memory_bytes: s.memory_bytes,
+            memory_limit_bytes: s.memory_limit_bytes,
+            oom_kills: s.oom_kills,
+            cpu_usage_ns: s.cpu_usage_ns,
+            pids: s.pids_current,
+        })
+    }
+
+    fn init_oom_killed(&self, r: &SandboxRecord) -> bool {
+        self.usage(r).map(|u| u.oom_kills).unwrap_or(0) > 0
+    }
+
+    async fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
+        self.run(r, |_, r| {
+            hutch_jail::freeze(&cgroup_paths(r)).map_err(internal)
+        })
+        .await
+    }
+
+    async fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
+        self.run(r, |_, r| {
+            hutch_jail::thaw(&cgroup_paths(r)).map_err(internal)
+        })
+        .await
+    }
+
+    async fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
+        self.run(r, |jails, r| jails.hibernate(r)).await
+    }
+
+    async fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        let rootfs = rootfs.to_path_buf();
+        self.run(r, move |jails, r| jails.wake(r, &rootfs)).await
+    }
+
+    async fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        let dir = dir.to_path_buf();
+        self.run(r, move |jails, r| jails.snapshot(r, &dir)).await
+    }
+
+    async fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
+        let dir = dir.to_path_buf();
+        blocking(move || hutch_jail::remove_layer(&dir).map_err(internal)).await
+    }
+
+    fn metrics_text(&self) -> String {
+        let Some(quota) = self.jails.disk_quota_known() else {
+            return String::new();
+        };
+        let (on, mib) = match quota {
+            DiskQuota::Enforced { pool_mib } => (1, pool_mib),
+            DiskQuota::Off { .. } => (0, 0),
+        };
+        format!(
+            "# HELP hutch_ns_disk_quota_enforced Whether disk_mib is enforced on ns sandboxes (btrfs disk pool; known after the first ns create).\n# TYPE hutch_ns_disk_quota_enforced gauge\nhutch_ns_disk_quota_enforced {on}\n# HELP hutch_ns_disk_pool_bytes Size of the ns disk pool (0 without one).\n# TYPE hutch_ns_disk_pool_bytes gauge\nhutch_ns_disk_pool_bytes {}\n",
+            mib << 20
+        )
+    }
+
+    async fn release(&self) {
+        let jails = self.jails.clone();
+        let _ = blocking(move || {
+            jails.release_pool();
+            Ok(())
+        })
+        .await;
     }
 }
 

@@ -13,32 +13,35 @@
 //! What the host keeps about each guest where its QEMU cannot reach it — the disk's backing
 //! chain as the host made it, the console ring — is in `records.rs`.
 //!
-//! Pause/resume are QMP `stop`/`cont`. Hibernate, wake and snapshots are not supported on
-//! `vm` yet ([`CoreError::Unsupported`]).
+//! Pause/resume are QMP `stop`/`cont`; hibernation saves the guest's memory next to its
+//! disk; snapshots are memory snapshots (`capture.rs`); the restore path of create, wake and
+//! warm guests is `restore.rs`.
 //!
-//! Every method blocks (the manager calls them on the blocking pool); async work (QMP, the
-//! agent) runs with `Handle::block_on` on that thread.
+//! [`VmBackend`] is a cheap handle (clones share one [`VmState`]): QMP and the agent are
+//! awaited, and host work that blocks (copies, `qemu-img`, killing QEMU and waiting for it,
+//! cgroups) runs on the blocking pool with a clone of the handle.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use hutch_proto::IdentityRequest;
+use hutch_proto::client::AgentClient;
 use hutch_vm::accel::{self, AccelChoice};
 use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
-use hutch_vm::{disk, snapshot, VmError};
+use hutch_vm::{disk, VmError};
 
 mod capture;
 mod fork_memory;
 mod records;
 mod resize;
+mod restore;
 mod share;
 mod volumes;
 mod warm;
 
 use super::ns::UID_RANGE;
-use super::{Backend, SnapshotTaken, Started, Usage};
+use super::{blocking, Backend, Capabilities, SnapshotTaken, Started, Usage, VolumeAccess};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord};
@@ -94,8 +97,22 @@ fn vm_error(e: VmError) -> CoreError {
 /// Told what a create is waiting for when it builds vm assets (kernel, image, bake).
 pub type Progress = Arc<dyn Fn(&SandboxRecord, String) + Send + Sync>;
 
-/// The microVM backend.
+/// The microVM backend: a cheap handle on its [`VmState`].
+#[derive(Clone)]
 pub struct VmBackend {
+    state: Arc<VmState>,
+}
+
+impl std::ops::Deref for VmBackend {
+    type Target = VmState;
+
+    fn deref(&self) -> &VmState {
+        &self.state
+    }
+}
+
+/// What every clone of one [`VmBackend`] shares.
+pub struct VmState {
     /// Sandbox networking: a networked guest gets a TAP on its slot.
     network: Option<hutch_net::Network>,
     /// Where slow first-use steps are announced (the manager's event bus).
@@ -103,7 +120,7 @@ pub struct VmBackend {
     cfg: Config,
     /// The cache, made with the accelerator chosen (bakes depend on it).
     assets: OnceLock<Arc<Assets>>,
-    accel: OnceLock<AccelChoice>,
+    accel: tokio::sync::OnceCell<AccelChoice>,
     qemu_version: OnceLock<Result<String, String>>,
     /// Memory snapshots of running guests captured so far (`capture.rs`).
     snapshots_captured: std::sync::atomic::AtomicU64,
@@ -112,17 +129,27 @@ pub struct VmBackend {
 }
 
 impl VmBackend {
-    /// The same backend giving networked guests a TAP on their slot.
-    pub fn with_network(mut self, network: Option<hutch_net::Network>) -> Self {
-        self.network = network;
-        self
-    }
-
-    /// The same backend announcing slow first-use steps (building the guest kernel, a
-    /// template's image, a bake) through `progress`.
-    pub fn with_progress(mut self, progress: Progress) -> Self {
-        self.progress = Some(progress);
-        self
+    /// A backend using `cfg`'s paths, giving networked guests a TAP on their slot of
+    /// `network`, and announcing slow first-use steps (building the guest kernel, a
+    /// template's image, a bake) through `progress`. Nothing is built or probed until first
+    /// use.
+    pub fn new(
+        cfg: Config,
+        network: Option<hutch_net::Network>,
+        progress: Option<Progress>,
+    ) -> Self {
+        Self {
+            state: Arc::new(VmState {
+                network,
+                progress,
+                cfg,
+                assets: OnceLock::new(),
+                accel: tokio::sync::OnceCell::new(),
+                qemu_version: OnceLock::new(),
+                snapshots_captured: Default::default(),
+                snapshots_streamed: Default::default(),
+            }),
+        }
     }
 
     /// The guest's network settings and the TAP for QEMU, when `r` holds a slot.
@@ -158,20 +185,6 @@ impl VmBackend {
         }))
     }
 
-    /// A backend using `cfg`'s paths; nothing is built or probed until first use.
-    pub fn new(cfg: Config) -> Self {
-        Self {
-            network: None,
-            progress: None,
-            cfg,
-            assets: OnceLock::new(),
-            accel: OnceLock::new(),
-            qemu_version: OnceLock::new(),
-            snapshots_captured: Default::default(),
-            snapshots_streamed: Default::default(),
-        }
-    }
-
     fn asset_config(&self, accel: hutch_vm::qemu::Accel) -> AssetConfig {
         AssetConfig {
             dir: self.cfg.vm_dir.clone(),
@@ -185,10 +198,14 @@ impl VmBackend {
         }
     }
 
-    /// The cache (deciding KVM or TCG first: blocking, once).
-    fn assets(&self) -> Arc<Assets> {
+    /// The cache (deciding KVM or TCG first, once).
+    async fn assets(&self) -> Arc<Assets> {
+        if let Some(assets) = self.assets.get() {
+            return assets.clone();
+        }
+        let accel = self.accel().await.accel;
         self.assets
-            .get_or_init(|| Arc::new(Assets::new(self.asset_config(self.accel().accel))))
+            .get_or_init(|| Arc::new(Assets::new(self.asset_config(accel))))
             .clone()
     }
 
@@ -208,246 +225,46 @@ impl VmBackend {
     }
 
     /// KVM or TCG, and why. Without hardware virtualization this is decided at once; with
-    /// it a probe guest is booted once (blocking, seconds).
-    pub fn accel(&self) -> AccelChoice {
+    /// it a probe guest is booted once (seconds).
+    pub async fn accel(&self) -> AccelChoice {
         self.accel
-            .get_or_init(|| {
+            .get_or_init(|| async {
                 let host = accel::host_virt();
                 if let Some(choice) = accel::choose_without_probe(&host) {
                     return choice;
                 }
-                let probe = self.probe_kvm().map_err(|e| e.to_string());
+                let probe = self.probe_kvm().await;
                 accel::choose_after_probe(&host, probe)
             })
+            .await
             .clone()
     }
 
-    fn probe_kvm(&self) -> Result<(), VmError> {
+    async fn probe_kvm(&self) -> Result<(), String> {
         // Boot assets do not depend on the accelerator.
-        let boot = Assets::new(self.asset_config(hutch_vm::qemu::Accel::Tcg)).boot()?;
+        let config = self.asset_config(hutch_vm::qemu::Accel::Tcg);
         let dir = self
             .cfg
             .vm_dir
             .join(format!("probe-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|source| VmError::Io {
-            what: format!("create {}", dir.display()),
-            source,
-        })?;
-        let result = tokio::runtime::Handle::current().block_on(accel::probe_kvm(
-            &boot,
-            &self.cfg.qemu,
-            &dir,
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
+        let made = dir.clone();
+        let boot = tokio::task::spawn_blocking(move || {
+            let boot = Assets::new(config).boot().map_err(|e| e.to_string())?;
+            std::fs::create_dir_all(&made)
+                .map_err(|e| format!("create {}: {e}", made.display()))?;
+            Ok::<_, String>(boot)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        let result = accel::probe_kvm(&boot, &self.cfg.qemu, &dir)
+            .await
+            .map_err(|e| e.to_string());
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
         result
     }
 
     fn dir(&self, id: &str) -> PathBuf {
         self.cfg.sandbox_dir(id)
-    }
-
-    /// Identity of a freshly restored guest: the sandbox's hostname and environment, host
-    /// entropy (the agent reseeds the CRNG with it) and the wall clock.
-    fn identity(r: &SandboxRecord) -> CoreResult<IdentityRequest> {
-        let mut entropy = vec![0u8; ENTROPY_BYTES];
-        getrandom::fill(&mut entropy)
-            .map_err(|e| CoreError::Internal(format!("host entropy: {e}")))?;
-        let mut env = std::collections::BTreeMap::new();
-        env.insert(
-            "PATH".to_string(),
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-        );
-        env.insert("LANG".to_string(), "C.UTF-8".to_string());
-        env.insert("HUTCH_SANDBOX_ID".to_string(), r.id.clone());
-        env.extend(r.env.clone());
-        Ok(IdentityRequest {
-            hostname: Some(r.id.replace('_', "-")),
-            env,
-            entropy,
-            unix_time_ms: Some(crate::time::now_ms().max(0) as u64),
-            ..IdentityRequest::default()
-        })
-    }
-
-    /// Start the sandbox's guest: from the template's bake onto a new overlay (`woken:
-    /// None`, a create), or from the memory it was hibernated with onto its kept overlay.
-    ///
-    /// A `warm` guest (for the pool, `warm.rs`) gets the record's identity without its
-    /// network, runs the first programs once and is left paused.
-    async fn restore(
-        &self,
-        r: &SandboxRecord,
-        rootfs: &Path,
-        woken: Option<PathBuf>,
-        warm: bool,
-    ) -> CoreResult<Started> {
-        let (boot, image, mut snap) = self.bake_of(r, rootfs).await?;
-        let woken_disk = woken.is_some();
-        // In use: keep them from garbage collection (gc.rs).
-        for used in [
-            boot.vmlinux.parent(),
-            Some(image.as_path()),
-            snap.state.parent(),
-        ] {
-            used.map(hutch_vm::gc::touch);
-        }
-        let guest_net = self.guest_network(r)?;
-        snap.config.tap = guest_net.as_ref().map(|(_, tap)| tap.clone());
-        let volume_plan = volumes::plan(&self.cfg, r)?;
-        snap.config.volumes = volume_plan.drives.clone();
-        let t0 = std::time::Instant::now();
-        let dir = self.dir(&r.id);
-        let uid = r.uid_slot * UID_RANGE;
-        create_private_dir(&dir, uid)?;
-        self.create_records_dir(&r.id)?;
-        volumes::grant(&volume_plan, uid)?;
-        let overlay = dir.join("disk.qcow2");
-        // The disk's chain comes from the host's records, never from the overlay's header
-        // (records.rs).
-        let root_disk = match (woken, &r.layer) {
-            // Same command line (devices, memory file); all of the guest's RAM and device
-            // state come from the saved stream, its disk is its own overlay as it was.
-            (Some(saved), _) => {
-                snap.state = saved;
-                snap.ram_in_memory_file = false;
-                self.recorded_disk(&r.id, &overlay)?
-            }
-            // From a vm snapshot (or as a fork child): its memory, and a private copy of its
-            // disk (the snapshot directory is root-only; the copy holds only the blocks the
-            // sandbox had written, backed by the bake's disk).
-            (None, Some(layer)) => {
-                let from = self.cfg.snapshot_dir(layer);
-                match hutch_vm::share::shared_dir(&from) {
-                    // Its RAM in a shared memory file, mapped copy-on-write (share.rs).
-                    Some(shared) => {
-                        hutch_vm::gc::touch(&shared);
-                        snap.config.memory_file = shared.join("memory");
-                        snap.config.huge_page_align = self.on_fork_memory(&shared);
-                        snap.state = shared.join("state");
-                    }
-                    None => {
-                        snap.state = from.join(SNAPSHOT_STATE);
-                        snap.ram_in_memory_file = false;
-                    }
-                }
-                let disk = self.snapshot_disk(&from, &overlay)?;
-                std::fs::copy(from.join(SNAPSHOT_DISK), &overlay).map_err(|e| {
-                    CoreError::Internal(format!("copy the disk of snapshot {layer}: {e}"))
-                })?;
-                give_to(&overlay, uid, 0o600)?;
-                self.record_disk(&r.id, &disk)?;
-                disk
-            }
-            (None, None) => {
-                let base = snap
-                    .config
-                    .root_disk
-                    .as_ref()
-                    .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-                let disk = base.overlay_at(&overlay).map_err(|e| vm_error(e.into()))?;
-                give_to(&overlay, uid, 0o600)?;
-                self.record_disk(&r.id, &disk)?;
-                disk
-            }
-        };
-        // A woken guest keeps its disk as it was; others grow to `disk_mib` (resize.rs).
-        let (grow, disk_mib) = match (woken_disk, disk::qcow2_virtual_size(&overlay)) {
-            (false, Some(current)) => resize::plan(r.disk_mib, current),
-            _ => (None, r.disk_mib),
-        };
-        let cgroups = hutch_jail::create_process_cgroups(
-            &self.cfg.cgroup_parent,
-            &r.id,
-            &hutch_jail::Limits {
-                memory_bytes: (r.memory_mib + QEMU_OVERHEAD_MIB) << 20,
-                cpu_millis: (r.cpus * 1000.0).round() as u32,
-                pids_max: QEMU_PIDS_MAX,
-                tmp_bytes: 0,
-            },
-        )
-        .map_err(|e| CoreError::Internal(format!("cgroups for QEMU: {e}")))?;
-        let mut groups = vec![MEMORY_GID];
-        if self.assets().config().accel == hutch_vm::qemu::Accel::Kvm {
-            groups.extend(kvm_gid());
-        }
-        let jail = hutch_vm::qemu::QemuJail {
-            uid,
-            gid: uid,
-            groups,
-            cgroup_procs: cgroups.iter().map(|d| d.join("cgroup.procs")).collect(),
-        };
-        let prepared_ms = t0.elapsed().as_millis() as u64;
-        let started = async {
-            let placement = snapshot::Placement {
-                dir: dir.clone(),
-                root_disk: Some(root_disk),
-                console: self.console(&r.id),
-                jail: Some(jail),
-            };
-            let (mut guest, client, report) = snapshot::restore(&snap, placement, RESTORE_TIMEOUT)
-                .await
-                .map_err(vm_error)?;
-            // On failure from here on, dropping `guest` kills QEMU.
-            let mut identity = Self::identity(r)?;
-            identity.network = guest_net.filter(|_| !warm).map(|(n, _)| n);
-            // A woken guest has its volumes mounted already (they are in its memory).
-            if !woken_disk {
-                identity.unmount = volume_plan.unmount;
-                identity.volumes = volume_plan.mount;
-            }
-            if let Some(bytes) = grow {
-                guest
-                    .qmp
-                    .block_resize(resize::ROOT_DRIVE, bytes)
-                    .await
-                    .map_err(|e| CoreError::SandboxFailed(format!("growing the disk: {e}")))?;
-                identity.root_disk_bytes = Some(bytes);
-            }
-            let identifying = std::time::Instant::now();
-            client.identity(&identity).await.map_err(|e| {
-                CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
-            })?;
-            let identity_ms = identifying.elapsed().as_millis() as u64;
-            if warm {
-                hutch_vm::snapshot::run_first_programs(&client).await;
-                // Through the restore's own QMP connection (QEMU serves one at a time).
-                guest.qmp.stop().await.map_err(|e| {
-                    CoreError::SandboxFailed(format!("pausing the warm guest: {e}"))
-                })?;
-            }
-            let pid = guest.detach() as i32;
-            let start = hutch_jail::start_time(pid).ok_or_else(|| {
-                CoreError::SandboxFailed(format!("QEMU (pid {pid}) exited right after the restore"))
-            })?;
-            tracing::debug!(
-                id = %r.id,
-                pid,
-                prepared_ms,
-                qmp_ready_ms = report.qmp_ready.as_millis() as u64,
-                running_ms = report.resumed.as_millis() as u64,
-                first_reply_ms = report.to_first_reply.as_millis() as u64,
-                identity_ms,
-                total_ms = t0.elapsed().as_millis() as u64,
-                "vm restored (times from the start of the overlay; QEMU times from its spawn)"
-            );
-            Ok((pid, start, client))
-        }
-        .await;
-        match started {
-            Ok((init_pid, init_start_time, client)) => Ok(Started {
-                init_pid,
-                init_start_time,
-                cgroups,
-                agent: Some(client),
-                disk_mib: Some(disk_mib),
-            }),
-            Err(e) => {
-                if let Err(c) = hutch_jail::release_process_cgroups(&r.id, &cgroups) {
-                    tracing::error!(id = %r.id, error = %c, "releasing QEMU cgroups after a failed create");
-                }
-                Err(e)
-            }
-        }
     }
 
     /// Stop the guest and write its RAM and device state to a new file `path` (left stopped;
@@ -589,41 +406,104 @@ fn proc_usage(pid: i32) -> Option<(u64, u64)> {
     Some((rss_kib * 1024, ticks * (1_000_000_000 / hz)))
 }
 
-impl Backend for VmBackend {
-    fn isolation(&self) -> Isolation {
-        Isolation::Vm
-    }
-
-    fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
-        self.check()?;
-        let handle = tokio::runtime::Handle::current();
-        let started = handle.block_on(self.restore(record, rootfs, None, false));
-        if started.is_err() {
-            // Whatever the failed restore left (its QEMU is killed on drop) goes too.
-            let _ = std::fs::remove_dir_all(self.dir(&record.id));
-            let _ = self.remove_records(&record.id);
-        }
-        started
-    }
-
-    fn destroy(&self, r: &SandboxRecord) -> CoreResult<()> {
+impl VmBackend {
+    /// Kill the guest's QEMU and wait until it is gone, then give back its cgroups (blocking).
+    fn stop_qemu(&self, r: &SandboxRecord) -> CoreResult<()> {
         if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
             kill_and_wait(pid, start)?;
         }
         let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
         hutch_jail::release_process_cgroups(&r.id, &cgroups)
-            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
-        // Only files here (overlay, sockets, logs): no mounts to cross.
-        match std::fs::remove_dir_all(self.dir(&r.id)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(CoreError::Internal(format!(
-                    "remove {}: {e}",
-                    self.dir(&r.id).display()
-                )))
-            }
-            _ => {}
+            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))
+    }
+
+    /// Run `f` on the blocking pool with a clone of this handle and of `r`.
+    async fn run<T: Send + 'static>(
+        &self,
+        r: &SandboxRecord,
+        f: impl FnOnce(&VmBackend, &SandboxRecord) -> CoreResult<T> + Send + 'static,
+    ) -> CoreResult<T> {
+        let (this, r) = (self.clone(), r.clone());
+        blocking(move || f(&this, &r)).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for VmBackend {
+    fn isolation(&self) -> Isolation {
+        Isolation::Vm
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            live_fork: true,
+            memory_snapshots: true,
+            volume_slots: hutch_vm::qemu::VOLUME_SLOTS,
+            volume_access: VolumeAccess::BlockDevice,
+            warm_pool: true,
         }
-        self.remove_records(&r.id)
+    }
+
+    fn available(&self) -> CoreResult<()> {
+        self.check().map(drop)
+    }
+
+    fn preferred_by_auto(&self) -> bool {
+        // `auto` picks vm only where KVM works (a probe guest booted); under TCG guest code
+        // runs ~15x slower, so those hosts get ns.
+        matches!(
+            self.accel_if_known().map(|c| c.accel),
+            Some(hutch_vm::qemu::Accel::Kvm)
+        ) && self.check().is_ok()
+    }
+
+    async fn prepare(&self) {
+        // Decide KVM or TCG (a probe guest may boot); until then `auto` means ns.
+        let this = self.clone();
+        let installed = blocking(move || this.check()).await;
+        if installed.is_ok() {
+            let choice = self.accel().await;
+            tracing::info!(accel = ?choice.accel, why = %choice.why, "vm acceleration");
+        }
+        let this = self.clone();
+        let _ = blocking(move || {
+            this.collect_garbage();
+            Ok(())
+        })
+        .await;
+    }
+
+    async fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        self.check()?;
+        let started = self.restore(record, rootfs, None, false).await;
+        if started.is_err() {
+            // Whatever the failed restore left (its QEMU is killed on drop) goes too.
+            let _ = self
+                .run(record, |this, r| {
+                    let _ = std::fs::remove_dir_all(this.dir(&r.id));
+                    this.remove_records(&r.id)
+                })
+                .await;
+        }
+        started
+    }
+
+    async fn destroy(&self, r: &SandboxRecord) -> CoreResult<()> {
+        self.run(r, |this, r| {
+            this.stop_qemu(r)?;
+            // Only files here (overlay, sockets, logs): no mounts to cross.
+            match std::fs::remove_dir_all(this.dir(&r.id)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CoreError::Internal(format!(
+                        "remove {}: {e}",
+                        this.dir(&r.id).display()
+                    )))
+                }
+                _ => {}
+            }
+            this.remove_records(&r.id)
+        })
+        .await
     }
 
     fn adopt(&self, r: &SandboxRecord) {
@@ -668,15 +548,15 @@ impl Backend for VmBackend {
         })
     }
 
-    fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
-        tokio::runtime::Handle::current().block_on(self.qmp(r, async |q| q.stop().await))
+    async fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
+        self.qmp(r, async |q| q.stop().await).await
     }
 
-    fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
-        tokio::runtime::Handle::current().block_on(self.qmp(r, async |q| q.cont().await))
+    async fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
+        self.qmp(r, async |q| q.cont().await).await
     }
 
-    fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
+    async fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
         let saved = self.dir(&r.id).join(HIBERNATED);
         // With the state already saved this only cleans up (an interrupted wake, a restart).
         if !saved.is_file() {
@@ -686,17 +566,12 @@ impl Backend for VmBackend {
                     r.id
                 )));
             }
-            tokio::runtime::Handle::current().block_on(self.save_memory(r, &saved))?;
+            self.save_memory(r, &saved).await?;
         }
-        if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
-            kill_and_wait(pid, start)?;
-        }
-        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
-        hutch_jail::release_process_cgroups(&r.id, &cgroups)
-            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))
+        self.run(r, |this, r| this.stop_qemu(r)).await
     }
 
-    fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+    async fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         self.check()?;
         let saved = self.dir(&r.id).join(HIBERNATED);
         if !saved.is_file() {
@@ -706,37 +581,36 @@ impl Backend for VmBackend {
             )));
         }
         // Whatever an interrupted wake left running goes first.
-        self.hibernate(r)?;
-        let started = tokio::runtime::Handle::current().block_on(self.restore(
-            r,
-            rootfs,
-            Some(saved.clone()),
-            false,
-        ))?;
+        self.hibernate(r).await?;
+        let started = self.restore(r, rootfs, Some(saved.clone()), false).await?;
         if let Err(e) = std::fs::remove_file(&saved) {
             tracing::warn!(id = %r.id, error = %e, "removing the hibernated state");
         }
         Ok(started)
     }
 
-    fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
-        self.memory_snapshot(r, dir, false)
+    async fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+        self.memory_snapshot(r, dir, false).await
     }
 
-    fn fork_snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
+    async fn fork_snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
         // Its shared memory on tmpfs (capture.rs): it lives only as long as the children.
-        self.memory_snapshot(r, dir, true)
+        self.memory_snapshot(r, dir, true).await
     }
 
-    fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
-        self.remove_shared_memory(dir)?;
-        // Only our files and the manifest: no mounts in it.
-        match std::fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
-                format!("remove {}: {e}", dir.display()),
-            )),
-            _ => Ok(()),
-        }
+    async fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
+        let (this, dir) = (self.clone(), dir.to_path_buf());
+        blocking(move || {
+            this.remove_shared_memory(&dir)?;
+            // Only our files and the manifest: no mounts in it.
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
+                    format!("remove {}: {e}", dir.display()),
+                )),
+                _ => Ok(()),
+            }
+        })
+        .await
     }
 
     fn idle_cpu_ns_per_sec(&self) -> u64 {
@@ -747,13 +621,9 @@ impl Backend for VmBackend {
         }
     }
 
-    fn live_fork(&self) -> bool {
-        true
-    }
-
-    fn quiesce(&self, r: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
+    async fn quiesce(&self, r: &SandboxRecord, hang_up: Box<dyn FnOnce() + Send>) {
         let socket = self.dir(&r.id).join("qmp.sock");
-        let waited = tokio::runtime::Handle::current().block_on(async {
+        let waited = async {
             let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT).await?;
             qmp.clear_events().await?;
             let since = std::time::SystemTime::now();
@@ -765,7 +635,8 @@ impl Backend for VmBackend {
                 QUIESCE_TIMEOUT,
             )
             .await
-        });
+        }
+        .await;
         match waited {
             Ok(true) => {}
             Ok(false) => {
@@ -792,6 +663,34 @@ impl Backend for VmBackend {
             );
         }
         format!("the sandbox's VM (QEMU) exited unexpectedly ({status}){panic}")
+    }
+
+    fn metrics_text(&self) -> String {
+        let (captured, streamed) = self.memory_snapshot_counts();
+        format!(
+            "# HELP hutch_vm_memory_snapshots_total Memory snapshots of running vm guests (named snapshots and live forks), by how they were taken: captured (RAM copied out of QEMU) or stream (the fallback: a full migration stream).\n# TYPE hutch_vm_memory_snapshots_total counter\nhutch_vm_memory_snapshots_total{{method=\"captured\"}} {captured}\nhutch_vm_memory_snapshots_total{{method=\"stream\"}} {streamed}\n"
+        )
+    }
+
+    async fn release(&self) {
+        let this = self.clone();
+        let _ = blocking(move || {
+            this.release_fork_memory();
+            Ok(())
+        })
+        .await;
+    }
+
+    fn template_build(&self, rootfs: &Path) -> Option<String> {
+        template_stamp(rootfs).ok()
+    }
+
+    async fn create_warm(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        self.restore_warm(record, rootfs).await
+    }
+
+    async fn claim_warm(&self, record: &SandboxRecord, agent: &AgentClient) -> CoreResult<()> {
+        self.claim_warm_guest(record, agent).await
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hutch_proto::client::AgentClient;
 
-use super::{client_error, Manager};
+use super::{blocking, client_error, Manager};
 use crate::backend::Backend;
 use crate::config::MIN_UID_SLOT;
 use crate::error::{CoreError, CoreResult};
@@ -44,8 +44,8 @@ impl Manager {
         };
         let mut record = self.new_record(&cmd, source.as_ref())?;
         record.forked_from = forked_from;
-        self.check_ns_disk(&record).await?;
         let backend = self.backend(record.isolation)?;
+        backend.admit(&record).await?;
         if let Some(key) = self.warm_key(&record) {
             let claimed = self.claim_warm(&key, &record).await;
             self.fill_warm(key);
@@ -73,26 +73,15 @@ impl Manager {
             self.insert_with_free_slot(&mut record)?;
         }
         let rootfs = self.templates.rootfs(&record.template);
-        let started = {
-            let backend = backend.clone();
-            let mgr = self.clone();
-            let mut rec = record.clone();
-            tokio::task::spawn_blocking(move || {
-                mgr.attach_network(&mut rec)?;
-                if let Err(e) = mgr.mount_volumes(&rec) {
-                    mgr.detach_network(&rec);
-                    return Err(e);
+        let started = match self.attach_and_mount(record.clone()).await {
+            Ok(rec) => match backend.create(&rec, &rootfs).await {
+                Ok(s) => Ok((s, rec)),
+                Err(e) => {
+                    self.detach_network_blocking(&rec).await;
+                    Err(e)
                 }
-                match backend.create(&rec, &rootfs) {
-                    Ok(s) => Ok((s, rec)),
-                    Err(e) => {
-                        mgr.detach_network(&rec);
-                        Err(e)
-                    }
-                }
-            })
-            .await
-            .map_err(|e| CoreError::Internal(e.to_string()))?
+            },
+            Err(e) => Err(e),
         };
         let started = started.map(|(s, rec)| {
             record.net_slot = rec.net_slot;
@@ -290,27 +279,32 @@ impl Manager {
         })
     }
 
-    /// Refuse an `ns` sandbox whose `disk_mib` is larger than the disk pool (it could never
-    /// be used: the pool would be full first). The sum over sandboxes may exceed the pool:
-    /// like thin provisioning, a sandbox is promised at most its `disk_mib`, not that much
-    /// free space (docs/isolation.md). Sets the pool up on the first `ns` create.
-    async fn check_ns_disk(&self, r: &SandboxRecord) -> CoreResult<()> {
-        if r.isolation != crate::model::Isolation::Ns {
-            return Ok(());
-        }
-        let ns = self.ns.clone();
-        let quota = tokio::task::spawn_blocking(move || ns.disk_quota())
-            .await
-            .map_err(|e| CoreError::Internal(e.to_string()))?;
-        match quota {
-            crate::backend::ns::DiskQuota::Enforced { pool_mib } if r.disk_mib > pool_mib => {
-                Err(CoreError::InvalidArgument(format!(
-                    "disk_mib {} is larger than this server's ns disk pool ({pool_mib} MiB, hutch serve --ns-disk-pool-gib): an ns sandbox could never fill it; ask for at most {pool_mib} (sandboxes share the pool: their disk_mib together may exceed it)",
-                    r.disk_mib
-                )))
+    /// Give `rec` its network slot and make its volumes ready (blocking host work, on the
+    /// blocking pool); returns it with its slot. Nothing is left held on failure.
+    pub(super) async fn attach_and_mount(
+        self: &Arc<Self>,
+        mut rec: SandboxRecord,
+    ) -> CoreResult<SandboxRecord> {
+        let mgr = self.clone();
+        blocking(move || {
+            mgr.attach_network(&mut rec)?;
+            if let Err(e) = mgr.mount_volumes(&rec) {
+                mgr.detach_network(&rec);
+                return Err(e);
             }
-            _ => Ok(()),
-        }
+            Ok(rec)
+        })
+        .await
+    }
+
+    /// [`Manager::detach_network`] on the blocking pool.
+    pub(super) async fn detach_network_blocking(self: &Arc<Self>, rec: &SandboxRecord) {
+        let (mgr, rec) = (self.clone(), rec.clone());
+        let _ = blocking(move || {
+            mgr.detach_network(&rec);
+            Ok(())
+        })
+        .await;
     }
 
     /// `Some(n)` for a positive idle-hibernation delay, `None` for 0 or none; bounded by the

@@ -1,4 +1,4 @@
-//! Execs: collected (output kept within the server's output budget, `crate::output`) and
+//! Execs, and the agent connection they (and file and PTY calls) go through: collected (output kept within the server's output budget, `crate::output`) and
 //! sessions (streams and PTYs relayed by the caller), each counted against the sandbox's cap
 //! of concurrent execs.
 //!
@@ -15,13 +15,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use hutch_proto::client::{ExecSession, StdinSource, CONNECTION_WINDOW, STREAM_WINDOW};
+use hutch_proto::client::{
+    AgentClient, ClientError, ExecSession, StdinSource, CONNECTION_WINDOW, STREAM_WINDOW,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::Manager;
+use super::{client_error, wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::events::{EventBus, ExecInfo};
 use crate::exec::{ExecCommand, ExecOutcome};
+use crate::model::{SandboxRecord, SandboxState};
 use crate::output::OutputBudget;
 
 /// Collected execs of one sandbox reading output at once: their stream windows together stay
@@ -316,5 +319,50 @@ impl Manager {
             .await
             .map_err(|e| self.agent_error(id, e))?;
         Ok((session, slot))
+    }
+
+    /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
+    /// sandbox is woken first.
+    pub async fn agent(self: &Arc<Self>, id: &str) -> CoreResult<AgentClient> {
+        let mut r = self.touch_used(id)?;
+        if r.state == SandboxState::Hibernated {
+            self.wake_if_hibernated(id).await?;
+            r = self.load(id)?;
+        }
+        if !r.state.can_use() {
+            return Err(wrong_state(&r, None));
+        }
+        if let Some(c) = self.lock_agents().get(id) {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let backend = self.backend(r.isolation)?;
+        let client = AgentClient::connect_unix(&backend.agent_socket(id))
+            .await
+            .map_err(|e| self.on_transport_error(&r, e))?;
+        self.lock_agents().insert(id.to_string(), client.clone());
+        Ok(client)
+    }
+
+    /// Map an agent error, noticing a dead sandbox.
+    pub fn on_transport_error(&self, r: &SandboxRecord, e: ClientError) -> CoreError {
+        if matches!(e, ClientError::Agent(_)) {
+            return client_error(e);
+        }
+        if let Ok(backend) = self.backend(r.isolation) {
+            if !backend.alive(r) {
+                return CoreError::SandboxFailed(format!("sandbox {} is no longer running", r.id));
+            }
+        }
+        client_error(e)
+    }
+
+    /// Map an error from an agent call on sandbox `id`.
+    pub fn agent_error(&self, id: &str, e: ClientError) -> CoreError {
+        match self.load(id) {
+            Ok(r) => self.on_transport_error(&r, e),
+            Err(_) => CoreError::NotFound(format!("sandbox {id} does not exist")),
+        }
     }
 }

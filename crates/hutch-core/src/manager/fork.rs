@@ -33,7 +33,7 @@ impl Manager {
     ) -> CoreResult<Vec<SandboxView>> {
         let parent = self.touch(id)?;
         let backend = self.backend(parent.isolation)?;
-        if cmd.mode == ForkMode::Live && !backend.live_fork() {
+        if cmd.mode == ForkMode::Live && !backend.capabilities().live_fork {
             return Err(CoreError::InvalidArgument(format!(
                 "live fork needs the vm backend; sandbox {id} runs on {}: use \"mode\": \"disk\" (files only, fresh processes)",
                 parent.isolation.as_str()

@@ -2,7 +2,7 @@
 //!
 //! Each operation takes the sandbox's transition lock, refreshes its record, checks the state
 //! allows it (`SandboxState::can_*`, else 409 with what to do instead), acts through the
-//! backend on the blocking pool, and saves the new state.
+//! backend, and saves the new state.
 //!
 //! Hibernation saves the new state *before* stopping the processes, so the death watcher sees
 //! an intended stop; wake saves `running` only once the agent answers, so a server that
@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{blocking, wrong_state, Manager};
+use super::{wrong_state, Manager};
 use crate::backend::Backend;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
@@ -40,9 +40,7 @@ impl Manager {
         if !r.state.can_pause() {
             return Err(wrong_state(&r, Some("pause")));
         }
-        let backend = self.backend(r.isolation)?;
-        let rec = r.clone();
-        blocking(move || backend.pause(&rec)).await?;
+        self.backend(r.isolation)?.pause(&r).await?;
         let r = self.store.modify(id, |r| {
             r.state = SandboxState::Paused;
             Ok(())
@@ -59,9 +57,7 @@ impl Manager {
         if !r.state.can_resume() {
             return Err(wrong_state(&r, Some("resume")));
         }
-        let backend = self.backend(r.isolation)?;
-        let rec = r.clone();
-        blocking(move || backend.resume(&rec)).await?;
+        self.backend(r.isolation)?.resume(&r).await?;
         let r = self.store.modify(id, |r| {
             r.state = SandboxState::Running;
             // The idle clock starts again: a paused sandbox was not idle by choice.
@@ -94,13 +90,9 @@ impl Manager {
             return;
         }
         self.sync_volumes(r, &client).await;
-        let rec = r.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            // Shut the socket down rather than only drop the client: a clone held by a
-            // call still in flight would keep the session open.
-            backend.quiesce(&rec, Box::new(move || client.hang_up()));
-        })
-        .await;
+        // Shut the socket down rather than only drop the client: a clone held by a call
+        // still in flight would keep the session open.
+        backend.quiesce(r, Box::new(move || client.hang_up())).await;
     }
 
     /// Hibernate `r` (its transition lock held and its state checked).
@@ -116,8 +108,7 @@ impl Manager {
         })?;
         let backend = self.backend(r.isolation)?;
         self.hang_up_agent(backend.clone(), &r).await;
-        let rec = r.clone();
-        if let Err(e) = blocking(move || backend.hibernate(&rec)).await {
+        if let Err(e) = backend.hibernate(&r).await {
             // The files are intact; the next wake cleans up whatever is left and retries.
             tracing::error!(id = %r.id, error = %e, "hibernating");
             return Err(e);
@@ -174,16 +165,9 @@ impl Manager {
         let backend = self.backend(r.isolation)?;
         let rootfs = self.templates.rootfs(&r.template);
         let (started, net_slot, network) = {
-            let backend = backend.clone();
-            let mgr = self.clone();
-            let mut rec = r.clone();
-            blocking(move || {
-                mgr.attach_network(&mut rec)?;
-                mgr.mount_volumes(&rec)?;
-                let s = backend.wake(&rec, &rootfs)?;
-                Ok((s, rec.net_slot, rec.network))
-            })
-            .await?
+            let rec = self.attach_and_mount(r.clone()).await?;
+            let s = backend.wake(&rec, &rootfs).await?;
+            (s, rec.net_slot, rec.network)
         };
         let r = self.store.modify(&r.id, |r| {
             r.net_slot = net_slot;
@@ -205,9 +189,7 @@ impl Manager {
             Ok(c) => c,
             Err(e) => {
                 // Back to hibernated, files kept.
-                let rec = r.clone();
-                let stopped = blocking(move || backend.hibernate(&rec)).await;
-                if let Err(s) = stopped {
+                if let Err(s) = backend.hibernate(&r).await {
                     tracing::error!(id = %r.id, error = %s, "stopping after a failed wake");
                 }
                 let _ = self.store.modify(&r.id, |r| {

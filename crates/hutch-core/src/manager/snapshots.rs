@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{blocking, wrong_state, Manager};
+use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::SandboxRecord;
@@ -73,20 +73,16 @@ impl Manager {
         let backend = self.backend(r.isolation)?;
         std::fs::create_dir(&tmp)
             .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
-        if backend.live_fork() {
+        if backend.capabilities().memory_snapshots {
             // A memory snapshot must not catch the agent mid-session with this server: hang
             // up first (the next call reconnects), so restored copies wait for a new host.
             let quiescing = std::time::Instant::now();
             self.hang_up_agent(backend.clone(), r).await;
             tracing::debug!(id = %r.id, ms = quiescing.elapsed().as_millis() as u64, "snapshot: agent quiesced");
         }
-        let taken = {
-            let (backend, rec, tmp) = (backend.clone(), r.clone(), tmp.clone());
-            blocking(move || match hidden {
-                true => backend.fork_snapshot(&rec, &tmp),
-                false => backend.snapshot(&rec, &tmp),
-            })
-            .await
+        let taken = match hidden {
+            true => backend.fork_snapshot(r, &tmp).await,
+            false => backend.snapshot(r, &tmp).await,
         };
         let record = taken.and_then(|taken| {
             let record = SnapshotRecord {
@@ -122,8 +118,7 @@ impl Manager {
             Ok(rec) => rec,
             Err(e) => {
                 for d in [tmp, dir] {
-                    let (backend, d2) = (backend.clone(), d.clone());
-                    if let Err(c) = blocking(move || backend.remove_snapshot(&d2)).await {
+                    if let Err(c) = backend.remove_snapshot(&d).await {
                         tracing::error!(dir = %d.display(), error = %c, "removing a failed snapshot");
                     }
                 }
@@ -246,8 +241,7 @@ impl Manager {
 
     async fn remove_snapshot_dir(&self, s: &SnapshotRecord) -> CoreResult<()> {
         let backend = self.backend(s.isolation)?;
-        let dir = self.cfg.snapshot_dir(&s.id);
-        blocking(move || backend.remove_snapshot(&dir)).await
+        backend.remove_snapshot(&self.cfg.snapshot_dir(&s.id)).await
     }
 
     /// A sandbox stopped holding disk: delete its snapshot if that was a fork's hidden one and
@@ -298,7 +292,7 @@ impl Manager {
             let Ok(backend) = self.backend(crate::model::Isolation::Ns) else {
                 continue;
             };
-            if let Err(e) = blocking(move || backend.remove_snapshot(&path)).await {
+            if let Err(e) = backend.remove_snapshot(&path).await {
                 tracing::error!(error = %e, "removing a stray snapshot directory");
             }
         }

@@ -11,6 +11,7 @@ use hutch_jail::volume_check as vol_check;
 use hutch_proto::client::AgentClient;
 
 use super::{blocking, Manager};
+use crate::backend::VolumeAccess;
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::{Isolation, SandboxRecord, SandboxState};
@@ -274,10 +275,7 @@ impl Manager {
         tenant: Option<&String>,
         isolation: Isolation,
     ) -> CoreResult<Vec<VolumeMount>> {
-        let most = match isolation {
-            Isolation::Vm => hutch_vm::qemu::VOLUME_SLOTS,
-            Isolation::Ns => hutch_jail::MAX_VOLUMES,
-        };
+        let most = self.backend(isolation)?.capabilities().volume_slots;
         if wanted.len() > most {
             return Err(CoreError::InvalidArgument(format!(
                 "at most {most} volumes per {} sandbox",
@@ -334,19 +332,25 @@ impl Manager {
         Ok(())
     }
 
-    /// Make `r`'s volumes ready for its backend (blocking). `ns`: mount each on the host
-    /// (read-only when attached read-only; an already mounted one is kept). `vm`: QEMU opens
-    /// the image itself, so one attached read-write must have no host filesystem left.
+    /// Make `r`'s volumes ready for its backend (blocking). Mounted on the host
+    /// ([`VolumeAccess::HostMount`], `ns`): each is mounted (read-only when attached
+    /// read-only; an already mounted one is kept). A block device
+    /// ([`VolumeAccess::BlockDevice`], `vm`): QEMU opens the image itself, so one attached
+    /// read-write must have no host filesystem left.
     pub(super) fn mount_volumes(&self, r: &SandboxRecord) -> CoreResult<()> {
+        if r.volumes.is_empty() {
+            return Ok(());
+        }
+        let access = self.backend(r.isolation)?.capabilities().volume_access;
         for m in &r.volumes {
             let dir = self.cfg.volume_dir(&m.volume);
             let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
-            match r.isolation {
-                Isolation::Ns => mount_on_host(&m.volume, &image, &mnt, m.read_only)?,
-                Isolation::Vm if m.read_only => {}
+            match access {
+                VolumeAccess::HostMount => mount_on_host(&m.volume, &image, &mnt, m.read_only)?,
+                VolumeAccess::BlockDevice if m.read_only => {}
                 // The guest gets raw block access: from here on the image is untrusted input
                 // to the host kernel until checked.
-                Isolation::Vm => vol::unmount_image(&mnt)
+                VolumeAccess::BlockDevice => vol::unmount_image(&mnt)
                     .and_then(|()| vol::wait_released(&image))
                     .and_then(|()| vol_check::mark_guest_written(&image))
                     .map_err(jail_error)?,
@@ -359,18 +363,16 @@ impl Manager {
     /// is saved or its QEMU killed (a guest keeps written data in memory for up to 30 s).
     /// A paused guest is let run for it (it is about to go).
     pub(super) async fn sync_volumes(&self, r: &SandboxRecord, client: &AgentClient) {
-        let writable = r.isolation == Isolation::Vm && r.volumes.iter().any(|m| !m.read_only);
+        let Ok(backend) = self.backend(r.isolation) else {
+            return;
+        };
+        let writable = backend.capabilities().volume_access == VolumeAccess::BlockDevice
+            && r.volumes.iter().any(|m| !m.read_only);
         if !writable || client.is_closed() {
             return;
         }
         if r.state == SandboxState::Paused {
-            let resumed = match self.backend(r.isolation) {
-                Ok(backend) => {
-                    let rec = r.clone();
-                    blocking(move || backend.resume(&rec)).await
-                }
-                Err(e) => Err(e),
-            };
+            let resumed = backend.resume(r).await;
             if let Err(e) = resumed {
                 tracing::warn!(id = %r.id, error = %e, "resuming a paused guest to flush its volumes");
                 return;

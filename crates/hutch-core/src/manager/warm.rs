@@ -34,6 +34,8 @@ const MAX_KEYS: usize = 4;
 /// What makes warm guests interchangeable.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct WarmKey {
+    /// The backend whose pool it is.
+    isolation: Isolation,
     template: String,
     /// The build of the template's root (a rebuild retires the guests of the old one).
     build: String,
@@ -87,17 +89,16 @@ impl WarmPool {
 impl Manager {
     /// The shape of warm guest that could become `record`, if a pool serves it.
     pub(super) fn warm_key(&self, record: &SandboxRecord) -> Option<WarmKey> {
-        if self.cfg.vm_warm == 0
-            || record.isolation != Isolation::Vm
-            || record.layer.is_some()
-            || !record.volumes.is_empty()
-        {
+        if self.cfg.vm_warm == 0 || record.layer.is_some() || !record.volumes.is_empty() {
             return None;
         }
-        let build = self
-            .vm
-            .template_build(&self.templates.rootfs(&record.template))?;
+        let backend = self.backend(record.isolation).ok()?;
+        if !backend.capabilities().warm_pool {
+            return None;
+        }
+        let build = backend.template_build(&self.templates.rootfs(&record.template))?;
         Some(WarmKey {
+            isolation: record.isolation,
             template: record.template.clone(),
             build,
             memory_mib: record.memory_mib,
@@ -132,18 +133,22 @@ impl Manager {
         rec.state = SandboxState::Starting;
         // The requested policy, at the slot's address.
         rec.network = Some(policy_json(&record_policy(wanted), record_address(&pooled)));
-        let claimed = match self.store.update(&rec) {
-            Ok(()) => {
-                let (mgr, r, agent) = (self.clone(), rec.clone(), guest.agent.clone());
-                blocking(move || {
+        let claimed = match (self.store.update(&rec), self.backend(rec.isolation)) {
+            (Ok(()), Ok(backend)) => {
+                let (mgr, r) = (self.clone(), rec.clone());
+                let policy_set = blocking(move || {
                     if let (Some(net), Some(i)) = (&mgr.network, r.net_slot) {
                         net.set_policy(i, &record_policy(&r)).map_err(net_error)?;
                     }
-                    mgr.vm.claim_warm(&r, &agent)
+                    Ok(())
                 })
-                .await
+                .await;
+                match policy_set {
+                    Ok(()) => backend.claim_warm(&rec, &guest.agent).await,
+                    Err(e) => Err(e),
+                }
             }
-            Err(e) => Err(e),
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         rec.state = SandboxState::Running;
         match claimed.and_then(|()| self.store.update(&rec)) {
@@ -217,7 +222,8 @@ impl Manager {
     /// Restore one warm guest of shape `key`.
     async fn start_warm(self: &Arc<Self>, key: &WarmKey) -> CoreResult<WarmGuest> {
         let rootfs = self.templates.rootfs(&key.template);
-        if self.vm.template_build(&rootfs).as_ref() != Some(&key.build) {
+        let backend = self.backend(key.isolation)?;
+        if backend.template_build(&rootfs).as_ref() != Some(&key.build) {
             return Err(CoreError::Conflict(format!(
                 "template {} was rebuilt",
                 key.template
@@ -242,7 +248,7 @@ impl Manager {
         let mut record = SandboxRecord {
             id: ids::new_sandbox_id(),
             template: key.template.clone(),
-            isolation: Isolation::Vm,
+            isolation: key.isolation,
             state: SandboxState::Pooled,
             metadata: Default::default(),
             env: info.defaults.env.clone(),
@@ -270,17 +276,21 @@ impl Manager {
         };
         self.insert_with_free_slot(&mut record)?;
         let (mgr, mut rec) = (self.clone(), record.clone());
-        let started = blocking(move || {
+        let attached = blocking(move || {
             mgr.attach_network(&mut rec)?;
-            match mgr.vm.create_warm(&rec, &rootfs) {
-                Ok(s) => Ok((s, rec)),
-                Err(e) => {
-                    mgr.detach_network(&rec);
-                    Err(e)
-                }
-            }
+            Ok(rec)
         })
         .await;
+        let started = match attached {
+            Ok(rec) => match backend.create_warm(&rec, &rootfs).await {
+                Ok(s) => Ok((s, rec)),
+                Err(e) => {
+                    self.detach_network_blocking(&rec).await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
         let (started, rec) = match started {
             Ok(s) => s,
             Err(e) => {
@@ -358,8 +368,9 @@ impl Manager {
                     *i >= MAX_KEYS
                         || t.elapsed() > KEY_IDLE
                         || self
-                            .vm
-                            .template_build(&self.templates.rootfs(&k.template))
+                            .backend(k.isolation)
+                            .ok()
+                            .and_then(|b| b.template_build(&self.templates.rootfs(&k.template)))
                             .as_ref()
                             != Some(&k.build)
                 })

@@ -18,7 +18,7 @@ pub struct Skipped {
 
 /// Whether `prog` is an executable file in one of `$PATH`'s directories.
 pub(super) fn on_path(prog: &str) -> bool {
-    hutch_jail::find_program(prog).is_some()
+    hutch_core::host::find_program(prog).is_some()
 }
 
 fn time_command(name: &str, argv: &[&str], n: usize) -> Result<Summary, String> {

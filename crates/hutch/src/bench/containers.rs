@@ -210,7 +210,8 @@ fn time_oci_runtime(
 
 fn time_podman(ws: &Workspace, rootfs: &Path, rt: &str, n: usize) -> Result<Summary, String> {
     let p = ws.dir.join("podman");
-    let runtime = hutch_jail::find_program(rt).ok_or_else(|| format!("{rt} is not on PATH"))?;
+    let runtime =
+        hutch_core::host::find_program(rt).ok_or_else(|| format!("{rt} is not on PATH"))?;
     let mut rootfs_arg = rootfs.as_os_str().to_owned();
     rootfs_arg.push(":O");
     let run_one = || -> Result<f64, String> {
@@ -361,7 +362,7 @@ fn mountinfo() -> Vec<(PathBuf, String)> {
             let mount_point = left.split(' ').nth(4)?;
             let fstype = right.split(' ').next()?;
             Some((
-                PathBuf::from(hutch_jail::mountinfo::unescape(mount_point)),
+                PathBuf::from(hutch_core::host::unescape_mount_path(mount_point)),
                 fstype.to_string(),
             ))
         })

@@ -45,39 +45,8 @@ async fn create_vm_with(srv: &BenchServer, volumes: Value) -> anyhow::Result<Str
 /// A cold boot of the guest the template's sandboxes restore from: QEMU start to the
 /// agent's first answer, on a fresh overlay of the bake's disk (no snapshot).
 async fn cold_boot(vm_dir: &Path) -> anyhow::Result<f64> {
-    let bakes = vm_dir.join("bakes");
-    // The newest complete bake is the one the series just used.
-    let mut dirs: Vec<_> = std::fs::read_dir(&bakes)?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("complete").is_file())
-        .collect();
-    dirs.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
-    let bake = dirs.pop().context("no bake to cold boot from")?;
-    let boot = std::fs::read_dir(vm_dir.join("boot"))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.join("complete").is_file())
-        .context("no boot assets")?;
-    let work = tempfile::Builder::new()
-        .prefix("hutch-bench-cold-")
-        .tempdir_in("/tmp")?;
-    let w = work.path();
-    let bake_disk = hutch_vm::disk::RootDisk::load_chain(
-        &bake.join("disk.qcow2"),
-        &bake.join(hutch_vm::assets::DISK_CHAIN),
-    )?;
-    let root_disk = bake_disk.overlay_at(&w.join("disk.qcow2"))?;
-    let mut config = hutch_vm::qemu::VmConfig::new(boot.join("vmlinux"), boot.join("initrd"), w);
-    config.memory_mib = MEMORY_MIB as u32;
-    config.append = hutch_vm::assets::guest_append(hutch_vm::qemu::Accel::Tcg);
-    config.root_disk = Some(root_disk);
-    let t0 = Instant::now();
-    let mut guest = hutch_vm::snapshot::Guest::start(config, &w.join("qemu.log")).await?;
-    guest.agent(Duration::from_secs(120)).await?;
-    let ms = t0.elapsed().as_secs_f64() * 1000.0;
-    guest.shutdown().await?;
-    Ok(ms)
+    let took = hutch_core::host::vm_cold_boot(vm_dir, MEMORY_MIB as u32).await?;
+    Ok(took.as_secs_f64() * 1000.0)
 }
 
 /// Run the vm series: `n` sequential creates, then `idle` sandboxes at once for density.

@@ -87,14 +87,16 @@ const TOOLS: &[Tool] = &[
 fn missing_for(needed_for: &str) -> Vec<String> {
     TOOLS
         .iter()
-        .filter(|t| t.needed_for == needed_for && hutch_jail::find_program(t.command).is_none())
+        .filter(|t| {
+            t.needed_for == needed_for && hutch_core::host::find_program(t.command).is_none()
+        })
         .map(|t| format!("{} (apt-get install {})", t.command, t.package))
         .collect()
 }
 
 /// Print the host report; exit code 0 when `ns` sandboxes can run here.
 pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
-    let report = tokio::task::spawn_blocking(hutch_jail::host_report).await?;
+    let report = tokio::task::spawn_blocking(hutch_core::host::report).await?;
     let report_json = serde_json::to_value(&report)?;
     let agent = crate::paths::find_agent(None);
     let agent_json = match &agent {
@@ -122,7 +124,7 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let tools: Vec<Value> = TOOLS
         .iter()
         .map(|t| {
-            let found = hutch_jail::find_program(t.command);
+            let found = hutch_core::host::find_program(t.command);
             json!({
                 "command": t.command,
                 "package": t.package,
@@ -212,28 +214,12 @@ pub async fn doctor(state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
 /// Whether vm sandboxes can run here (`Ok(true)` when KVM is likely, so `auto` may pick vm
 /// once the server's probe guest boots), or why not.
 fn vm_line(agent_ok: bool) -> Result<bool, String> {
-    let missing = missing_for("vm");
-    if !missing.is_empty() {
-        return Err(format!("unavailable: missing {}", missing.join(", ")));
-    }
-    let version = hutch_vm::qemu::check_version(std::path::Path::new(hutch_vm::qemu::QEMU_BINARY))
-        .map_err(|e| format!("unavailable: {e}"))?;
-    if !agent_ok {
-        return Err(format!(
-            "QEMU {version} found but the static agent is missing"
-        ));
-    }
-    let host = hutch_vm::accel::host_virt();
-    Ok(hutch_vm::accel::choose_without_probe(&host).is_none())
+    hutch_core::host::vm_support(&missing_for("vm"), agent_ok)
 }
 
 /// The one-line acceleration explanation.
 fn vm_why() -> String {
-    let host = hutch_vm::accel::host_virt();
-    match hutch_vm::accel::choose_without_probe(&host) {
-        Some(choice) => format!("{}; so auto = ns, vm is opt-in", choice.why),
-        None => "the CPU has hardware virtualization and /dev/kvm opens; `hutch serve` boots a probe guest and uses KVM (and auto = vm) if it answers".into(),
-    }
+    hutch_core::host::vm_acceleration()
 }
 
 /// Whether `hutch serve --network on` can give sandboxes a network here: `nft` (the egress
@@ -263,60 +249,11 @@ fn network_line() -> Result<String, String> {
     ))
 }
 
-/// Whether `hutch serve` on `state_dir` enforces `disk_mib` on ns sandboxes (a btrfs image of
-/// subvolumes with qgroup limits, `<state>/layers.btrfs`), with the pool's size; or why not.
+/// Whether `hutch serve` on `state_dir` enforces `disk_mib` on ns sandboxes, or why not.
 /// Reads `HUTCH_NS_DISK_POOL_GIB` as `hutch serve --ns-disk-pool-gib` does.
 fn disk_quota_line(state_dir: &Path) -> Result<String, String> {
-    use hutch_jail::btrfs;
-    let image = state_dir.join("layers.btrfs");
-    let dir = state_dir.join("layers");
     let gib = std::env::var("HUTCH_NS_DISK_POOL_GIB")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok());
-    let off = "ns sandboxes get no disk limit (disk_mib is not enforced)";
-    if gib == Some(0) {
-        return Err(format!("off (--ns-disk-pool-gib 0): {off}"));
-    }
-    if !btrfs::kernel_has_btrfs() {
-        return Err(format!(
-            "not enforced: the kernel has no btrfs (CONFIG_BTRFS_FS); {off}"
-        ));
-    }
-    if btrfs::is_btrfs(&dir) {
-        let size = btrfs::fs_size(&dir).unwrap_or(0);
-        return Ok(format!(
-            "enforced (btrfs qgroups): pool {} mounted at {}, {}",
-            image.display(),
-            dir.display(),
-            gib_text(size)
-        ));
-    }
-    if let Ok(m) = image.metadata() {
-        return Ok(format!(
-            "enforced (btrfs qgroups): pool {} of {}, mounted by hutch serve when it starts",
-            image.display(),
-            gib_text(m.len())
-        ));
-    }
-    let Some(mkfs) = btrfs::mkfs_path() else {
-        return Err(format!(
-            "not enforced: mkfs.btrfs is not on PATH (apt-get install btrfs-progs); {off}"
-        ));
-    };
-    let size = gib.map(|g| g << 30).unwrap_or_else(|| {
-        state_dir
-            .ancestors()
-            .find_map(btrfs::fs_size)
-            .unwrap_or(64 << 30)
-    });
-    Ok(format!(
-        "enforced (btrfs qgroups): hutch serve makes a sparse {} pool {} with {} on the first ns create",
-        gib_text(size),
-        image.display(),
-        mkfs.display()
-    ))
-}
-
-fn gib_text(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / f64::from(1u32 << 30))
+    hutch_core::host::ns_disk_quota(state_dir, gib)
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::{
     vm_error, VmBackend, HIBERNATED, QMP_TIMEOUT, SAVE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE,
 };
-use crate::backend::{Backend, SnapshotTaken};
+use crate::backend::{blocking, Backend, SnapshotTaken};
 use crate::config::VmSnapshotMethod;
 use crate::error::{CoreError, CoreResult};
 use crate::model::SandboxRecord;
@@ -31,25 +31,31 @@ impl VmBackend {
 
     /// A memory snapshot of `r` into `dir` ([`Backend::snapshot`]); with `in_memory` (a
     /// fork's) its shared memory goes to tmpfs (`fork_memory.rs`).
-    pub(super) fn memory_snapshot(
+    pub(super) async fn memory_snapshot(
         &self,
         r: &SandboxRecord,
         dir: &Path,
         in_memory: bool,
     ) -> CoreResult<SnapshotTaken> {
-        // What its guest has in each volume slot, for sandboxes restored from it.
-        super::volumes::write_layout(&self.cfg, r, dir)?;
-        let runtime = tokio::runtime::Handle::current();
         let hibernated = self.dir(&r.id).join(HIBERNATED);
-        if hibernated.is_file() && !Backend::alive(self, r) {
-            // Hibernated: its saved state is already a snapshot.
-            std::fs::copy(&hibernated, dir.join(SNAPSHOT_STATE))
-                .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
-            self.copy_disk(r, dir)?;
-        } else {
+        let from_hibernated = hibernated.is_file() && !Backend::alive(self, r);
+        let (this, rec, to) = (self.clone(), r.clone(), dir.to_path_buf());
+        blocking(move || {
+            // What its guest has in each volume slot, for sandboxes restored from it.
+            super::volumes::write_layout(&this.cfg, &rec, &to)?;
+            if from_hibernated {
+                // Hibernated: its saved state is already a snapshot.
+                std::fs::copy(&hibernated, to.join(SNAPSHOT_STATE))
+                    .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
+                this.copy_disk(&rec, &to)?;
+            }
+            Ok(())
+        })
+        .await?;
+        if !from_hibernated {
             if self.cfg.vm_snapshot == VmSnapshotMethod::Capture {
                 let t0 = Instant::now();
-                let captured = runtime.block_on(self.snapshot_captured(r, dir, in_memory));
+                let captured = self.snapshot_captured(r, dir, in_memory).await;
                 tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, ok = captured.is_ok(), "snapshot: captured");
                 match captured {
                     Ok(shared_bytes) => {
@@ -63,11 +69,11 @@ impl VmBackend {
             }
             self.snapshots_streamed.fetch_add(1, Ordering::Relaxed);
             let t0 = Instant::now();
-            runtime.block_on(self.snapshot_running(r, dir))?;
+            self.snapshot_running(r, dir).await?;
             tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory saved, disk copied, guest resumed");
         }
         let t0 = Instant::now();
-        let shared = runtime.block_on(self.share_memory(r, dir));
+        let shared = self.share_memory(r, dir).await;
         tracing::debug!(id = %r.id, ms = t0.elapsed().as_millis() as u64, "snapshot: memory shared");
         let shared_bytes = match shared {
             Ok(bytes) => bytes,
@@ -114,15 +120,16 @@ impl VmBackend {
                         .await
                         .map_err(vm_error)?;
                     let devices_ms = t0.elapsed().as_millis() as u64;
-                    // The RAM on the blocking pool while this thread copies the disk.
+                    // The RAM and the disk copied at once, on the blocking pool.
                     let memory = shared.join("memory");
                     let ram = tokio::task::spawn_blocking(move || {
                         let mirror = mirror.as_deref().map(|m| (original.as_path(), m));
                         hutch_vm::capture::copy_guest_ram(pid, ram_bytes, &memory, mirror)
                     });
-                    let disk = self.copy_disk(r, dir);
+                    let (this, rec, to) = (self.clone(), r.clone(), dir.to_path_buf());
+                    let disk = blocking(move || this.copy_disk(&rec, &to));
+                    let (ram, disk) = tokio::join!(ram, disk);
                     let ram = ram
-                        .await
                         .map_err(|e| CoreError::Internal(e.to_string()))?
                         .map_err(vm_error)?;
                     disk?;
@@ -157,7 +164,13 @@ impl VmBackend {
     /// disk while it is stopped (migration has flushed it), let it run again.
     async fn snapshot_running(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
         let saved = self.stop_and_save(r, &dir.join(SNAPSHOT_STATE)).await;
-        let copied = saved.and_then(|()| self.copy_disk(r, dir));
+        let copied = match saved {
+            Ok(()) => {
+                let (this, rec, to) = (self.clone(), r.clone(), dir.to_path_buf());
+                blocking(move || this.copy_disk(&rec, &to)).await
+            }
+            Err(e) => Err(e),
+        };
         let resumed = self.qmp(r, async |q| q.cont().await).await;
         copied.and(resumed)
     }

@@ -51,7 +51,7 @@ impl VmBackend {
         r: &SandboxRecord,
         rootfs: &Path,
     ) -> CoreResult<(Boot, PathBuf, Snapshot)> {
-        let assets = self.assets();
+        let assets = self.assets().await;
         let (template, root) = (r.template.clone(), rootfs.to_path_buf());
         let stamp = template_stamp(rootfs)?;
         let building = assets.clone();

@@ -12,43 +12,48 @@ use std::path::{Path, PathBuf};
 use hutch_proto::client::AgentClient;
 
 use super::{Started, VmBackend};
+use crate::backend::blocking;
 use crate::error::{CoreError, CoreResult};
 use crate::model::SandboxRecord;
 
 impl VmBackend {
     /// Restore a guest for the pool: the record's identity without its network, the first
-    /// programs run once, then paused (no CPU until claimed). Blocking.
-    pub fn create_warm(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+    /// programs run once, then paused (no CPU until claimed).
+    pub(super) async fn restore_warm(
+        &self,
+        record: &SandboxRecord,
+        rootfs: &Path,
+    ) -> CoreResult<Started> {
         self.check()?;
-        let started =
-            tokio::runtime::Handle::current().block_on(self.restore(record, rootfs, None, true));
+        let started = self.restore(record, rootfs, None, true).await;
         if started.is_err() {
-            let _ = std::fs::remove_dir_all(self.dir(&record.id));
+            let dir = self.dir(&record.id);
+            let _ = blocking(move || {
+                let _ = std::fs::remove_dir_all(dir);
+                Ok(())
+            })
+            .await;
         }
         started
     }
 
     /// Make the warm guest of `record` the sandbox `record` describes: let it run, apply the
     /// requested CPU bandwidth, and give it its identity (reseeding its CRNG: warm guests of
-    /// one bake share their RNG state until then). Blocking.
-    pub fn claim_warm(&self, record: &SandboxRecord, agent: &AgentClient) -> CoreResult<()> {
+    /// one bake share their RNG state until then).
+    pub(super) async fn claim_warm_guest(
+        &self,
+        record: &SandboxRecord,
+        agent: &AgentClient,
+    ) -> CoreResult<()> {
         let cgroups: Vec<PathBuf> = record.cgroups.iter().map(PathBuf::from).collect();
         hutch_jail::set_process_cpu_limit(&cgroups, (record.cpus * 1000.0).round() as u32)
             .map_err(|e| CoreError::Internal(format!("CPU limit of QEMU: {e}")))?;
         let mut identity = Self::identity(record)?;
         identity.network = self.guest_config(record)?;
-        tokio::runtime::Handle::current().block_on(async {
-            self.qmp(record, async |q| q.cont().await).await?;
-            agent
-                .identity(&identity)
-                .await
-                .map_err(|e| CoreError::SandboxFailed(format!("identity of the warm guest: {e}")))
-        })
-    }
-
-    /// What makes warm guests interchangeable for a create from `rootfs`, beyond the
-    /// template's name and the guest's shape: the build of the template's root.
-    pub fn template_build(&self, rootfs: &Path) -> Option<String> {
-        super::template_stamp(rootfs).ok()
+        self.qmp(record, async |q| q.cont().await).await?;
+        agent
+            .identity(&identity)
+            .await
+            .map_err(|e| CoreError::SandboxFailed(format!("identity of the warm guest: {e}")))
     }
 }

@@ -1,0 +1,81 @@
+//! The Prometheus text of `/metrics`: the counters of [`crate::metrics`], sandboxes by state,
+//! the warm pool, the exec output budget, each backend's own lines and network traffic.
+
+use super::Manager;
+use crate::error::CoreResult;
+use crate::model::SandboxState;
+
+impl Manager {
+    /// Prometheus text.
+    ///
+    /// `per_sandbox`: include the series labelled with sandbox ids (for authenticated
+    /// scrapes); without it, their server-wide sums (safe to serve without a key: no ids,
+    /// bounded cardinality).
+    pub fn metrics_text(&self, per_sandbox: bool) -> CoreResult<String> {
+        let counts = self.store.count_by_state()?;
+        let states: Vec<(&str, u64)> = SandboxState::ALL
+            .iter()
+            .map(|s| {
+                (
+                    s.as_str(),
+                    counts
+                        .iter()
+                        .find(|(c, _)| c == s)
+                        .map(|(_, n)| *n)
+                        .unwrap_or(0),
+                )
+            })
+            .collect();
+        let mut text = self.metrics.render(&states);
+        {
+            use std::fmt::Write as _;
+            let _ = writeln!(
+                text,
+                "# HELP hutch_vm_warm_guests Warm vm guests ready to become sandboxes.\n# TYPE hutch_vm_warm_guests gauge\nhutch_vm_warm_guests {}",
+                self.warm.len()
+            );
+            let budget = &self.output_budget;
+            let _ = writeln!(
+                text,
+                "# HELP hutch_exec_output_budget_bytes Memory collected exec output may hold (hutch serve --exec-output-budget-mib).\n# TYPE hutch_exec_output_budget_bytes gauge\nhutch_exec_output_budget_bytes {}\n# HELP hutch_exec_output_buffered_bytes Collected exec output held now.\n# TYPE hutch_exec_output_buffered_bytes gauge\nhutch_exec_output_buffered_bytes {}\n# HELP hutch_exec_output_buffered_peak_bytes Most collected exec output held at once since start.\n# TYPE hutch_exec_output_buffered_peak_bytes gauge\nhutch_exec_output_buffered_peak_bytes {}\n# HELP hutch_exec_output_waits_total Execs whose output reading waited for the budget.\n# TYPE hutch_exec_output_waits_total counter\nhutch_exec_output_waits_total {}",
+                budget.limit(),
+                budget.used(),
+                budget.peak(),
+                budget.waits()
+            );
+        }
+        for backend in self.backends.all() {
+            text.push_str(&backend.metrics_text());
+        }
+        let traffic = self.traffic_all();
+        if self.network.is_some() && !per_sandbox {
+            use std::fmt::Write as _;
+            let (bytes, conns) = traffic.values().fold((0u64, 0u64), |(b, c), t| {
+                (b + t.bytes_out, c + t.connections_out)
+            });
+            let _ = writeln!(text, "# HELP hutch_network_bytes_out Bytes all live sandboxes sent out (per sandbox: GET /v1/metrics with a key).\n# TYPE hutch_network_bytes_out gauge\nhutch_network_bytes_out {bytes}\n# HELP hutch_network_connections_out Connections (and UDP flows) all live sandboxes opened out.\n# TYPE hutch_network_connections_out gauge\nhutch_network_connections_out {conns}");
+        }
+        if self.network.is_some() && per_sandbox {
+            use std::fmt::Write as _;
+            let mut ids: Vec<_> = traffic.keys().collect();
+            ids.sort();
+            let _ = writeln!(text, "# HELP hutch_sandbox_network_bytes_out Bytes a sandbox sent out (IP packets leaving its interface).\n# TYPE hutch_sandbox_network_bytes_out counter");
+            for id in &ids {
+                let _ = writeln!(
+                    text,
+                    "hutch_sandbox_network_bytes_out{{sandbox=\"{id}\"}} {}",
+                    traffic[*id].bytes_out
+                );
+            }
+            let _ = writeln!(text, "# HELP hutch_sandbox_network_connections_out Connections (and UDP flows) a sandbox opened out.\n# TYPE hutch_sandbox_network_connections_out counter");
+            for id in &ids {
+                let _ = writeln!(
+                    text,
+                    "hutch_sandbox_network_connections_out{{sandbox=\"{id}\"}} {}",
+                    traffic[*id].connections_out
+                );
+            }
+        }
+        Ok(text)
+    }
+}

@@ -1,0 +1,135 @@
+//! What happens to sandboxes without a request: re-adoption after a server restart, the
+//! death watcher of every init, and the TTL reaper.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::Manager;
+use crate::error::CoreResult;
+use crate::model::{SandboxRecord, SandboxState};
+use crate::time::now_ms;
+
+impl Manager {
+    /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed. Paused
+    /// sandboxes stay paused; hibernated ones stay hibernated (after removing whatever a wake
+    /// interrupted by the restart left running).
+    pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
+        self.drain_warm().await;
+        for r in self.store.all()? {
+            if r.state == SandboxState::Hibernated {
+                let backend = self.backend(r.isolation)?;
+                if let Err(e) = backend.hibernate(&r).await {
+                    tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
+                }
+                continue;
+            }
+            if !r.state.holds_resources() {
+                continue;
+            }
+            let backend = self.backend(r.isolation)?;
+            if r.state != SandboxState::Starting && backend.alive(&r) {
+                if r.net_slot.is_some() && self.readopt_network(&r, true).is_none() {
+                    let _ = self.store.modify(&r.id, |rec| {
+                        rec.net_slot = None;
+                        Ok(())
+                    });
+                }
+                tracing::info!(id = %r.id, "re-adopted running sandbox");
+                backend.adopt(&r);
+                self.watch_init(&r);
+            } else {
+                self.mark_failed(r, "the sandbox stopped while the server was down".into())
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Record a death: state `failed` with a reason, host resources released.
+    pub(super) async fn mark_failed(&self, r: SandboxRecord, reason: String) {
+        tracing::warn!(id = %r.id, %reason, "sandbox failed");
+        self.lock_agents().remove(&r.id);
+        if let Err(e) = self.destroy_resources(&r).await {
+            tracing::error!(id = %r.id, error = %e, "teardown of a failed sandbox");
+        }
+        self.metrics.failures.fetch_add(1, Ordering::Relaxed);
+        let saved = self.store.modify(&r.id, |rec| {
+            rec.state = SandboxState::Failed;
+            rec.error = Some(reason.clone());
+            rec.init_pid = None;
+            rec.init_start_time = None;
+            Ok(())
+        });
+        if saved.is_ok() {
+            self.events
+                .publish("sandbox.failed", &r.id, r.tenant(), Some(reason));
+        }
+        self.release_layer(r.layer.as_deref()).await;
+    }
+
+    /// Watch the sandbox's init; when it dies unexpectedly, mark the sandbox failed.
+    pub(super) fn watch_init(self: &Arc<Self>, r: &SandboxRecord) {
+        let Some(pid) = r.init_pid else { return };
+        let weak = Arc::downgrade(self);
+        let id = r.id.clone();
+        tokio::spawn(async move {
+            let status = crate::pidwatch::wait_exit(pid).await;
+            let Some(m) = weak.upgrade() else { return };
+            let Ok(Some(rec)) = m.store.get(&id) else {
+                return;
+            };
+            if rec.state == SandboxState::Pooled && rec.init_pid == Some(pid) {
+                tracing::warn!(%id, %status, "a warm vm guest stopped");
+                m.replace_warm(&rec).await;
+                return;
+            }
+            if !rec.state.holds_resources() || rec.init_pid != Some(pid) {
+                return;
+            }
+            let backend = match m.backend(rec.isolation) {
+                Ok(b) => b,
+                Err(_) => return,
+            };
+            let reason = if backend.init_oom_killed(&rec) {
+                m.metrics.oom_kills.fetch_add(1, Ordering::Relaxed);
+                m.events.publish(
+                    "sandbox.oom",
+                    &id,
+                    rec.metadata.get("tenant_id").cloned(),
+                    Some(format!("memory limit of {} MiB exceeded", rec.memory_mib)),
+                );
+                format!(
+                    "the sandbox's init (agent) was killed: out of memory (limit {} MiB)",
+                    rec.memory_mib
+                )
+            } else {
+                backend.exit_reason(&rec, &status)
+            };
+            m.mark_failed(rec, reason).await;
+        });
+    }
+
+    /// Destroy sandboxes whose TTL ran out (never persistent ones).
+    pub async fn reap_expired(&self) {
+        let now = now_ms();
+        let Ok(all) = self.store.all() else { return };
+        for r in all {
+            if !r.persistent && r.expires_at_ms <= now {
+                let id = r.id.clone();
+                // Not in the middle of a transition (a wake, a snapshot being read).
+                let _op = self.op_lock(&id).await;
+                let Ok(r) = self.load(&id) else { continue };
+                if r.persistent || r.expires_at_ms > now {
+                    continue;
+                }
+                match self.remove(r, "sandbox.expired").await {
+                    Ok(()) => {
+                        self.metrics.expired.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(%id, "sandbox expired");
+                    }
+                    Err(e) => tracing::error!(%id, error = %e, "reaping an expired sandbox"),
+                }
+            }
+        }
+    }
+}
