@@ -13,8 +13,8 @@
 //! What the host keeps about each guest where its QEMU cannot reach it — the disk's backing
 //! chain as the host made it, the console ring — is in `records.rs`.
 //!
-//! Pause/resume are QMP `stop`/`cont`. Hibernate, wake and snapshots are not supported on
-//! `vm` yet ([`CoreError::Unsupported`]).
+//! Pause/resume are QMP `stop`/`cont`. Without QEMU (or a disk tool, or the guest kernel)
+//! every call is [`CoreError::VmUnavailable`] or [`CoreError::Vm`], answered 422.
 //!
 //! Every method blocks (the manager calls them on the blocking pool); async work (QMP, the
 //! agent) runs with `Handle::block_on` on that thread.
@@ -75,22 +75,6 @@ const QEMU_OVERHEAD_MIB: u64 = 256;
 /// Threads QEMU may run (vCPUs, I/O, RCU, migration).
 const QEMU_PIDS_MAX: u32 = 64;
 
-fn vm_error(e: VmError) -> CoreError {
-    match e {
-        VmError::Qemu(q) => CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {q}")),
-        VmError::Disk(d @ disk::DiskError::MissingTool { .. }) => {
-            CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {d}"))
-        }
-        VmError::Package(p) => CoreError::Unsupported(format!(
-            "isolation \"vm\" is unavailable: cannot get the guest kernel ({p}); check that apt-get can reach Debian's registry, or pass --vm-kernel-root"
-        )),
-        VmError::Exited { .. } | VmError::AgentTimeout { .. } => {
-            CoreError::SandboxFailed(e.to_string())
-        }
-        other => CoreError::Internal(other.to_string()),
-    }
-}
-
 /// Told what a create is waiting for when it builds vm assets (kernel, image, bake).
 pub type Progress = Arc<dyn Fn(&SandboxRecord, String) + Send + Sync>;
 
@@ -104,7 +88,7 @@ pub struct VmBackend {
     /// The cache, made with the accelerator chosen (bakes depend on it).
     assets: OnceLock<Arc<Assets>>,
     accel: OnceLock<AccelChoice>,
-    qemu_version: OnceLock<Result<String, String>>,
+    qemu_version: OnceLock<Result<String, Arc<hutch_vm::qemu::QemuError>>>,
     /// Memory snapshots of running guests captured so far (`capture.rs`).
     snapshots_captured: std::sync::atomic::AtomicU64,
     /// Memory snapshots of running guests saved as a full stream (the fallback).
@@ -134,9 +118,7 @@ impl VmBackend {
             return Ok(None);
         };
         let index = r.net_slot.unwrap_or_default();
-        let tap = net
-            .attach_tap(index, &r.id)
-            .map_err(|e| CoreError::Internal(format!("the guest's network: {e}")))?;
+        let tap = net.attach_tap(index, &r.id).map_err(CoreError::from)?;
         Ok(Some((config, Arc::new(tap))))
     }
 
@@ -195,11 +177,9 @@ impl VmBackend {
     /// Check QEMU is installed and new enough (once per process); returns its version.
     pub fn check(&self) -> CoreResult<String> {
         self.qemu_version
-            .get_or_init(|| {
-                hutch_vm::qemu::check_version(&self.cfg.qemu).map_err(|e| e.to_string())
-            })
+            .get_or_init(|| hutch_vm::qemu::check_version(&self.cfg.qemu).map_err(Arc::new))
             .clone()
-            .map_err(|e| CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {e}")))
+            .map_err(CoreError::VmUnavailable)
     }
 
     /// The accelerator choice if it was made already ([`VmBackend::accel`]).
@@ -250,8 +230,7 @@ impl VmBackend {
     /// entropy (the agent reseeds the CRNG with it) and the wall clock.
     fn identity(r: &SandboxRecord) -> CoreResult<IdentityRequest> {
         let mut entropy = vec![0u8; ENTROPY_BYTES];
-        getrandom::fill(&mut entropy)
-            .map_err(|e| CoreError::Internal(format!("host entropy: {e}")))?;
+        getrandom::fill(&mut entropy)?;
         let mut env = std::collections::BTreeMap::new();
         env.insert(
             "PATH".to_string(),
@@ -331,9 +310,10 @@ impl VmBackend {
                     }
                 }
                 let disk = self.snapshot_disk(&from, &overlay)?;
-                std::fs::copy(from.join(SNAPSHOT_DISK), &overlay).map_err(|e| {
-                    CoreError::Internal(format!("copy the disk of snapshot {layer}: {e}"))
-                })?;
+                std::fs::copy(from.join(SNAPSHOT_DISK), &overlay).map_err(CoreError::io(
+                    "copy the snapshot disk",
+                    from.join(SNAPSHOT_DISK),
+                ))?;
                 give_to(&overlay, uid, 0o600)?;
                 self.record_disk(&r.id, &disk)?;
                 disk
@@ -344,7 +324,9 @@ impl VmBackend {
                     .root_disk
                     .as_ref()
                     .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-                let disk = base.overlay_at(&overlay).map_err(|e| vm_error(e.into()))?;
+                let disk = base
+                    .overlay_at(&overlay)
+                    .map_err(|e| CoreError::from(VmError::from(e)))?;
                 give_to(&overlay, uid, 0o600)?;
                 self.record_disk(&r.id, &disk)?;
                 disk
@@ -365,7 +347,7 @@ impl VmBackend {
                 tmp_bytes: 0,
             },
         )
-        .map_err(|e| CoreError::Internal(format!("cgroups for QEMU: {e}")))?;
+        .map_err(CoreError::from)?;
         let mut groups = vec![MEMORY_GID];
         if self.assets().config().accel == hutch_vm::qemu::Accel::Kvm {
             groups.extend(kvm_gid());
@@ -386,7 +368,7 @@ impl VmBackend {
             };
             let (mut guest, client, report) = snapshot::restore(&snap, placement, RESTORE_TIMEOUT)
                 .await
-                .map_err(vm_error)?;
+                .map_err(CoreError::from)?;
             // On failure from here on, dropping `guest` kills QEMU.
             let mut identity = Self::identity(r)?;
             identity.network = guest_net.filter(|_| !warm).map(|(n, _)| n);
@@ -400,20 +382,23 @@ impl VmBackend {
                     .qmp
                     .block_resize(resize::ROOT_DRIVE, bytes)
                     .await
-                    .map_err(|e| CoreError::SandboxFailed(format!("growing the disk: {e}")))?;
+                    .map_err(CoreError::qmp("growing the disk"))?;
                 identity.root_disk_bytes = Some(bytes);
             }
             let identifying = std::time::Instant::now();
-            client.identity(&identity).await.map_err(|e| {
-                CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
-            })?;
+            client
+                .identity(&identity)
+                .await
+                .map_err(CoreError::guest_setup("identity of the restored guest"))?;
             let identity_ms = identifying.elapsed().as_millis() as u64;
             if warm {
                 hutch_vm::snapshot::run_first_programs(&client).await;
                 // Through the restore's own QMP connection (QEMU serves one at a time).
-                guest.qmp.stop().await.map_err(|e| {
-                    CoreError::SandboxFailed(format!("pausing the warm guest: {e}"))
-                })?;
+                guest
+                    .qmp
+                    .stop()
+                    .await
+                    .map_err(CoreError::qmp("pausing the warm guest"))?;
             }
             let pid = guest.detach() as i32;
             let start = hutch_jail::start_time(pid).ok_or_else(|| {
@@ -454,8 +439,7 @@ impl VmBackend {
     /// the stream is loadable into a shared memory file too, `hutch_vm::share`).
     async fn stop_and_save(&self, r: &SandboxRecord, path: &Path) -> CoreResult<()> {
         // Perhaps in QEMU's directory (hibernation): never through a link it planted.
-        let file = hutch_vm::qemu::create_fresh(path)
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
+        let file = hutch_vm::qemu::create_fresh(path).map_err(CoreError::io("create", path))?;
         self.qmp_within(r, SAVE_TIMEOUT, async |q| {
             use std::os::fd::AsFd;
             q.stop().await?;
@@ -476,8 +460,7 @@ impl VmBackend {
             let _ = self.qmp(r, async |q| q.cont().await).await;
             return Err(e);
         }
-        std::fs::rename(&tmp, saved)
-            .map_err(|e| CoreError::Internal(format!("rename {}: {e}", saved.display())))
+        std::fs::rename(&tmp, saved).map_err(CoreError::io("rename", saved))
     }
 
     async fn qmp(
@@ -497,19 +480,18 @@ impl VmBackend {
         let socket = self.dir(&r.id).join("qmp.sock");
         let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT)
             .await
-            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
+            .map_err(CoreError::qmp("QMP"))?;
         tokio::time::timeout(limit, f(&mut qmp))
             .await
             .map_err(|_| CoreError::SandboxFailed("QMP did not answer".into()))?
-            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))
+            .map_err(CoreError::qmp("QMP"))
     }
 }
 
 /// What identifies one build of a template's root: a rebuild makes a new directory.
 fn template_stamp(rootfs: &Path) -> CoreResult<String> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(rootfs)
-        .map_err(|e| CoreError::Internal(format!("template root {}: {e}", rootfs.display())))?;
+    let m = std::fs::metadata(rootfs).map_err(CoreError::io("read the template root", rootfs))?;
     Ok(format!(
         "{}:{}:{}.{}",
         m.dev(),
@@ -526,12 +508,7 @@ fn create_private_dir(dir: &Path, uid: u32) -> CoreResult<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(CoreError::Internal(format!(
-                "create {}: {e}",
-                dir.display()
-            )))
-        }
+        Err(e) => return Err(CoreError::io("create", dir)(e)),
     }
     give_to(dir, uid, 0o700)
 }
@@ -541,7 +518,7 @@ fn give_to(path: &Path, uid: u32, mode: u32) -> CoreResult<()> {
     use std::os::unix::fs::PermissionsExt;
     std::os::unix::fs::chown(path, Some(uid), Some(uid))
         .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
-        .map_err(|e| CoreError::Internal(format!("chown {}: {e}", path.display())))
+        .map_err(CoreError::io("chown", path))
 }
 
 /// The group owning `/dev/kvm`, so a jailed QEMU can open it.
@@ -611,15 +588,11 @@ impl Backend for VmBackend {
             kill_and_wait(pid, start)?;
         }
         let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
-        hutch_jail::release_process_cgroups(&r.id, &cgroups)
-            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
+        hutch_jail::release_process_cgroups(&r.id, &cgroups).map_err(CoreError::from)?;
         // Only files here (overlay, sockets, logs): no mounts to cross.
         match std::fs::remove_dir_all(self.dir(&r.id)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(CoreError::Internal(format!(
-                    "remove {}: {e}",
-                    self.dir(&r.id).display()
-                )))
+                return Err(CoreError::io("remove", self.dir(&r.id))(e))
             }
             _ => {}
         }
@@ -688,8 +661,7 @@ impl Backend for VmBackend {
             kill_and_wait(pid, start)?;
         }
         let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
-        hutch_jail::release_process_cgroups(&r.id, &cgroups)
-            .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))
+        hutch_jail::release_process_cgroups(&r.id, &cgroups).map_err(CoreError::from)
     }
 
     fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
@@ -728,9 +700,9 @@ impl Backend for VmBackend {
         self.remove_shared_memory(dir)?;
         // Only our files and the manifest: no mounts in it.
         match std::fs::remove_dir_all(dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CoreError::Internal(
-                format!("remove {}: {e}", dir.display()),
-            )),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(CoreError::io("remove", dir)(e))
+            }
             _ => Ok(()),
         }
     }

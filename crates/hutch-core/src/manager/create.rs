@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hutch_proto::client::AgentClient;
 
-use super::{client_error, Manager};
+use super::Manager;
 use crate::backend::Backend;
 use crate::config::MIN_UID_SLOT;
 use crate::error::{CoreError, CoreResult};
@@ -91,8 +91,7 @@ impl Manager {
                     }
                 }
             })
-            .await
-            .map_err(|e| CoreError::Internal(e.to_string()))?
+            .await?
         };
         let started = started.map(|(s, rec)| {
             record.net_slot = rec.net_slot;
@@ -299,9 +298,7 @@ impl Manager {
             return Ok(());
         }
         let ns = self.ns.clone();
-        let quota = tokio::task::spawn_blocking(move || ns.disk_quota())
-            .await
-            .map_err(|e| CoreError::Internal(e.to_string()))?;
+        let quota = tokio::task::spawn_blocking(move || ns.disk_quota()).await?;
         match quota {
             crate::backend::ns::DiskQuota::Enforced { pool_mib } if r.disk_mib > pool_mib => {
                 Err(CoreError::InvalidArgument(format!(
@@ -337,8 +334,8 @@ impl Manager {
         let ready = async {
             let client = AgentClient::connect_unix(&backend.agent_socket(id))
                 .await
-                .map_err(client_error)?;
-            let info = client.info().await.map_err(client_error)?;
+                .map_err(CoreError::from)?;
+            let info = client.info().await.map_err(CoreError::from)?;
             if info.protocol_version != hutch_proto::PROTOCOL_VERSION {
                 return Err(CoreError::SandboxFailed(format!(
                     "agent speaks protocol {} but the server speaks {}",

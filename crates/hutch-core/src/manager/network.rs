@@ -4,19 +4,10 @@
 use std::sync::Arc;
 
 use hutch_net::policy::{Egress, Policy, PolicySpec};
-use hutch_net::NetError;
 
 use super::{blocking, wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxView};
-
-pub(crate) fn net_error(e: NetError) -> CoreError {
-    match e {
-        NetError::Invalid(m) => CoreError::InvalidArgument(m),
-        NetError::PoolExhausted(_) => CoreError::Quota(e.to_string()),
-        other => CoreError::Internal(format!("sandbox network: {other}")),
-    }
-}
 
 /// The policy stored in a record (`None` or unparsable: loopback only).
 pub(crate) fn record_policy(r: &SandboxRecord) -> Policy {
@@ -77,7 +68,7 @@ impl Manager {
                 ..PolicySpec::default()
             },
         };
-        let policy = Policy::from_spec(&spec).map_err(net_error)?;
+        let policy = Policy::from_spec(&spec).map_err(CoreError::from)?;
         if policy.networked() && self.network.is_none() {
             return Err(CoreError::InvalidArgument(crate::NO_NETWORK_MESSAGE.into()));
         }
@@ -100,7 +91,7 @@ impl Manager {
         {
             return Ok(());
         }
-        let lease = net.acquire(&r.id, &policy).map_err(net_error)?;
+        let lease = net.acquire(&r.id, &policy).map_err(CoreError::from)?;
         r.net_slot = Some(lease.index);
         r.network = Some(policy_json(&policy, Some(lease.addrs.sandbox)));
         Ok(())
@@ -143,7 +134,7 @@ impl Manager {
         if !r.state.holds_resources() && r.state != crate::model::SandboxState::Hibernated {
             return Err(wrong_state(&r, Some("change the network of")));
         }
-        let policy = Policy::from_spec(&spec).map_err(net_error)?;
+        let policy = Policy::from_spec(&spec).map_err(CoreError::from)?;
         let current = record_policy(&r);
         if policy.networked() && !current.networked() {
             return Err(CoreError::Conflict(format!(
@@ -154,7 +145,7 @@ impl Manager {
         if let (Some(net), Some(index)) = (self.network.clone(), r.net_slot) {
             if net.netns_path(index, id).is_some() {
                 let p = policy.clone();
-                blocking(move || net.set_policy(index, &p).map_err(net_error)).await?;
+                blocking(move || net.set_policy(index, &p).map_err(CoreError::from)).await?;
             }
         }
         let value = policy_json(&policy, address);

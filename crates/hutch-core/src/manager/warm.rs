@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use hutch_net::policy::{Egress, Policy, PolicySpec};
 use hutch_proto::client::AgentClient;
 
-use super::network::{net_error, policy_json, record_address, record_policy};
+use super::network::{policy_json, record_address, record_policy};
 use super::{blocking, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
@@ -137,7 +137,8 @@ impl Manager {
                 let (mgr, r, agent) = (self.clone(), rec.clone(), guest.agent.clone());
                 blocking(move || {
                     if let (Some(net), Some(i)) = (&mgr.network, r.net_slot) {
-                        net.set_policy(i, &record_policy(&r)).map_err(net_error)?;
+                        net.set_policy(i, &record_policy(&r))
+                            .map_err(CoreError::from)?;
                     }
                     mgr.vm.claim_warm(&r, &agent)
                 })
@@ -237,7 +238,7 @@ impl Manager {
             egress,
             ..PolicySpec::default()
         })
-        .map_err(net_error)?;
+        .map_err(CoreError::from)?;
         let now = now_ms();
         let mut record = SandboxRecord {
             id: ids::new_sandbox_id(),

@@ -10,9 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::{
-    vm_error, VmBackend, HIBERNATED, QMP_TIMEOUT, SAVE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE,
-};
+use super::{VmBackend, HIBERNATED, QMP_TIMEOUT, SAVE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE};
 use crate::backend::{Backend, SnapshotTaken};
 use crate::config::VmSnapshotMethod;
 use crate::error::{CoreError, CoreResult};
@@ -44,7 +42,7 @@ impl VmBackend {
         if hibernated.is_file() && !Backend::alive(self, r) {
             // Hibernated: its saved state is already a snapshot.
             std::fs::copy(&hibernated, dir.join(SNAPSHOT_STATE))
-                .map_err(|e| CoreError::Internal(format!("copy the hibernated state: {e}")))?;
+                .map_err(CoreError::io("copy the hibernated state", &hibernated))?;
             self.copy_disk(r, dir)?;
         } else {
             if self.cfg.vm_snapshot == VmSnapshotMethod::Capture {
@@ -103,16 +101,16 @@ impl VmBackend {
         let socket = self.dir(&r.id).join("qmp.sock");
         let mut qmp = hutch_vm::qmp::Qmp::connect(&socket, QMP_TIMEOUT)
             .await
-            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
+            .map_err(CoreError::qmp("QMP"))?;
         let t0 = Instant::now();
         let captured = match qmp.stop().await {
-            Err(e) => Err(vm_error(e.into())),
+            Err(e) => Err(CoreError::from(hutch_vm::VmError::from(e))),
             Ok(()) => {
                 let ram_bytes = r.memory_mib << 20;
                 let captured = tokio::time::timeout(SAVE_TIMEOUT, async {
                     hutch_vm::capture::save_devices(&mut qmp, &bake_state, &shared.join("state"))
                         .await
-                        .map_err(vm_error)?;
+                        .map_err(CoreError::from)?;
                     let devices_ms = t0.elapsed().as_millis() as u64;
                     // The RAM on the blocking pool while this thread copies the disk.
                     let memory = shared.join("memory");
@@ -121,10 +119,7 @@ impl VmBackend {
                         hutch_vm::capture::copy_guest_ram(pid, ram_bytes, &memory, mirror)
                     });
                     let disk = self.copy_disk(r, dir);
-                    let ram = ram
-                        .await
-                        .map_err(|e| CoreError::Internal(e.to_string()))?
-                        .map_err(vm_error)?;
+                    let ram = ram.await?.map_err(CoreError::from)?;
                     disk?;
                     tracing::debug!(
                         id = %r.id,
@@ -142,10 +137,7 @@ impl VmBackend {
                     Err(CoreError::SandboxFailed("the capture took too long".into()))
                 });
                 // Running again whatever happened.
-                let resumed = qmp
-                    .cont()
-                    .await
-                    .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")));
+                let resumed = qmp.cont().await.map_err(CoreError::qmp("QMP"));
                 captured.and(resumed)
             }
         };

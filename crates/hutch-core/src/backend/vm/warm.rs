@@ -34,7 +34,7 @@ impl VmBackend {
     pub fn claim_warm(&self, record: &SandboxRecord, agent: &AgentClient) -> CoreResult<()> {
         let cgroups: Vec<PathBuf> = record.cgroups.iter().map(PathBuf::from).collect();
         hutch_jail::set_process_cpu_limit(&cgroups, (record.cpus * 1000.0).round() as u32)
-            .map_err(|e| CoreError::Internal(format!("CPU limit of QEMU: {e}")))?;
+            .map_err(CoreError::from)?;
         let mut identity = Self::identity(record)?;
         identity.network = self.guest_config(record)?;
         tokio::runtime::Handle::current().block_on(async {
@@ -42,7 +42,7 @@ impl VmBackend {
             agent
                 .identity(&identity)
                 .await
-                .map_err(|e| CoreError::SandboxFailed(format!("identity of the warm guest: {e}")))
+                .map_err(CoreError::guest_setup("identity of the warm guest"))
         })
     }
 
