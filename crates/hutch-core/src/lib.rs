@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod model;
 pub mod output;
 mod pidwatch;
+pub mod sandbox_network;
 pub mod sandbox_token;
 pub mod snapshot;
 pub mod store;

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use hutch_net::policy::{Egress, Policy, PolicySpec};
 use hutch_proto::client::AgentClient;
 
-use super::network::{policy_json, record_address, record_policy};
+use super::network::{record_address, record_policy};
 use super::{blocking, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::{vcpus, Isolation, SandboxRecord, SandboxState};
+use crate::sandbox_network::SandboxNetwork;
 use crate::time::now_ms;
 
 /// How long a shape stays warm after the last create that asked for it.
@@ -131,7 +132,10 @@ impl Manager {
         rec.disk_mib = pooled.disk_mib;
         rec.state = SandboxState::Starting;
         // The requested policy, at the slot's address.
-        rec.network = Some(policy_json(&record_policy(wanted), record_address(&pooled)));
+        rec.network = Some(SandboxNetwork {
+            policy: record_policy(wanted),
+            address: record_address(&pooled),
+        });
         let claimed = match self.store.update(&rec) {
             Ok(()) => {
                 let (mgr, r, agent) = (self.clone(), rec.clone(), guest.agent.clone());
@@ -260,7 +264,7 @@ impl Manager {
             init_start_time: None,
             cgroups: vec![],
             error: None,
-            network: Some(policy_json(&policy, None)),
+            network: Some(SandboxNetwork::new(policy)),
             layer: None,
             snapshot: None,
             forked_from: None,
