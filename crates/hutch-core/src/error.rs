@@ -116,6 +116,16 @@ pub enum CoreError {
     /// pool 429, anything else 500).
     #[error("{}", net_message(.0))]
     Net(#[from] hutch_net::NetError),
+    /// Host networking work failed where no request could have caused it (starting sandbox
+    /// networking, a guest's TAP) (500, whatever the cause).
+    #[error("internal error: {action}: {source}")]
+    NetHost {
+        /// What was being done.
+        action: &'static str,
+        /// The networking error.
+        #[source]
+        source: hutch_net::NetError,
+    },
     /// The template store failed (500).
     #[error("internal error: templates: {0}")]
     Template(#[from] hutch_template::TemplateError),
@@ -187,6 +197,11 @@ impl CoreError {
         step: &'static str,
     ) -> impl FnOnce(hutch_proto::client::ClientError) -> CoreError {
         move |source| CoreError::GuestSetup { step, source }
+    }
+
+    /// A host networking error during `action`, never the caller's fault (for `map_err`).
+    pub fn net_host(action: &'static str) -> impl FnOnce(hutch_net::NetError) -> CoreError {
+        move |source| CoreError::NetHost { action, source }
     }
 
     /// A QMP error during `step` (for `map_err`).

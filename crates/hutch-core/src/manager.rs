@@ -151,7 +151,11 @@ impl Manager {
         let tokens = TokenSigner::load_or_create(&cfg.state_dir.join("token.secret"))?;
         let templates = TemplateStore::open(&cfg.templates_dir)?;
         let network = match &cfg.network {
-            Some(nc) => Some(hutch_net::Network::start(nc.clone()).await?),
+            Some(nc) => Some(
+                hutch_net::Network::start(nc.clone())
+                    .await
+                    .map_err(CoreError::net_host("sandbox networking"))?,
+            ),
             None => None,
         };
         let events = Arc::new(EventBus::new());

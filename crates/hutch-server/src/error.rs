@@ -129,6 +129,7 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::Vm(_)
         | CoreError::Volume(_)
         | CoreError::Net(_)
+        | CoreError::NetHost { .. }
         | CoreError::Jail(_)
         | CoreError::Template(_)
         | CoreError::Token(_)
@@ -372,6 +373,14 @@ mod tests {
             ),
             (
                 CoreError::Net(NetError::Unavailable("off".into())),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+            ),
+            (
+                CoreError::NetHost {
+                    action: "the guest's network",
+                    source: NetError::Invalid("hz4 is missing in the slot namespace".into()),
+                },
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
             ),

@@ -118,7 +118,9 @@ impl VmBackend {
             return Ok(None);
         };
         let index = r.net_slot.unwrap_or_default();
-        let tap = net.attach_tap(index, &r.id).map_err(CoreError::from)?;
+        let tap = net
+            .attach_tap(index, &r.id)
+            .map_err(CoreError::net_host("the guest's network"))?;
         Ok(Some((config, Arc::new(tap))))
     }
 
