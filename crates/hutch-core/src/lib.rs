@@ -5,6 +5,8 @@
 //! - [`store`]: the SQLite state database.
 //! - [`backend`]: isolation backends (`ns` today).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
+//! - [`sandbox_network`]: a sandbox's egress policy and address, typed from the create on.
+//! - [`error`]: [`CoreError`], with the typed cause of every failure.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
 //! - [`events`], [`metrics`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
