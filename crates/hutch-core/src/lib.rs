@@ -7,6 +7,8 @@
 //!   tests (feature `testing`).
 //! - [`host`]: what this host offers the backends (`hutch doctor`, the bench).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
+//! - [`sandbox_network`]: a sandbox's egress policy and address, typed from the create on.
+//! - [`error`]: [`CoreError`], with the typed cause of every failure.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
 //! - [`events`], [`metrics`], [`logs`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
@@ -25,6 +27,7 @@ pub mod metrics;
 pub mod model;
 pub mod output;
 mod pidwatch;
+pub mod sandbox_network;
 pub mod sandbox_token;
 pub mod snapshot;
 pub mod store;

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use hutch_proto::client::{AgentClient, ClientError};
+use hutch_proto::client::AgentClient;
 use hutch_template::TemplateStore;
 
 use crate::backend::ns::NsBackend;
@@ -117,44 +117,17 @@ impl Drop for ActiveGuard {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> CoreResult<T> + Send + 'static,
 ) -> CoreResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CoreError::Internal(e.to_string()))?
+    tokio::task::spawn_blocking(f).await?
 }
 
 /// Why a call is refused in the sandbox's current state (409), and what to do instead.
-pub(crate) fn wrong_state(r: &SandboxRecord, op: Option<&str>) -> CoreError {
-    let reason = r
-        .error
-        .as_deref()
-        .map(|e| format!(" ({e})"))
-        .unwrap_or_default();
-    let hint = r.state.hint(&r.id);
-    let hint = if hint.is_empty() {
-        String::new()
-    } else {
-        format!(": {hint}")
-    };
-    CoreError::Conflict(match op {
-        Some(op) => format!(
-            "cannot {op} sandbox {}: it is {}{reason}{hint}",
-            r.id,
-            r.state.as_str()
-        ),
-        None => format!("sandbox {} is {}{reason}{hint}", r.id, r.state.as_str()),
-    })
-}
-
-fn client_error(e: ClientError) -> CoreError {
-    match e {
-        ClientError::Agent(a) => CoreError::Agent {
-            code: serde_json::to_value(a.code)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_else(|| "internal".into()),
-            message: a.message,
-        },
-        other => CoreError::SandboxFailed(format!("agent connection: {other}")),
+pub(crate) fn wrong_state(r: &SandboxRecord, op: Option<&'static str>) -> CoreError {
+    CoreError::WrongState {
+        op,
+        id: r.id.clone(),
+        state: r.state,
+        reason: r.error.clone(),
+        hint: r.state.hint(&r.id),
     }
 }
 
@@ -193,10 +166,9 @@ impl Manager {
     pub async fn start_with(cfg: Config, make: MakeBackends) -> CoreResult<Arc<Self>> {
         let cfg_output_budget = cfg.exec_output_budget_bytes;
         std::fs::create_dir_all(cfg.state_dir.join("sandboxes"))
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", cfg.state_dir.display())))?;
-        std::fs::create_dir_all(&cfg.templates_dir).map_err(|e| {
-            CoreError::Internal(format!("create {}: {e}", cfg.templates_dir.display()))
-        })?;
+            .map_err(CoreError::io("create", &cfg.state_dir))?;
+        std::fs::create_dir_all(&cfg.templates_dir)
+            .map_err(CoreError::io("create", &cfg.templates_dir))?;
         // Snapshots and volumes hold tenants' files and raw disks: root only.
         snapshots::prepare_dir(&cfg.snapshots_dir())?;
         snapshots::prepare_dir(&cfg.state_dir.join("volumes"))?;
@@ -213,15 +185,13 @@ impl Manager {
                 store.all()?.iter().map(|r| r.uid_slot).collect();
             uid_slots.lock()?.reconcile(&held)?;
         }
-        let tokens = TokenSigner::load_or_create(&cfg.state_dir.join("token.secret"))
-            .map_err(|e| CoreError::Internal(e.to_string()))?;
-        let templates = TemplateStore::open(&cfg.templates_dir)
-            .map_err(|e| CoreError::Internal(format!("templates: {e}")))?;
+        let tokens = TokenSigner::load_or_create(&cfg.state_dir.join("token.secret"))?;
+        let templates = TemplateStore::open(&cfg.templates_dir)?;
         let network = match &cfg.network {
             Some(nc) => Some(
                 hutch_net::Network::start(nc.clone())
                     .await
-                    .map_err(|e| CoreError::Internal(format!("sandbox networking: {e}")))?,
+                    .map_err(CoreError::net_host("sandbox networking"))?,
             ),
             None => None,
         };
@@ -256,7 +226,7 @@ impl Manager {
         mgr.release_volumes().await;
         if let Some(net) = &mgr.network {
             let net = net.clone();
-            match blocking(move || net.prune().map_err(network::net_error)).await {
+            match blocking(move || Ok(net.prune()?)).await {
                 Ok(n) if n > 0 => {
                     tracing::info!(links = n, "removed sandbox links left by an earlier server")
                 }
@@ -577,7 +547,7 @@ fn write_secret(path: &std::path::Path, secret: &str) -> CoreResult<()> {
         .truncate(true)
         .mode(0o600)
         .open(path)
-        .map_err(|e| CoreError::Internal(format!("write {}: {e}", path.display())))?;
+        .map_err(CoreError::io("write", path))?;
     std::io::Write::write_all(&mut f, format!("{secret}\n").as_bytes())
-        .map_err(|e| CoreError::Internal(format!("write {}: {e}", path.display())))
+        .map_err(CoreError::io("write", path))
 }

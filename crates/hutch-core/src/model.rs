@@ -171,8 +171,8 @@ pub struct CreateSandbox {
     pub disk_mib: Option<u64>,
     /// Tasks limit.
     pub pids_max: Option<u32>,
-    /// Network policy as given (`{"egress", "allow", "deny"}`).
-    pub network: Option<serde_json::Value>,
+    /// Network policy as given (validated by the manager).
+    pub network: Option<hutch_net::policy::PolicySpec>,
     /// Start from this snapshot's files instead of the bare template (`snap_…`).
     pub snapshot: Option<String>,
     /// Hibernate after this many seconds without API calls or CPU use (0 or `None`: never).
@@ -235,8 +235,9 @@ pub struct SandboxRecord {
     pub cgroups: Vec<String>,
     /// Why the sandbox failed.
     pub error: Option<String>,
-    /// Network settings as requested.
-    pub network: Option<serde_json::Value>,
+    /// Its network policy and address (`None` in records older than networking: loopback
+    /// only).
+    pub network: Option<crate::sandbox_network::SandboxNetwork>,
     /// The snapshot whose files sit between this sandbox's upper layer and its template
     /// (named, or the hidden one of a fork); it is kept while this sandbox holds disk.
     #[serde(default)]
@@ -290,8 +291,8 @@ pub struct SandboxView {
     pub ttl_seconds: u64,
     /// Never reaped.
     pub persistent: bool,
-    /// Network settings.
-    pub network: serde_json::Value,
+    /// Network policy, address and traffic.
+    pub network: crate::sandbox_network::NetworkView,
     /// Why it failed, if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -335,7 +336,8 @@ impl SandboxRecord {
             network: self
                 .network
                 .clone()
-                .unwrap_or_else(|| serde_json::json!({"egress": "none"})),
+                .unwrap_or_else(crate::sandbox_network::SandboxNetwork::loopback_only)
+                .into(),
             error: self.error.clone(),
             snapshot: self.snapshot.clone(),
             forked_from: self.forked_from.clone(),
@@ -378,6 +380,68 @@ impl ListFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record as the versions before the typed network policy stored it (the policy as a
+    /// JSON value with the slot's address) loads, and saves back as the same JSON.
+    #[test]
+    fn records_stored_with_a_json_network_load() {
+        let stored = serde_json::json!({
+            "id": "sbx_0123456789abcdef0123",
+            "template": "base",
+            "isolation": "ns",
+            "state": "running",
+            "metadata": {"tenant_id": "t1"},
+            "env": {},
+            "cpus": 1.0,
+            "memory_mib": 512,
+            "disk_mib": 2048,
+            "pids_max": 512,
+            "ttl_seconds": 300,
+            "persistent": false,
+            "created_at_ms": 1_700_000_000_000_i64,
+            "expires_at_ms": 1_700_000_300_000_i64,
+            "uid_slot": 17,
+            "init_pid": 4242,
+            "init_start_time": 99,
+            "cgroups": ["/sys/fs/cgroup/hutch/sbx_0123456789abcdef0123"],
+            "error": null,
+            "network": {
+                "egress": "deny",
+                "allow": ["203.0.113.0/24", "pypi.org"],
+                "deny": [],
+                "address": "10.200.0.10"
+            },
+            "layer": null,
+            "snapshot": null,
+            "forked_from": null,
+            "idle_hibernate_seconds": null,
+            "last_used_ms": 1_700_000_000_500_i64,
+            "net_slot": 4,
+            "volumes": []
+        });
+        let r: SandboxRecord = serde_json::from_value(stored.clone()).expect("loads");
+        let network = r.network.as_ref().expect("a network");
+        assert_eq!(network.policy.egress, hutch_net::policy::Egress::Deny);
+        assert_eq!(
+            network.policy.to_spec().allow,
+            ["203.0.113.0/24", "pypi.org"]
+        );
+        assert_eq!(
+            network.address,
+            Some(std::net::Ipv4Addr::new(10, 200, 0, 10))
+        );
+        assert_eq!(serde_json::to_value(&r).expect("saves"), stored);
+        let view = serde_json::to_value(r.view()).expect("a view");
+        assert_eq!(view["network"], stored["network"]);
+
+        // Records from before networking had none: loopback only.
+        let mut old = stored;
+        old["network"] = serde_json::Value::Null;
+        let r: SandboxRecord = serde_json::from_value(old).expect("loads");
+        assert!(r.network.is_none());
+        let view = serde_json::to_value(r.view()).expect("a view");
+        assert_eq!(view["network"]["egress"], "none");
+    }
 
     #[test]
     fn state_names_round_trip_and_guard() {

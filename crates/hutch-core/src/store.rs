@@ -73,7 +73,7 @@ fn hash_key(key: &str) -> String {
 }
 
 fn corrupt(e: serde_json::Error) -> CoreError {
-    CoreError::Database(format!("corrupt record: {e}"))
+    CoreError::CorruptRecord(e)
 }
 
 /// The database (sandbox records, key hashes, metadata and environment of sandboxes) is for
@@ -81,7 +81,7 @@ fn corrupt(e: serde_json::Error) -> CoreError {
 /// file's mode), and close one an earlier version left world-readable.
 fn restrict_database_files(path: &Path) -> CoreResult<()> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let io = |e: std::io::Error| CoreError::Database(format!("{}: {e}", path.display()));
+    let io = |e: std::io::Error| CoreError::io("open the state database", path)(e);
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -27,8 +27,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::CoreError;
-
 /// Errors of the host-wide slot claims.
 #[derive(Debug, thiserror::Error)]
 pub enum UidSlotError {
@@ -46,12 +44,6 @@ pub enum UidSlotError {
     /// Another server holds the owner lock of this state directory.
     #[error("another hutch server is running on the state directory {}", .0.display())]
     StateDirInUse(PathBuf),
-}
-
-impl From<UidSlotError> for CoreError {
-    fn from(e: UidSlotError) -> Self {
-        CoreError::Internal(e.to_string())
-    }
 }
 
 type Result<T> = std::result::Result<T, UidSlotError>;

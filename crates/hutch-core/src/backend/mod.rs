@@ -104,11 +104,8 @@ pub struct Capabilities {
 }
 
 /// The error for a `feature` the `backend` does not have (422).
-pub fn not_supported(backend: Isolation, feature: &str) -> CoreError {
-    CoreError::Unsupported(format!(
-        "{feature} is not supported on isolation \"{}\"",
-        backend.as_str()
-    ))
+pub fn not_supported(backend: Isolation, feature: &'static str) -> CoreError {
+    CoreError::NotSupported { backend, feature }
 }
 
 /// Run blocking host work (mounts, copies, waits for cgroups) on the blocking pool.

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use hutch_jail::{JailError, JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
+use hutch_jail::{JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
 
 use super::{blocking, Backend, Capabilities, SnapshotTaken, Started, Usage, VolumeAccess};
 use crate::config::Config;
@@ -35,10 +35,6 @@ pub const UID_RANGE: u32 = 65_536;
 const MAX_SOCKET_PATH: usize = 107;
 /// Where a snapshot's files are, inside its directory.
 const SNAPSHOT_LAYER: &str = "upper";
-
-fn internal(e: JailError) -> CoreError {
-    CoreError::Internal(e.to_string())
-}
 
 /// Whether `disk_mib` is enforced on `ns` sandboxes (the btrfs disk pool), once known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +182,7 @@ impl NsJails {
         };
         let fresh = !pool.join(&r.id).exists();
         hutch_jail::btrfs::create_subvolume(&pool, &r.id, r.disk_mib.saturating_mul(1 << 20))
-            .map_err(internal)?;
+            .map_err(CoreError::from)?;
         Ok(fresh)
     }
 
@@ -194,7 +190,7 @@ impl NsJails {
         let enforced = matches!(self.disk_quota_known(), Some(DiskQuota::Enforced { .. }));
         if enforced {
             hutch_jail::btrfs::delete_subvolume(&self.cfg.disk_pool_dir(), &r.id)
-                .map_err(internal)?;
+                .map_err(CoreError::from)?;
         }
         Ok(())
     }
@@ -304,27 +300,24 @@ impl NsJails {
                 spec.agent_socket.display()
             )));
         }
-        let input = serde_json::to_vec(&spec).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let input = serde_json::to_vec(&spec).map_err(CoreError::Encode)?;
         let mut child = Command::new(&self.cfg.hutch_exe)
             .arg("__jail-spawn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| {
-                CoreError::Internal(format!(
-                    "cannot run the jail helper {}: {e}",
-                    self.cfg.hutch_exe.display()
-                ))
-            })?;
+            .map_err(CoreError::io("run the jail helper", &self.cfg.hutch_exe))?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(&input)
-                .map_err(|e| CoreError::Internal(format!("jail helper stdin: {e}")))?;
+            stdin.write_all(&input).map_err(CoreError::io(
+                "write the spec to the jail helper",
+                &self.cfg.hutch_exe,
+            ))?;
         }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| CoreError::Internal(format!("jail helper: {e}")))?;
+        let out = child.wait_with_output().map_err(CoreError::io(
+            "wait for the jail helper",
+            &self.cfg.hutch_exe,
+        ))?;
         let parsed: Result<SpawnedJail, _> = serde_json::from_slice(&out.stdout);
         match parsed {
             Ok(s) if out.status.success() => Ok(Started {
@@ -364,7 +357,7 @@ impl NsJails {
     }
 
     fn destroy(&self, record: &SandboxRecord) -> CoreResult<()> {
-        hutch_jail::destroy(&self.teardown(record)).map_err(internal)?;
+        hutch_jail::destroy(&self.teardown(record)).map_err(CoreError::from)?;
         self.delete_upper(record)
     }
 
@@ -373,7 +366,7 @@ impl NsJails {
     }
 
     fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
-        hutch_jail::stop(&self.teardown(r)).map_err(internal)
+        hutch_jail::stop(&self.teardown(r)).map_err(CoreError::from)
     }
 
     fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
@@ -386,7 +379,7 @@ impl NsJails {
         let cgroups = cgroup_paths(r);
         let freeze = r.state == SandboxState::Running && !cgroups.is_empty();
         if freeze {
-            hutch_jail::freeze(&cgroups).map_err(internal)?;
+            hutch_jail::freeze(&cgroups).map_err(CoreError::from)?;
         }
         let exported = hutch_jail::export_layer(&LayerExport {
             upper: self.upper(r),
@@ -396,11 +389,11 @@ impl NsJails {
             uid_count: UID_RANGE,
         });
         let thawed = if freeze {
-            hutch_jail::thaw(&cgroups).map_err(internal)
+            hutch_jail::thaw(&cgroups).map_err(CoreError::from)
         } else {
             Ok(())
         };
-        let stats = exported.map_err(internal)?;
+        let stats = exported.map_err(CoreError::from)?;
         thawed?;
         Ok(SnapshotTaken {
             kind: SnapshotKind::Filesystem,
@@ -489,14 +482,14 @@ impl Backend for NsBackend {
 
     async fn pause(&self, r: &SandboxRecord) -> CoreResult<()> {
         self.run(r, |_, r| {
-            hutch_jail::freeze(&cgroup_paths(r)).map_err(internal)
+            hutch_jail::freeze(&cgroup_paths(r)).map_err(CoreError::from)
         })
         .await
     }
 
     async fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
         self.run(r, |_, r| {
-            hutch_jail::thaw(&cgroup_paths(r)).map_err(internal)
+            hutch_jail::thaw(&cgroup_paths(r)).map_err(CoreError::from)
         })
         .await
     }
@@ -517,7 +510,7 @@ impl Backend for NsBackend {
 
     async fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {
         let dir = dir.to_path_buf();
-        blocking(move || hutch_jail::remove_layer(&dir).map_err(internal)).await
+        blocking(move || hutch_jail::remove_layer(&dir).map_err(CoreError::from)).await
     }
 
     fn metrics_text(&self) -> String {

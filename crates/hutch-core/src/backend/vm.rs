@@ -29,7 +29,6 @@ use hutch_proto::client::AgentClient;
 use hutch_vm::accel::{self, AccelChoice};
 use hutch_vm::assets::{AssetConfig, Assets};
 use hutch_vm::qmp::Qmp;
-use hutch_vm::{disk, VmError};
 
 mod capture;
 mod fork_memory;
@@ -78,22 +77,6 @@ const QEMU_OVERHEAD_MIB: u64 = 256;
 /// Threads QEMU may run (vCPUs, I/O, RCU, migration).
 const QEMU_PIDS_MAX: u32 = 64;
 
-fn vm_error(e: VmError) -> CoreError {
-    match e {
-        VmError::Qemu(q) => CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {q}")),
-        VmError::Disk(d @ disk::DiskError::MissingTool { .. }) => {
-            CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {d}"))
-        }
-        VmError::Package(p) => CoreError::Unsupported(format!(
-            "isolation \"vm\" is unavailable: cannot get the guest kernel ({p}); check that apt-get can reach Debian's registry, or pass --vm-kernel-root"
-        )),
-        VmError::Exited { .. } | VmError::AgentTimeout { .. } => {
-            CoreError::SandboxFailed(e.to_string())
-        }
-        other => CoreError::Internal(other.to_string()),
-    }
-}
-
 /// Told what a create is waiting for when it builds vm assets (kernel, image, bake).
 pub type Progress = Arc<dyn Fn(&SandboxRecord, String) + Send + Sync>;
 
@@ -121,7 +104,7 @@ pub struct VmState {
     /// The cache, made with the accelerator chosen (bakes depend on it).
     assets: OnceLock<Arc<Assets>>,
     accel: tokio::sync::OnceCell<AccelChoice>,
-    qemu_version: OnceLock<Result<String, String>>,
+    qemu_version: OnceLock<Result<String, Arc<hutch_vm::qemu::QemuError>>>,
     /// Memory snapshots of running guests captured so far (`capture.rs`).
     snapshots_captured: std::sync::atomic::AtomicU64,
     /// Memory snapshots of running guests saved as a full stream (the fallback).
@@ -163,7 +146,7 @@ impl VmBackend {
         let index = r.net_slot.unwrap_or_default();
         let tap = net
             .attach_tap(index, &r.id)
-            .map_err(|e| CoreError::Internal(format!("the guest's network: {e}")))?;
+            .map_err(CoreError::net_host("the guest's network"))?;
         Ok(Some((config, Arc::new(tap))))
     }
 
@@ -212,11 +195,9 @@ impl VmBackend {
     /// Check QEMU is installed and new enough (once per process); returns its version.
     pub fn check(&self) -> CoreResult<String> {
         self.qemu_version
-            .get_or_init(|| {
-                hutch_vm::qemu::check_version(&self.cfg.qemu).map_err(|e| e.to_string())
-            })
+            .get_or_init(|| hutch_vm::qemu::check_version(&self.cfg.qemu).map_err(Arc::new))
             .clone()
-            .map_err(|e| CoreError::Unsupported(format!("isolation \"vm\" is unavailable: {e}")))
+            .map_err(CoreError::VmUnavailable)
     }
 
     /// The accelerator choice if it was made already ([`VmBackend::accel`]).
@@ -271,8 +252,7 @@ impl VmBackend {
     /// the stream is loadable into a shared memory file too, `hutch_vm::share`).
     async fn stop_and_save(&self, r: &SandboxRecord, path: &Path) -> CoreResult<()> {
         // Perhaps in QEMU's directory (hibernation): never through a link it planted.
-        let file = hutch_vm::qemu::create_fresh(path)
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", path.display())))?;
+        let file = hutch_vm::qemu::create_fresh(path).map_err(CoreError::io("create", path))?;
         self.qmp_within(r, SAVE_TIMEOUT, async |q| {
             use std::os::fd::AsFd;
             q.stop().await?;
@@ -293,8 +273,7 @@ impl VmBackend {
             let _ = self.qmp(r, async |q| q.cont().await).await;
             return Err(e);
         }
-        std::fs::rename(&tmp, saved)
-            .map_err(|e| CoreError::Internal(format!("rename {}: {e}", saved.display())))
+        std::fs::rename(&tmp, saved).map_err(CoreError::io("rename", saved))
     }
 
     async fn qmp(
@@ -314,19 +293,18 @@ impl VmBackend {
         let socket = self.dir(&r.id).join("qmp.sock");
         let mut qmp = Qmp::connect(&socket, QMP_TIMEOUT)
             .await
-            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
+            .map_err(CoreError::qmp("QMP"))?;
         tokio::time::timeout(limit, f(&mut qmp))
             .await
             .map_err(|_| CoreError::SandboxFailed("QMP did not answer".into()))?
-            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))
+            .map_err(CoreError::qmp("QMP"))
     }
 }
 
 /// What identifies one build of a template's root: a rebuild makes a new directory.
 fn template_stamp(rootfs: &Path) -> CoreResult<String> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(rootfs)
-        .map_err(|e| CoreError::Internal(format!("template root {}: {e}", rootfs.display())))?;
+    let m = std::fs::metadata(rootfs).map_err(CoreError::io("read the template root", rootfs))?;
     Ok(format!(
         "{}:{}:{}.{}",
         m.dev(),
@@ -343,12 +321,7 @@ fn create_private_dir(dir: &Path, uid: u32) -> CoreResult<()> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(CoreError::Internal(format!(
-                "create {}: {e}",
-                dir.display()
-            )))
-        }
+        Err(e) => return Err(CoreError::io("create", dir)(e)),
     }
     give_to(dir, uid, 0o700)
 }
@@ -358,7 +331,7 @@ fn give_to(path: &Path, uid: u32, mode: u32) -> CoreResult<()> {
     use std::os::unix::fs::PermissionsExt;
     std::os::unix::fs::chown(path, Some(uid), Some(uid))
         .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
-        .map_err(|e| CoreError::Internal(format!("chown {}: {e}", path.display())))
+        .map_err(CoreError::io("chown", path))
 }
 
 /// The group owning `/dev/kvm`, so a jailed QEMU can open it.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hutch_proto::client::AgentClient;
 
-use super::{blocking, client_error, Manager};
+use super::{blocking, Manager};
 use crate::backend::Backend;
 use crate::config::MIN_UID_SLOT;
 use crate::error::{CoreError, CoreResult};
@@ -331,8 +331,8 @@ impl Manager {
         let ready = async {
             let client = AgentClient::connect_unix(&backend.agent_socket(id))
                 .await
-                .map_err(client_error)?;
-            let info = client.info().await.map_err(client_error)?;
+                .map_err(CoreError::from)?;
+            let info = client.info().await.map_err(CoreError::from)?;
             if info.protocol_version != hutch_proto::PROTOCOL_VERSION {
                 return Err(CoreError::SandboxFailed(format!(
                     "agent speaks protocol {} but the server speaks {}",

@@ -20,7 +20,7 @@ use hutch_proto::client::{
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{client_error, wrong_state, Manager};
+use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::events::{EventBus, ExecInfo};
 use crate::exec::{ExecCommand, ExecOutcome};
@@ -348,14 +348,14 @@ impl Manager {
     /// Map an agent error, noticing a dead sandbox.
     pub fn on_transport_error(&self, r: &SandboxRecord, e: ClientError) -> CoreError {
         if matches!(e, ClientError::Agent(_)) {
-            return client_error(e);
+            return CoreError::from(e);
         }
         if let Ok(backend) = self.backend(r.isolation) {
             if !backend.alive(r) {
                 return CoreError::SandboxFailed(format!("sandbox {} is no longer running", r.id));
             }
         }
-        client_error(e)
+        CoreError::from(e)
     }
 
     /// Map an error from an agent call on sandbox `id`.

@@ -4,61 +4,23 @@
 use std::sync::Arc;
 
 use hutch_net::policy::{Egress, Policy, PolicySpec};
-use hutch_net::NetError;
 
 use super::{blocking, wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxView};
+use crate::sandbox_network::SandboxNetwork;
 
-pub(crate) fn net_error(e: NetError) -> CoreError {
-    match e {
-        NetError::Invalid(m) => CoreError::InvalidArgument(m),
-        NetError::PoolExhausted(_) => CoreError::Quota(e.to_string()),
-        other => CoreError::Internal(format!("sandbox network: {other}")),
-    }
-}
-
-/// The policy stored in a record (`None` or unparsable: loopback only).
+/// The policy stored in a record (`None`: loopback only).
 pub(crate) fn record_policy(r: &SandboxRecord) -> Policy {
     r.network
         .as_ref()
-        .and_then(|v| serde_json::from_value::<PolicySpec>(without_status(v)).ok())
-        .and_then(|s| Policy::from_spec(&s).ok())
-        .unwrap_or(Policy {
-            egress: Egress::None,
-            ..Policy::default()
-        })
+        .map(|n| n.policy.clone())
+        .unwrap_or_else(|| SandboxNetwork::loopback_only().policy)
 }
 
 /// The address of `r`'s slot, as stored with its policy.
 pub(crate) fn record_address(r: &SandboxRecord) -> Option<std::net::Ipv4Addr> {
-    r.network
-        .as_ref()
-        .and_then(|v| v.get("address"))
-        .and_then(|a| a.as_str())
-        .and_then(|a| a.parse().ok())
-}
-
-/// A stored network value without the status fields the server adds (address, traffic).
-fn without_status(v: &serde_json::Value) -> serde_json::Value {
-    let mut v = v.clone();
-    if let Some(o) = v.as_object_mut() {
-        for k in ["address", "connections_out", "bytes_out"] {
-            o.remove(k);
-        }
-    }
-    v
-}
-
-pub(super) fn policy_json(
-    policy: &Policy,
-    address: Option<std::net::Ipv4Addr>,
-) -> serde_json::Value {
-    let mut v = serde_json::to_value(policy.to_spec()).unwrap_or_default();
-    if let (Some(o), Some(a)) = (v.as_object_mut(), address) {
-        o.insert("address".into(), a.to_string().into());
-    }
-    v
+    r.network.as_ref().and_then(|n| n.address)
 }
 
 impl Manager {
@@ -66,22 +28,21 @@ impl Manager {
     /// sandboxes a network and loopback only where it does not.
     pub(super) fn requested_policy(
         &self,
-        requested: Option<&serde_json::Value>,
-    ) -> CoreResult<serde_json::Value> {
+        requested: Option<&PolicySpec>,
+    ) -> CoreResult<SandboxNetwork> {
         let spec = match requested {
-            Some(v) => serde_json::from_value::<PolicySpec>(without_status(v))
-                .map_err(|e| CoreError::InvalidArgument(format!("network: {e}")))?,
+            Some(spec) => spec.clone(),
             None if self.network.is_some() => PolicySpec::default(),
             None => PolicySpec {
                 egress: Egress::None,
                 ..PolicySpec::default()
             },
         };
-        let policy = Policy::from_spec(&spec).map_err(net_error)?;
+        let policy = Policy::from_spec(&spec).map_err(CoreError::from)?;
         if policy.networked() && self.network.is_none() {
             return Err(CoreError::InvalidArgument(crate::NO_NETWORK_MESSAGE.into()));
         }
-        Ok(policy_json(&policy, None))
+        Ok(SandboxNetwork::new(policy))
     }
 
     /// Give `r` a network slot if its policy wants one and it holds none this server knows
@@ -100,9 +61,12 @@ impl Manager {
         {
             return Ok(());
         }
-        let lease = net.acquire(&r.id, &policy).map_err(net_error)?;
+        let lease = net.acquire(&r.id, &policy).map_err(CoreError::from)?;
         r.net_slot = Some(lease.index);
-        r.network = Some(policy_json(&policy, Some(lease.addrs.sandbox)));
+        r.network = Some(SandboxNetwork {
+            policy,
+            address: Some(lease.addrs.sandbox),
+        });
         Ok(())
     }
 
@@ -143,7 +107,7 @@ impl Manager {
         if !r.state.holds_resources() && r.state != crate::model::SandboxState::Hibernated {
             return Err(wrong_state(&r, Some("change the network of")));
         }
-        let policy = Policy::from_spec(&spec).map_err(net_error)?;
+        let policy = Policy::from_spec(&spec).map_err(CoreError::from)?;
         let current = record_policy(&r);
         if policy.networked() && !current.networked() {
             return Err(CoreError::Conflict(format!(
@@ -154,19 +118,19 @@ impl Manager {
         if let (Some(net), Some(index)) = (self.network.clone(), r.net_slot) {
             if net.netns_path(index, id).is_some() {
                 let p = policy.clone();
-                blocking(move || net.set_policy(index, &p).map_err(net_error)).await?;
+                blocking(move || net.set_policy(index, &p).map_err(CoreError::from)).await?;
             }
         }
-        let value = policy_json(&policy, address);
+        let network = SandboxNetwork { policy, address };
         let r = self.store.modify(id, |rec| {
-            rec.network = Some(value.clone());
+            rec.network = Some(network.clone());
             Ok(())
         })?;
         self.events.publish(
             "sandbox.network_changed",
             id,
             r.tenant(),
-            Some(value.to_string()),
+            Some(serde_json::to_string(&network).map_err(CoreError::Encode)?),
         );
         Ok(r.view())
     }
@@ -180,10 +144,8 @@ impl Manager {
             return;
         }
         if let Ok(t) = net.traffic(index) {
-            if let Some(o) = view.network.as_object_mut() {
-                o.insert("connections_out".into(), t.connections_out.into());
-                o.insert("bytes_out".into(), t.bytes_out.into());
-            }
+            view.network.connections_out = Some(t.connections_out);
+            view.network.bytes_out = Some(t.bytes_out);
         }
     }
 

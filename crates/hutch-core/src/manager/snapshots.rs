@@ -26,7 +26,7 @@ const TMP_PREFIX: &str = ".tmp-";
 pub(super) fn prepare_dir(dir: &Path) -> CoreResult<()> {
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
-        .map_err(|e| CoreError::Internal(format!("create {}: {e}", dir.display())))
+        .map_err(CoreError::io("create", dir))
 }
 
 fn visible(s: &SnapshotRecord, tenant: Option<&str>, include_hidden: bool) -> bool {
@@ -106,11 +106,11 @@ impl Manager {
                     env: r.env.clone(),
                 },
             };
-            let manifest = serde_json::to_vec_pretty(&record.manifest())
-                .map_err(|e| CoreError::Internal(e.to_string()))?;
+            let manifest =
+                serde_json::to_vec_pretty(&record.manifest()).map_err(CoreError::Encode)?;
             std::fs::write(tmp.join("snapshot.json"), manifest)
                 .and_then(|()| std::fs::rename(&tmp, &dir))
-                .map_err(|e| CoreError::Internal(format!("store snapshot {sid}: {e}")))?;
+                .map_err(CoreError::io("store the snapshot in", &dir))?;
             self.store.insert_snapshot(&record)?;
             Ok(record)
         });

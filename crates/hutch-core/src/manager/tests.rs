@@ -171,8 +171,12 @@ async fn every_state_check_allows_and_refuses_as_the_state_machine_says() {
                 );
             } else {
                 match result {
-                    Err(CoreError::Conflict(m)) => {
-                        assert_eq!(m, refusal(op, &id, state), "{op:?} from {state:?}")
+                    Err(e @ (CoreError::Conflict(_) | CoreError::WrongState { .. })) => {
+                        assert_eq!(
+                            e.to_string(),
+                            refusal(op, &id, state),
+                            "{op:?} from {state:?}"
+                        )
                     }
                     other => panic!("{op:?} from {state:?}: expected 409, got {other:?}"),
                 }
@@ -273,8 +277,11 @@ async fn a_backend_this_server_lacks_and_a_capability_it_lacks_are_refused() {
         })
         .await;
     match vm {
-        Err(CoreError::Unsupported(m)) => {
-            assert_eq!(m, "running sandboxes is not supported on isolation \"vm\"")
+        Err(e @ CoreError::NotSupported { .. }) => {
+            assert_eq!(
+                e.to_string(),
+                "running sandboxes is not supported on isolation \"vm\""
+            )
         }
         other => panic!("expected 422 not supported, got {other:?}"),
     }

@@ -24,13 +24,6 @@ const MIN_VOLUME_MIB: u64 = 4;
 /// How long a `vm` guest may take to flush its volumes before it is stopped anyway.
 const VOLUME_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
-fn jail_error(e: hutch_jail::JailError) -> CoreError {
-    match e {
-        hutch_jail::JailError::VolumeDamaged { .. } => CoreError::Conflict(format!("volume: {e}")),
-        e => CoreError::Internal(format!("volume: {e}")),
-    }
-}
-
 /// Mount a volume's image on the host for `ns` sandboxes, checking it first when a `vm` guest
 /// may have crafted it (see [`hutch_jail::volume_check`]).
 fn mount_on_host(
@@ -39,18 +32,18 @@ fn mount_on_host(
     mnt: &std::path::Path,
     read_only: bool,
 ) -> CoreResult<()> {
-    if !vol::is_mounted(mnt).map_err(jail_error)? && vol_check::needs_check(image) {
+    if !vol::is_mounted(mnt).map_err(CoreError::Volume)? && vol_check::needs_check(image) {
         let t0 = std::time::Instant::now();
         let report = vol_check::check_untrusted_image(image, vol_check::CheckMode::Preen)
             .map_err(|e| match e {
                 hutch_jail::JailError::VolumeDamaged { .. } => CoreError::Conflict(format!(
                     "volume {id}: {e} (a vm guest wrote it last); repair it with `hutch volume check {id} --repair` (POST /v1/volumes/{id}/check {{\"repair\": true}}) or delete it"
                 )),
-                e => jail_error(e),
+                e => CoreError::Volume(e),
             })?;
         tracing::info!(volume = %id, repaired = report.repaired, ms = t0.elapsed().as_millis() as u64, "checked a volume a vm guest wrote before mounting it on the host");
     }
-    vol::mount_image(image, mnt, read_only).map_err(jail_error)
+    vol::mount_image(image, mnt, read_only).map_err(CoreError::Volume)
 }
 
 /// What `POST /v1/volumes/{id}/check` found.
@@ -156,11 +149,10 @@ impl Manager {
             tenant,
         };
         let dir = self.cfg.volume_dir(&record.id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir).map_err(CoreError::io("create", &dir))?;
         if let Err(e) = vol::create_image(&dir.join("disk.ext4"), size_mib) {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(jail_error(e));
+            return Err(CoreError::Volume(e));
         }
         self.store.insert_volume(&record)?;
         self.events.publish(
@@ -222,13 +214,14 @@ impl Manager {
             let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
             vol::unmount_image(&mnt)
                 .and_then(|()| vol::wait_released(&image))
-                .map_err(jail_error)?;
+                .map_err(CoreError::Volume)?;
             let mode = if repair {
                 vol_check::CheckMode::Repair
             } else {
                 vol_check::CheckMode::Preen
             };
-            let report = vol_check::check_untrusted_image(&image, mode).map_err(jail_error)?;
+            let report =
+                vol_check::check_untrusted_image(&image, mode).map_err(CoreError::Volume)?;
             Ok(VolumeCheckView {
                 id: v.id.clone(),
                 repaired: report.repaired,
@@ -250,8 +243,8 @@ impl Manager {
         self.refuse_attached(&v.id, "kill those sandboxes first")?;
         let dir = self.cfg.volume_dir(&v.id);
         let mnt = dir.join("mnt");
-        vol::unmount_image_discarding(&mnt).map_err(jail_error)?;
-        if vol::is_mounted(&mnt).map_err(jail_error)? {
+        vol::unmount_image_discarding(&mnt).map_err(CoreError::Volume)?;
+        if vol::is_mounted(&mnt).map_err(CoreError::Volume)? {
             return Err(CoreError::Internal(format!(
                 "volume {} is still mounted at {}",
                 v.id,
@@ -353,7 +346,7 @@ impl Manager {
                 VolumeAccess::BlockDevice => vol::unmount_image(&mnt)
                     .and_then(|()| vol::wait_released(&image))
                     .and_then(|()| vol_check::mark_guest_written(&image))
-                    .map_err(jail_error)?,
+                    .map_err(CoreError::Volume)?,
             }
         }
         Ok(())

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use hutch_net::policy::{Egress, Policy, PolicySpec};
 use hutch_proto::client::AgentClient;
 
-use super::network::{net_error, policy_json, record_address, record_policy};
+use super::network::{record_address, record_policy};
 use super::{blocking, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::{vcpus, Isolation, SandboxRecord, SandboxState};
+use crate::sandbox_network::SandboxNetwork;
 use crate::time::now_ms;
 
 /// How long a shape stays warm after the last create that asked for it.
@@ -132,13 +133,17 @@ impl Manager {
         rec.disk_mib = pooled.disk_mib;
         rec.state = SandboxState::Starting;
         // The requested policy, at the slot's address.
-        rec.network = Some(policy_json(&record_policy(wanted), record_address(&pooled)));
+        rec.network = Some(SandboxNetwork {
+            policy: record_policy(wanted),
+            address: record_address(&pooled),
+        });
         let claimed = match (self.store.update(&rec), self.backend(rec.isolation)) {
             (Ok(()), Ok(backend)) => {
                 let (mgr, r) = (self.clone(), rec.clone());
                 let policy_set = blocking(move || {
                     if let (Some(net), Some(i)) = (&mgr.network, r.net_slot) {
-                        net.set_policy(i, &record_policy(&r)).map_err(net_error)?;
+                        net.set_policy(i, &record_policy(&r))
+                            .map_err(CoreError::from)?;
                     }
                     Ok(())
                 })
@@ -243,7 +248,7 @@ impl Manager {
             egress,
             ..PolicySpec::default()
         })
-        .map_err(net_error)?;
+        .map_err(CoreError::from)?;
         let now = now_ms();
         let mut record = SandboxRecord {
             id: ids::new_sandbox_id(),
@@ -265,7 +270,7 @@ impl Manager {
             init_start_time: None,
             cgroups: vec![],
             error: None,
-            network: Some(policy_json(&policy, None)),
+            network: Some(SandboxNetwork::new(policy)),
             layer: None,
             snapshot: None,
             forked_from: None,

@@ -62,7 +62,7 @@ pub async fn templates(State(state): State<AppState>) -> ApiResult<impl IntoResp
         .manager
         .templates()
         .list()
-        .map_err(|e| ApiError::from(hutch_core::CoreError::Internal(e.to_string())))?;
+        .map_err(|e| ApiError::from(hutch_core::CoreError::from(e)))?;
     Ok(Json(serde_json::json!({ "templates": templates })))
 }
 

@@ -103,9 +103,7 @@ impl CreateBody {
             memory_mib: self.memory_mib,
             disk_mib: self.disk_mib,
             pids_max: self.pids_max,
-            network: self
-                .network
-                .map(|n| serde_json::to_value(n).unwrap_or_default()),
+            network: self.network,
             snapshot: self.snapshot,
             idle_hibernate_seconds: self.idle_hibernate_seconds,
             volumes: self.volumes.unwrap_or_default(),

@@ -10,9 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::{
-    vm_error, VmBackend, HIBERNATED, QMP_TIMEOUT, SAVE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE,
-};
+use super::{VmBackend, HIBERNATED, QMP_TIMEOUT, SAVE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE};
 use crate::backend::{blocking, Backend, SnapshotTaken};
 use crate::config::VmSnapshotMethod;
 use crate::error::{CoreError, CoreResult};
@@ -109,16 +107,16 @@ impl VmBackend {
         let socket = self.dir(&r.id).join("qmp.sock");
         let mut qmp = hutch_vm::qmp::Qmp::connect(&socket, QMP_TIMEOUT)
             .await
-            .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")))?;
+            .map_err(CoreError::qmp("QMP"))?;
         let t0 = Instant::now();
         let captured = match qmp.stop().await {
-            Err(e) => Err(vm_error(e.into())),
+            Err(e) => Err(CoreError::from(hutch_vm::VmError::from(e))),
             Ok(()) => {
                 let ram_bytes = r.memory_mib << 20;
                 let captured = tokio::time::timeout(SAVE_TIMEOUT, async {
                     hutch_vm::capture::save_devices(&mut qmp, &bake_state, &shared.join("state"))
                         .await
-                        .map_err(vm_error)?;
+                        .map_err(CoreError::from)?;
                     let devices_ms = t0.elapsed().as_millis() as u64;
                     // The RAM and the disk copied at once, on the blocking pool.
                     let memory = shared.join("memory");
@@ -131,7 +129,7 @@ impl VmBackend {
                     let (ram, disk) = tokio::join!(ram, disk);
                     let ram = ram
                         .map_err(|e| CoreError::Internal(e.to_string()))?
-                        .map_err(vm_error)?;
+                        .map_err(CoreError::from)?;
                     disk?;
                     tracing::debug!(
                         id = %r.id,
@@ -149,10 +147,7 @@ impl VmBackend {
                     Err(CoreError::SandboxFailed("the capture took too long".into()))
                 });
                 // Running again whatever happened.
-                let resumed = qmp
-                    .cont()
-                    .await
-                    .map_err(|e| CoreError::SandboxFailed(format!("QMP: {e}")));
+                let resumed = qmp.cont().await.map_err(CoreError::qmp("QMP"));
                 captured.and(resumed)
             }
         };

@@ -36,10 +36,6 @@ const CONSOLE_SOCKET: &str = "console.sock";
 /// How much of the console's end the reason for a QEMU exit is looked for in.
 const EXIT_CONSOLE_TAIL: u64 = 64 << 10;
 
-fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CoreError {
-    CoreError::Internal(format!("{what} {}: {e}", path.display()))
-}
-
 impl VmBackend {
     /// `<state>/vm-records/<id>`.
     pub(super) fn records_dir(&self, id: &str) -> PathBuf {
@@ -49,7 +45,7 @@ impl VmBackend {
     /// Create the records directory of `id` (root, 0700) if it is not there.
     pub(super) fn create_records_dir(&self, id: &str) -> CoreResult<()> {
         let dir = self.records_dir(id);
-        std::fs::create_dir_all(&dir).map_err(|e| internal("create", &dir, e))?;
+        std::fs::create_dir_all(&dir).map_err(CoreError::io("create", &dir))?;
         give_to(&dir, 0, 0o700)
     }
 
@@ -66,7 +62,7 @@ impl VmBackend {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                Err(e) => return Err(internal("remove", &dir, e)),
+                Err(e) => return Err(CoreError::io("remove", &dir)(e)),
                 Ok(()) => return Ok(()),
             }
         }
@@ -115,23 +111,24 @@ impl VmBackend {
     /// Record `disk`'s chain as sandbox `id`'s.
     pub(super) fn record_disk(&self, id: &str, disk: &RootDisk) -> CoreResult<()> {
         disk.save_chain(&self.records_dir(id).join(DISK_CHAIN))
-            .map_err(|e| CoreError::Internal(e.to_string()))
+            .map_err(|e| hutch_vm::VmError::from(e).into())
     }
 
     /// Sandbox `id`'s disk: its overlay `top` over the chain recorded when it was made.
     pub(super) fn recorded_disk(&self, id: &str, top: &Path) -> CoreResult<RootDisk> {
-        RootDisk::load_chain(top, &self.records_dir(id).join(DISK_CHAIN)).map_err(|e| {
-            CoreError::SandboxFailed(format!("the disk of sandbox {id} cannot be used: {e}"))
+        RootDisk::load_chain(top, &self.records_dir(id).join(DISK_CHAIN)).map_err(|source| {
+            CoreError::DiskUnusable {
+                what: format!("sandbox {id}"),
+                source,
+            }
         })
     }
 
     /// The disk of the vm snapshot in `dir`, copied to `top`: the snapshot's chain record.
     pub(super) fn snapshot_disk(&self, dir: &Path, top: &Path) -> CoreResult<RootDisk> {
-        RootDisk::load_chain(top, &dir.join(DISK_CHAIN)).map_err(|e| {
-            CoreError::SandboxFailed(format!(
-                "the disk of snapshot {} cannot be used: {e}",
-                dir.display()
-            ))
+        RootDisk::load_chain(top, &dir.join(DISK_CHAIN)).map_err(|source| CoreError::DiskUnusable {
+            what: format!("snapshot {}", dir.display()),
+            source,
         })
     }
 
@@ -143,10 +140,10 @@ impl VmBackend {
         let copy = dir.join(SNAPSHOT_DISK);
         let owner = r.uid_slot * super::UID_RANGE;
         copy_guest_file(&overlay, &copy, owner)
-            .map_err(|e| CoreError::Internal(format!("copy the disk: {e}")))?;
+            .map_err(CoreError::io("copy the disk", &overlay))?;
         disk.with_top(&copy)
             .save_chain(&dir.join(DISK_CHAIN))
-            .map_err(|e| CoreError::Internal(e.to_string()))
+            .map_err(|e| hutch_vm::VmError::from(e).into())
     }
 
     /// Delete cache entries unused for [`hutch_vm::gc::MAX_UNUSED`], keeping the bakes and

@@ -14,8 +14,8 @@ use hutch_vm::disk::{self, RootDisk};
 use hutch_vm::snapshot::{self, Snapshot};
 
 use super::{
-    create_private_dir, give_to, kvm_gid, resize, vm_error, volumes, VmBackend, ENTROPY_BYTES,
-    MEMORY_GID, QEMU_OVERHEAD_MIB, QEMU_PIDS_MAX, RESTORE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE,
+    create_private_dir, give_to, kvm_gid, resize, volumes, VmBackend, ENTROPY_BYTES, MEMORY_GID,
+    QEMU_OVERHEAD_MIB, QEMU_PIDS_MAX, RESTORE_TIMEOUT, SNAPSHOT_DISK, SNAPSHOT_STATE,
 };
 use crate::backend::ns::UID_RANGE;
 use crate::backend::{blocking, Started};
@@ -180,7 +180,9 @@ impl VmBackend {
                     .root_disk
                     .as_ref()
                     .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
-                let disk = base.overlay_at(&overlay).map_err(|e| vm_error(e.into()))?;
+                let disk = base
+                    .overlay_at(&overlay)
+                    .map_err(|e| CoreError::from(hutch_vm::VmError::from(e)))?;
                 give_to(&overlay, uid, 0o600)?;
                 self.record_disk(&r.id, &disk)?;
                 disk
@@ -256,7 +258,7 @@ impl VmBackend {
         };
         let (mut guest, client, report) = snapshot::restore(&snap, placement, RESTORE_TIMEOUT)
             .await
-            .map_err(vm_error)?;
+            .map_err(CoreError::from)?;
         // On failure from here on, dropping `guest` kills QEMU.
         let mut identity = Self::identity(r)?;
         identity.network = guest_net.filter(|_| !warm);

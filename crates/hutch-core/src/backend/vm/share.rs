@@ -11,7 +11,7 @@ use hutch_vm::assets::Boot;
 use hutch_vm::snapshot::Snapshot;
 use hutch_vm::VmError;
 
-use super::{give_to, template_stamp, vm_error, VmBackend, BAKE_UID, MEMORY_GID, SNAPSHOT_STATE};
+use super::{give_to, template_stamp, VmBackend, BAKE_UID, MEMORY_GID, SNAPSHOT_STATE};
 use crate::error::{CoreError, CoreResult};
 use crate::model::{SandboxRecord, SandboxState};
 
@@ -23,9 +23,8 @@ async fn blocking_vm<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, VmError> + Send + 'static,
 ) -> CoreResult<T> {
     tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| CoreError::Internal(e.to_string()))?
-        .map_err(vm_error)
+        .await?
+        .map_err(CoreError::from)
 }
 
 /// Where a loading QEMU puts a snapshot's shared memory ([`VmBackend::new_shared`]).
@@ -38,10 +37,6 @@ struct SharedTarget {
     scratch: hutch_vm::disk::RootDisk,
     /// The loader's jail.
     jail: hutch_vm::qemu::QemuJail,
-}
-
-fn internal(what: &str, path: &Path, e: impl std::fmt::Display) -> CoreError {
-    CoreError::Internal(format!("{what} {}: {e}", path.display()))
 }
 
 impl VmBackend {
@@ -80,7 +75,7 @@ impl VmBackend {
                     "baking the snapshot of template {} for {memory} MiB, {vcpus} vCPU guests (a cold boot, once)",
                     r.template
                 ),
-                async { assets.snapshot(&boot, &image, memory, vcpus).await.map_err(vm_error) },
+                async { assets.snapshot(&boot, &image, memory, vcpus).await.map_err(CoreError::from) },
             )
             .await?;
         Ok((boot, image, bake))
@@ -132,7 +127,7 @@ impl VmBackend {
             Some(target.jail.clone()),
         )
         .await
-        .map_err(vm_error);
+        .map_err(CoreError::from);
         let _ = std::fs::remove_file(&target.scratch.top);
         self.publish_shared(&target.dir, dir, loaded.map(drop))
     }
@@ -142,13 +137,13 @@ impl VmBackend {
     /// (`fork_memory.rs`).
     pub(super) fn new_shared_dir(&self, in_memory: bool) -> CoreResult<PathBuf> {
         let mut name = [0u8; 8];
-        getrandom::fill(&mut name).map_err(|e| CoreError::Internal(e.to_string()))?;
+        getrandom::fill(&mut name)?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
         let shared = match in_memory {
             true => self.fork_memory_dir().join(name),
             false => self.cfg.vm_dir.join("shared").join(name),
         };
-        std::fs::create_dir_all(&shared).map_err(|e| internal("create", &shared, e))?;
+        std::fs::create_dir_all(&shared).map_err(CoreError::io("create", &shared))?;
         give_to(&shared, 0, 0o700)?;
         Ok(shared)
     }
@@ -170,7 +165,7 @@ impl VmBackend {
                 .ok_or_else(|| CoreError::Internal("bake without a root disk".into()))?;
             let scratch = base
                 .overlay_at(&shared.join("scratch.qcow2"))
-                .map_err(|e| vm_error(e.into()))?;
+                .map_err(|e| CoreError::from(VmError::from(e)))?;
             give_to(&scratch.top, BAKE_UID, 0o600)?;
             Ok(scratch)
         })();
@@ -210,13 +205,13 @@ impl VmBackend {
             give_to(shared, 0, 0o755)?;
             let memory = shared.join("memory");
             std::os::unix::fs::chown(&memory, Some(0), Some(MEMORY_GID))
-                .map_err(|e| internal("chown", &memory, e))?;
+                .map_err(CoreError::io("chown", &memory))?;
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&memory, std::fs::Permissions::from_mode(0o660))
-                .map_err(|e| internal("chmod", &memory, e))?;
+                .map_err(CoreError::io("chmod", &memory))?;
             give_to(&shared.join("state"), 0, 0o644)?;
             let _ = std::fs::remove_file(shared.join("qemu.log"));
-            hutch_vm::share::link_shared(dir, shared).map_err(vm_error)?;
+            hutch_vm::share::link_shared(dir, shared).map_err(CoreError::from)?;
             let _ = std::fs::remove_file(dir.join(SNAPSHOT_STATE));
             let used = |p: &Path| {
                 use std::os::unix::fs::MetadataExt;
@@ -247,7 +242,7 @@ impl VmBackend {
         }
         match std::fs::remove_dir_all(&shared) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(internal("remove", &shared, e))
+                Err(CoreError::io("remove", shared)(e))
             }
             _ => Ok(()),
         }

@@ -76,9 +76,9 @@ fn source_layout(cfg: &Config, r: &SandboxRecord) -> CoreResult<Vec<Slot>> {
     let file = cfg.snapshot_dir(layer).join(LAYOUT_FILE);
     match std::fs::read(&file) {
         Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| CoreError::Internal(format!("read {}: {e}", file.display()))),
+            .map_err(|source| CoreError::Decode { path: file, source }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![Slot::Empty; VOLUME_SLOTS]),
-        Err(e) => Err(CoreError::Internal(format!("read {}: {e}", file.display()))),
+        Err(e) => Err(CoreError::io("read", file)(e)),
     }
 }
 
@@ -177,7 +177,7 @@ pub(super) fn grant(plan: &Plan, uid: u32) -> CoreResult<()> {
         let image = &drive.image;
         std::os::unix::fs::chown(image, Some(owner), Some(owner))
             .and_then(|()| std::fs::set_permissions(image, std::fs::Permissions::from_mode(mode)))
-            .map_err(|e| CoreError::Internal(format!("give {} to QEMU: {e}", image.display())))?;
+            .map_err(CoreError::io("give QEMU", image))?;
     }
     Ok(())
 }
@@ -186,9 +186,8 @@ pub(super) fn grant(plan: &Plan, uid: u32) -> CoreResult<()> {
 pub(super) fn write_layout(cfg: &Config, r: &SandboxRecord, dir: &Path) -> CoreResult<()> {
     let slots = plan(cfg, r)?.slots;
     let file = dir.join(LAYOUT_FILE);
-    let json = serde_json::to_vec(&slots).map_err(|e| CoreError::Internal(e.to_string()))?;
-    std::fs::write(&file, json)
-        .map_err(|e| CoreError::Internal(format!("write {}: {e}", file.display())))
+    let json = serde_json::to_vec(&slots).map_err(CoreError::Encode)?;
+    std::fs::write(&file, json).map_err(CoreError::io("write", file))
 }
 
 #[cfg(test)]

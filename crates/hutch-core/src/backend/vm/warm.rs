@@ -47,7 +47,7 @@ impl VmBackend {
     ) -> CoreResult<()> {
         let cgroups: Vec<PathBuf> = record.cgroups.iter().map(PathBuf::from).collect();
         hutch_jail::set_process_cpu_limit(&cgroups, (record.cpus * 1000.0).round() as u32)
-            .map_err(|e| CoreError::Internal(format!("CPU limit of QEMU: {e}")))?;
+            .map_err(CoreError::from)?;
         let mut identity = Self::identity(record)?;
         identity.network = self.guest_config(record)?;
         self.qmp(record, async |q| q.cont().await).await?;
