@@ -2,7 +2,8 @@
 //!
 //! - [`manager`]: lifecycle (create, pause, hibernate, snapshots, fork, explore), TTL and
 //!   idle reaper, re-adoption after a restart.
-//! - [`store`]: the SQLite state database.
+//! - [`store`]: the state store seam ([`store::Store`]) and its SQLite implementation.
+//! - [`tenant`]: who owns a record and whose records a request may see.
 //! - [`backend`]: isolation backends (`ns` today).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
@@ -24,6 +25,7 @@ mod pidwatch;
 pub mod sandbox_token;
 pub mod snapshot;
 pub mod store;
+pub mod tenant;
 pub mod time;
 pub mod uid_slots;
 pub mod volume;

@@ -138,13 +138,13 @@ impl Manager {
     }
 
     /// [`Manager::exec_slot`] for `cmd`, which publishes its `sandbox.exec` event.
-    fn tracked_exec_slot(
+    async fn tracked_exec_slot(
         &self,
         id: &str,
         cmd: &ExecCommand,
         mode: &'static str,
     ) -> CoreResult<ExecSlot> {
-        let tenant = self.load(id)?.metadata.get("tenant_id").cloned();
+        let tenant = self.load(id).await?.tenant();
         let mut slot = self.exec_slot(id)?;
         slot.tracked = Some(TrackedExec {
             events: Arc::clone(&self.events),
@@ -194,7 +194,7 @@ impl Manager {
         cmd: ExecCommand,
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
-        let slot = self.tracked_exec_slot(id, &cmd, "collected")?;
+        let slot = self.tracked_exec_slot(id, &cmd, "collected").await?;
         let permit = self.collect_permit(id).await;
         let result = self.exec_collecting(id, cmd, cap).await;
         if let Ok(o) = &result {
@@ -216,7 +216,7 @@ impl Manager {
     ) -> CoreResult<ExecOutcome> {
         let client = self.agent(id).await?;
         let _active = self.session_guard(id);
-        let r = self.load(id)?;
+        let r = self.load(id).await?;
         let backend = self.backend(r.isolation)?;
         let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
@@ -251,7 +251,7 @@ impl Manager {
             self.events.publish(
                 "sandbox.oom",
                 id,
-                r.metadata.get("tenant_id").cloned(),
+                r.tenant(),
                 Some(format!(
                     "a process exceeded the memory limit of {} MiB",
                     r.memory_mib
@@ -280,13 +280,12 @@ impl Manager {
         pty: Option<hutch_proto::PtySize>,
     ) -> CoreResult<(ExecSession, ExecSlot)> {
         let mode = if pty.is_some() { "pty" } else { "stream" };
-        let slot = self.tracked_exec_slot(id, cmd, mode)?;
+        let slot = self.tracked_exec_slot(id, cmd, mode).await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let session = client
-            .exec(cmd.to_agent_request(pty))
-            .await
-            .map_err(|e| self.agent_error(id, e))?;
+        let session = self
+            .agent_call(id, client.exec(cmd.to_agent_request(pty)).await)
+            .await?;
         Ok((session, slot))
     }
 }

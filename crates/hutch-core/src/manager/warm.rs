@@ -116,7 +116,7 @@ impl Manager {
         wanted: &SandboxRecord,
     ) -> Option<SandboxRecord> {
         let guest = self.warm.take(key)?;
-        let pooled = match self.store.get(&guest.id) {
+        let pooled = match self.store.get_sandbox(&guest.id).await {
             Ok(Some(r)) if r.state == SandboxState::Pooled => r,
             _ => return None,
         };
@@ -132,7 +132,7 @@ impl Manager {
         rec.state = SandboxState::Starting;
         // The requested policy, at the slot's address.
         rec.network = Some(policy_json(&record_policy(wanted), record_address(&pooled)));
-        let claimed = match self.store.update(&rec) {
+        let claimed = match self.store.update_sandbox(&rec).await {
             Ok(()) => {
                 let (mgr, r, agent) = (self.clone(), rec.clone(), guest.agent.clone());
                 blocking(move || {
@@ -146,7 +146,11 @@ impl Manager {
             Err(e) => Err(e),
         };
         rec.state = SandboxState::Running;
-        match claimed.and_then(|()| self.store.update(&rec)) {
+        let claimed = match claimed {
+            Ok(()) => self.store.update_sandbox(&rec).await,
+            Err(e) => Err(e),
+        };
+        match claimed {
             Ok(()) => {
                 self.lock_agents().insert(rec.id.clone(), guest.agent);
                 Some(rec)
@@ -200,7 +204,7 @@ impl Manager {
                         };
                         let Some(guest) = retired else { continue };
                         // Retired while it was being restored.
-                        if let Ok(Some(r)) = m.store.get(&guest.id) {
+                        if let Ok(Some(r)) = m.store.get_sandbox(&guest.id).await {
                             m.discard_warm(&r).await;
                         }
                     }
@@ -244,6 +248,7 @@ impl Manager {
             template: key.template.clone(),
             isolation: Isolation::Vm,
             state: SandboxState::Pooled,
+            tenant: None,
             metadata: Default::default(),
             env: info.defaults.env.clone(),
             cpus: f64::from(key.vcpus),
@@ -268,7 +273,7 @@ impl Manager {
             net_slot: None,
             volumes: vec![],
         };
-        self.insert_with_free_slot(&mut record)?;
+        self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());
         let started = blocking(move || {
             mgr.attach_network(&mut rec)?;
@@ -284,7 +289,7 @@ impl Manager {
         let (started, rec) = match started {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.store.delete(&record.id);
+                let _ = self.store.delete_sandbox(&record.id).await;
                 self.release_uid_slot(record.uid_slot);
                 return Err(e);
             }
@@ -301,7 +306,7 @@ impl Manager {
             .iter()
             .map(|p| p.display().to_string())
             .collect();
-        let saved = self.store.update(&record);
+        let saved = self.store.update_sandbox(&record).await;
         let agent = match (saved, started.agent) {
             (Ok(()), Some(agent)) => agent,
             (saved, _) => {
@@ -336,7 +341,7 @@ impl Manager {
     /// Destroy a warm guest (or one whose claim failed) and forget it.
     pub(super) async fn discard_warm(&self, r: &SandboxRecord) {
         self.warm.forget(&r.id);
-        let _ = self.store.delete(&r.id);
+        let _ = self.store.delete_sandbox(&r.id).await;
         match self.destroy_resources(r).await {
             Ok(()) => self.release_uid_slot(r.uid_slot),
             Err(e) => tracing::warn!(id = %r.id, error = %e, "destroying a warm vm guest"),
@@ -374,7 +379,7 @@ impl Manager {
                 .collect()
         };
         for guest in retired {
-            if let Ok(Some(r)) = self.store.get(&guest.id) {
+            if let Ok(Some(r)) = self.store.get_sandbox(&guest.id).await {
                 self.discard_warm(&r).await;
             }
         }
@@ -394,7 +399,7 @@ impl Manager {
         while !self.warm.lock().filling.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        for r in self.store.pooled().unwrap_or_default() {
+        for r in self.store.pooled_sandboxes().await.unwrap_or_default() {
             self.discard_warm(&r).await;
         }
     }

@@ -115,7 +115,7 @@ pub async fn exec(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ExecBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let cmd = body.into_command(state.manager.config().default_exec_timeout)?;
     let out = state.manager.exec(&id, cmd).await?;
     let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
@@ -252,7 +252,7 @@ pub async fn exec_stream(
     Path(id): Path<String>,
     req: Request,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let default_timeout = state.manager.config().default_exec_timeout;
     let (cmd, source) = if has_raw_stdin(&req) {
         let body = query_exec_body(req.uri().query().unwrap_or(""))?;

@@ -6,6 +6,7 @@ pub mod files;
 pub mod lifecycle;
 pub mod misc;
 pub mod network;
+mod page;
 pub mod ports;
 pub mod pty;
 pub mod sandboxes;
