@@ -18,7 +18,7 @@ use hutch_core::exec::Command;
 use hutch_core::fork::{ExploreCommand, ForkCommand, ForkMode, Keep, ScoreRegex};
 use serde::Deserialize;
 
-use super::page::{page_answer, PageParams};
+use super::page::{listing_error, page_answer, PageParams};
 use super::sandboxes::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{json_or_default, ApiJson, ApiQuery, Caller, JsonBytes};
@@ -103,7 +103,8 @@ pub async fn list_snapshots(
     let snapshots = state
         .manager
         .list_snapshots(&caller.scope(), &page.request()?)
-        .await?;
+        .await
+        .map_err(listing_error)?;
     Ok(Json(page_answer("snapshots", snapshots)))
 }
 

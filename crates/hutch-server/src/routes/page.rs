@@ -8,6 +8,7 @@
 //! once, whatever is created or deleted meanwhile.
 
 use hutch_core::store::{Cursor, Page, PageRequest, MAX_PAGE_LIMIT};
+use hutch_core::CoreError;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
@@ -43,6 +44,15 @@ pub fn page_request(limit: Option<&str>, cursor: Option<&str>) -> ApiResult<Page
     }
     let after = cursor.filter(|c| !c.is_empty()).map(Cursor::from_client);
     Ok(PageRequest::new(limit, after)?)
+}
+
+/// The error of a listing: a cursor the store cannot read is a bad query (400), like a bad
+/// `limit`.
+pub fn listing_error(e: CoreError) -> ApiError {
+    match e {
+        CoreError::InvalidArgument(m) => ApiError::bad_request(m),
+        other => ApiError::from(other),
+    }
 }
 
 /// `{"<key>": [...]}`, with `"next_cursor"` when more records follow.

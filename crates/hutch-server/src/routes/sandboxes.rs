@@ -176,7 +176,11 @@ pub async fn list(
         }
     }
     let page = super::page::page_request(limit.as_deref(), cursor.as_deref())?;
-    let sandboxes = state.manager.list(&filter, &caller.scope(), &page).await?;
+    let sandboxes = state
+        .manager
+        .list(&filter, &caller.scope(), &page)
+        .await
+        .map_err(super::page::listing_error)?;
     Ok(Json(super::page::page_answer("sandboxes", sandboxes)))
 }
 

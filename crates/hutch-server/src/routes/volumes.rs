@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use serde::Deserialize;
 
-use super::page::{page_answer, PageParams};
+use super::page::{listing_error, page_answer, PageParams};
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;
@@ -52,7 +52,8 @@ pub async fn list(
     let volumes = state
         .manager
         .list_volumes(&caller.scope(), &page.request()?)
-        .await?;
+        .await
+        .map_err(listing_error)?;
     Ok(Json(page_answer("volumes", volumes)))
 }
 
