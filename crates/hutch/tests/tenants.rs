@@ -157,7 +157,7 @@ async fn another_tenants_sandbox_is_404_with_the_message_of_an_unknown_one() {
     .await;
     assert_eq!(status, 404, "still not the other tenant's: {v}");
     let (_, v) = call(&s, &acme, Method::GET, "/v1/sandboxes", None).await;
-    assert_eq!(ids_of(&v, "sandboxes"), [id.clone()]);
+    assert_eq!(ids_of(&v, "sandboxes"), [id.as_str()]);
     // The admin sees every tenant's.
     let (status, v) = s
         .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
