@@ -2,7 +2,8 @@
 //!
 //! - [`manager`]: lifecycle (create, pause, hibernate, snapshots, fork, explore), TTL and
 //!   idle reaper, re-adoption after a restart.
-//! - [`store`]: the SQLite state database.
+//! - [`store`]: the state store seam ([`store::Store`]) and its SQLite implementation.
+//! - [`tenant`]: who owns a record and whose records a request may see.
 //! - [`backend`]: isolation backends (`ns`, `vm`) behind one async trait, and a fake one for
 //!   tests (feature `testing`).
 //! - [`host`]: what this host offers the backends (`hutch doctor`, the bench).
@@ -31,6 +32,7 @@ pub mod sandbox_network;
 pub mod sandbox_token;
 pub mod snapshot;
 pub mod store;
+pub mod tenant;
 pub mod time;
 pub mod uid_slots;
 pub mod volume;

@@ -49,7 +49,8 @@ use crate::model::{
     UpdateSandbox,
 };
 use crate::sandbox_token::TokenSigner;
-use crate::store::{KeyOwner, Store};
+use crate::store::{KeyOwner, Page, PageRequest, SandboxQuery, SqliteStore, Store};
+use crate::tenant::{Tenant, TenantScope};
 use crate::time::now_ms;
 use crate::uid_slots::UidSlots;
 
@@ -60,7 +61,7 @@ pub use self::ports::{parse_port, PortConnection};
 /// The manager. Cheap to share behind an `Arc`.
 pub struct Manager {
     cfg: Config,
-    store: Store,
+    store: Arc<dyn Store>,
     templates: TemplateStore,
     /// One backend per isolation: the only way to a sandbox's container.
     backends: Backends,
@@ -74,8 +75,8 @@ pub struct Manager {
     /// One lock per sandbox, held across a state transition.
     ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Held while checking who uses a snapshot and deleting it, and while inserting a
-    /// sandbox that uses one.
-    snapshots_lock: Mutex<()>,
+    /// sandbox that uses one (across store calls, so an async lock).
+    snapshots_lock: Arc<tokio::sync::Mutex<()>>,
     /// Per sandbox: CPU time at the last idle check, when that was, and when the sandbox was
     /// last busy (ms since epoch).
     cpu_seen: Mutex<HashMap<String, (u64, i64, i64)>>,
@@ -157,13 +158,30 @@ fn host_backends(
 }
 
 impl Manager {
-    /// Open the state directory, re-adopt surviving sandboxes and start the reaper.
+    /// Open the state directory and its SQLite store, re-adopt surviving sandboxes and start
+    /// the reaper.
     pub async fn start(cfg: Config) -> CoreResult<Arc<Self>> {
         Self::start_with(cfg, Box::new(host_backends)).await
     }
 
-    /// [`Manager::start`] with the backends `make` builds (tests give a fake one).
+    /// [`Manager::start`] with the backends `make` builds (tests give a fake one), on the
+    /// state directory's SQLite store.
     pub async fn start_with(cfg: Config, make: MakeBackends) -> CoreResult<Arc<Self>> {
+        std::fs::create_dir_all(&cfg.state_dir).map_err(CoreError::io("create", &cfg.state_dir))?;
+        let store = Arc::new(SqliteStore::open(&cfg.state_dir.join("state.db"))?);
+        Self::start_on(cfg, make, store).await
+    }
+
+    /// [`Manager::start`] over another store (one shared by many hosts, say).
+    pub async fn start_with_store(cfg: Config, store: Arc<dyn Store>) -> CoreResult<Arc<Self>> {
+        Self::start_on(cfg, Box::new(host_backends), store).await
+    }
+
+    async fn start_on(
+        cfg: Config,
+        make: MakeBackends,
+        store: Arc<dyn Store>,
+    ) -> CoreResult<Arc<Self>> {
         let cfg_output_budget = cfg.exec_output_budget_bytes;
         std::fs::create_dir_all(cfg.state_dir.join("sandboxes"))
             .map_err(CoreError::io("create", &cfg.state_dir))?;
@@ -172,7 +190,6 @@ impl Manager {
         // Snapshots and volumes hold tenants' files and raw disks: root only.
         snapshots::prepare_dir(&cfg.snapshots_dir())?;
         snapshots::prepare_dir(&cfg.state_dir.join("volumes"))?;
-        let store = Store::open(&cfg.state_dir.join("state.db"))?;
         if cfg.uid_slots == 0 || cfg.uid_slots > MAX_UID_SLOTS {
             return Err(CoreError::InvalidArgument(format!(
                 "uid slots must be 1 to {MAX_UID_SLOTS}, got {}",
@@ -181,8 +198,12 @@ impl Manager {
         }
         let uid_slots = UidSlots::open(&cfg.uid_slots_dir, &cfg.state_dir)?;
         {
-            let held: std::collections::BTreeSet<u32> =
-                store.all()?.iter().map(|r| r.uid_slot).collect();
+            let held: std::collections::BTreeSet<u32> = store
+                .all_sandboxes()
+                .await?
+                .iter()
+                .map(|r| r.uid_slot)
+                .collect();
             uid_slots.lock()?.reconcile(&held)?;
         }
         let tokens = TokenSigner::load_or_create(&cfg.state_dir.join("token.secret"))?;
@@ -208,7 +229,7 @@ impl Manager {
             events,
             metrics: Metrics::default(),
             ops: Mutex::new(HashMap::new()),
-            snapshots_lock: Mutex::new(()),
+            snapshots_lock: Arc::new(tokio::sync::Mutex::new(())),
             cpu_seen: Mutex::new(HashMap::new()),
             active: Arc::new(Mutex::new(HashMap::new())),
             tokens,
@@ -266,29 +287,54 @@ impl Manager {
     }
 
     /// Make sure an admin key exists; returns it when it was just created.
-    pub fn ensure_admin_key(&self) -> CoreResult<String> {
+    pub async fn ensure_admin_key(&self) -> CoreResult<String> {
         let path = self.cfg.state_dir.join("admin.key");
         if let Ok(existing) = std::fs::read_to_string(&path) {
             let key = existing.trim().to_string();
-            if self.store.key_owner(&key)?.is_some() {
+            if self.store.key_owner(&key).await?.is_some() {
                 return Ok(key);
             }
         }
         let key = ids::new_api_key();
-        self.store.add_api_key(
-            &key,
-            &KeyOwner {
-                tenant: "admin".into(),
-                admin: true,
-            },
-        )?;
+        self.store
+            .add_api_key(
+                &key,
+                &KeyOwner {
+                    tenant: Tenant::new("admin"),
+                    admin: true,
+                },
+            )
+            .await?;
         write_secret(&path, &key)?;
         Ok(key)
     }
 
     /// Who owns an API key.
-    pub fn authenticate(&self, key: &str) -> CoreResult<Option<KeyOwner>> {
-        self.store.key_owner(key)
+    pub async fn authenticate(&self, key: &str) -> CoreResult<Option<KeyOwner>> {
+        self.store.key_owner(key).await
+    }
+
+    /// Register an API key for `owner` (stored hashed).
+    pub async fn add_api_key(&self, key: &str, owner: &KeyOwner) -> CoreResult<()> {
+        self.store.add_api_key(key, owner).await
+    }
+
+    /// The state store (for tools that fill it directly, such as `hutch bench api_scale`).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// `NotFound` unless sandbox `id` exists and `scope` may see it: one indexed lookup by id
+    /// (and tenant), with the same answer for another tenant's sandbox as for an unknown one.
+    pub async fn authorize(&self, id: &str, scope: &TenantScope) -> CoreResult<()> {
+        let missing = || CoreError::NotFound(format!("sandbox {id} does not exist"));
+        if !ids::is_sandbox_id(id) {
+            return Err(missing());
+        }
+        match self.store.get_sandbox_for(id, scope).await? {
+            Some(_) => Ok(()),
+            None => Err(missing()),
+        }
     }
 
     fn backend(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
@@ -309,10 +355,8 @@ impl Manager {
         self.agents.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lock_snapshots(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.snapshots_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    async fn lock_snapshots(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.snapshots_lock.clone().lock_owned().await
     }
 
     /// Keep sandbox `id` from idle hibernation until the guard is dropped (handlers hold one
@@ -351,30 +395,31 @@ impl Manager {
     }
 
     /// Load a record or fail with `NotFound`.
-    fn load(&self, id: &str) -> CoreResult<SandboxRecord> {
+    async fn load(&self, id: &str) -> CoreResult<SandboxRecord> {
         if !ids::is_sandbox_id(id) {
             return Err(CoreError::NotFound(format!("sandbox {id} does not exist")));
         }
         // A warm guest of the pool is not a sandbox (yet).
         self.store
-            .get(id)?
+            .get_sandbox(id)
+            .await?
             .filter(|r| r.state != SandboxState::Pooled)
             .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))
     }
 
     /// Load a record and refresh its TTL (every call on a sandbox does).
-    fn touch(&self, id: &str) -> CoreResult<SandboxRecord> {
-        self.refresh(id, false)
+    async fn touch(&self, id: &str) -> CoreResult<SandboxRecord> {
+        self.refresh(id, false).await
     }
 
     /// [`Manager::touch`], and note the sandbox was used (exec, file and PTY calls): the clock
     /// of idle hibernation restarts. Reading its state does not count as using it.
-    fn touch_used(&self, id: &str) -> CoreResult<SandboxRecord> {
-        self.refresh(id, true)
+    async fn touch_used(&self, id: &str) -> CoreResult<SandboxRecord> {
+        self.refresh(id, true).await
     }
 
-    fn refresh(&self, id: &str, used: bool) -> CoreResult<SandboxRecord> {
-        let r = self.load(id)?;
+    async fn refresh(&self, id: &str, used: bool) -> CoreResult<SandboxRecord> {
+        let r = self.load(id).await?;
         let now = now_ms();
         let new_expiry = now + (r.ttl_seconds as i64) * 1000;
         // Skip the write when nothing would move by a second or more, and never revive a
@@ -385,21 +430,23 @@ impl Manager {
         if !expiry_moves && !use_moves {
             return Ok(r);
         }
-        self.store.modify(id, |r| {
-            if !r.persistent && r.expires_at_ms > now {
-                r.expires_at_ms = r.expires_at_ms.max(now + (r.ttl_seconds as i64) * 1000);
-            }
-            if used {
-                r.last_used_ms = r.last_used_ms.max(now);
-            }
-            Ok(())
-        })
+        self.store
+            .modify(id, |r| {
+                if !r.persistent && r.expires_at_ms > now {
+                    r.expires_at_ms = r.expires_at_ms.max(now + (r.ttl_seconds as i64) * 1000);
+                }
+                if used {
+                    r.last_used_ms = r.last_used_ms.max(now);
+                }
+                Ok(())
+            })
+            .await
     }
 
     /// One sandbox (refreshes its TTL). A networked sandbox's traffic counters are read with
     /// `nft` on the blocking pool.
     pub async fn get(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         let mut view = r.view();
         if r.net_slot.is_none() {
             return Ok(view);
@@ -412,20 +459,29 @@ impl Manager {
         .await
     }
 
-    /// Sandboxes matching `filter`.
-    pub fn list(&self, filter: &ListFilter) -> CoreResult<Vec<SandboxView>> {
+    /// One page of the sandboxes `scope` may see that match `filter`, oldest first: the
+    /// filter and the page are one store query.
+    pub async fn list(
+        &self,
+        filter: &ListFilter,
+        scope: &TenantScope,
+        page: &PageRequest,
+    ) -> CoreResult<Page<SandboxView>> {
+        let query = SandboxQuery {
+            scope: scope.clone(),
+            state: filter.state,
+            metadata: filter.metadata.clone(),
+        };
         Ok(self
             .store
-            .all()?
-            .iter()
-            .filter(|r| filter.matches(r))
-            .map(SandboxRecord::view)
-            .collect())
+            .list_sandboxes(&query, page)
+            .await?
+            .map(|r| r.view()))
     }
 
     /// Change TTL, persistence, metadata or the idle-hibernation delay.
-    pub fn update(&self, id: &str, u: UpdateSandbox) -> CoreResult<SandboxView> {
-        self.load(id)?;
+    pub async fn update(&self, id: &str, u: UpdateSandbox) -> CoreResult<SandboxView> {
+        self.load(id).await?;
         if let Some(ttl) = u.ttl_seconds {
             if ttl == 0 || ttl > self.cfg.max_ttl_seconds {
                 return Err(CoreError::InvalidArgument(format!(
@@ -435,38 +491,44 @@ impl Manager {
             }
         }
         let idle = self.check_idle_seconds(u.idle_hibernate_seconds)?;
-        let r = self.store.modify(id, |r| {
-            if let Some(ttl) = u.ttl_seconds {
-                r.ttl_seconds = ttl;
-            }
-            if let Some(p) = u.persistent {
-                r.persistent = p;
-            }
-            if let Some(m) = u.metadata {
-                r.metadata = m;
-            }
-            if u.idle_hibernate_seconds.is_some() {
-                r.idle_hibernate_seconds = idle;
-            }
-            let now = now_ms();
-            r.expires_at_ms = now + (r.ttl_seconds as i64) * 1000;
-            r.last_used_ms = now;
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(id, |r| {
+                if let Some(ttl) = u.ttl_seconds {
+                    r.ttl_seconds = ttl;
+                }
+                if let Some(p) = u.persistent {
+                    r.persistent = p;
+                }
+                if let Some(m) = u.metadata {
+                    r.metadata = m;
+                }
+                if let Some(t) = u.tenant {
+                    r.tenant = t;
+                }
+                if u.idle_hibernate_seconds.is_some() {
+                    r.idle_hibernate_seconds = idle;
+                }
+                let now = now_ms();
+                r.expires_at_ms = now + (r.ttl_seconds as i64) * 1000;
+                r.last_used_ms = now;
+                Ok(())
+            })
+            .await?;
         Ok(r.view())
     }
 
     /// Destroy a sandbox and forget it (whatever its state: paused and hibernated too).
     pub async fn kill(&self, id: &str) -> CoreResult<()> {
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.load(id)?;
+        let r = self.load(id).await?;
         self.remove(r, "sandbox.killed").await
     }
 
     async fn remove(&self, r: SandboxRecord, event: &str) -> CoreResult<()> {
         // Forget it first so the death watcher treats the exit as intended.
-        self.store.delete(&r.id)?;
+        self.store.delete_sandbox(&r.id).await?;
         let client = self.lock_agents().remove(&r.id);
         if let Some(client) = client {
             self.sync_volumes(&r, &client).await;
@@ -518,13 +580,13 @@ impl Manager {
             .await?;
         }
         destroyed?;
-        self.unmount_unused_volumes();
+        self.unmount_unused_volumes().await;
         Ok(())
     }
 
     /// Current resource usage of a sandbox.
-    pub fn usage(&self, id: &str) -> CoreResult<Option<Usage>> {
-        let r = self.touch(id)?;
+    pub async fn usage(&self, id: &str) -> CoreResult<Option<Usage>> {
+        let r = self.touch(id).await?;
         Ok(self.backend(r.isolation)?.usage(&r))
     }
 

@@ -4,6 +4,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::tenant::Tenant;
+
+/// The metadata key the API shows a sandbox's tenant as.
+pub const TENANT_KEY: &str = "tenant_id";
+
 /// Lifecycle states. See `can_*` for what each allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash)]
 #[serde(rename_all = "snake_case")]
@@ -159,7 +164,9 @@ pub struct CreateSandbox {
     pub ttl_seconds: Option<u64>,
     /// Never reaped.
     pub persistent: bool,
-    /// Free-form string metadata.
+    /// Owner (`None`: an admin's sandbox without a tenant).
+    pub tenant: Option<Tenant>,
+    /// Free-form string metadata (without `tenant_id`: that is [`CreateSandbox::tenant`]).
     pub metadata: BTreeMap<String, String>,
     /// Environment of every exec.
     pub env: BTreeMap<String, String>,
@@ -188,8 +195,10 @@ pub struct UpdateSandbox {
     pub ttl_seconds: Option<u64>,
     /// New persistence flag.
     pub persistent: Option<bool>,
-    /// Metadata keys to set (replaces the whole map when given).
+    /// Metadata keys to set (replaces the whole map when given; without `tenant_id`).
     pub metadata: Option<BTreeMap<String, String>>,
+    /// New owner (`Some(None)`: none), for an admin's metadata naming a `tenant_id`.
+    pub tenant: Option<Option<Tenant>>,
     /// New idle-hibernation delay (0 turns it off).
     pub idle_hibernate_seconds: Option<u64>,
 }
@@ -205,7 +214,11 @@ pub struct SandboxRecord {
     pub isolation: Isolation,
     /// Current state.
     pub state: SandboxState,
-    /// Metadata.
+    /// Owner (`None`: an admin's sandbox without a tenant). Stored by the store as a column
+    /// of its own, not in the serialized record; the API shows it as `metadata.tenant_id`.
+    #[serde(default, skip_serializing)]
+    pub tenant: Option<Tenant>,
+    /// Metadata (without `tenant_id`: that is [`SandboxRecord::tenant`]).
     pub metadata: BTreeMap<String, String>,
     /// Environment.
     pub env: BTreeMap<String, String>,
@@ -317,14 +330,18 @@ pub fn vcpus(cpus: f64) -> u32 {
 }
 
 impl SandboxRecord {
-    /// The API view of this record.
+    /// The API view of this record (its tenant shown as the `tenant_id` metadata key).
     pub fn view(&self) -> SandboxView {
+        let mut metadata = self.metadata.clone();
+        if let Some(t) = &self.tenant {
+            metadata.insert(TENANT_KEY.into(), t.as_str().to_string());
+        }
         SandboxView {
             id: self.id.clone(),
             template: self.template.clone(),
             isolation: self.isolation,
             state: self.state,
-            metadata: self.metadata.clone(),
+            metadata,
             cpus: self.cpus,
             memory_mib: self.memory_mib,
             disk_mib: self.disk_mib,
@@ -346,9 +363,9 @@ impl SandboxRecord {
         }
     }
 
-    /// The tenant it belongs to (its `tenant_id` metadata).
+    /// The name of the tenant it belongs to (for events).
     pub fn tenant(&self) -> Option<String> {
-        self.metadata.get("tenant_id").cloned()
+        self.tenant.as_ref().map(|t| t.as_str().to_string())
     }
 
     /// When it was last used (ms since epoch).
@@ -362,19 +379,8 @@ impl SandboxRecord {
 pub struct ListFilter {
     /// Only this state.
     pub state: Option<SandboxState>,
-    /// Every pair must match.
+    /// Every pair must match (`tenant_id` matches the tenant).
     pub metadata: BTreeMap<String, String>,
-}
-
-impl ListFilter {
-    /// Whether a record passes.
-    pub fn matches(&self, r: &SandboxRecord) -> bool {
-        self.state.is_none_or(|s| s == r.state)
-            && self
-                .metadata
-                .iter()
-                .all(|(k, v)| r.metadata.get(k) == Some(v))
-    }
 }
 
 #[cfg(test)]

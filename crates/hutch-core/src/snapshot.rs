@@ -82,7 +82,7 @@ pub struct SnapshotRecord {
     /// Creation time (ms since epoch).
     pub created_at_ms: i64,
     /// Tenant of the source sandbox (only that tenant and admins see the snapshot).
-    pub tenant_id: Option<String>,
+    pub tenant_id: Option<crate::tenant::Tenant>,
     /// A fork's snapshot: not listed, removed with the last sandbox that uses it.
     #[serde(default)]
     pub hidden: bool,

@@ -357,7 +357,7 @@ mod tests {
             assert_eq!(lock.claim(31).expect("claim"), Claim::Claimed);
         }
         // a's database has a sandbox on slot 31 (it keeps running while a is stopped).
-        let store = crate::store::Store::open(&h.a.path().join("state.db")).expect("store");
+        let store = crate::store::SqliteStore::open(&h.a.path().join("state.db")).expect("store");
         drop(store);
         let db = rusqlite::Connection::open(h.a.path().join("state.db")).expect("db");
         db.execute(

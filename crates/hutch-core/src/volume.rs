@@ -14,7 +14,7 @@ pub struct VolumeRecord {
     /// Creation time (ms since epoch).
     pub created_at_ms: i64,
     /// Owning tenant (`None`: created by an admin key without one).
-    pub tenant: Option<String>,
+    pub tenant: Option<crate::tenant::Tenant>,
 }
 
 /// A volume mounted in a sandbox.

@@ -5,6 +5,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use hutch_core::tenant::{Tenant, TenantScope};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -141,9 +142,16 @@ fn source_text(e: &dyn std::error::Error) -> String {
 #[derive(Debug, Clone)]
 pub struct Caller {
     /// Tenant of the key.
-    pub tenant: String,
+    pub tenant: Tenant,
     /// Admin keys see every tenant.
     pub admin: bool,
+}
+
+impl Caller {
+    /// Whose records this caller may see: its tenant's, or every tenant's for an admin key.
+    pub fn scope(&self) -> TenantScope {
+        TenantScope::of(&self.tenant, self.admin)
+    }
 }
 
 /// Middleware: `Authorization: Bearer <key>` on every `/v1/` route behind it, else 401.
@@ -167,7 +175,7 @@ pub async fn require_auth(State(state): State<AppState>, mut req: Request, next:
         )
         .into_response();
     }
-    match state.authenticate(&key) {
+    match state.authenticate(&key).await {
         Ok(Some(caller)) => {
             // A known client's connection is evicted only after every stranger's.
             if let Some(conn) = req

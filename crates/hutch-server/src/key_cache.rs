@@ -67,7 +67,7 @@ mod tests {
 
     fn caller(tenant: &str) -> Caller {
         Caller {
-            tenant: tenant.into(),
+            tenant: hutch_core::tenant::Tenant::new(tenant),
             admin: false,
         }
     }
@@ -81,7 +81,7 @@ mod tests {
             cache
                 .get("hk_a", t0 + Duration::from_secs(1))
                 .map(|c| c.tenant),
-            Some("a".into())
+            Some(hutch_core::tenant::Tenant::new("a"))
         );
         assert!(cache.get("hk_b", t0).is_none());
         assert!(cache.get("hk_a", t0 + KEY_CACHE_TTL).is_none(), "expired");

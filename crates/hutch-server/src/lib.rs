@@ -74,7 +74,7 @@ impl AppState {
         Arc::clone(&self.connections)
     }
 
-    pub(crate) fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
+    pub(crate) async fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
         if let Some(c) = self
             .keys
             .lock()
@@ -83,7 +83,7 @@ impl AppState {
         {
             return Ok(Some(c));
         }
-        let owner = self.manager.authenticate(key)?;
+        let owner = self.manager.authenticate(key).await?;
         let caller = owner.map(|o| Caller {
             tenant: o.tenant,
             admin: o.admin,

@@ -20,7 +20,7 @@ impl Api {
     async fn start() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let (manager, fake) = start_manager(dir.path()).await.expect("manager");
-        let key = manager.ensure_admin_key().expect("admin key");
+        let key = manager.ensure_admin_key().await.expect("admin key");
         let app = hutch_server::app(hutch_server::AppState::new(manager));
         Self {
             app,

@@ -361,7 +361,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         }
     }
     let manager = Manager::start(cfg).await?;
-    manager.ensure_admin_key()?;
+    manager.ensure_admin_key().await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;

@@ -86,6 +86,7 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
             "--lifecycle",
             "1",
         ])
+        .args(["--api-scale-records", "20", "--api-scale-samples", "3"])
         .args(["--execs", "3", "--vm", "0", "--json-out"])
         .arg(&json_out)
         .output()
@@ -134,6 +135,20 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
     assert!(series
         .iter()
         .any(|s| s["name"] == "ns_create_to_first_exec"));
+    // api_scale: both record counts measured in the same run, with their ratio.
+    let scale = &doc["api_scale"];
+    assert_eq!(scale["records"], 20, "{scale}");
+    for what in ["exec_round_trip", "get_sandbox"] {
+        let r = scale["ratio_p50"][what].as_f64().expect("a ratio");
+        assert!(r > 0.0 && r.is_finite(), "{scale}");
+    }
+    let names: Vec<&str> = scale["series"]
+        .as_array()
+        .expect("api_scale series")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert!(names.contains(&"api_scale_list_limit_100_20"), "{names:?}");
 
     assert_eq!(leftovers(), before, "the container baselines left these");
     for (dir, existed) in HOST_DIRS.iter().zip(host_dirs_before) {

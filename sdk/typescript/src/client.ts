@@ -34,6 +34,9 @@ export interface ClientOptions {
   timeoutMs?: number;
 }
 
+/** Records asked for per page when a listing follows the server's cursors. */
+export const PAGE_LIMIT = 500;
+
 /** Query parameters: pairs, or a record whose undefined values are skipped. */
 export type Query = Array<[string, string]> | Record<string, string | number | boolean | undefined>;
 
@@ -175,6 +178,30 @@ export class Client {
     }
   }
 
+  /**
+   * Every record of a paginated listing (`GET /v1/sandboxes`, `/v1/snapshots`, `/v1/volumes`):
+   * pages of {@link PAGE_LIMIT}, each `next_cursor` passed back as it came, until the server
+   * gives none.
+   */
+  async listAll<T = Record<string, unknown>>(
+    path: string,
+    key: string,
+    query: Array<[string, string]> = [],
+  ): Promise<T[]> {
+    const out: T[] = [];
+    let cursor: string | undefined;
+    for (;;) {
+      const q: Array<[string, string]> = [...query, ["limit", String(PAGE_LIMIT)]];
+      if (cursor !== undefined) q.push(["cursor", cursor]);
+      const doc = await this.requestJson<Record<string, unknown>>("GET", path, { query: q });
+      const items = doc[key];
+      if (Array.isArray(items)) out.push(...(items as T[]));
+      const next = doc.next_cursor;
+      if (typeof next !== "string" || next === "") return out;
+      cursor = next;
+    }
+  }
+
   /** `GET /healthz`: `{status: "ok", version}`. Needs no key. */
   async health(): Promise<{ status: string; version: string }> {
     return this.requestJson("GET", "/healthz");
@@ -210,8 +237,8 @@ export class Client {
    * `Sandbox.snapshot(name)`. The hidden snapshots behind forks are not listed.
    */
   async snapshots(): Promise<Snapshot[]> {
-    const doc = await this.requestJson<{ snapshots?: Record<string, unknown>[] }>("GET", "/v1/snapshots");
-    return (doc.snapshots ?? []).map((s) => snapshot(s));
+    const all = await this.listAll<Record<string, unknown>>("/v1/snapshots", "snapshots");
+    return all.map((s) => snapshot(s));
   }
 
   /**
@@ -257,8 +284,8 @@ export class Client {
 
   /** The volumes this key's tenant may see. */
   async volumes(): Promise<Volume[]> {
-    const doc = await this.requestJson<{ volumes?: Record<string, unknown>[] }>("GET", "/v1/volumes");
-    return (doc.volumes ?? []).map((v) => volume(v));
+    const all = await this.listAll<Record<string, unknown>>("/v1/volumes", "volumes");
+    return all.map((v) => volume(v));
   }
 
   /**

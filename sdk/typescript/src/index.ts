@@ -12,7 +12,7 @@
  */
 import "./polyfill.js";
 
-export { Client, EventStream, LogStream, SseStream, type ClientOptions, type Query, type RequestOptions } from "./client.js";
+export { Client, EventStream, LogStream, PAGE_LIMIT, SseStream, type ClientOptions, type Query, type RequestOptions } from "./client.js";
 export { DEFAULT_URL, defaultStateDir, resolveConfig, type ResolvedConfig } from "./config.js";
 export {
   AuthError,

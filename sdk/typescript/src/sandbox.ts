@@ -289,8 +289,8 @@ export class Sandbox implements AsyncDisposable {
     const query: Array<[string, string]> = [];
     if (opts.state !== undefined) query.push(["state", opts.state]);
     for (const [k, v] of Object.entries(opts.metadata ?? {})) query.push([`metadata.${k}`, v]);
-    const doc = await client.requestJson<{ sandboxes?: Json[] }>("GET", "/v1/sandboxes", { query });
-    return (doc.sandboxes ?? []).map((s) => new Sandbox(sandboxInfo(s), client));
+    const all = await client.listAll<Json>("/v1/sandboxes", "sandboxes", query);
+    return all.map((s) => new Sandbox(sandboxInfo(s), client));
   }
 
   /** The sandbox id, `sbx_…`. */

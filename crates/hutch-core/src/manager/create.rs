@@ -19,6 +19,7 @@ use crate::uid_slots::Claim;
 /// Largest `disk_mib` (1 TiB): a vm root disk grows online to at most 1024 times its
 /// template image's size (ext4's reserved descriptor blocks).
 const MAX_DISK_MIB: u64 = 1 << 20;
+use crate::tenant::TenantScope;
 use crate::time::now_ms;
 
 /// How long a new (or woken) sandbox's agent may take to answer.
@@ -39,10 +40,13 @@ impl Manager {
         let t0 = Instant::now();
         let source = match &cmd.snapshot {
             // A fork's hidden snapshot is only usable by the fork itself.
-            Some(sid) => Some(self.snapshot_record(sid, None, forked_from.is_some())?),
+            Some(sid) => Some(
+                self.snapshot_record(sid, &TenantScope::All, forked_from.is_some())
+                    .await?,
+            ),
             None => None,
         };
-        let mut record = self.new_record(&cmd, source.as_ref())?;
+        let mut record = self.new_record(&cmd, source.as_ref()).await?;
         record.forked_from = forked_from;
         let backend = self.backend(record.isolation)?;
         backend.admit(&record).await?;
@@ -60,17 +64,17 @@ impl Manager {
         {
             // A snapshot in use cannot be deleted: check it still exists and insert the
             // sandbox that uses it under one lock.
-            let _snapshots = self.lock_snapshots();
+            let _snapshots = self.lock_snapshots().await;
             if let Some(s) = &source {
-                if self.store.get_snapshot(&s.id)?.is_none() {
+                if self.store.get_snapshot(&s.id).await?.is_none() {
                     return Err(CoreError::NotFound(format!(
                         "snapshot {} does not exist",
                         s.id
                     )));
                 }
             }
-            self.check_volume_exclusive(&record)?;
-            self.insert_with_free_slot(&mut record)?;
+            self.check_volume_exclusive(&record).await?;
+            self.insert_with_free_slot(&mut record).await?;
         }
         let rootfs = self.templates.rootfs(&record.template);
         let started = match self.attach_and_mount(record.clone()).await {
@@ -92,7 +96,7 @@ impl Manager {
             Ok(s) => s,
             Err(e) => {
                 self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
-                let _ = self.store.delete(&record.id);
+                let _ = self.store.delete_sandbox(&record.id).await;
                 self.release_uid_slot(record.uid_slot);
                 self.release_layer(record.layer.as_deref()).await;
                 return Err(e);
@@ -108,7 +112,7 @@ impl Manager {
             .iter()
             .map(|p| p.display().to_string())
             .collect();
-        self.store.update(&record)?;
+        self.store.update_sandbox(&record).await?;
         let connected = match started.agent {
             Some(client) => Ok(client),
             None => self.connect_agent(backend.as_ref(), &record.id).await,
@@ -119,7 +123,7 @@ impl Manager {
         };
         self.lock_agents().insert(record.id.clone(), client);
         record.state = SandboxState::Running;
-        self.store.update(&record)?;
+        self.store.update_sandbox(&record).await?;
         self.watch_init(&record);
         self.metrics.observe_create(t0.elapsed().as_secs_f64());
         self.events
@@ -130,7 +134,7 @@ impl Manager {
 
     /// Validate `cmd` (against the template's or the snapshot's defaults) into a new record in
     /// state `starting`.
-    fn new_record(
+    async fn new_record(
         &self,
         cmd: &CreateSandbox,
         source: Option<&SnapshotRecord>,
@@ -244,11 +248,17 @@ impl Manager {
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
         let now = now_ms();
+        // An admin's create without a tenant may name any tenant's volumes.
+        let volume_scope = cmd
+            .tenant
+            .as_ref()
+            .map_or(TenantScope::All, |t| TenantScope::Only(t.clone()));
         Ok(SandboxRecord {
             id: ids::new_sandbox_id(),
             template,
             isolation,
             state: SandboxState::Starting,
+            tenant: cmd.tenant.clone(),
             metadata: cmd.metadata.clone(),
             env,
             cpus,
@@ -271,11 +281,9 @@ impl Manager {
             idle_hibernate_seconds,
             last_used_ms: now,
             net_slot: None,
-            volumes: self.resolve_volume_mounts(
-                &cmd.volumes,
-                cmd.metadata.get("tenant_id"),
-                isolation,
-            )?,
+            volumes: self
+                .resolve_volume_mounts(&cmd.volumes, &volume_scope, isolation)
+                .await?,
         })
     }
 
@@ -354,7 +362,7 @@ impl Manager {
     async fn fail_create(&self, record: SandboxRecord, e: CoreError) -> CoreError {
         self.metrics.create_failures.fetch_add(1, Ordering::Relaxed);
         let destroyed = self.destroy_resources(&record).await;
-        let _ = self.store.delete(&record.id);
+        let _ = self.store.delete_sandbox(&record.id).await;
         if destroyed.is_ok() {
             self.release_uid_slot(record.uid_slot);
         }
@@ -366,7 +374,7 @@ impl Manager {
     /// host-wide (`uid_slots.rs`) and the record inserted under one host-wide lock, so no
     /// other server sees the claim without the record. Small slot spaces are tried in full
     /// (from a random start); the full one at 64 random slots.
-    pub(super) fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
+    pub(super) async fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
         let slots = self.cfg.uid_slots;
         let start = ids::random_u32() % slots;
         let candidates: Vec<u32> = if slots <= 256 {
@@ -381,7 +389,7 @@ impl Manager {
                 continue;
             }
             record.uid_slot = slot;
-            match self.store.insert(record) {
+            match self.store.insert_sandbox(record).await {
                 Ok(()) => return Ok(()),
                 // A record of this server holds it: the claim just made is right as it is.
                 Err(CoreError::Conflict(_)) => continue,

@@ -141,13 +141,13 @@ impl Manager {
     }
 
     /// [`Manager::exec_slot`] for `cmd`, which publishes its `sandbox.exec` event.
-    fn tracked_exec_slot(
+    async fn tracked_exec_slot(
         &self,
         id: &str,
         cmd: &ExecCommand,
         mode: &'static str,
     ) -> CoreResult<ExecSlot> {
-        let tenant = self.load(id)?.metadata.get("tenant_id").cloned();
+        let tenant = self.load(id).await?.tenant();
         let mut slot = self.exec_slot(id)?;
         slot.tracked = Some(TrackedExec {
             events: Arc::clone(&self.events),
@@ -222,7 +222,7 @@ impl Manager {
         stdin: StdinSource,
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
-        let slot = self.tracked_exec_slot(id, &cmd, "collected")?;
+        let slot = self.tracked_exec_slot(id, &cmd, "collected").await?;
         let permit = self.collect_permit(id).await;
         let result = self.exec_collecting(id, cmd, stdin, cap).await;
         if let Ok(o) = &result {
@@ -245,7 +245,7 @@ impl Manager {
     ) -> CoreResult<ExecOutcome> {
         let client = self.agent(id).await?;
         let _active = self.session_guard(id);
-        let r = self.load(id)?;
+        let r = self.load(id).await?;
         let backend = self.backend(r.isolation)?;
         let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
@@ -282,7 +282,7 @@ impl Manager {
             self.events.publish(
                 "sandbox.oom",
                 id,
-                r.metadata.get("tenant_id").cloned(),
+                r.tenant(),
                 Some(format!(
                     "a process exceeded the memory limit of {} MiB",
                     r.memory_mib
@@ -311,23 +311,22 @@ impl Manager {
         pty: Option<hutch_proto::PtySize>,
     ) -> CoreResult<(ExecSession, ExecSlot)> {
         let mode = if pty.is_some() { "pty" } else { "stream" };
-        let slot = self.tracked_exec_slot(id, cmd, mode)?;
+        let slot = self.tracked_exec_slot(id, cmd, mode).await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let session = client
-            .exec(cmd.to_agent_request(pty))
-            .await
-            .map_err(|e| self.agent_error(id, e))?;
+        let session = self
+            .agent_call(id, client.exec(cmd.to_agent_request(pty)).await)
+            .await?;
         Ok((session, slot))
     }
 
     /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
     /// sandbox is woken first.
     pub async fn agent(self: &Arc<Self>, id: &str) -> CoreResult<AgentClient> {
-        let mut r = self.touch_used(id)?;
+        let mut r = self.touch_used(id).await?;
         if r.state == SandboxState::Hibernated {
             self.wake_if_hibernated(id).await?;
-            r = self.load(id)?;
+            r = self.load(id).await?;
         }
         if !r.state.can_use() {
             return Err(wrong_state(&r, None));
@@ -359,10 +358,19 @@ impl Manager {
     }
 
     /// Map an error from an agent call on sandbox `id`.
-    pub fn agent_error(&self, id: &str, e: ClientError) -> CoreError {
-        match self.load(id) {
+    pub async fn agent_error(&self, id: &str, e: ClientError) -> CoreError {
+        match self.load(id).await {
             Ok(r) => self.on_transport_error(&r, e),
             Err(_) => CoreError::NotFound(format!("sandbox {id} does not exist")),
+        }
+    }
+
+    /// The result of an agent call on sandbox `id`, its error mapped by
+    /// [`Manager::agent_error`].
+    pub async fn agent_call<T>(&self, id: &str, result: Result<T, ClientError>) -> CoreResult<T> {
+        match result {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.agent_error(id, e).await),
         }
     }
 }

@@ -31,7 +31,7 @@ impl Manager {
         id: &str,
         cmd: ForkCommand,
     ) -> CoreResult<Vec<SandboxView>> {
-        let parent = self.touch(id)?;
+        let parent = self.touch(id).await?;
         let backend = self.backend(parent.isolation)?;
         if cmd.mode == ForkMode::Live && !backend.capabilities().live_fork {
             return Err(CoreError::InvalidArgument(format!(
@@ -49,7 +49,7 @@ impl Manager {
         let t0 = std::time::Instant::now();
         let snap = {
             let _op = self.op_lock(id).await;
-            let parent = self.load(id)?;
+            let parent = self.load(id).await?;
             if !parent.state.can_snapshot() {
                 return Err(wrong_state(&parent, Some("fork")));
             }
@@ -191,6 +191,7 @@ fn child_command(parent: &SandboxRecord, snap: &SnapshotRecord) -> CreateSandbox
         isolation: IsolationRequest::Auto,
         ttl_seconds: Some(parent.ttl_seconds),
         persistent: parent.persistent,
+        tenant: parent.tenant.clone(),
         metadata: parent.metadata.clone(),
         env: BTreeMap::new(),
         cpus: None,

@@ -34,36 +34,42 @@ pub struct Woken {
 impl Manager {
     /// Freeze every process of a running sandbox: it uses no CPU until resumed.
     pub async fn pause(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         if !r.state.can_pause() {
             return Err(wrong_state(&r, Some("pause")));
         }
         self.backend(r.isolation)?.pause(&r).await?;
-        let r = self.store.modify(id, |r| {
-            r.state = SandboxState::Paused;
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(id, |r| {
+                r.state = SandboxState::Paused;
+                Ok(())
+            })
+            .await?;
         self.events.publish("sandbox.paused", id, r.tenant(), None);
         Ok(r.view())
     }
 
     /// Let a paused sandbox run again.
     pub async fn resume(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         if !r.state.can_resume() {
             return Err(wrong_state(&r, Some("resume")));
         }
         self.backend(r.isolation)?.resume(&r).await?;
-        let r = self.store.modify(id, |r| {
-            r.state = SandboxState::Running;
-            // The idle clock starts again: a paused sandbox was not idle by choice.
-            r.last_used_ms = now_ms();
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(id, |r| {
+                r.state = SandboxState::Running;
+                // The idle clock starts again: a paused sandbox was not idle by choice.
+                r.last_used_ms = now_ms();
+                Ok(())
+            })
+            .await?;
         self.events.publish("sandbox.resumed", id, r.tenant(), None);
         Ok(r.view())
     }
@@ -71,9 +77,9 @@ impl Manager {
     /// Stop a running sandbox and keep its state on disk (on `ns`: its files; its processes
     /// end). The next exec or file call, or [`Manager::wake`], starts it again.
     pub async fn hibernate(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         if !r.state.can_hibernate() {
             return Err(wrong_state(&r, Some("hibernate")));
         }
@@ -102,10 +108,13 @@ impl Manager {
         why: Option<String>,
     ) -> CoreResult<SandboxRecord> {
         let t0 = Instant::now();
-        let r = self.store.modify(&r.id, |r| {
-            r.state = SandboxState::Hibernated;
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(&r.id, |r| {
+                r.state = SandboxState::Hibernated;
+                Ok(())
+            })
+            .await?;
         let backend = self.backend(r.isolation)?;
         self.hang_up_agent(backend.clone(), &r).await;
         if let Err(e) = backend.hibernate(&r).await {
@@ -113,13 +122,16 @@ impl Manager {
             tracing::error!(id = %r.id, error = %e, "hibernating");
             return Err(e);
         }
-        let r = self.store.modify(&r.id, |r| {
-            r.init_pid = None;
-            r.init_start_time = None;
-            r.cgroups.clear();
-            Ok(())
-        })?;
-        self.unmount_unused_volumes();
+        let r = self
+            .store
+            .modify(&r.id, |r| {
+                r.init_pid = None;
+                r.init_start_time = None;
+                r.cgroups.clear();
+                Ok(())
+            })
+            .await?;
+        self.unmount_unused_volumes().await;
         let ms = t0.elapsed().as_millis() as u64;
         tracing::info!(id = %r.id, ms, reason = why.as_deref().unwrap_or("requested"), "sandbox hibernated");
         self.events
@@ -129,9 +141,9 @@ impl Manager {
 
     /// Start a hibernated sandbox again; reports how long it took.
     pub async fn wake(self: &Arc<Self>, id: &str) -> CoreResult<Woken> {
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         if !r.state.can_wake() {
             return Err(wrong_state(&r, Some("wake")));
         }
@@ -145,7 +157,7 @@ impl Manager {
     /// Wake `id` if it is (still) hibernated: the transparent wake of exec and file calls.
     pub(super) async fn wake_if_hibernated(self: &Arc<Self>, id: &str) -> CoreResult<()> {
         let _op = self.op_lock(id).await;
-        let r = self.load(id)?;
+        let r = self.load(id).await?;
         if r.state == SandboxState::Hibernated {
             self.wake_locked(r).await?;
         }
@@ -169,18 +181,21 @@ impl Manager {
             let s = backend.wake(&rec, &rootfs).await?;
             (s, rec.net_slot, rec.network)
         };
-        let r = self.store.modify(&r.id, |r| {
-            r.net_slot = net_slot;
-            r.network = network.clone();
-            r.init_pid = Some(started.init_pid);
-            r.init_start_time = Some(started.init_start_time);
-            r.cgroups = started
-                .cgroups
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(&r.id, |r| {
+                r.net_slot = net_slot;
+                r.network = network.clone();
+                r.init_pid = Some(started.init_pid);
+                r.init_start_time = Some(started.init_start_time);
+                r.cgroups = started
+                    .cgroups
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                Ok(())
+            })
+            .await?;
         let connected = match started.agent {
             Some(client) => Ok(client),
             None => self.connect_agent(backend.as_ref(), &r.id).await,
@@ -192,21 +207,27 @@ impl Manager {
                 if let Err(s) = backend.hibernate(&r).await {
                     tracing::error!(id = %r.id, error = %s, "stopping after a failed wake");
                 }
-                let _ = self.store.modify(&r.id, |r| {
-                    r.init_pid = None;
-                    r.init_start_time = None;
-                    r.cgroups.clear();
-                    Ok(())
-                });
+                let _ = self
+                    .store
+                    .modify(&r.id, |r| {
+                        r.init_pid = None;
+                        r.init_start_time = None;
+                        r.cgroups.clear();
+                        Ok(())
+                    })
+                    .await;
                 return Err(e);
             }
         };
         self.lock_agents().insert(r.id.clone(), client);
-        let r = self.store.modify(&r.id, |r| {
-            r.state = SandboxState::Running;
-            r.last_used_ms = now_ms();
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(&r.id, |r| {
+                r.state = SandboxState::Running;
+                r.last_used_ms = now_ms();
+                Ok(())
+            })
+            .await?;
         self.watch_init(&r);
         let ms = t0.elapsed().as_millis() as u64;
         tracing::info!(id = %r.id, ms, "sandbox woke");
@@ -221,9 +242,12 @@ impl Manager {
 
     /// Hibernate running sandboxes that have `idle_hibernate_seconds` and have been idle that
     /// long: no exec, file or PTY call, no client connected (running exec, stream or
-    /// terminal) and less than 1 % CPU since then.
+    /// terminal) and less than 1 % CPU since then. Only running sandboxes with a policy are
+    /// read (an index on the state), not every record.
     pub(super) async fn hibernate_idle(self: &Arc<Self>) {
-        let Ok(all) = self.store.all() else { return };
+        let Ok(all) = self.store.idle_candidates().await else {
+            return;
+        };
         let now = now_ms();
         for r in all {
             let Some(idle) = r.idle_hibernate_seconds else {
@@ -259,7 +283,7 @@ impl Manager {
                 continue;
             }
             let _op = self.op_lock(&r.id).await;
-            let Ok(fresh) = self.load(&r.id) else {
+            let Ok(fresh) = self.load(&r.id).await else {
                 continue;
             };
             if fresh.state != SandboxState::Running || fresh.last_used() > idle_since {

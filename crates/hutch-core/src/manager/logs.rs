@@ -31,8 +31,8 @@ fn io_error(id: &str, e: std::io::Error) -> CoreError {
 
 impl Manager {
     /// The logs of sandbox `id` that `query` names, checked against what its backend keeps.
-    fn chosen_logs(&self, id: &str, query: &LogQuery) -> CoreResult<Vec<LogFile>> {
-        let r = self.load(id)?;
+    async fn chosen_logs(&self, id: &str, query: &LogQuery) -> CoreResult<Vec<LogFile>> {
+        let r = self.load(id).await?;
         let all = self.backend(r.isolation)?.log_files(&r);
         let chosen = logs::select(&all, query).map_err(|missing| {
             let have: Vec<_> = all.iter().map(|l| l.source.as_str()).collect();
@@ -56,8 +56,8 @@ impl Manager {
 
     /// The lines of sandbox `id`'s logs that `query` asks for.
     pub async fn logs(&self, id: &str, query: LogQuery) -> CoreResult<Vec<LogLine>> {
-        self.touch(id)?;
-        let chosen = self.chosen_logs(id, &query)?;
+        self.touch(id).await?;
+        let chosen = self.chosen_logs(id, &query).await?;
         let owned = id.to_string();
         tokio::task::spawn_blocking(move || {
             let refs: Vec<&LogFile> = chosen.iter().collect();
@@ -74,8 +74,8 @@ impl Manager {
         id: &str,
         query: LogQuery,
     ) -> CoreResult<(LogFollow, Vec<LogLine>)> {
-        self.touch(id)?;
-        let chosen = self.chosen_logs(id, &query)?;
+        self.touch(id).await?;
+        let chosen = self.chosen_logs(id, &query).await?;
         let owned = id.to_string();
         let (follower, backlog) =
             tokio::task::spawn_blocking(move || Follower::start(chosen, &query))
@@ -100,7 +100,7 @@ impl LogFollow {
             tokio::time::sleep(FOLLOW_POLL).await;
             self.polls += 1;
             if self.polls.is_multiple_of(POLLS_PER_EXISTENCE_CHECK) {
-                match self.mgr.load(&self.id) {
+                match self.mgr.load(&self.id).await {
                     Ok(_) => {}
                     Err(CoreError::NotFound(_)) => return None,
                     Err(e) => return Some(Err(e)),

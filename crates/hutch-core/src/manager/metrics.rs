@@ -11,8 +11,8 @@ impl Manager {
     /// `per_sandbox`: include the series labelled with sandbox ids (for authenticated
     /// scrapes); without it, their server-wide sums (safe to serve without a key: no ids,
     /// bounded cardinality).
-    pub fn metrics_text(&self, per_sandbox: bool) -> CoreResult<String> {
-        let counts = self.store.count_by_state()?;
+    pub async fn metrics_text(&self, per_sandbox: bool) -> CoreResult<String> {
+        let counts = self.store.count_by_state().await?;
         let states: Vec<(&str, u64)> = SandboxState::ALL
             .iter()
             .map(|s| {

@@ -101,9 +101,9 @@ impl Manager {
         id: &str,
         spec: PolicySpec,
     ) -> CoreResult<SandboxView> {
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         if !r.state.holds_resources() && r.state != crate::model::SandboxState::Hibernated {
             return Err(wrong_state(&r, Some("change the network of")));
         }
@@ -122,10 +122,13 @@ impl Manager {
             }
         }
         let network = SandboxNetwork { policy, address };
-        let r = self.store.modify(id, |rec| {
-            rec.network = Some(network.clone());
-            Ok(())
-        })?;
+        let r = self
+            .store
+            .modify(id, |rec| {
+                rec.network = Some(network.clone());
+                Ok(())
+            })
+            .await?;
         self.events.publish(
             "sandbox.network_changed",
             id,

@@ -48,10 +48,13 @@ impl Manager {
         }
         let client = self.agent(id).await?;
         let active = self.session_guard(id);
-        let tunnel = client
-            .connect_tcp(port)
-            .await
-            .map_err(|e| predates_tunnels(id, &e).unwrap_or_else(|| self.agent_error(id, e)))?;
+        let tunnel = match client.connect_tcp(port).await {
+            Ok(t) => t,
+            Err(e) => match predates_tunnels(id, &e) {
+                Some(old) => return Err(old),
+                None => return Err(self.agent_error(id, e).await),
+            },
+        };
         tracing::debug!(sandbox = id, port, "port connection opened");
         Ok(PortConnection {
             tunnel,

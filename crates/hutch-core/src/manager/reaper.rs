@@ -15,7 +15,7 @@ impl Manager {
     /// interrupted by the restart left running).
     pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
         self.drain_warm().await;
-        for r in self.store.all()? {
+        for r in self.store.all_sandboxes().await? {
             if r.state == SandboxState::Hibernated {
                 let backend = self.backend(r.isolation)?;
                 if let Err(e) = backend.hibernate(&r).await {
@@ -29,10 +29,13 @@ impl Manager {
             let backend = self.backend(r.isolation)?;
             if r.state != SandboxState::Starting && backend.alive(&r) {
                 if r.net_slot.is_some() && self.readopt_network(&r, true).is_none() {
-                    let _ = self.store.modify(&r.id, |rec| {
-                        rec.net_slot = None;
-                        Ok(())
-                    });
+                    let _ = self
+                        .store
+                        .modify(&r.id, |rec| {
+                            rec.net_slot = None;
+                            Ok(())
+                        })
+                        .await;
                 }
                 tracing::info!(id = %r.id, "re-adopted running sandbox");
                 backend.adopt(&r);
@@ -53,13 +56,16 @@ impl Manager {
             tracing::error!(id = %r.id, error = %e, "teardown of a failed sandbox");
         }
         self.metrics.failures.fetch_add(1, Ordering::Relaxed);
-        let saved = self.store.modify(&r.id, |rec| {
-            rec.state = SandboxState::Failed;
-            rec.error = Some(reason.clone());
-            rec.init_pid = None;
-            rec.init_start_time = None;
-            Ok(())
-        });
+        let saved = self
+            .store
+            .modify(&r.id, |rec| {
+                rec.state = SandboxState::Failed;
+                rec.error = Some(reason.clone());
+                rec.init_pid = None;
+                rec.init_start_time = None;
+                Ok(())
+            })
+            .await;
         if saved.is_ok() {
             self.events
                 .publish("sandbox.failed", &r.id, r.tenant(), Some(reason));
@@ -75,7 +81,7 @@ impl Manager {
         tokio::spawn(async move {
             let status = crate::pidwatch::wait_exit(pid).await;
             let Some(m) = weak.upgrade() else { return };
-            let Ok(Some(rec)) = m.store.get(&id) else {
+            let Ok(Some(rec)) = m.store.get_sandbox(&id).await else {
                 return;
             };
             if rec.state == SandboxState::Pooled && rec.init_pid == Some(pid) {
@@ -95,7 +101,7 @@ impl Manager {
                 m.events.publish(
                     "sandbox.oom",
                     &id,
-                    rec.metadata.get("tenant_id").cloned(),
+                    rec.tenant(),
                     Some(format!("memory limit of {} MiB exceeded", rec.memory_mib)),
                 );
                 format!(
@@ -109,16 +115,21 @@ impl Manager {
         });
     }
 
-    /// Destroy sandboxes whose TTL ran out (never persistent ones).
+    /// Destroy sandboxes whose TTL ran out (never persistent ones): the store answers with
+    /// the rows due (an index on the expiry), not every row.
     pub async fn reap_expired(&self) {
         let now = now_ms();
-        let Ok(all) = self.store.all() else { return };
-        for r in all {
+        let Ok(due) = self.store.expired_sandboxes(now).await else {
+            return;
+        };
+        for r in due {
             if !r.persistent && r.expires_at_ms <= now {
                 let id = r.id.clone();
                 // Not in the middle of a transition (a wake, a snapshot being read).
                 let _op = self.op_lock(&id).await;
-                let Ok(r) = self.load(&id) else { continue };
+                let Ok(r) = self.load(&id).await else {
+                    continue;
+                };
                 if r.persistent || r.expires_at_ms > now {
                     continue;
                 }

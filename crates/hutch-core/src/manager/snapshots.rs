@@ -15,6 +15,8 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::SandboxRecord;
 use crate::snapshot::{valid_name, SnapshotDefaults, SnapshotRecord, SnapshotView};
+use crate::store::{Page, PageRequest};
+use crate::tenant::TenantScope;
 use crate::time::now_ms;
 
 /// Prefix of snapshots being written.
@@ -29,8 +31,8 @@ pub(super) fn prepare_dir(dir: &Path) -> CoreResult<()> {
         .map_err(CoreError::io("create", dir))
 }
 
-fn visible(s: &SnapshotRecord, tenant: Option<&str>, include_hidden: bool) -> bool {
-    (include_hidden || !s.hidden) && tenant.is_none_or(|t| s.tenant_id.as_deref() == Some(t))
+fn visible(s: &SnapshotRecord, scope: &TenantScope, include_hidden: bool) -> bool {
+    (include_hidden || !s.hidden) && scope.allows(s.tenant_id.as_ref())
 }
 
 impl Manager {
@@ -47,9 +49,9 @@ impl Manager {
                 "snapshot name {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
             )));
         }
-        self.load(id)?;
+        self.load(id).await?;
         let _op = self.op_lock(id).await;
-        let r = self.touch(id)?;
+        let r = self.touch(id).await?;
         if !r.state.can_snapshot() {
             return Err(wrong_state(&r, Some("snapshot")));
         }
@@ -84,7 +86,7 @@ impl Manager {
             true => backend.fork_snapshot(r, &tmp).await,
             false => backend.snapshot(r, &tmp).await,
         };
-        let record = taken.and_then(|taken| {
+        let record = match taken.and_then(|taken| {
             let record = SnapshotRecord {
                 id: sid.clone(),
                 name: name.to_string(),
@@ -96,7 +98,7 @@ impl Manager {
                 size_bytes: taken.size_bytes,
                 files: taken.files,
                 created_at_ms: now_ms(),
-                tenant_id: r.tenant(),
+                tenant_id: r.tenant.clone(),
                 hidden,
                 defaults: SnapshotDefaults {
                     cpus: r.cpus,
@@ -111,9 +113,11 @@ impl Manager {
             std::fs::write(tmp.join("snapshot.json"), manifest)
                 .and_then(|()| std::fs::rename(&tmp, &dir))
                 .map_err(CoreError::io("store the snapshot in", &dir))?;
-            self.store.insert_snapshot(&record)?;
             Ok(record)
-        });
+        }) {
+            Ok(record) => self.store.insert_snapshot(&record).await.map(|()| record),
+            Err(e) => Err(e),
+        };
         let record = match record {
             Ok(rec) => rec,
             Err(e) => {
@@ -139,11 +143,11 @@ impl Manager {
         Ok(record)
     }
 
-    /// The record of snapshot `id` if `tenant` (`None`: any) may see it.
-    pub(super) fn snapshot_record(
+    /// The record of snapshot `id` if `scope` may see it.
+    pub(super) async fn snapshot_record(
         &self,
         id: &str,
-        tenant: Option<&str>,
+        scope: &TenantScope,
         include_hidden: bool,
     ) -> CoreResult<SnapshotRecord> {
         let missing = || CoreError::NotFound(format!("snapshot {id} does not exist"));
@@ -151,23 +155,28 @@ impl Manager {
             return Err(missing());
         }
         self.store
-            .get_snapshot(id)?
-            .filter(|s| visible(s, tenant, include_hidden))
+            .get_snapshot(id)
+            .await?
+            .filter(|s| visible(s, scope, include_hidden))
             .ok_or_else(missing)
     }
 
-    /// The id of the snapshot `tenant` (`None`: any) names `name_or_id`: a snapshot id as it
-    /// is, else the one visible snapshot of that name. None → 404; several → 409 listing
-    /// their ids, so the caller can pick one.
-    pub fn resolve_snapshot(&self, name_or_id: &str, tenant: Option<&str>) -> CoreResult<String> {
+    /// The id of the snapshot `scope` names `name_or_id`: a snapshot id as it is, else the
+    /// one visible snapshot of that name. None → 404; several → 409 listing their ids, so the
+    /// caller can pick one.
+    pub async fn resolve_snapshot(
+        &self,
+        name_or_id: &str,
+        scope: &TenantScope,
+    ) -> CoreResult<String> {
         if ids::is_snapshot_id(name_or_id) {
-            return Ok(self.snapshot_record(name_or_id, tenant, false)?.id);
+            return Ok(self.snapshot_record(name_or_id, scope, false).await?.id);
         }
         let named: Vec<String> = self
             .store
-            .snapshots()?
+            .snapshots_named(name_or_id, scope)
+            .await?
             .into_iter()
-            .filter(|s| visible(s, tenant, false) && s.name == name_or_id)
             .map(|s| s.id)
             .collect();
         match named.as_slice() {
@@ -183,49 +192,49 @@ impl Manager {
         }
     }
 
-    /// Sandboxes that hold disk and were created from snapshot `id`.
-    fn users_of(&self, id: &str) -> CoreResult<Vec<String>> {
+    /// Sandboxes that hold disk and were created from snapshot `id` (an indexed lookup).
+    async fn users_of(&self, id: &str) -> CoreResult<Vec<String>> {
         Ok(self
             .store
-            .all()?
+            .sandboxes_on_layer(id)
+            .await?
             .into_iter()
-            .filter(|r| r.layer.as_deref() == Some(id) && r.state.holds_disk())
+            .filter(|r| r.state.holds_disk())
             .map(|r| r.id)
             .collect())
     }
 
-    /// One snapshot, if `tenant` (`None`: any) may see it.
-    pub fn get_snapshot(&self, id: &str, tenant: Option<&str>) -> CoreResult<SnapshotView> {
-        let s = self.snapshot_record(id, tenant, false)?;
-        Ok(s.view(self.users_of(id)?))
+    /// One snapshot, if `scope` may see it.
+    pub async fn get_snapshot(&self, id: &str, scope: &TenantScope) -> CoreResult<SnapshotView> {
+        let s = self.snapshot_record(id, scope, false).await?;
+        Ok(s.view(self.users_of(id).await?))
     }
 
-    /// The snapshots `tenant` (`None`: any) may see, oldest first (fork snapshots are not
+    /// One page of the snapshots `scope` may see, oldest first (fork snapshots are not
     /// listed).
-    pub fn list_snapshots(&self, tenant: Option<&str>) -> CoreResult<Vec<SnapshotView>> {
-        let sandboxes = self.store.all()?;
-        Ok(self
-            .store
-            .snapshots()?
-            .into_iter()
-            .filter(|s| visible(s, tenant, false))
-            .map(|s| {
-                let users = sandboxes
-                    .iter()
-                    .filter(|r| r.layer.as_deref() == Some(s.id.as_str()) && r.state.holds_disk())
-                    .map(|r| r.id.clone())
-                    .collect();
-                s.view(users)
-            })
-            .collect())
+    pub async fn list_snapshots(
+        &self,
+        scope: &TenantScope,
+        page: &PageRequest,
+    ) -> CoreResult<Page<SnapshotView>> {
+        let found = self.store.list_snapshots(scope, page).await?;
+        let mut items = Vec::with_capacity(found.items.len());
+        for s in found.items {
+            let users = self.users_of(&s.id).await?;
+            items.push(s.view(users));
+        }
+        Ok(Page {
+            items,
+            next: found.next,
+        })
     }
 
     /// Delete a snapshot; refused (409) while sandboxes created from it hold disk.
-    pub async fn delete_snapshot(&self, id: &str, tenant: Option<&str>) -> CoreResult<()> {
-        let s = self.snapshot_record(id, tenant, false)?;
+    pub async fn delete_snapshot(&self, id: &str, scope: &TenantScope) -> CoreResult<()> {
+        let s = self.snapshot_record(id, scope, false).await?;
         {
-            let _snapshots = self.lock_snapshots();
-            let users = self.users_of(id)?;
+            let _snapshots = self.lock_snapshots().await;
+            let users = self.users_of(id).await?;
             if !users.is_empty() {
                 return Err(CoreError::Conflict(format!(
                     "snapshot {id} is used by sandbox{} {}: delete {} first",
@@ -234,7 +243,7 @@ impl Manager {
                     if users.len() == 1 { "it" } else { "them" },
                 )));
             }
-            self.store.delete_snapshot(id)?;
+            self.store.delete_snapshot(id).await?;
         }
         self.remove_snapshot_dir(&s).await
     }
@@ -249,16 +258,16 @@ impl Manager {
     pub(super) async fn release_layer(&self, layer: Option<&str>) {
         let Some(id) = layer else { return };
         let s = {
-            let _snapshots = self.lock_snapshots();
-            let s = match self.store.get_snapshot(id) {
+            let _snapshots = self.lock_snapshots().await;
+            let s = match self.store.get_snapshot(id).await {
                 Ok(Some(s)) if s.hidden => s,
                 _ => return,
             };
-            match self.users_of(id) {
+            match self.users_of(id).await {
                 Ok(users) if users.is_empty() => {}
                 _ => return,
             }
-            if let Err(e) = self.store.delete_snapshot(id) {
+            if let Err(e) = self.store.delete_snapshot(id).await {
                 tracing::error!(snapshot = %id, error = %e, "forgetting a fork's snapshot");
                 return;
             }
@@ -272,7 +281,7 @@ impl Manager {
     /// After a start: remove unfinished snapshot directories, directories no record names, and
     /// fork snapshots nothing uses.
     pub(super) async fn sweep_snapshots(&self) {
-        let Ok(records) = self.store.snapshots() else {
+        let Ok(records) = self.store.all_snapshots().await else {
             return;
         };
         for s in records.iter().filter(|s| s.hidden) {

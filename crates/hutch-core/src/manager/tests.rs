@@ -113,6 +113,7 @@ async fn sandbox_in(mgr: &Arc<Manager>, s: SandboxState) -> String {
                     r.error = (other == SandboxState::Failed).then(|| "it broke".to_string());
                     Ok(())
                 })
+                .await
                 .expect("set the state");
         }
     }
@@ -138,7 +139,12 @@ async fn run(mgr: &Arc<Manager>, op: Op, id: &str) -> Result<Option<SandboxState
         }
         Op::Kill => mgr.kill(id).await,
     }?;
-    Ok(mgr.store.get(id).expect("store").map(|r| r.state))
+    Ok(mgr
+        .store
+        .get_sandbox(id)
+        .await
+        .expect("store")
+        .map(|r| r.state))
 }
 
 /// Where an allowed `op` from `from` leaves the sandbox.
@@ -186,7 +192,12 @@ async fn every_state_check_allows_and_refuses_as_the_state_machine_says() {
                     before,
                     "{op:?} from {state:?}"
                 );
-                let kept = mgr.store.get(&id).expect("store").map(|r| r.state);
+                let kept = mgr
+                    .store
+                    .get_sandbox(&id)
+                    .await
+                    .expect("store")
+                    .map(|r| r.state);
                 assert_eq!(kept, Some(state), "{op:?} from {state:?} left the state");
             }
             let _ = mgr.kill(&id).await;
@@ -258,8 +269,14 @@ async fn a_backend_failure_is_reported_and_changes_no_state() {
         Err(CoreError::SandboxFailed(_))
     ));
     let ids: Vec<String> = mgr
-        .list(&Default::default())
+        .list(
+            &Default::default(),
+            &crate::tenant::TenantScope::All,
+            &crate::store::PageRequest::default(),
+        )
+        .await
         .expect("list")
+        .items
         .into_iter()
         .map(|v| v.id)
         .collect();

@@ -15,6 +15,8 @@ use crate::backend::VolumeAccess;
 use crate::error::{CoreError, CoreResult};
 use crate::ids;
 use crate::model::{Isolation, SandboxRecord, SandboxState};
+use crate::store::{Page, PageRequest};
+use crate::tenant::{Tenant, TenantScope};
 use crate::volume::{VolumeAttachment, VolumeMount, VolumeRecord, VolumeView};
 
 /// Largest volume (1 TiB; the image is sparse).
@@ -57,25 +59,32 @@ pub struct VolumeCheckView {
     pub report: String,
 }
 
-/// Whether a sandbox in state `s` holds its volumes (counts for exclusivity and deletion).
-fn holds(s: SandboxState) -> bool {
-    s.holds_resources() || s == SandboxState::Hibernated
-}
+/// The states in which a sandbox holds its volumes (counts for exclusivity and deletion).
+const HOLDING: [SandboxState; 4] = [
+    SandboxState::Starting,
+    SandboxState::Running,
+    SandboxState::Paused,
+    SandboxState::Hibernated,
+];
+/// The states in which a sandbox has its volumes mounted on the host.
+const MOUNTING: [SandboxState; 3] = [
+    SandboxState::Starting,
+    SandboxState::Running,
+    SandboxState::Paused,
+];
 
 impl Manager {
-    fn volume_record(&self, key: &str, tenant: Option<&String>) -> CoreResult<VolumeRecord> {
-        let found = self.store.volumes()?.into_iter().find(|v| {
-            (v.id == key || v.name == key) && (tenant.is_none() || v.tenant.as_ref() == tenant)
-        });
+    async fn volume_record(&self, key: &str, scope: &TenantScope) -> CoreResult<VolumeRecord> {
+        let found = self.store.find_volume(key, scope).await?;
         found.ok_or_else(|| CoreError::NotFound(format!("volume {key} does not exist")))
     }
 
-    fn attachments(&self, id: &str) -> CoreResult<Vec<VolumeAttachment>> {
+    async fn attachments(&self, id: &str) -> CoreResult<Vec<VolumeAttachment>> {
         Ok(self
             .store
-            .all()?
+            .sandboxes_with_volume(id, &HOLDING)
+            .await?
             .into_iter()
-            .filter(|r| holds(r.state))
             .flat_map(|r| {
                 r.volumes
                     .iter()
@@ -90,7 +99,7 @@ impl Manager {
             .collect())
     }
 
-    fn volume_view(&self, v: &VolumeRecord) -> CoreResult<VolumeView> {
+    async fn volume_view(&self, v: &VolumeRecord) -> CoreResult<VolumeView> {
         let mnt = self.cfg.volume_dir(&v.id).join("mnt");
         let used_bytes = match vol::is_mounted(&mnt) {
             Ok(true) => vol::usage(&mnt).ok().map(|(used, _)| used),
@@ -102,7 +111,7 @@ impl Manager {
             size_mib: v.size_mib,
             created_at: crate::time::rfc3339(v.created_at_ms),
             used_bytes,
-            attached: self.attachments(&v.id)?,
+            attached: self.attachments(&v.id).await?,
         })
     }
 
@@ -111,7 +120,7 @@ impl Manager {
         self: &Arc<Self>,
         name: &str,
         size_mib: u64,
-        tenant: Option<String>,
+        tenant: Option<Tenant>,
     ) -> CoreResult<VolumeView> {
         let ok_name = !name.is_empty()
             && name.len() <= 64
@@ -130,13 +139,8 @@ impl Manager {
                 "size_mib must be between {MIN_VOLUME_MIB} and {MAX_VOLUME_MIB}, got {size_mib}"
             )));
         }
-        let _guard = self.lock_snapshots();
-        if self
-            .store
-            .volumes()?
-            .iter()
-            .any(|v| v.name == name && v.tenant == tenant)
-        {
+        let _guard = self.lock_snapshots().await;
+        if self.store.volume_name_taken(name, tenant.as_ref()).await? {
             return Err(CoreError::Conflict(format!(
                 "a volume named {name:?} exists"
             )));
@@ -154,36 +158,44 @@ impl Manager {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(CoreError::Volume(e));
         }
-        self.store.insert_volume(&record)?;
+        self.store.insert_volume(&record).await?;
         self.events.publish(
             "volume.created",
             &record.id,
-            record.tenant.clone(),
+            record.tenant.as_ref().map(|t| t.as_str().to_string()),
             Some(format!("{name}, {size_mib} MiB")),
         );
-        self.volume_view(&record)
+        self.volume_view(&record).await
     }
 
-    /// Volumes of `tenant` (`None`: all).
-    pub fn list_volumes(&self, tenant: Option<&str>) -> CoreResult<Vec<VolumeView>> {
-        self.store
-            .volumes()?
-            .iter()
-            .filter(|v| tenant.is_none() || v.tenant.as_deref() == tenant)
-            .map(|v| self.volume_view(v))
-            .collect()
+    /// One page of the volumes `scope` may see, oldest first.
+    pub async fn list_volumes(
+        &self,
+        scope: &TenantScope,
+        page: &PageRequest,
+    ) -> CoreResult<Page<VolumeView>> {
+        let found = self.store.list_volumes(scope, page).await?;
+        let mut items = Vec::with_capacity(found.items.len());
+        for v in &found.items {
+            items.push(self.volume_view(v).await?);
+        }
+        Ok(Page {
+            items,
+            next: found.next,
+        })
     }
 
     /// One volume (by id or name).
-    pub fn get_volume(&self, key: &str, tenant: Option<&str>) -> CoreResult<VolumeView> {
-        let t = tenant.map(String::from);
-        self.volume_view(&self.volume_record(key, t.as_ref())?)
+    pub async fn get_volume(&self, key: &str, scope: &TenantScope) -> CoreResult<VolumeView> {
+        self.volume_view(&self.volume_record(key, scope).await?)
+            .await
     }
 
     /// 409 naming the sandboxes that hold volume `id`, with `then` saying what to do.
-    fn refuse_attached(&self, id: &str, then: &str) -> CoreResult<()> {
+    async fn refuse_attached(&self, id: &str, then: &str) -> CoreResult<()> {
         let users: BTreeSet<String> = self
-            .attachments(id)?
+            .attachments(id)
+            .await?
             .into_iter()
             .map(|a| a.sandbox)
             .collect();
@@ -201,15 +213,16 @@ impl Manager {
     pub async fn check_volume(
         self: &Arc<Self>,
         key: &str,
-        tenant: Option<&str>,
+        scope: &TenantScope,
         repair: bool,
     ) -> CoreResult<VolumeCheckView> {
-        let t = tenant.map(String::from);
-        let v = self.volume_record(key, t.as_ref())?;
+        let v = self.volume_record(key, scope).await?;
+        let guard = self.lock_snapshots().await;
+        self.refuse_attached(&v.id, "a check needs it detached")
+            .await?;
         let mgr = self.clone();
         blocking(move || {
-            let _guard = mgr.lock_snapshots();
-            mgr.refuse_attached(&v.id, "a check needs it detached")?;
+            let _guard = guard;
             let dir = mgr.cfg.volume_dir(&v.id);
             let (image, mnt) = (dir.join("disk.ext4"), dir.join("mnt"));
             vol::unmount_image(&mnt)
@@ -232,15 +245,11 @@ impl Manager {
     }
 
     /// Delete a volume and its data; 409 while any sandbox has it.
-    pub async fn delete_volume(
-        self: &Arc<Self>,
-        key: &str,
-        tenant: Option<&str>,
-    ) -> CoreResult<()> {
-        let t = tenant.map(String::from);
-        let v = self.volume_record(key, t.as_ref())?;
-        let _guard = self.lock_snapshots();
-        self.refuse_attached(&v.id, "kill those sandboxes first")?;
+    pub async fn delete_volume(self: &Arc<Self>, key: &str, scope: &TenantScope) -> CoreResult<()> {
+        let v = self.volume_record(key, scope).await?;
+        let _guard = self.lock_snapshots().await;
+        self.refuse_attached(&v.id, "kill those sandboxes first")
+            .await?;
         let dir = self.cfg.volume_dir(&v.id);
         let mnt = dir.join("mnt");
         vol::unmount_image_discarding(&mnt).map_err(CoreError::Volume)?;
@@ -251,21 +260,25 @@ impl Manager {
                 mnt.display()
             )));
         }
-        self.store.delete_volume(&v.id)?;
+        self.store.delete_volume(&v.id).await?;
         let _ = std::fs::remove_file(dir.join("disk.ext4"));
         let _ = std::fs::remove_dir(&mnt);
         let _ = std::fs::remove_dir(&dir);
-        self.events
-            .publish("volume.deleted", &v.id, v.tenant.clone(), None);
+        self.events.publish(
+            "volume.deleted",
+            &v.id,
+            v.tenant.as_ref().map(|t| t.as_str().to_string()),
+            None,
+        );
         Ok(())
     }
 
     /// Validate a create's volume list: volumes exist (for the tenant), paths are valid and
     /// distinct; names become ids.
-    pub(super) fn resolve_volume_mounts(
+    pub(super) async fn resolve_volume_mounts(
         &self,
         wanted: &[VolumeMount],
-        tenant: Option<&String>,
+        scope: &TenantScope,
         isolation: Isolation,
     ) -> CoreResult<Vec<VolumeMount>> {
         let most = self.backend(isolation)?.capabilities().volume_slots;
@@ -286,7 +299,7 @@ impl Manager {
                     m.path
                 )));
             }
-            let v = self.volume_record(&m.volume, tenant)?;
+            let v = self.volume_record(&m.volume, scope).await?;
             if out.iter().any(|o: &VolumeMount| o.volume == v.id) {
                 return Err(CoreError::InvalidArgument(format!(
                     "volume {} is listed twice",
@@ -304,9 +317,9 @@ impl Manager {
 
     /// Refuse `r`'s volumes when another sandbox holds one read-write, or holds one at all
     /// when `r` wants it read-write. Call under the snapshots lock, before inserting `r`.
-    pub(super) fn check_volume_exclusive(&self, r: &SandboxRecord) -> CoreResult<()> {
+    pub(super) async fn check_volume_exclusive(&self, r: &SandboxRecord) -> CoreResult<()> {
         for m in &r.volumes {
-            let others = self.attachments(&m.volume)?;
+            let others = self.attachments(&m.volume).await?;
             if let Some(w) = others.iter().find(|a| !a.read_only) {
                 return Err(CoreError::Conflict(format!(
                     "volume {} is attached read-write to {}",
@@ -378,34 +391,37 @@ impl Manager {
         }
     }
 
-    /// Unmount volumes no sandbox with processes uses any more (blocking).
-    pub(super) fn unmount_unused_volumes(&self) {
-        let Ok(records) = self.store.all() else {
+    /// Unmount volumes no sandbox with processes uses any more (the unmounts on the blocking
+    /// pool).
+    pub(super) async fn unmount_unused_volumes(&self) {
+        let Ok(in_use) = self.store.volumes_in_use(&MOUNTING).await else {
             return;
         };
-        let in_use: BTreeSet<String> = records
-            .iter()
-            .filter(|r| r.state.holds_resources())
-            .flat_map(|r| r.volumes.iter().map(|m| m.volume.clone()))
+        let in_use: BTreeSet<String> = in_use.into_iter().collect();
+        let Ok(volumes) = self.store.all_volumes().await else {
+            return;
+        };
+        let unused: Vec<(String, std::path::PathBuf)> = volumes
+            .into_iter()
+            .filter(|v| !in_use.contains(&v.id))
+            .map(|v| {
+                let mnt = self.cfg.volume_dir(&v.id).join("mnt");
+                (v.id, mnt)
+            })
             .collect();
-        let Ok(volumes) = self.store.volumes() else {
-            return;
-        };
-        for v in volumes.iter().filter(|v| !in_use.contains(&v.id)) {
-            let mnt = self.cfg.volume_dir(&v.id).join("mnt");
-            if let Err(e) = vol::unmount_image(&mnt) {
-                tracing::warn!(volume = %v.id, error = %e, "unmounting an unused volume");
-            }
-        }
-    }
-
-    /// [`Manager::unmount_unused_volumes`] on the blocking pool.
-    pub(super) async fn release_volumes(self: &Arc<Self>) {
-        let mgr = self.clone();
         let _ = blocking(move || {
-            mgr.unmount_unused_volumes();
+            for (id, mnt) in unused {
+                if let Err(e) = vol::unmount_image(&mnt) {
+                    tracing::warn!(volume = %id, error = %e, "unmounting an unused volume");
+                }
+            }
             Ok(())
         })
         .await;
+    }
+
+    /// [`Manager::unmount_unused_volumes`] at server start.
+    pub(super) async fn release_volumes(self: &Arc<Self>) {
+        self.unmount_unused_volumes().await;
     }
 }

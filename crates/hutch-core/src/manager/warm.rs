@@ -118,7 +118,7 @@ impl Manager {
         wanted: &SandboxRecord,
     ) -> Option<SandboxRecord> {
         let guest = self.warm.take(key)?;
-        let pooled = match self.store.get(&guest.id) {
+        let pooled = match self.store.get_sandbox(&guest.id).await {
             Ok(Some(r)) if r.state == SandboxState::Pooled => r,
             _ => return None,
         };
@@ -137,7 +137,10 @@ impl Manager {
             policy: record_policy(wanted),
             address: record_address(&pooled),
         });
-        let claimed = match (self.store.update(&rec), self.backend(rec.isolation)) {
+        let claimed = match (
+            self.store.update_sandbox(&rec).await,
+            self.backend(rec.isolation),
+        ) {
             (Ok(()), Ok(backend)) => {
                 let (mgr, r) = (self.clone(), rec.clone());
                 let policy_set = blocking(move || {
@@ -156,7 +159,11 @@ impl Manager {
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
         rec.state = SandboxState::Running;
-        match claimed.and_then(|()| self.store.update(&rec)) {
+        let claimed = match claimed {
+            Ok(()) => self.store.update_sandbox(&rec).await,
+            Err(e) => Err(e),
+        };
+        match claimed {
             Ok(()) => {
                 self.lock_agents().insert(rec.id.clone(), guest.agent);
                 Some(rec)
@@ -210,7 +217,7 @@ impl Manager {
                         };
                         let Some(guest) = retired else { continue };
                         // Retired while it was being restored.
-                        if let Ok(Some(r)) = m.store.get(&guest.id) {
+                        if let Ok(Some(r)) = m.store.get_sandbox(&guest.id).await {
                             m.discard_warm(&r).await;
                         }
                     }
@@ -255,6 +262,7 @@ impl Manager {
             template: key.template.clone(),
             isolation: key.isolation,
             state: SandboxState::Pooled,
+            tenant: None,
             metadata: Default::default(),
             env: info.defaults.env.clone(),
             cpus: f64::from(key.vcpus),
@@ -279,7 +287,7 @@ impl Manager {
             net_slot: None,
             volumes: vec![],
         };
-        self.insert_with_free_slot(&mut record)?;
+        self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());
         let attached = blocking(move || {
             mgr.attach_network(&mut rec)?;
@@ -299,7 +307,7 @@ impl Manager {
         let (started, rec) = match started {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.store.delete(&record.id);
+                let _ = self.store.delete_sandbox(&record.id).await;
                 self.release_uid_slot(record.uid_slot);
                 return Err(e);
             }
@@ -316,7 +324,7 @@ impl Manager {
             .iter()
             .map(|p| p.display().to_string())
             .collect();
-        let saved = self.store.update(&record);
+        let saved = self.store.update_sandbox(&record).await;
         let agent = match (saved, started.agent) {
             (Ok(()), Some(agent)) => agent,
             (saved, _) => {
@@ -351,7 +359,7 @@ impl Manager {
     /// Destroy a warm guest (or one whose claim failed) and forget it.
     pub(super) async fn discard_warm(&self, r: &SandboxRecord) {
         self.warm.forget(&r.id);
-        let _ = self.store.delete(&r.id);
+        let _ = self.store.delete_sandbox(&r.id).await;
         match self.destroy_resources(r).await {
             Ok(()) => self.release_uid_slot(r.uid_slot),
             Err(e) => tracing::warn!(id = %r.id, error = %e, "destroying a warm vm guest"),
@@ -390,7 +398,7 @@ impl Manager {
                 .collect()
         };
         for guest in retired {
-            if let Ok(Some(r)) = self.store.get(&guest.id) {
+            if let Ok(Some(r)) = self.store.get_sandbox(&guest.id).await {
                 self.discard_warm(&r).await;
             }
         }
@@ -410,7 +418,7 @@ impl Manager {
         while !self.warm.lock().filling.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        for r in self.store.pooled().unwrap_or_default() {
+        for r in self.store.pooled_sandboxes().await.unwrap_or_default() {
             self.discard_warm(&r).await;
         }
     }

@@ -112,13 +112,13 @@ pub async fn read(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
-    let stream = agent
-        .read_file(&q.path)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    let stream = state
+        .manager
+        .agent_call(&id, agent.read_file(&q.path).await)
+        .await?;
     Ok(streamed_answer(stream, "application/octet-stream"))
 }
 
@@ -130,15 +130,15 @@ pub async fn write(
     ApiQuery(q): ApiQuery<WriteQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
-    agent
-        .write_file(&q.path, mode, stream)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    state
+        .manager
+        .agent_call(&id, agent.write_file(&q.path, mode, stream).await)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -149,13 +149,13 @@ pub async fn read_archive(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
-    let stream = agent
-        .read_archive(&q.path)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    let stream = state
+        .manager
+        .agent_call(&id, agent.read_archive(&q.path).await)
+        .await?;
     Ok(streamed_answer(stream, "application/x-tar"))
 }
 
@@ -168,14 +168,14 @@ pub async fn write_archive(
     ApiQuery(q): ApiQuery<PathQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
-    agent
-        .write_archive(&q.path, stream)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    state
+        .manager
+        .agent_call(&id, agent.write_archive(&q.path, stream).await)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -186,13 +186,16 @@ pub async fn remove(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<RemoveQuery>,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
-    agent
-        .remove(&q.path, q.recursive.unwrap_or(false))
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    state
+        .manager
+        .agent_call(
+            &id,
+            agent.remove(&q.path, q.recursive.unwrap_or(false)).await,
+        )
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -203,17 +206,17 @@ pub async fn list(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let depth = q.depth.unwrap_or(1);
     if !(1..=32).contains(&depth) {
         return Err(ApiError::bad_request("depth must be between 1 and 32"));
     }
     let agent = state.manager.agent(&id).await?;
-    let listing = agent
-        .list(&q.path, Some(depth))
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    let listing = state
+        .manager
+        .agent_call(&id, agent.list(&q.path, Some(depth)).await)
+        .await?;
     Ok(Json(listing))
 }
 
@@ -224,13 +227,13 @@ pub async fn stat(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
-    let entry = agent
-        .stat(&q.path)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    let entry = state
+        .manager
+        .agent_call(&id, agent.stat(&q.path).await)
+        .await?;
     Ok(Json(entry))
 }
 
@@ -241,13 +244,13 @@ pub async fn mkdir(
     Path(id): Path<String>,
     ApiJson(b): ApiJson<MkdirBody>,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&b.path)?;
     let agent = state.manager.agent(&id).await?;
-    agent
-        .mkdir(&b.path)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    state
+        .manager
+        .agent_call(&id, agent.mkdir(&b.path).await)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -258,14 +261,14 @@ pub async fn rename(
     Path(id): Path<String>,
     ApiJson(b): ApiJson<MoveBody>,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     check_path(&b.from)?;
     check_path(&b.to)?;
     let agent = state.manager.agent(&id).await?;
-    agent
-        .rename(&b.from, &b.to)
-        .await
-        .map_err(|e| state.manager.agent_error(&id, e))?;
+    state
+        .manager
+        .agent_call(&id, agent.rename(&b.from, &b.to).await)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -18,18 +18,14 @@ use hutch_core::exec::Command;
 use hutch_core::fork::{ExploreCommand, ForkCommand, ForkMode, Keep, ScoreRegex};
 use serde::Deserialize;
 
+use super::page::{listing_error, page_answer, PageParams};
 use super::sandboxes::authorize;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{json_or_default, ApiJson, Caller, JsonBytes};
+use crate::extract::{json_or_default, ApiJson, ApiQuery, Caller, JsonBytes};
 use crate::AppState;
 
 /// Default explore timeout.
 const DEFAULT_EXPLORE_TIMEOUT: f64 = 60.0;
-
-/// The tenant whose snapshots `caller` sees (`None`: every tenant).
-fn tenant(caller: &Caller) -> Option<&str> {
-    (!caller.admin).then_some(caller.tenant.as_str())
-}
 
 /// `POST /v1/sandboxes/{id}/pause`.
 pub async fn pause(
@@ -37,7 +33,7 @@ pub async fn pause(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.pause(&id).await?))
 }
 
@@ -47,7 +43,7 @@ pub async fn resume(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.resume(&id).await?))
 }
 
@@ -57,7 +53,7 @@ pub async fn hibernate(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.hibernate(&id).await?))
 }
 
@@ -67,7 +63,7 @@ pub async fn wake(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let woken = state.manager.wake(&id).await?;
     let mut body = match serde_json::to_value(&woken.sandbox) {
         Ok(serde_json::Value::Object(m)) => m,
@@ -93,18 +89,23 @@ pub async fn snapshot(
     body: axum::body::Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: SnapshotBody = json_or_default(&body)?;
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let snap = state.manager.snapshot(&id, body.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(snap)))
 }
 
-/// `GET /v1/snapshots`.
+/// `GET /v1/snapshots?limit=&cursor=` (`routes/page.rs`).
 pub async fn list_snapshots(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<impl IntoResponse> {
-    let snapshots = state.manager.list_snapshots(tenant(&caller))?;
-    Ok(Json(serde_json::json!({ "snapshots": snapshots })))
+    let snapshots = state
+        .manager
+        .list_snapshots(&caller.scope(), &page.request()?)
+        .await
+        .map_err(listing_error)?;
+    Ok(Json(page_answer("snapshots", snapshots)))
 }
 
 /// `GET /v1/snapshots/{id}`.
@@ -113,7 +114,9 @@ pub async fn get_snapshot(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.manager.get_snapshot(&id, tenant(&caller))?))
+    Ok(Json(
+        state.manager.get_snapshot(&id, &caller.scope()).await?,
+    ))
 }
 
 /// `DELETE /v1/snapshots/{id}`: 204; 409 while sandboxes created from it exist.
@@ -122,14 +125,21 @@ pub async fn delete_snapshot(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    state.manager.delete_snapshot(&id, tenant(&caller)).await?;
+    state.manager.delete_snapshot(&id, &caller.scope()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// The id of the snapshot a create names, by id or by a name unique among the caller's
 /// snapshots (404 when none matches, 409 listing the ids when several do).
-pub fn resolve_snapshot(state: &AppState, caller: &Caller, name_or_id: &str) -> ApiResult<String> {
-    Ok(state.manager.resolve_snapshot(name_or_id, tenant(caller))?)
+pub async fn resolve_snapshot(
+    state: &AppState,
+    caller: &Caller,
+    name_or_id: &str,
+) -> ApiResult<String> {
+    Ok(state
+        .manager
+        .resolve_snapshot(name_or_id, &caller.scope())
+        .await?)
 }
 
 /// `POST /v1/sandboxes/{id}/fork` body.
@@ -148,7 +158,7 @@ pub async fn fork(
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: ForkBody = json_or_default(&body)?;
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let cmd = ForkCommand::new(body.count.unwrap_or(1), body.mode.unwrap_or_default())?;
     let children = state.manager.fork(&id, cmd).await?;
     Ok((
@@ -206,7 +216,7 @@ pub async fn explore(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ExploreBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let cmd = body.into_command()?;
     Ok(Json(state.manager.explore(&id, cmd).await?))
 }

@@ -25,7 +25,7 @@ pub async fn healthz() -> impl IntoResponse {
 
 /// `GET /metrics` (Prometheus text format).
 pub async fn metrics(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    let mut text = state.manager.metrics_text(false)?;
+    let mut text = state.manager.metrics_text(false).await?;
     text.push_str(&crate::serve::connections::Connections::render(
         &state.connection_stats(),
     ));
@@ -44,7 +44,7 @@ pub async fn metrics_per_sandbox(
                 .into(),
         )));
     }
-    let mut text = state.manager.metrics_text(true)?;
+    let mut text = state.manager.metrics_text(true).await?;
     text.push_str(&crate::serve::connections::Connections::render(
         &state.connection_stats(),
     ));

@@ -7,6 +7,7 @@ pub mod lifecycle;
 pub mod logs;
 pub mod misc;
 pub mod network;
+mod page;
 pub mod ports;
 pub mod pty;
 pub mod sandboxes;

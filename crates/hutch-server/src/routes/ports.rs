@@ -89,9 +89,10 @@ pub async fn proxy(
                 ));
             }
             let caller = state
-                .authenticate(&key)?
+                .authenticate(&key)
+                .await?
                 .ok_or_else(|| ApiError::unauthorized("invalid API key"))?;
-            authorize(&state, &caller, id)?;
+            authorize(&state, &caller, id).await?;
         }
         BrowserCredential::Session(token) => {
             let port = hutch_core::manager::parse_port(raw_port)?;
@@ -158,7 +159,7 @@ pub async fn port_token(
     headers: HeaderMap,
     ApiJson(body): ApiJson<PortTokenBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let ttl = body.ttl_seconds.unwrap_or(browser::LINK_TTL_SECONDS);
     if !(1..=browser::MAX_LINK_TTL_SECONDS).contains(&ttl) {
         return Err(ApiError::invalid(format!(
@@ -209,7 +210,7 @@ pub async fn tunnel(
 ) -> ApiResult<Response> {
     let id = params.get("id").map(String::as_str).unwrap_or_default();
     let raw_port = params.get("port").map(String::as_str).unwrap_or_default();
-    authorize(&state, &caller, id)?;
+    authorize(&state, &caller, id).await?;
     let port = hutch_core::manager::parse_port(raw_port)?;
     // Connect before upgrading, so nothing listening is an ordinary 502.
     let connection = state.manager.open_port(id, port).await?;

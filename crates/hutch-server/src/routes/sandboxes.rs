@@ -1,4 +1,7 @@
-//! `/v1/sandboxes`: create, list, get, update, kill, usage.
+//! `/v1/sandboxes`: create, list (paginated: `routes/page.rs`), get, update, kill, usage.
+//!
+//! Every call on one sandbox starts with [`authorize`]: one indexed lookup of the id within
+//! the caller's tenant.
 
 use std::collections::BTreeMap;
 
@@ -6,7 +9,10 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
-use hutch_core::model::{CreateSandbox, IsolationRequest, ListFilter, SandboxState, UpdateSandbox};
+use hutch_core::model::{
+    CreateSandbox, IsolationRequest, ListFilter, SandboxState, UpdateSandbox, TENANT_KEY,
+};
+use hutch_core::tenant::Tenant;
 use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult};
@@ -86,9 +92,13 @@ impl CreateBody {
         validate_env(&env)?;
         let mut metadata = self.metadata.unwrap_or_default();
         validate_metadata(&metadata)?;
-        if !caller.admin {
-            metadata.insert("tenant_id".into(), caller.tenant.clone());
-        }
+        // The tenant is its own field: the caller's, or the one an admin names.
+        let named = metadata.remove(TENANT_KEY).map(Tenant::new);
+        let tenant = if caller.admin {
+            named
+        } else {
+            Some(caller.tenant.clone())
+        };
         if self.cpus.is_some_and(|c| !c.is_finite()) {
             return Err(ApiError::invalid("cpus must be a finite number"));
         }
@@ -97,6 +107,7 @@ impl CreateBody {
             isolation: self.isolation.unwrap_or_default(),
             ttl_seconds: self.ttl_seconds,
             persistent: self.persistent.unwrap_or(false),
+            tenant,
             metadata,
             env,
             cpus: self.cpus,
@@ -111,26 +122,13 @@ impl CreateBody {
     }
 }
 
-fn visible(caller: &Caller, metadata: &BTreeMap<String, String>) -> bool {
-    caller.admin || metadata.get("tenant_id") == Some(&caller.tenant)
-}
-
-/// Check the caller may see sandbox `id` (404 otherwise, so ids do not leak across tenants).
-pub fn authorize(state: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
+/// Check the caller may see sandbox `id` (404 otherwise, with the same message as for an
+/// unknown id, so ids do not leak across tenants): one lookup by id and tenant.
+pub async fn authorize(state: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
     if caller.admin {
         return Ok(());
     }
-    let filter = ListFilter::default();
-    let found = state
-        .manager
-        .list(&filter)?
-        .into_iter()
-        .any(|s| s.id == id && visible(caller, &s.metadata));
-    if found {
-        Ok(())
-    } else {
-        Err(ApiError::not_found(format!("sandbox {id} does not exist")))
-    }
+    Ok(state.manager.authorize(id, &caller.scope()).await?)
 }
 
 /// `POST /v1/sandboxes`.
@@ -142,21 +140,26 @@ pub async fn create(
     let body: CreateBody = json_or_default(&body)?;
     let mut cmd = body.into_command(&caller)?;
     if let Some(s) = &cmd.snapshot {
-        cmd.snapshot = Some(super::lifecycle::resolve_snapshot(&state, &caller, s)?);
+        cmd.snapshot = Some(super::lifecycle::resolve_snapshot(&state, &caller, s).await?);
     }
     let view = state.manager.create(cmd).await?;
     Ok((StatusCode::CREATED, Json(view)))
 }
 
-/// `GET /v1/sandboxes?state=running&metadata.KEY=VALUE`.
+/// `GET /v1/sandboxes?state=running&metadata.KEY=VALUE&limit=N&cursor=C`.
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     RawQuery(query): RawQuery,
 ) -> ApiResult<impl IntoResponse> {
     let mut filter = ListFilter::default();
+    let (mut limit, mut cursor) = (None, None);
     for (k, v) in url_pairs(query.as_deref().unwrap_or("")) {
-        if k == "state" {
+        if k == "limit" {
+            limit = Some(v);
+        } else if k == "cursor" {
+            cursor = Some(v);
+        } else if k == "state" {
             filter.state = Some(SandboxState::parse(&v).ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "unknown state {v:?}; expected one of starting, running, paused, hibernated, stopped, failed"
@@ -166,17 +169,17 @@ pub async fn list(
             filter.metadata.insert(key.to_string(), v);
         } else {
             return Err(ApiError::bad_request(format!(
-                "unknown query parameter {k:?}; use state= or metadata.KEY="
+                "unknown query parameter {k:?}; use state=, metadata.KEY=, limit= or cursor="
             )));
         }
     }
-    let sandboxes: Vec<_> = state
+    let page = super::page::page_request(limit.as_deref(), cursor.as_deref())?;
+    let sandboxes = state
         .manager
-        .list(&filter)?
-        .into_iter()
-        .filter(|s| visible(&caller, &s.metadata))
-        .collect();
-    Ok(Json(serde_json::json!({ "sandboxes": sandboxes })))
+        .list(&filter, &caller.scope(), &page)
+        .await
+        .map_err(super::page::listing_error)?;
+    Ok(Json(super::page::page_answer("sandboxes", sandboxes)))
 }
 
 /// Decode `a=b&c=d` with percent-decoding and `+` as space.
@@ -221,7 +224,7 @@ pub async fn get(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.get(&id).await?))
 }
 
@@ -242,23 +245,32 @@ pub async fn update(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<UpdateBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     let mut metadata = body.metadata;
     if let Some(m) = &mut metadata {
         validate_metadata(m)?;
-        if !caller.admin {
-            m.insert("tenant_id".into(), caller.tenant.clone());
-        }
     }
-    Ok(Json(state.manager.update(
-        &id,
-        UpdateSandbox {
-            ttl_seconds: body.ttl_seconds,
-            persistent: body.persistent,
-            metadata,
-            idle_hibernate_seconds: body.idle_hibernate_seconds,
-        },
-    )?))
+    // A tenant's metadata cannot move its sandbox; an admin's replaces the tenant with the
+    // `tenant_id` it names (or none), as the metadata map it replaces held it.
+    let named = metadata
+        .as_mut()
+        .map(|m| m.remove(TENANT_KEY).map(Tenant::new));
+    let tenant = if caller.admin { named } else { None };
+    Ok(Json(
+        state
+            .manager
+            .update(
+                &id,
+                UpdateSandbox {
+                    ttl_seconds: body.ttl_seconds,
+                    persistent: body.persistent,
+                    metadata,
+                    tenant,
+                    idle_hibernate_seconds: body.idle_hibernate_seconds,
+                },
+            )
+            .await?,
+    ))
 }
 
 /// `DELETE /v1/sandboxes/{id}`.
@@ -267,7 +279,7 @@ pub async fn kill(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
+    authorize(&state, &caller, &id).await?;
     state.manager.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -278,8 +290,8 @@ pub async fn usage(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id)?;
-    let usage = state.manager.usage(&id)?;
+    authorize(&state, &caller, &id).await?;
+    let usage = state.manager.usage(&id).await?;
     Ok(Json(
         serde_json::json!({ "sandbox_id": id, "usage": usage }),
     ))

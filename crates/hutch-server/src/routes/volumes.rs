@@ -1,7 +1,7 @@
 //! `/v1/volumes`: durable volumes.
 //!
 //! - `POST /v1/volumes {"name", "size_mib"}` → 201 Volume
-//! - `GET /v1/volumes` → `{"volumes": [...]}`
+//! - `GET /v1/volumes?limit=&cursor=` → `{"volumes": [...], "next_cursor"?}` (`routes/page.rs`)
 //! - `GET /v1/volumes/{id}` → Volume (id or name)
 //! - `DELETE /v1/volumes/{id}` → 204 (409 while attached)
 //! - `POST /v1/volumes/{id}/check {"repair"?}` → `{"id", "repaired", "report"}` (409 while
@@ -13,8 +13,9 @@ use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use serde::Deserialize;
 
+use super::page::{listing_error, page_answer, PageParams};
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, Caller};
+use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;
 
 /// `POST /v1/volumes` body.
@@ -25,10 +26,6 @@ pub struct CreateVolumeBody {
     size_mib: u64,
 }
 
-fn tenant(caller: &Caller) -> Option<&str> {
-    (!caller.admin).then_some(caller.tenant.as_str())
-}
-
 /// `POST /v1/volumes`.
 pub async fn create(
     State(state): State<AppState>,
@@ -37,7 +34,11 @@ pub async fn create(
 ) -> ApiResult<impl IntoResponse> {
     let v = state
         .manager
-        .create_volume(&body.name, body.size_mib, tenant(&caller).map(String::from))
+        .create_volume(
+            &body.name,
+            body.size_mib,
+            (!caller.admin).then(|| caller.tenant.clone()),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(v)))
 }
@@ -46,9 +47,14 @@ pub async fn create(
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> ApiResult<impl IntoResponse> {
-    let volumes = state.manager.list_volumes(tenant(&caller))?;
-    Ok(Json(serde_json::json!({ "volumes": volumes })))
+    let volumes = state
+        .manager
+        .list_volumes(&caller.scope(), &page.request()?)
+        .await
+        .map_err(listing_error)?;
+    Ok(Json(page_answer("volumes", volumes)))
 }
 
 /// `GET /v1/volumes/{id}`.
@@ -57,7 +63,7 @@ pub async fn get(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(state.manager.get_volume(&id, tenant(&caller))?))
+    Ok(Json(state.manager.get_volume(&id, &caller.scope()).await?))
 }
 
 /// `DELETE /v1/volumes/{id}`.
@@ -66,7 +72,7 @@ pub async fn delete(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    state.manager.delete_volume(&id, tenant(&caller)).await?;
+    state.manager.delete_volume(&id, &caller.scope()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -89,7 +95,7 @@ pub async fn check(
     Ok(Json(
         state
             .manager
-            .check_volume(&id, tenant(&caller), repair)
+            .check_volume(&id, &caller.scope(), repair)
             .await?,
     ))
 }

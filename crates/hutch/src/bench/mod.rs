@@ -1,6 +1,7 @@
 //! `hutch bench`: start a private server, measure Hutch, measure baselines in the same run,
 //! and report every figure next to its baseline as a ratio (these machines are noisy).
 
+mod api_scale;
 mod baselines;
 mod containers;
 mod density;
@@ -20,9 +21,26 @@ use serde_json::{json, Value};
 
 use self::stats::{summarize, Summary};
 
+/// A section of `hutch bench` that runs alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSection {
+    /// Request cost with 1 sandbox record versus `--api-scale-records` (`bench/api_scale.rs`).
+    #[value(name = "api_scale")]
+    ApiScale,
+}
+
 /// Options of `hutch bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
+    /// Run only this section (default: every series).
+    #[arg(value_enum)]
+    pub section: Option<BenchSection>,
+    /// Sandbox records of the api_scale series (0 skips it in a full run).
+    #[arg(long, default_value_t = 5000)]
+    pub api_scale_records: usize,
+    /// Requests per api_scale series.
+    #[arg(long, default_value_t = 300)]
+    pub api_scale_samples: usize,
     /// Sandboxes for the create-to-first-exec series.
     #[arg(long, default_value_t = 100)]
     pub n: usize,
@@ -131,6 +149,9 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         .clone()
         .unwrap_or_else(|| state_dir_hint.join("vm"));
     std::fs::create_dir_all(&vm_dir)?;
+    if args.section == Some(BenchSection::ApiScale) {
+        return bench_api_scale(&args, &templates_dir, &vm_dir).await;
+    }
     let net = if args.vm_only {
         network::NetSeries {
             series: vec![],
@@ -152,6 +173,10 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         } else {
             measure(&args, &srv, net, &templates_dir).await?
         };
+        if args.api_scale_records > 0 && !args.vm_only {
+            let r = run_api_scale(&args, &srv, &templates_dir, &vm_dir).await?;
+            doc["api_scale"] = serde_json::to_value(&r)?;
+        }
         if args.vm > 0 {
             // A second server keeps one warm guest ready (`--vm-warm 1`).
             let warm =
@@ -183,6 +208,51 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     }
     srv.stop();
     result
+}
+
+async fn run_api_scale(
+    args: &BenchArgs,
+    srv: &server::BenchServer,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<api_scale::ApiScale> {
+    eprintln!(
+        "api_scale: 1 record versus {}, {} requests each…",
+        args.api_scale_records, args.api_scale_samples
+    );
+    // The side holding many records is a server of its own, next to `srv`.
+    let big = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
+    let r = api_scale::run(srv, &big, args.api_scale_records, args.api_scale_samples).await;
+    if r.is_err() {
+        big.destroy_all().await;
+    }
+    big.stop();
+    let r = r?;
+    for line in r.lines() {
+        println!("{line}");
+    }
+    Ok(r)
+}
+
+/// `hutch bench api_scale`: only that section, on its own server.
+async fn bench_api_scale(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
+    let r = run_api_scale(args, &srv, templates_dir, vm_dir).await;
+    if r.is_err() {
+        srv.destroy_all().await;
+    }
+    srv.stop();
+    let doc = json!({"machine": machine_info(), "api_scale": r?});
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn print_vm_lifecycle(l: &vm_lifecycle::VmLifecycle) {

@@ -97,6 +97,11 @@ impl BenchServer {
         self.child.id()
     }
 
+    /// The server's state directory (its `state.db`).
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
     /// Base URL and key, for callers that make their own requests.
     pub fn endpoint(&self) -> (&str, &str, &reqwest::Client) {
         (&self.url, &self.key, &self.http)

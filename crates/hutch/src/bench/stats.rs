@@ -13,6 +13,8 @@ pub struct Summary {
     pub n: usize,
     /// Median.
     pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
     /// 95th percentile.
     pub p95: f64,
     /// 99th percentile.
@@ -44,6 +46,7 @@ pub fn summarize(name: &str, unit: &'static str, samples: &[f64]) -> Summary {
         unit,
         n,
         p50: percentile(&s, 50.0),
+        p90: percentile(&s, 90.0),
         p95: percentile(&s, 95.0),
         p99: percentile(&s, 99.0),
         mean: if n == 0 {

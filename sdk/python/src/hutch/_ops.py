@@ -11,7 +11,19 @@ call takes), so both clients refuse the same arguments alike before sending anyt
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 import httpx
 
@@ -59,6 +71,36 @@ class Call(Generic[T]):
     parse: Callable[[httpx.Response], T]
 
 
+#: Records asked for per page when a listing follows the server's cursors.
+PAGE_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class Listing(Generic[T]):
+    """A paginated listing (``GET /v1/sandboxes``, ``/v1/snapshots``, ``/v1/volumes``): the
+    request of each page, and what a page holds. The clients follow ``next_cursor`` until the
+    server gives none, so a listing returns every record."""
+
+    path: str
+    key: str
+    model: Callable[[Dict[str, Any]], T]
+    params: Tuple[Tuple[str, str], ...] = ()
+
+    def page(self, cursor: Optional[str]) -> Request:
+        """The request of the page after ``cursor`` (``None``: the first)."""
+        params = list(self.params) + [("limit", str(PAGE_LIMIT))]
+        if cursor:
+            params.append(("cursor", cursor))
+        return Request("GET", self.path, params=params)
+
+    def parse(self, resp: httpx.Response) -> Tuple[List[T], Optional[str]]:
+        """A page's records and the cursor of the next page (``None``: it was the last)."""
+        doc = resp.json() or {}
+        items = [self.model(item) for item in doc.get(self.key, [])]
+        cursor = doc.get("next_cursor")
+        return items, cursor if isinstance(cursor, str) and cursor else None
+
+
 def _nothing(resp: httpx.Response) -> None:
     return None
 
@@ -93,8 +135,8 @@ def events(timeout: Optional[float]) -> Request:
     return Request("GET", "/v1/events", timeout=timeout)
 
 
-def snapshots() -> Call[List[Snapshot]]:
-    return Call(Request("GET", "/v1/snapshots"), _listed("snapshots", Snapshot.from_json))
+def snapshots() -> Listing[Snapshot]:
+    return Listing("/v1/snapshots", "snapshots", Snapshot.from_json)
 
 
 def get_snapshot(snapshot_id: str) -> Call[Snapshot]:
@@ -110,8 +152,8 @@ def create_volume(name: str, size_mib: int) -> Call[Volume]:
     return Call(Request("POST", "/v1/volumes", json=body, timeout=None), _one(Volume.from_json))
 
 
-def volumes() -> Call[List[Volume]]:
-    return Call(Request("GET", "/v1/volumes"), _listed("volumes", Volume.from_json))
+def volumes() -> Listing[Volume]:
+    return Listing("/v1/volumes", "volumes", Volume.from_json)
 
 
 def get_volume(volume: str) -> Call[Volume]:
@@ -138,9 +180,9 @@ def get_sandbox(sandbox_id: str) -> Call[SandboxInfo]:
 
 def list_sandboxes(
     metadata: Optional[Mapping[str, str]], state: Optional[str]
-) -> Call[List[SandboxInfo]]:
-    request = Request("GET", "/v1/sandboxes", params=list_params(metadata, state))
-    return Call(request, lambda resp: parse_sandboxes(resp.json()))
+) -> Listing[SandboxInfo]:
+    params = tuple(list_params(metadata, state))
+    return Listing("/v1/sandboxes", "sandboxes", SandboxInfo.from_json, params)
 
 
 def update_sandbox(

@@ -90,6 +90,16 @@ class AsyncClient(ClientBase):
     async def _call(self, call: ops.Call[T]) -> T:
         return call.parse(await self.request(call.request))
 
+    async def _all(self, listing: ops.Listing[T]) -> List[T]:
+        """Every record of a paginated listing, following the server's cursors."""
+        items: List[T] = []
+        cursor: Optional[str] = None
+        while True:
+            page, cursor = listing.parse(await self.request(listing.page(cursor)))
+            items.extend(page)
+            if cursor is None:
+                return items
+
     @asynccontextmanager
     async def stream(self, req: p.Request) -> AsyncIterator[httpx.Response]:
         """Send ``req`` and yield the response with its body unread (for SSE)."""
@@ -143,7 +153,7 @@ class AsyncClient(ClientBase):
     async def snapshots(self) -> List[Snapshot]:
         """The named snapshots this key's tenant may see, oldest first (see
         :meth:`hutch.Client.snapshots`)."""
-        return await self._call(ops.snapshots())
+        return await self._all(ops.snapshots())
 
     async def get_snapshot(self, snapshot_id: str) -> Snapshot:
         """One snapshot, with the sandboxes that use it (``used_by``); ``NotFoundError`` if
@@ -164,7 +174,7 @@ class AsyncClient(ClientBase):
 
     async def volumes(self) -> List[Volume]:
         """The volumes this key's tenant may see (see :meth:`hutch.Client.volumes`)."""
-        return await self._call(ops.volumes())
+        return await self._all(ops.volumes())
 
     async def get_volume(self, volume: str) -> Volume:
         """One volume by id (``vol_…``) or name, with where it is attached; ``NotFoundError``
@@ -323,7 +333,7 @@ class AsyncSandbox(SandboxBase[AsyncClient]):
         """List the sandboxes visible to this key, optionally filtered by metadata and state."""
         c = _client_for(client, url, api_key)
         try:
-            infos = await c._call(ops.list_sandboxes(metadata, state))
+            infos = await c._all(ops.list_sandboxes(metadata, state))
             sandboxes = [cls(info, c) for info in infos]
         finally:
             if c._implicit and c._refs == 0:

@@ -99,6 +99,16 @@ class Client(ClientBase):
     def _call(self, call: ops.Call[T]) -> T:
         return call.parse(self.request(call.request))
 
+    def _all(self, listing: ops.Listing[T]) -> List[T]:
+        """Every record of a paginated listing, following the server's cursors."""
+        items: List[T] = []
+        cursor: Optional[str] = None
+        while True:
+            page, cursor = listing.parse(self.request(listing.page(cursor)))
+            items.extend(page)
+            if cursor is None:
+                return items
+
     @contextmanager
     def stream(self, req: p.Request) -> Iterator[httpx.Response]:
         """Send ``req`` and yield the response with its body unread (for SSE)."""
@@ -165,7 +175,7 @@ class Client(ClientBase):
         Take one with :meth:`Sandbox.snapshot`. The hidden snapshots behind forks are not
         listed.
         """
-        return self._call(ops.snapshots())
+        return self._all(ops.snapshots())
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot:
         """One snapshot, with the sandboxes that currently use it (:attr:`Snapshot.used_by`).
@@ -209,7 +219,7 @@ class Client(ClientBase):
 
     def volumes(self) -> List[Volume]:
         """The volumes this key's tenant may see."""
-        return self._call(ops.volumes())
+        return self._all(ops.volumes())
 
     def get_volume(self, volume: str) -> Volume:
         """One volume, by id (``vol_…``) or name, with where it is attached
@@ -400,7 +410,7 @@ class Sandbox(SandboxBase[Client]):
         """
         c = _client_for(client, url, api_key)
         try:
-            sandboxes = [cls(info, c) for info in c._call(ops.list_sandboxes(metadata, state))]
+            sandboxes = [cls(info, c) for info in c._all(ops.list_sandboxes(metadata, state))]
         finally:
             if c._implicit and c._refs == 0:
                 c.close()

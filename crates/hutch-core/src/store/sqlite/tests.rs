@@ -1,0 +1,505 @@
+//! Tests of the SQLite store: persistence, atomic changes, migrations from older schemas,
+//! pagination, and that the lookups requests make use an index.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::model::Isolation;
+use crate::store::PageRequest;
+
+fn record(id: &str, slot: u32) -> SandboxRecord {
+    SandboxRecord {
+        id: id.into(),
+        template: "minimal".into(),
+        isolation: Isolation::Ns,
+        state: SandboxState::Running,
+        tenant: Some(Tenant::new("acme")),
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        cpus: 1.0,
+        memory_mib: 256,
+        disk_mib: 1024,
+        pids_max: 128,
+        ttl_seconds: 300,
+        persistent: false,
+        created_at_ms: 1,
+        expires_at_ms: 2,
+        uid_slot: slot,
+        init_pid: Some(42),
+        init_start_time: Some(7),
+        cgroups: vec![],
+        error: None,
+        network: None,
+        layer: None,
+        snapshot: None,
+        forked_from: None,
+        idle_hibernate_seconds: None,
+        last_used_ms: 0,
+        net_slot: None,
+        volumes: vec![],
+    }
+}
+
+fn open(dir: &tempfile::TempDir) -> SqliteStore {
+    SqliteStore::open(&dir.path().join("state.db")).expect("open")
+}
+
+fn acme() -> TenantScope {
+    TenantScope::Only(Tenant::new("acme"))
+}
+
+#[tokio::test]
+async fn records_and_keys_persist_across_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = open(&dir);
+        s.insert_sandbox(&record("sbx_a", 20))
+            .await
+            .expect("insert");
+        assert!(matches!(
+            s.insert_sandbox(&record("sbx_b", 20)).await,
+            Err(CoreError::Conflict(_))
+        ));
+        let mut r = record("sbx_a", 20);
+        r.state = SandboxState::Failed;
+        s.update_sandbox(&r).await.expect("update");
+        s.add_api_key(
+            "hk_secret",
+            &KeyOwner {
+                tenant: Tenant::new("t"),
+                admin: true,
+            },
+        )
+        .await
+        .expect("key");
+    }
+    let s = open(&dir);
+    let r = s.get_sandbox("sbx_a").await.expect("get").expect("exists");
+    assert_eq!(r.state, SandboxState::Failed);
+    assert_eq!(r.tenant, Some(Tenant::new("acme")));
+    assert_eq!(
+        s.count_by_state().await.expect("count"),
+        vec![(SandboxState::Failed, 1)]
+    );
+    assert_eq!(
+        s.key_owner("hk_secret").await.expect("q").map(|o| o.admin),
+        Some(true)
+    );
+    assert_eq!(s.key_owner("hk_wrong").await.expect("q"), None);
+    assert!(s.delete_sandbox("sbx_a").await.expect("delete"));
+    assert!(!s.delete_sandbox("sbx_a").await.expect("delete again"));
+    assert!(s.get_sandbox("sbx_a").await.expect("get").is_none());
+}
+
+#[tokio::test]
+async fn modify_changes_one_record_and_can_refuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(&dir);
+    let s: &dyn Store = &s;
+    s.insert_sandbox(&record("sbx_a", 20))
+        .await
+        .expect("insert");
+    let r = s
+        .modify("sbx_a", |r| {
+            r.state = SandboxState::Paused;
+            Ok(())
+        })
+        .await
+        .expect("modify");
+    assert_eq!(r.state, SandboxState::Paused);
+    assert_eq!(
+        s.count_by_state().await.expect("count"),
+        vec![(SandboxState::Paused, 1)]
+    );
+    let refused = s
+        .modify("sbx_a", |r| {
+            r.state = SandboxState::Failed;
+            Err(CoreError::Conflict("no".into()))
+        })
+        .await;
+    assert!(matches!(refused, Err(CoreError::Conflict(_))));
+    assert_eq!(
+        s.get_sandbox("sbx_a")
+            .await
+            .expect("get")
+            .expect("row")
+            .state,
+        SandboxState::Paused
+    );
+    assert!(matches!(
+        s.modify("sbx_zz", |_| Ok(())).await,
+        Err(CoreError::NotFound(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_version_1_database_is_migrated_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = Connection::open(&path).expect("open raw");
+        conn.execute_batch(MIGRATIONS[0]).expect("v1 schema");
+        let json = serde_json::to_string(&record("sbx_old", 21)).expect("json");
+        conn.execute(
+            "INSERT INTO sandboxes (id, state, uid_slot, record) VALUES ('sbx_old', 'running', 21, ?1)",
+            [json],
+        )
+        .expect("row");
+        conn.pragma_update(None, "user_version", 1)
+            .expect("version");
+    }
+    let s = SqliteStore::open(&path).expect("migrate");
+    let version: i64 = s
+        .lock()
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert!(s.get_sandbox("sbx_old").await.expect("get").is_some());
+    assert!(s.all_snapshots().await.expect("snapshots").is_empty());
+    // A database from a newer hutch is refused.
+    s.lock()
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .expect("bump");
+    drop(s);
+    assert!(matches!(
+        SqliteStore::open(&path),
+        Err(CoreError::Database(_))
+    ));
+}
+
+/// A version 3 database (the schema before the tenant column) written the way the hutch of
+/// that schema wrote it: the tenant only as `metadata.tenant_id` inside the record JSON.
+#[tokio::test]
+async fn a_version_3_database_moves_each_tenant_from_metadata_into_the_column() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = Connection::open(&path).expect("open raw");
+        for step in &MIGRATIONS[..3] {
+            conn.execute_batch(step).expect("old schema");
+        }
+        let mut tenanted = serde_json::to_value(record("sbx_old", 21)).expect("json");
+        tenanted["metadata"] = serde_json::json!({"tenant_id": "acme", "role": "ci"});
+        tenanted["idle_hibernate_seconds"] = 60.into();
+        let mut admins = serde_json::to_value(record("sbx_adm", 22)).expect("json");
+        admins["persistent"] = true.into();
+        for (id, slot, json) in [("sbx_old", 21, &tenanted), ("sbx_adm", 22, &admins)] {
+            assert!(
+                json.get("tenant").is_none(),
+                "old records had no tenant field"
+            );
+            conn.execute(
+                "INSERT INTO sandboxes (id, state, uid_slot, record) VALUES (?1, 'running', ?2, ?3)",
+                params![id, slot, json.to_string()],
+            )
+            .expect("sandbox row");
+        }
+        conn.execute(
+            "INSERT INTO snapshots (id, record) VALUES ('snap_old', ?1)",
+            [serde_json::json!({
+                "id": "snap_old", "name": "warm", "sandbox_id": "sbx_old", "kind": "filesystem",
+                "isolation": "ns", "template": "minimal", "size_bytes": 1,
+                "created_at_ms": 1, "tenant_id": "acme", "hidden": false,
+                "defaults": {"cpus": 1.0, "memory_mib": 256, "disk_mib": 1024, "pids_max": 128, "env": {}}
+            })
+            .to_string()],
+        )
+        .expect("snapshot row");
+        conn.execute(
+            "INSERT INTO volumes (id, record) VALUES ('vol_old', ?1)",
+            [serde_json::json!({
+                "id": "vol_old", "name": "data", "size_mib": 64, "created_at_ms": 1, "tenant": "acme"
+            })
+            .to_string()],
+        )
+        .expect("volume row");
+        conn.pragma_update(None, "user_version", 3)
+            .expect("version");
+    }
+    let s = SqliteStore::open(&path).expect("migrate");
+    let column: Option<String> = s
+        .lock()
+        .query_row(
+            "SELECT tenant FROM sandboxes WHERE id = 'sbx_old'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("row");
+    assert_eq!(
+        column.as_deref(),
+        Some("acme"),
+        "the tenant is in the column"
+    );
+    let json: String = s
+        .lock()
+        .query_row(
+            "SELECT record FROM sandboxes WHERE id = 'sbx_old'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("row");
+    assert!(
+        !json.contains("tenant_id"),
+        "the column is the only copy of the tenant: {json}"
+    );
+    let r = s.get_sandbox("sbx_old").await.expect("get").expect("row");
+    assert_eq!(r.tenant, Some(Tenant::new("acme")));
+    assert_eq!(r.metadata.get("role").map(String::as_str), Some("ci"));
+    assert_eq!(
+        r.view().metadata.get("tenant_id").map(String::as_str),
+        Some("acme"),
+        "the API still shows the tenant as metadata.tenant_id"
+    );
+    let adm = s.get_sandbox("sbx_adm").await.expect("get").expect("row");
+    assert_eq!(adm.tenant, None);
+    assert!(!adm.view().metadata.contains_key("tenant_id"));
+    // The indexed columns came out of the records.
+    let seen = s.get_sandbox_for("sbx_old", &acme()).await.expect("scoped");
+    assert_eq!(seen.map(|r| r.id).as_deref(), Some("sbx_old"));
+    let expired: Vec<String> = s
+        .expired_sandboxes(10)
+        .await
+        .expect("expired")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(expired, ["sbx_old"], "a persistent sandbox never expires");
+    let idle: Vec<String> = s
+        .idle_candidates()
+        .await
+        .expect("idle")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(idle, ["sbx_old"]);
+    let snaps = s.snapshots_named("warm", &acme()).await.expect("named");
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].tenant_id, Some(Tenant::new("acme")));
+    let vol = s.find_volume("data", &acme()).await.expect("find");
+    assert_eq!(vol.map(|v| v.id).as_deref(), Some("vol_old"));
+    let other = TenantScope::Only(Tenant::new("other"));
+    assert!(s.find_volume("data", &other).await.expect("find").is_none());
+}
+
+#[tokio::test]
+async fn a_scoped_lookup_finds_only_the_tenants_sandbox_and_never_a_warm_guest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(&dir);
+    s.insert_sandbox(&record("sbx_a", 20))
+        .await
+        .expect("insert");
+    let mut pooled = record("sbx_p", 21);
+    pooled.state = SandboxState::Pooled;
+    s.insert_sandbox(&pooled).await.expect("insert");
+    let other = TenantScope::Only(Tenant::new("other"));
+    assert!(s
+        .get_sandbox_for("sbx_a", &acme())
+        .await
+        .expect("q")
+        .is_some());
+    assert!(s
+        .get_sandbox_for("sbx_a", &TenantScope::All)
+        .await
+        .expect("q")
+        .is_some());
+    assert!(s
+        .get_sandbox_for("sbx_a", &other)
+        .await
+        .expect("q")
+        .is_none());
+    assert!(s
+        .get_sandbox_for("sbx_p", &TenantScope::All)
+        .await
+        .expect("q")
+        .is_none());
+    assert!(s.get_sandbox("sbx_p").await.expect("q").is_some());
+}
+
+#[tokio::test]
+async fn pages_return_every_row_once_while_rows_are_inserted_and_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(&dir);
+    let mut before = Vec::new();
+    for i in 0..25u32 {
+        let id = format!("sbx_{i:03}");
+        s.insert_sandbox(&record(&id, 100 + i))
+            .await
+            .expect("insert");
+        before.push(id);
+    }
+    let query = SandboxQuery {
+        scope: acme(),
+        state: None,
+        metadata: BTreeMap::new(),
+    };
+    let mut seen = Vec::new();
+    let mut after = None;
+    let mut pages = 0;
+    loop {
+        let page = PageRequest::new(Some(4), after.take()).expect("page");
+        let got = s.list_sandboxes(&query, &page).await.expect("page");
+        assert!(got.items.len() <= 4);
+        seen.extend(got.items.into_iter().map(|r| r.id));
+        pages += 1;
+        // Between pages: a new row, and one row not yet seen deleted.
+        let id = format!("sbx_new{pages:03}");
+        s.insert_sandbox(&record(&id, 1000 + pages))
+            .await
+            .expect("insert");
+        if pages == 2 {
+            assert!(s.delete_sandbox("sbx_024").await.expect("delete"));
+        }
+        match got.next {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "no row twice: {seen:?}");
+    for id in before.iter().filter(|id| id.as_str() != "sbx_024") {
+        assert!(seen.contains(id), "{id} missing from {seen:?}");
+    }
+    // Without a limit: every row in one answer, no cursor (as before pagination).
+    let all = s
+        .list_sandboxes(&query, &PageRequest::default())
+        .await
+        .expect("all");
+    assert!(all.next.is_none());
+    assert_eq!(all.items.len(), 24 + pages as usize);
+}
+
+#[tokio::test]
+async fn listings_filter_by_state_and_metadata_in_the_query() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(&dir);
+    let mut a = record("sbx_a", 1);
+    a.metadata.insert("role".into(), "ci".into());
+    s.insert_sandbox(&a).await.expect("a");
+    let mut b = record("sbx_b", 2);
+    b.state = SandboxState::Paused;
+    b.tenant = Some(Tenant::new("other"));
+    s.insert_sandbox(&b).await.expect("b");
+    let ids = |q: SandboxQuery| {
+        let s = &s;
+        async move {
+            s.list_sandboxes(&q, &PageRequest::default())
+                .await
+                .expect("list")
+                .items
+                .into_iter()
+                .map(|r| r.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    let q = |state, metadata: &[(&str, &str)]| SandboxQuery {
+        scope: TenantScope::All,
+        state,
+        metadata: metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    assert_eq!(ids(q(None, &[])).await, ["sbx_a", "sbx_b"]);
+    assert_eq!(ids(q(Some(SandboxState::Paused), &[])).await, ["sbx_b"]);
+    assert_eq!(ids(q(None, &[("role", "ci")])).await, ["sbx_a"]);
+    assert_eq!(ids(q(None, &[("tenant_id", "other")])).await, ["sbx_b"]);
+    assert!(ids(q(None, &[("role", "cd")])).await.is_empty());
+    let bad = PageRequest::new(Some(2), Some(Cursor::from_client("garbage")));
+    let err = s
+        .list_sandboxes(&q(None, &[]), &bad.expect("limit is fine"))
+        .await;
+    assert!(matches!(err, Err(CoreError::InvalidArgument(_))), "{err:?}");
+    assert!(PageRequest::new(Some(0), None).is_err());
+    assert!(PageRequest::new(Some(MAX_LIMIT_PLUS_ONE), None).is_err());
+}
+
+const MAX_LIMIT_PLUS_ONE: usize = crate::store::MAX_PAGE_LIMIT + 1;
+
+/// `EXPLAIN QUERY PLAN` of `sql`: one line per step.
+fn plan(s: &SqliteStore, sql: &str, params: &[Value]) -> Vec<String> {
+    let conn = s.lock();
+    let mut stmt = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .expect("explain");
+    let rows = stmt
+        .query_map(params_from_iter(params), |r| r.get::<_, String>(3))
+        .expect("plan");
+    rows.map(|r| r.expect("row")).collect()
+}
+
+/// Every table step of the plan searches by an index or the primary key: no `SCAN` of a
+/// table (a scan of `json_each`'s virtual table is over one record's array, not the table).
+fn assert_indexed(what: &str, steps: &[String]) {
+    let table_steps: Vec<&String> = steps
+        .iter()
+        .filter(|s| !s.contains("json_each") && !s.contains("TEMP B-TREE"))
+        .collect();
+    assert!(!table_steps.is_empty(), "{what}: no plan: {steps:?}");
+    for step in table_steps {
+        assert!(
+            step.starts_with("SEARCH")
+                && (step.contains("USING INDEX")
+                    || step.contains("USING PRIMARY KEY")
+                    || step.contains("USING INTEGER PRIMARY KEY")
+                    || step.contains("USING COVERING INDEX")),
+            "{what} does not use an index: {steps:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_lookups_of_requests_and_of_the_reaper_use_an_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(&dir);
+    for i in 0..50u32 {
+        s.insert_sandbox(&record(&format!("sbx_{i}"), i))
+            .await
+            .expect("insert");
+    }
+    let text = |v: &str| Value::Text(v.to_string());
+    let by_id = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1 AND state != 'pooled' AND tenant = ?2");
+    assert_indexed(
+        "a tenant's sandbox by id",
+        &plan(&s, &by_id, &[text("sbx_1"), text("acme")]),
+    );
+    assert_indexed(
+        "the reaper's expired rows",
+        &plan(&s, EXPIRED_SQL, &[Value::Integer(5)]),
+    );
+    assert_indexed("idle hibernation's running rows", &plan(&s, IDLE_SQL, &[]));
+    assert_indexed(
+        "the users of a snapshot",
+        &plan(&s, LAYER_SQL, &[text("snap_x")]),
+    );
+    let next = Some(encode_cursor("sandboxes", 10));
+    for (what, scope) in [
+        ("an admin's page", TenantScope::All),
+        ("a tenant's page", acme()),
+    ] {
+        let query = SandboxQuery {
+            scope,
+            state: None,
+            metadata: BTreeMap::new(),
+        };
+        let page = PageRequest::new(Some(100), next.clone()).expect("page");
+        let (sql, params) = sandbox_page_sql(&query, &page).expect("sql");
+        assert_indexed(what, &plan(&s, &sql, &params));
+    }
+    let page = PageRequest::new(Some(100), None).expect("page");
+    let (sql, params) = snapshot_page_sql(&acme(), &page).expect("sql");
+    assert_indexed("a tenant's snapshots", &plan(&s, &sql, &params));
+    let (sql, params) = volume_page_sql(&acme(), &page).expect("sql");
+    assert_indexed("a tenant's volumes", &plan(&s, &sql, &params));
+    // The plan checker itself refuses a scan.
+    let scan = plan(
+        &s,
+        "SELECT record FROM sandboxes WHERE json_extract(record, '$.cpus') = 1",
+        &[],
+    );
+    assert!(
+        std::panic::catch_unwind(|| assert_indexed("a scan", &scan)).is_err(),
+        "{scan:?}"
+    );
+}
