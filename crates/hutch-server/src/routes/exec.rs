@@ -22,7 +22,8 @@ use hutch_core::exec::{Command, ExecCommand, StdinSource};
 use hutch_proto::client::{ExecEvent, PipedExec};
 use serde::Deserialize;
 
-use super::sandboxes::{authorize, validate_env};
+use super::access::authorize;
+use super::sandboxes::validate_env;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, Caller};
 use crate::AppState;

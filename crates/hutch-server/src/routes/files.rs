@@ -13,7 +13,7 @@ use axum::{Extension, Json};
 use futures_util::TryStreamExt;
 use serde::Deserialize;
 
-use super::sandboxes::authorize;
+use super::access::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;

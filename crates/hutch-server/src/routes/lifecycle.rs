@@ -18,8 +18,8 @@ use hutch_core::exec::Command;
 use hutch_core::fork::{ExploreCommand, ForkCommand, ForkMode, Keep, ScoreRegex};
 use serde::Deserialize;
 
+use super::access::authorize;
 use super::page::{listing_error, page_answer, PageParams};
-use super::sandboxes::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{json_or_default, ApiJson, ApiQuery, Caller, JsonBytes};
 use crate::AppState;

@@ -21,7 +21,7 @@ use futures_util::{stream, Stream, StreamExt};
 use hutch_core::logs::{parse_since, LogLine, LogQuery, LogSource};
 use hutch_core::LogFollow;
 
-use super::sandboxes::authorize;
+use super::access::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, Caller};
 use crate::AppState;

@@ -1,5 +1,6 @@
 //! Route handlers, one module per resource.
 
+mod access;
 pub mod exec;
 mod exec_json;
 pub mod files;

@@ -5,7 +5,7 @@ use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use hutch_core::net::policy::PolicySpec;
 
-use super::sandboxes::authorize;
+use super::access::authorize;
 use crate::error::ApiResult;
 use crate::extract::{ApiJson, Caller};
 use crate::AppState;

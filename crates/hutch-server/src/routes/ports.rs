@@ -27,7 +27,7 @@ use hutch_core::PortConnection;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::sandboxes::authorize;
+use super::access::authorize;
 use crate::browser::{self, BrowserCredential};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, Caller};

@@ -15,7 +15,7 @@ use hutch_proto::client::ExecEvent;
 use hutch_proto::PtySize;
 use serde::Deserialize;
 
-use super::sandboxes::authorize;
+use super::access::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, Caller};
 use crate::AppState;

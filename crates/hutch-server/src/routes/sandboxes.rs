@@ -1,7 +1,7 @@
 //! `/v1/sandboxes`: create, list (paginated: `routes/page.rs`), get, update, kill, usage.
 //!
-//! Every call on one sandbox starts with [`authorize`]: one indexed lookup of the id within
-//! the caller's tenant.
+//! Every call on one sandbox starts with `access::authorize`: one indexed lookup of the id
+//! within the caller's tenant.
 
 use std::collections::BTreeMap;
 
@@ -15,6 +15,7 @@ use hutch_core::model::{
 use hutch_core::tenant::Tenant;
 use serde::Deserialize;
 
+use super::access::authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{json_or_default, ApiJson, Caller, JsonBytes};
 use crate::AppState;
@@ -120,15 +121,6 @@ impl CreateBody {
             volumes: self.volumes.unwrap_or_default(),
         })
     }
-}
-
-/// Check the caller may see sandbox `id` (404 otherwise, with the same message as for an
-/// unknown id, so ids do not leak across tenants): one lookup by id and tenant.
-pub async fn authorize(state: &AppState, caller: &Caller, id: &str) -> ApiResult<()> {
-    if caller.admin {
-        return Ok(());
-    }
-    Ok(state.manager.authorize(id, &caller.scope()).await?)
 }
 
 /// `POST /v1/sandboxes`.
