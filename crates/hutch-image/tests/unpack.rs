@@ -66,8 +66,15 @@ impl Scratch {
             .expect("ls")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, vec!["host-file"], "nothing was written beside the root");
-        assert_eq!(fs::read(self.outside.join("host-file")).expect("read"), b"host");
+        assert_eq!(
+            names,
+            vec!["host-file"],
+            "nothing was written beside the root"
+        );
+        assert_eq!(
+            fs::read(self.outside.join("host-file")).expect("read"),
+            b"host"
+        );
         let parent = self.root.parent().expect("parent");
         let mut siblings: Vec<String> = fs::read_dir(parent)
             .expect("ls")
@@ -116,13 +123,22 @@ fn applies_layers_in_order_with_whiteouts_and_opaque_directories() {
         E::File("c/.wh.file", b"", 0o644),
         E::File("a/.wh.never-existed", b"", 0o644),
     ]);
-    s.apply(&[(lower, Compression::None), (upper, Compression::Zstd)], Limits::default())
-        .expect("applies");
+    s.apply(
+        &[(lower, Compression::None), (upper, Compression::Zstd)],
+        Limits::default(),
+    )
+    .expect("applies");
     assert_eq!(fs::read(s.root.join("a/keep")).expect("keep"), b"keep");
     assert!(!s.exists("a/gone") && !s.exists("a/gonedir"), "whited out");
-    assert!(!s.exists("b/x") && !s.exists("b/y"), "hidden by the opaque marker");
+    assert!(
+        !s.exists("b/x") && !s.exists("b/y"),
+        "hidden by the opaque marker"
+    );
     assert_eq!(fs::read(s.root.join("b/new")).expect("new"), b"new");
-    assert!(!s.exists("b/.wh..wh..opq") && !s.exists("a/.wh.gone"), "markers are not files");
+    assert!(
+        !s.exists("b/.wh..wh..opq") && !s.exists("a/.wh.gone"),
+        "markers are not files"
+    );
     assert_eq!(
         fs::read(s.root.join("c/file")).expect("a whiteout does not hide its own layer"),
         b"same layer"
@@ -191,10 +207,20 @@ fn strips_setid_bits_skips_devices_and_keeps_fifos_and_links() {
     assert_eq!(su.permissions().mode() & 0o7777, 0o755, "set-uid stripped");
     assert_eq!(su.nlink(), 2, "hard link within the layer");
     let shared = fs::metadata(s.root.join("shared")).expect("shared");
-    assert_eq!(shared.permissions().mode() & 0o7777, 0o775, "set-gid stripped");
+    assert_eq!(
+        shared.permissions().mode() & 0o7777,
+        0o775,
+        "set-gid stripped"
+    );
     assert!(!s.exists("dev/null"), "device skipped");
-    assert!(fs::symlink_metadata(s.root.join("run/pipe")).expect("fifo").file_type().is_fifo());
-    assert_eq!(fs::read_link(s.root.join("etc-link")).expect("link"), Path::new("/etc"));
+    assert!(fs::symlink_metadata(s.root.join("run/pipe"))
+        .expect("fifo")
+        .file_type()
+        .is_fifo());
+    assert_eq!(
+        fs::read_link(s.root.join("etc-link")).expect("link"),
+        Path::new("/etc")
+    );
     let summary = unpacker.summary();
     assert_eq!((summary.setid_stripped, summary.devices_skipped), (2, 1));
 }
@@ -223,7 +249,10 @@ fn refuses_writing_through_a_symlinked_parent() {
     // In one layer, and across two layers.
     let err = s
         .apply(
-            &one(&[E::Symlink("evil", &outside), E::File("evil/pwned", b"x", 0o644)]),
+            &one(&[
+                E::Symlink("evil", &outside),
+                E::File("evil/pwned", b"x", 0o644),
+            ]),
             Limits::default(),
         )
         .expect_err("through a symlink");
@@ -236,7 +265,10 @@ fn refuses_writing_through_a_symlinked_parent() {
         .apply(
             &[
                 (tar(&[E::Symlink("usr", &outside)]), Compression::Gzip),
-                (tar(&[E::Dir("usr/lib/", 0o755), E::File("usr/lib/x", b"x", 0o644)]), Compression::Gzip),
+                (
+                    tar(&[E::Dir("usr/lib/", 0o755), E::File("usr/lib/x", b"x", 0o644)]),
+                    Compression::Gzip,
+                ),
             ],
             Limits::default(),
         )
@@ -248,7 +280,10 @@ fn refuses_writing_through_a_symlinked_parent() {
     let s = Scratch::new();
     let err = s
         .apply(
-            &one(&[E::Symlink("up", "../outside"), E::File("up/.wh.host-file", b"", 0o644)]),
+            &one(&[
+                E::Symlink("up", "../outside"),
+                E::File("up/.wh.host-file", b"", 0o644),
+            ]),
             Limits::default(),
         )
         .expect_err("whiteout through a symlink");
@@ -258,7 +293,9 @@ fn refuses_writing_through_a_symlinked_parent() {
 
 #[test]
 fn refuses_hard_links_outside_the_layer() {
-    let shadow = fs::metadata("/etc/shadow").ok().map(|m| (m.nlink(), m.ino()));
+    let shadow = fs::metadata("/etc/shadow")
+        .ok()
+        .map(|m| (m.nlink(), m.ino()));
     for (target, needle) in [
         ("/etc/shadow", "absolute path"),
         ("../../../../../../etc/shadow", "`..` component"),
@@ -266,17 +303,25 @@ fn refuses_hard_links_outside_the_layer() {
         ("etc", "not a file this layer created"),
     ] {
         let s = Scratch::new();
-        let lower = tar(&[E::Dir("etc/", 0o755), E::File("etc/shadow", b"root:*:", 0o600)]);
+        let lower = tar(&[
+            E::Dir("etc/", 0o755),
+            E::File("etc/shadow", b"root:*:", 0o600),
+        ]);
         let upper = tar(&[E::HardLink("stolen", target)]);
         let err = s
-            .apply(&[(lower, Compression::Gzip), (upper, Compression::Gzip)], Limits::default())
+            .apply(
+                &[(lower, Compression::Gzip), (upper, Compression::Gzip)],
+                Limits::default(),
+            )
             .expect_err(target);
         refused(err, needle);
         assert!(!s.exists("stolen"));
         s.assert_outside_untouched();
     }
     assert_eq!(
-        fs::metadata("/etc/shadow").ok().map(|m| (m.nlink(), m.ino())),
+        fs::metadata("/etc/shadow")
+            .ok()
+            .map(|m| (m.nlink(), m.ino())),
         shadow,
         "the host's /etc/shadow gained no link"
     );
@@ -287,10 +332,20 @@ fn stops_bombs_at_the_limits() {
     // A 10 GiB sparse file against the default 8 GiB limit: refused before any write.
     let s = Scratch::new();
     let err = s
-        .apply(&one(&[E::File("small", b"x", 0o644), E::Sparse("bomb", 10 << 30)]), Limits::default())
+        .apply(
+            &one(&[E::File("small", b"x", 0o644), E::Sparse("bomb", 10 << 30)]),
+            Limits::default(),
+        )
         .expect_err("sparse bomb");
-    assert!(matches!(err, ImageError::LimitExceeded { limit: "size", .. }), "{err}");
-    assert!(err.to_string().contains("`bomb` declares 10737418240 bytes"), "{err}");
+    assert!(
+        matches!(err, ImageError::LimitExceeded { limit: "size", .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("`bomb` declares 10737418240 bytes"),
+        "{err}"
+    );
     assert!(!s.exists("bomb"));
 
     // A declared size over the limit, and data crossing it while extracting.
@@ -299,14 +354,22 @@ fn stops_bombs_at_the_limits() {
         max_bytes: 1 << 20,
         max_files: 1000,
     };
-    let err = s.apply(&one(&[E::Declared("huge", 2 << 20)]), limits).expect_err("declared");
-    assert!(matches!(err, ImageError::LimitExceeded { limit: "size", .. }), "{err}");
+    let err = s
+        .apply(&one(&[E::Declared("huge", 2 << 20)]), limits)
+        .expect_err("declared");
+    assert!(
+        matches!(err, ImageError::LimitExceeded { limit: "size", .. }),
+        "{err}"
+    );
     assert!(!s.exists("huge"));
     let chunk = vec![0u8; 100 * 1024];
     let names: Vec<String> = (0..20).map(|i| format!("f{i:02}")).collect();
     let files: Vec<E<'_>> = names.iter().map(|n| E::File(n, &chunk, 0o644)).collect();
     let err = s.apply(&one(&files), limits).expect_err("many files");
-    assert!(matches!(err, ImageError::LimitExceeded { limit: "size", .. }), "{err}");
+    assert!(
+        matches!(err, ImageError::LimitExceeded { limit: "size", .. }),
+        "{err}"
+    );
     assert!(s.exists("f09") && !s.exists("f11"), "stopped at the limit");
 
     // The file count.
@@ -314,13 +377,33 @@ fn stops_bombs_at_the_limits() {
     let names: Vec<String> = (0..50).map(|i| format!("e{i}")).collect();
     let files: Vec<E<'_>> = names.iter().map(|n| E::File(n, b"", 0o644)).collect();
     let err = s
-        .apply(&one(&files), Limits { max_bytes: 1 << 30, max_files: 10 })
+        .apply(
+            &one(&files),
+            Limits {
+                max_bytes: 1 << 30,
+                max_files: 10,
+            },
+        )
         .expect_err("file count");
-    assert!(matches!(err, ImageError::LimitExceeded { limit: "file count", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ImageError::LimitExceeded {
+                limit: "file count",
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     // A PAX header claiming a gigabyte is refused without reading it into memory.
     let s = Scratch::new();
-    let err = s.apply(&one(&[E::HugePax(1 << 30)]), Limits::default()).expect_err("pax");
-    refused(err, "PAX header of 1073741824 bytes is over the 65536-byte limit");
+    let err = s
+        .apply(&one(&[E::HugePax(1 << 30)]), Limits::default())
+        .expect_err("pax");
+    refused(
+        err,
+        "PAX header of 1073741824 bytes is over the 65536-byte limit",
+    );
     s.assert_outside_untouched();
 }

@@ -106,8 +106,16 @@ pub fn tar(entries: &[E<'_>]) -> Vec<u8> {
             E::LongName(p, data) => {
                 let mut name = p.as_bytes().to_vec();
                 name.push(0);
-                push(&mut out, header(b"././@LongLink", T::GNULongName, name.len() as u64, 0o644), &name);
-                push(&mut out, header(b"truncated", T::Regular, data.len() as u64, 0o644), data);
+                push(
+                    &mut out,
+                    header(b"././@LongLink", T::GNULongName, name.len() as u64, 0o644),
+                    &name,
+                );
+                push(
+                    &mut out,
+                    header(b"truncated", T::Regular, data.len() as u64, 0o644),
+                    data,
+                );
             }
         }
     }

@@ -3,3 +3,5 @@
 #![allow(dead_code)]
 
 pub mod layers;
+pub mod oci;
+pub mod registry;
