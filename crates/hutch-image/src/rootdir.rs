@@ -127,14 +127,15 @@ impl RootDir {
         result.map_err(|e| self.unsafe_path(rel, &e.reason()))
     }
 
-    /// Creates `rel` with `mode` only if nothing is there (parents must be directories).
-    pub fn ensure_dir_if_missing(&self, rel: &str, mode: u32) -> Result<()> {
+    /// Keeps a directory at `rel` as it is; anything else there (nothing, a symlink, a file)
+    /// becomes a new directory with `mode`, owned by root.
+    pub fn ensure_dir_keeping(&self, rel: &str, mode: u32) -> Result<()> {
         let parts = self.split(rel)?;
         let Some((name, parents)) = parts.split_last() else {
             return Ok(());
         };
         let result = self.walk(parents, true).and_then(|parent| {
-            if kind_at(parent.as_fd(), name, &parts)? == Kind::Missing {
+            if kind_at(parent.as_fd(), name, &parts)? != Kind::Directory {
                 let dir = self.make_dir(parent.as_fd(), name, &parts)?;
                 self.set_meta(dir.as_fd(), mode, 0, 0, &parts)?;
             }

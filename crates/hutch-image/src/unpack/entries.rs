@@ -150,12 +150,10 @@ fn apply_pax(head: &mut EntryHead, pax: &[u8]) -> Result<(), String> {
             b"uid" => head.uid = id_field(number()?),
             b"gid" => head.gid = id_field(number()?),
             b"mtime" => head.mtime = number().unwrap_or(0),
-            b"size" => {
-                if number()? != head.size {
-                    return Err(String::from(
-                        "PAX size override (files over 8 GiB) is not supported",
-                    ));
-                }
+            b"size" if number()? != head.size => {
+                return Err(String::from(
+                    "PAX size override (files over 8 GiB) is not supported",
+                ));
             }
             k if k.starts_with(b"GNU.sparse.") => {
                 return Err(String::from("PAX sparse files are not supported"));
