@@ -37,13 +37,13 @@ pub enum TemplateCommand {
         /// Speak plain HTTP to this registry (`host` or `host:port`); repeatable.
         #[arg(long, value_name = "HOST", requires = "from_image")]
         insecure_registry: Vec<String>,
-        /// Registry credentials `USER:PASS` (default: `auths` of ~/.docker/config.json).
+        /// Registry credentials `USER:PASS` (default: `auths` of ~/.docker/config.json);
+        /// ignored without `--from-image`.
         #[arg(
             long,
             value_name = "USER:PASS",
             env = "HUTCH_REGISTRY_AUTH",
-            hide_env_values = true,
-            requires = "from_image"
+            hide_env_values = true
         )]
         registry_auth: Option<String>,
         /// Also trust this CA certificate (PEM) for the registry's TLS; repeatable.
