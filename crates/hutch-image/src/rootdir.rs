@@ -169,7 +169,11 @@ impl RootDir {
             let prefix = &parts[..=i];
             current = match rfs::openat(current.as_fd(), *part, dir_flags(), Mode::empty()) {
                 Ok(fd) => fd,
-                Err(Errno::NOENT) if create => self.make_dir(current.as_fd(), part, prefix)?,
+                Err(Errno::NOENT) if create => {
+                    let dir = self.make_dir(current.as_fd(), part, prefix)?;
+                    self.set_meta(dir.as_fd(), 0o755, 0, 0, prefix)?;
+                    dir
+                }
                 Err(Errno::LOOP | Errno::NOTDIR) => {
                     return Err(match kind_at(current.as_fd(), part, prefix)? {
                         Kind::Symlink => PathError::Symlink(display(prefix)),

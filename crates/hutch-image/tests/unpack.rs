@@ -203,6 +203,12 @@ fn strips_setid_bits_skips_devices_and_keeps_fifos_and_links() {
             diff_id: None,
         })
         .expect("applies");
+    let bin = fs::metadata(s.root.join("bin")).expect("bin, made for bin/su");
+    assert_eq!(
+        bin.permissions().mode() & 0o7777,
+        0o755,
+        "implicit parents are 0755"
+    );
     let su = fs::metadata(s.root.join("bin/su")).expect("su");
     assert_eq!(su.permissions().mode() & 0o7777, 0o755, "set-uid stripped");
     assert_eq!(su.nlink(), 2, "hard link within the layer");

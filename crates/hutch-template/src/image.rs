@@ -32,13 +32,9 @@ pub(crate) fn build(
     ctx: &mut BuildContext<'_>,
 ) -> Result<ImageConfig> {
     ctx.step(format!("pulling {}", source.reference))?;
-    let mut lines = Vec::new();
     let pulled = hutch_image::pull(&source.reference, blobs, &source.pull, &mut |line| {
-        lines.push(line);
-    });
-    for line in lines {
         ctx.output(line);
-    }
+    });
     let image = pulled.map_err(|e| in_step(ctx, e))?;
 
     let root = RootDir::open(rootfs).map_err(|e| in_step(ctx, e))?;
