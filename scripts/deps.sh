@@ -41,6 +41,9 @@ declare -A provider=(
     [podman]=podman                      # bench baseline: a container engine
     [chromium]=chromium                  # the port proxy's browser attack tests
     [setpriv]=util-linux                 # jailed volume checks
+    [docker-registry]=docker-registry    # the image-template tests' local registry
+    [skopeo]=skopeo                      # the image-template tests push their images
+    [htpasswd]=apache2-utils             # the local registry's basic auth
 )
 # Packages that provide no command we call by name, but are needed.
 extra=(libc6-dev ca-certificates python3-venv python3-pip binutils)

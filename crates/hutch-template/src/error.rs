@@ -18,6 +18,18 @@ pub enum TemplateError {
     /// There is no built-in recipe with this name.
     #[error("unknown template `{0}`; built-in templates are: {known}", known = builtin_names().join(", "))]
     Unknown(String),
+    /// `--from-image` was asked to build under a built-in template's name.
+    #[error("`{0}` is a built-in template; build the image under another name")]
+    BuiltinName(String),
+    /// Pulling or unpacking an image failed.
+    #[error("template build step `{step}` failed: {source}")]
+    Image {
+        /// The build step, as reported in [`crate::Progress::Step`].
+        step: String,
+        /// What went wrong.
+        #[source]
+        source: hutch_image::ImageError,
+    },
     /// A host tool the recipe needs is not installed.
     #[error("`{tool}` is not installed on this host; install it with `apt-get install {package}`")]
     MissingTool {

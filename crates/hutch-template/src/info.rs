@@ -45,6 +45,10 @@ pub struct TemplateInfo {
     /// Resources a sandbox gets from this template unless the create request says otherwise.
     #[serde(default)]
     pub defaults: ResourceDefaults,
+    /// For a template built from an OCI image: the image and its configuration. Its start
+    /// command, working directory and user are recorded, not yet applied (issue 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<hutch_image::ImageConfig>,
 }
 
 impl TemplateInfo {
@@ -58,6 +62,7 @@ impl TemplateInfo {
             created_at: None,
             description: String::new(),
             defaults: ResourceDefaults::default(),
+            image: None,
         }
     }
 }
@@ -150,6 +155,7 @@ mod tests {
                 created_at: Some("2025-05-20T12:00:00Z".into()),
                 description: "d".into(),
                 defaults: ResourceDefaults::default(),
+                image: None,
             },
         };
         let json = serde_json::to_value(&file).expect("serializable");

@@ -24,10 +24,12 @@
 //!
 //! Built-in recipes ([`builtin_names`]): `minimal` (Debian's static busybox, under a
 //! second) and `base` (Debian 12 through `debootstrap`, a minute or more, needs the Debian
-//! mirror). See `docs/templates.md`.
+//! mirror). Any other name can be built from an OCI image ([`TemplateStore::build_image`],
+//! through `hutch-image`). See `docs/templates.md`.
 
 mod build;
 mod error;
+mod image;
 mod info;
 mod lock;
 mod mounts;
@@ -39,6 +41,8 @@ mod tree;
 
 pub use build::{BuildOptions, Progress};
 pub use error::TemplateError;
+pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions};
+pub use image::ImageSource;
 pub use info::{ResourceDefaults, TemplateInfo};
 pub use names::builtin_names;
 pub use store::TemplateStore;

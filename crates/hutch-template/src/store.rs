@@ -8,6 +8,7 @@
 //! <dir>/.lock-<name>            flock taken while building or removing <name>
 //! <dir>/.build-<name>-<16 hex>/ a build in progress (0700), renamed to <name> when done
 //! <dir>/.remove-<name>-<16 hex>/ a template being deleted, renamed out of the way first
+//! <dir>/.blobs/sha256/<hex>     image blobs (layers, configs), shared by image templates
 //! ```
 //!
 //! A template becomes visible under its name only by an atomic rename of a finished build
@@ -24,7 +25,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
 use crate::build::{BuildContext, BuildOptions, Progress};
+use hutch_image::BlobStore;
+
 use crate::error::{IoContext, Result, TemplateError};
+use crate::image::{self, ImageSource};
 use crate::info::{rfc3339_utc, TemplateFile, TemplateInfo, FORMAT_VERSION};
 use crate::lock::TemplateLock;
 use crate::recipes::Recipe;
@@ -38,6 +42,10 @@ const BUILD_PREFIX: &str = ".build-";
 
 /// Prefix of directories being deleted.
 const REMOVE_PREFIX: &str = ".remove-";
+
+/// The blob directory shared by image templates (not a valid template name, so never
+/// listed).
+const BLOB_DIR: &str = ".blobs";
 
 /// The templates directory.
 #[derive(Debug, Clone)]
@@ -106,17 +114,62 @@ impl TemplateStore {
         options: &BuildOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> std::result::Result<TemplateInfo, TemplateError> {
-        let start = Instant::now();
         validate_name(name).map_err(|_| TemplateError::Unknown(name.to_owned()))?;
         let recipe =
             Recipe::from_name(name).ok_or_else(|| TemplateError::Unknown(name.to_owned()))?;
+        self.build_from(name, Source::Recipe(recipe), options, progress)
+    }
+
+    /// Builds template `name` from the OCI image `source` (pulled into the shared blob
+    /// directory `<dir>/.blobs`), like [`Self::build`]: a ready template from the same
+    /// reference is kept unless [`BuildOptions::force`]; one from another reference is
+    /// replaced. Built-in names are refused.
+    pub fn build_image(
+        &self,
+        name: &str,
+        source: &ImageSource,
+        options: &BuildOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> std::result::Result<TemplateInfo, TemplateError> {
+        validate_name(name)?;
+        if Recipe::from_name(name).is_some() {
+            return Err(TemplateError::BuiltinName(name.to_owned()));
+        }
+        self.build_from(name, Source::Image(source), options, progress)
+    }
+
+    /// The shared blob directory of image templates.
+    pub fn blob_dir(&self) -> PathBuf {
+        self.dir.join(BLOB_DIR)
+    }
+
+    /// The build flow of every source: lock, reuse a ready template, build privately,
+    /// publish atomically.
+    fn build_from(
+        &self,
+        name: &str,
+        source: Source<'_>,
+        options: &BuildOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<TemplateInfo> {
+        let start = Instant::now();
         let _lock = TemplateLock::acquire(&self.dir, name, || {
             progress(Progress::Step(format!(
                 "waiting for another build of `{name}`"
             )));
         })?;
         if !options.force {
-            if let Some(info) = self.get(name).filter(|info| info.ready) {
+            let same_source = |info: &TemplateInfo| match &source {
+                Source::Recipe(_) => true,
+                Source::Image(image) => info
+                    .image
+                    .as_ref()
+                    .is_some_and(|i| i.reference == image.reference),
+            };
+            if let Some(info) = self
+                .get(name)
+                .filter(|info| info.ready && same_source(info))
+            {
                 progress(Progress::Step(format!(
                     "template `{name}` is already built"
                 )));
@@ -130,7 +183,7 @@ impl TemplateStore {
 
         let build_dir = BuildDir::create(&self.dir, name)?;
         let mut ctx = BuildContext::new(options, progress);
-        let result = self.build_in(recipe, name, &build_dir.path, &mut ctx);
+        let result = self.build_in(&source, name, &build_dir.path, &mut ctx);
         let info = match result {
             Ok(info) => info,
             Err(e) => {
@@ -202,10 +255,11 @@ impl TemplateStore {
         Ok(self.read_info(name))
     }
 
-    /// Runs `recipe` into `build_dir/rootfs` and writes the metadata; returns what it wrote.
+    /// Builds `source` into `build_dir/rootfs` and writes the metadata; returns what it
+    /// wrote.
     fn build_in(
         &self,
-        recipe: Recipe,
+        source: &Source<'_>,
         name: &str,
         build_dir: &Path,
         ctx: &mut BuildContext<'_>,
@@ -214,7 +268,23 @@ impl TemplateStore {
         fs::create_dir(&rootfs).at("creating directory", &rootfs)?;
         fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
             .at("setting mode of", &rootfs)?;
-        recipe.build(&rootfs, ctx).map_err(|e| ctx.in_step(e))?;
+        let (recipe_name, revision, description, defaults, image) = match source {
+            Source::Recipe(recipe) => {
+                recipe.build(&rootfs, ctx).map_err(|e| ctx.in_step(e))?;
+                let r = *recipe;
+                (r.name(), r.revision(), r.description(), r.defaults(), None)
+            }
+            Source::Image(source) => {
+                let blobs = BlobStore::open(self.blob_dir()).map_err(|e| TemplateError::Image {
+                    step: String::from("opening the blob store"),
+                    source: e,
+                })?;
+                let config = image::build(&rootfs, &blobs, source, ctx)?;
+                let description = format!("OCI image {} ({})", config.reference, config.digest);
+                let defaults = image::defaults(&config);
+                (image::RECIPE, 0, description, defaults, Some(config))
+            }
+        };
 
         ctx.step("recording metadata")?;
         let info = TemplateInfo {
@@ -223,13 +293,14 @@ impl TemplateStore {
             isolations: vec![String::from("ns"), String::from("vm")],
             size_bytes: tree::disk_usage(&rootfs)?,
             created_at: Some(rfc3339_utc(SystemTime::now())),
-            description: recipe.description(),
-            defaults: recipe.defaults(),
+            description,
+            defaults,
+            image,
         };
         let file = TemplateFile {
             format: FORMAT_VERSION,
-            recipe: recipe.name().to_owned(),
-            revision: recipe.revision(),
+            recipe: recipe_name.to_owned(),
+            revision,
             info: info.clone(),
         };
         let path = build_dir.join(METADATA_FILE);
@@ -314,6 +385,14 @@ impl TemplateStore {
             }
         }
     }
+}
+
+/// What a build makes a template from.
+enum Source<'a> {
+    /// A built-in recipe.
+    Recipe(Recipe),
+    /// An OCI image.
+    Image(&'a ImageSource),
 }
 
 /// A build directory that is deleted when dropped unless disarmed.

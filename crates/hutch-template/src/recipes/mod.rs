@@ -7,7 +7,7 @@
 mod apt_sources;
 mod base;
 pub(crate) mod command;
-mod layout;
+pub(crate) mod layout;
 mod minimal;
 
 use std::collections::BTreeMap;

@@ -1,11 +1,13 @@
 //! `hutch template ls|inspect` (asked of the server, like every command with an API) and
 //! `hutch template build|set-isolation` (on this host's templates directory: there is no
-//! API for them yet).
+//! API for them yet). `build --from-image` pulls an OCI image into a template.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use hutch_template::TemplateStore;
+use hutch_template::{
+    BuildOptions, Credentials, ImageSource, Progress, PullOptions, TemplateStore,
+};
 use reqwest::Method;
 use serde_json::Value;
 
@@ -15,9 +17,10 @@ use crate::client::Api;
 /// Template subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum TemplateCommand {
-    /// Build a built-in template (`minimal`, `base`) into this host's templates directory.
-    /// It runs here, not through HUTCH_URL (the API cannot build templates yet): run it on
-    /// the server's host, with the server's state dir.
+    /// Build a built-in template (`minimal`, `base`), or any other name from an OCI image
+    /// (`--from-image`), into this host's templates directory. It runs here, not through
+    /// HUTCH_URL (the API cannot build templates yet): run it on the server's host, with the
+    /// server's state dir.
     Build {
         /// Template name.
         name: String,
@@ -27,6 +30,25 @@ pub enum TemplateCommand {
         /// Rebuild even if it is ready.
         #[arg(long)]
         force: bool,
+        /// Build from this OCI image (`registry:5000/team/tools:1`, `debian:12`); its
+        /// `linux/amd64` variant is pulled.
+        #[arg(long, value_name = "REF")]
+        from_image: Option<String>,
+        /// Speak plain HTTP to this registry (`host` or `host:port`); repeatable.
+        #[arg(long, value_name = "HOST", requires = "from_image")]
+        insecure_registry: Vec<String>,
+        /// Registry credentials `USER:PASS` (default: `auths` of ~/.docker/config.json);
+        /// ignored without `--from-image`.
+        #[arg(
+            long,
+            value_name = "USER:PASS",
+            env = "HUTCH_REGISTRY_AUTH",
+            hide_env_values = true
+        )]
+        registry_auth: Option<String>,
+        /// Also trust this CA certificate (PEM) for the registry's TLS; repeatable.
+        #[arg(long, value_name = "FILE", requires = "from_image")]
+        registry_ca: Vec<PathBuf>,
     },
     /// Set the isolation of sandboxes created from a template when the request says
     /// `auto` or nothing (`auto` removes the default). Like `build`, it changes this host's
@@ -49,6 +71,28 @@ pub enum TemplateCommand {
     },
 }
 
+/// Builds template `name` from an image, printing progress to stderr.
+fn build_image(
+    store: &TemplateStore,
+    name: &str,
+    image: &ImageSource,
+    force: bool,
+) -> anyhow::Result<()> {
+    let mut progress = |p: Progress| match p {
+        Progress::Step(s) => eprintln!("[template {name}] {s}"),
+        Progress::Output(line) => eprintln!("[template {name}]   {line}"),
+        Progress::Done { seconds } => eprintln!("[template {name}] ready in {seconds:.1} s"),
+    };
+    let options = BuildOptions {
+        force,
+        ..BuildOptions::default()
+    };
+    store
+        .build_image(name, image, &options, &mut progress)
+        .with_context(|| format!("building template {name} from {}", image.reference))?;
+    Ok(())
+}
+
 /// The server's templates (`GET /v1/templates`).
 async fn server_templates(state_dir: &Path) -> anyhow::Result<Vec<Value>> {
     let api = Api::from_env(state_dir)?;
@@ -66,12 +110,34 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             name,
             templates_dir,
             force,
+            from_image,
+            insecure_registry,
+            registry_auth,
+            registry_ca,
         } => {
             let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
             std::fs::create_dir_all(&dir)?;
             let store = TemplateStore::open(&dir)?;
+            let image = match from_image {
+                Some(reference) => Some(ImageSource {
+                    reference,
+                    pull: PullOptions {
+                        credentials: registry_auth
+                            .as_deref()
+                            .map(Credentials::parse)
+                            .transpose()?,
+                        insecure_registries: insecure_registry,
+                        ca_certificates: registry_ca,
+                        ..PullOptions::default()
+                    },
+                }),
+                None => None,
+            };
             let info = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-                crate::serve::build_template(&store, &name, false, force)?;
+                match image {
+                    Some(image) => build_image(&store, &name, &image, force)?,
+                    None => crate::serve::build_template(&store, &name, false, force)?,
+                }
                 Ok(store.get(&name))
             })
             .await??;

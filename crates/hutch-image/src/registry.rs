@@ -1,0 +1,368 @@
+//! [`pull`]: an image from an OCI distribution registry into the [`BlobStore`].
+//!
+//! The protocol is `oci-client`'s: the `/v2/` challenge, anonymous or credentialed bearer
+//! tokens and basic auth, Docker v2 (schema 2) and OCI manifests, image indexes and Docker
+//! manifest lists (the `linux/amd64` entry is taken), digest checks of manifests. Around it
+//! this module adds what a server pulling untrusted images needs:
+//!
+//! - every blob (config and layers) streams to a temporary file under the store while its
+//!   sha256 is computed, and is renamed to its digest only if it matches; it may not be
+//!   larger than its descriptor says nor than the size limit;
+//! - blobs already in the store are not downloaded again;
+//! - digests are parsed strictly before they name a file;
+//! - layer descriptors' `urls` (foreign layers) are dropped, so blobs come only from the
+//!   registry named in the reference;
+//! - plain HTTP is used only for registries listed in [`PullOptions::insecure_registries`].
+//!
+//! The client is async; [`pull`] runs it on a private current-thread runtime in a thread of
+//! its own, so it can be called from any thread, also one inside another runtime.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use oci_client::client::{
+    linux_amd64_resolver, Certificate, CertificateEncoding, ClientConfig, ClientProtocol,
+};
+use oci_client::errors::{DigestError, OciDistributionError};
+use oci_client::manifest::{
+    OciDescriptor, IMAGE_CONFIG_MEDIA_TYPE, IMAGE_DOCKER_CONFIG_MEDIA_TYPE,
+};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+
+use crate::auth::{self, Credentials};
+use crate::blobs::{BlobStore, Digest};
+use crate::config::{self, ImageConfig};
+use crate::error::{ImageError, IoContext, Result};
+use crate::unpack::{Compression, Limits};
+
+/// Largest image config accepted.
+const MAX_CONFIG: u64 = 4 << 20;
+
+/// How to reach the registry.
+#[derive(Debug, Clone, Default)]
+pub struct PullOptions {
+    /// Credentials; when absent, those of a Docker `config.json` for the registry, else
+    /// anonymous (with an anonymous bearer token where the registry hands them out).
+    pub credentials: Option<Credentials>,
+    /// The `config.json` to read (default `$DOCKER_CONFIG/config.json` or
+    /// `~/.docker/config.json`).
+    pub docker_config: Option<PathBuf>,
+    /// Registries (`host` or `host:port`) spoken to over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// PEM files of extra CA certificates to trust (for a private registry's own CA).
+    pub ca_certificates: Vec<PathBuf>,
+    /// Limits on the image's size (each blob must fit within `max_bytes`).
+    pub limits: Limits,
+}
+
+/// One layer of a pulled image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PulledLayer {
+    /// The blob's digest; its file is [`BlobStore::path`].
+    pub digest: Digest,
+    /// How it is compressed.
+    pub compression: Compression,
+    /// Its size in bytes (compressed).
+    pub size: u64,
+    /// The sha256 of its uncompressed tar, from the image config.
+    pub diff_id: String,
+}
+
+/// A pulled image: its configuration and its layers, bottom first, all in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PulledImage {
+    /// What the template records.
+    pub config: ImageConfig,
+    /// The layers, bottom first.
+    pub layers: Vec<PulledLayer>,
+}
+
+/// Pulls `reference` (`host[:port]/repo[:tag][@sha256:…]`; no host means Docker Hub) into
+/// `store`. Progress lines (one per blob) go to `progress`.
+pub fn pull(
+    reference: &str,
+    store: &BlobStore,
+    options: &PullOptions,
+    progress: &mut dyn FnMut(String),
+) -> Result<PulledImage> {
+    let parsed: Reference =
+        reference
+            .parse()
+            .map_err(|e: oci_client::ParseError| ImageError::InvalidReference {
+                reference: reference.to_owned(),
+                reason: e.to_string(),
+            })?;
+    let registry = parsed.registry().to_owned();
+    let credentials = match &options.credentials {
+        Some(c) => Some(c.clone()),
+        None => auth::from_docker_config(options.docker_config.as_deref(), &registry)?,
+    };
+    let mut roots = Vec::new();
+    for path in &options.ca_certificates {
+        roots.push(Certificate {
+            encoding: CertificateEncoding::Pem,
+            data: std::fs::read(path).at("reading CA certificate", path)?,
+        });
+    }
+    let job = Job {
+        reference: reference.to_owned(),
+        parsed,
+        registry,
+        auth: match credentials {
+            Some(c) => RegistryAuth::Basic(c.username, c.password),
+            None => RegistryAuth::Anonymous,
+        },
+        roots,
+        insecure: options.insecure_registries.clone(),
+        limits: options.limits,
+    };
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| {
+                    ImageError::io("starting the registry client", PathBuf::from("-"), e)
+                })?;
+            runtime.block_on(job.run(store, &tx))
+        });
+        for line in rx {
+            progress(line);
+        }
+        worker.join().unwrap_or_else(|_| {
+            Err(ImageError::Registry {
+                registry: String::from("-"),
+                reference: reference.to_owned(),
+                message: String::from("the registry client panicked"),
+            })
+        })
+    })
+}
+
+/// Everything the pull thread needs.
+struct Job {
+    /// As given.
+    reference: String,
+    /// Parsed.
+    parsed: Reference,
+    /// `host[:port]`.
+    registry: String,
+    /// How to authenticate.
+    auth: RegistryAuth,
+    /// Extra CA certificates.
+    roots: Vec<Certificate>,
+    /// Plain-HTTP registries.
+    insecure: Vec<String>,
+    /// Size bounds.
+    limits: Limits,
+}
+
+impl Job {
+    /// Pulls the manifest, the config and every missing layer.
+    async fn run(self, store: &BlobStore, progress: &mpsc::Sender<String>) -> Result<PulledImage> {
+        // rustls needs one process-wide crypto provider; an error means one is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let protocol = if self.insecure.is_empty() {
+            ClientProtocol::Https
+        } else {
+            ClientProtocol::HttpsExcept(self.insecure.clone())
+        };
+        let client = Client::new(ClientConfig {
+            protocol,
+            extra_root_certificates: self.roots.clone(),
+            platform_resolver: Some(Box::new(linux_amd64_resolver)),
+            connect_timeout: Some(Duration::from_secs(30)),
+            read_timeout: Some(Duration::from_secs(300)),
+            ..ClientConfig::default()
+        });
+        let (manifest, manifest_digest) = client
+            .pull_image_manifest(&self.parsed, &self.auth)
+            .await
+            .map_err(|e| self.registry_error(e))?;
+        let _ = progress.send(format!(
+            "manifest {manifest_digest} ({} layers)",
+            manifest.layers.len()
+        ));
+
+        let config_media = manifest.config.media_type.as_str();
+        if config_media != IMAGE_CONFIG_MEDIA_TYPE && config_media != IMAGE_DOCKER_CONFIG_MEDIA_TYPE
+        {
+            return Err(ImageError::UnsupportedMediaType {
+                what: "config",
+                media_type: config_media.to_owned(),
+            });
+        }
+        let config_digest = Digest::parse(&manifest.config.digest)?;
+        let config_size = self.checked_size(&manifest.config, MAX_CONFIG, "config")?;
+        let config_path = self
+            .fetch(
+                &client,
+                store,
+                &manifest.config,
+                &config_digest,
+                config_size,
+                progress,
+                "config",
+            )
+            .await?;
+        let bytes = std::fs::read(&config_path).at("reading", &config_path)?;
+        let (config, diff_ids) = config::parse(&self.reference, &manifest_digest, &bytes)?;
+        if diff_ids.len() != manifest.layers.len() {
+            return Err(ImageError::Config {
+                reference: self.reference.clone(),
+                reason: format!(
+                    "it lists {} diff_ids for {} layers",
+                    diff_ids.len(),
+                    manifest.layers.len()
+                ),
+            });
+        }
+
+        let mut layers = Vec::new();
+        let count = manifest.layers.len();
+        for (i, (layer, diff_id)) in manifest.layers.iter().zip(diff_ids).enumerate() {
+            let compression = Compression::from_media_type(&layer.media_type).ok_or_else(|| {
+                ImageError::UnsupportedMediaType {
+                    what: "layer",
+                    media_type: layer.media_type.clone(),
+                }
+            })?;
+            let digest = Digest::parse(&layer.digest)?;
+            Digest::parse(&diff_id)?;
+            let size = self.checked_size(layer, self.limits.max_bytes, "layer")?;
+            let what = format!("layer {}/{count}", i + 1);
+            self.fetch(&client, store, layer, &digest, size, progress, &what)
+                .await?;
+            layers.push(PulledLayer {
+                digest,
+                compression,
+                size,
+                diff_id,
+            });
+        }
+        Ok(PulledImage { config, layers })
+    }
+
+    /// The descriptor's size, which must be known and within `max`.
+    fn checked_size(
+        &self,
+        descriptor: &OciDescriptor,
+        max: u64,
+        what: &'static str,
+    ) -> Result<u64> {
+        u64::try_from(descriptor.size)
+            .ok()
+            .filter(|size| *size <= max)
+            .ok_or_else(|| ImageError::TooLarge {
+                what,
+                digest: descriptor.digest.clone(),
+                limit: max,
+            })
+    }
+
+    /// Streams one blob into the store unless it is there already; returns its path.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch(
+        &self,
+        client: &Client,
+        store: &BlobStore,
+        descriptor: &OciDescriptor,
+        digest: &Digest,
+        size: u64,
+        progress: &mpsc::Sender<String>,
+        what: &str,
+    ) -> Result<PathBuf> {
+        if store.contains(digest) {
+            let _ = progress.send(format!("{what} {} already stored", digest.short()));
+            return Ok(store.path(digest));
+        }
+        let _ = progress.send(format!(
+            "{what} {} downloading {size} bytes",
+            digest.short()
+        ));
+        // Only the registry itself serves blobs: no foreign `urls`.
+        let descriptor = OciDescriptor {
+            urls: None,
+            ..descriptor.clone()
+        };
+        let mut stream = client
+            .pull_blob_stream(&self.parsed, &descriptor)
+            .await
+            .map_err(|e| self.registry_error(e))?;
+        let mut writer = store.begin(digest, size)?;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| self.stream_error(e, digest))?;
+            writer.write(&chunk)?;
+        }
+        writer.commit()
+    }
+
+    /// Maps a failed chunk: a digest check of the client, or a transport error.
+    fn stream_error(&self, e: std::io::Error, digest: &Digest) -> ImageError {
+        if let Some(DigestError::VerificationError { actual, .. }) = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<DigestError>())
+        {
+            return ImageError::DigestMismatch {
+                what: "blob",
+                expected: digest.to_string(),
+                actual: actual.clone(),
+            };
+        }
+        self.registry_message(format!("reading blob {digest}: {e}"))
+    }
+
+    /// Maps the client's error into the crate's.
+    fn registry_error(&self, e: OciDistributionError) -> ImageError {
+        match e {
+            OciDistributionError::UnauthorizedError { .. }
+            | OciDistributionError::AuthenticationFailure(_) => ImageError::Unauthorized {
+                registry: self.registry.clone(),
+                reference: self.reference.clone(),
+            },
+            OciDistributionError::ImageManifestNotFoundError(m) if m.contains("platform") => {
+                ImageError::WrongPlatform {
+                    reference: self.reference.clone(),
+                    found: String::from("its index lists other platforms only"),
+                }
+            }
+            OciDistributionError::DigestError(DigestError::VerificationError {
+                expected,
+                actual,
+            }) => ImageError::DigestMismatch {
+                what: "manifest",
+                expected,
+                actual,
+            },
+            other => self.registry_message(error_chain(&other)),
+        }
+    }
+
+    /// An [`ImageError::Registry`] with `message`.
+    fn registry_message(&self, message: String) -> ImageError {
+        ImageError::Registry {
+            registry: self.registry.clone(),
+            reference: self.reference.clone(),
+            message,
+        }
+    }
+}
+
+/// `e` and its sources, `: `-separated (TLS failures hide under a request error).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}

@@ -1,0 +1,132 @@
+//! Templates from OCI images: the image is pulled into the store's shared blob directory,
+//! its layers are applied to the build's `rootfs` ([`hutch_image::Unpacker`]), and the root
+//! gets what every template has ([`layout::prepare_image_root`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hutch_image::{BlobStore, ImageConfig, Layer, PullOptions, RootDir, Unpacker};
+
+use crate::build::BuildContext;
+use crate::error::{Result, TemplateError};
+use crate::info::ResourceDefaults;
+use crate::recipes::layout;
+
+/// `recipe` recorded in `template.json` for templates built from images.
+pub(crate) const RECIPE: &str = "image";
+
+/// What to build a template from.
+#[derive(Debug, Clone)]
+pub struct ImageSource {
+    /// The image reference (`registry.example:5000/team/tools:1`, `debian:12`).
+    pub reference: String,
+    /// How to reach the registry, and the unpack limits.
+    pub pull: PullOptions,
+}
+
+/// Pulls `source` and fills the empty `rootfs` from it; returns the image's configuration.
+pub(crate) fn build(
+    rootfs: &Path,
+    blobs: &BlobStore,
+    source: &ImageSource,
+    ctx: &mut BuildContext<'_>,
+) -> Result<ImageConfig> {
+    ctx.step(format!("pulling {}", source.reference))?;
+    let pulled = hutch_image::pull(&source.reference, blobs, &source.pull, &mut |line| {
+        ctx.output(line);
+    });
+    let image = pulled.map_err(|e| in_step(ctx, e))?;
+
+    let root = RootDir::open(rootfs).map_err(|e| in_step(ctx, e))?;
+    let mut unpacker = Unpacker::new(&root, source.pull.limits);
+    let count = image.layers.len();
+    for (i, layer) in image.layers.iter().enumerate() {
+        ctx.step(format!(
+            "unpacking layer {}/{count} {} ({} bytes)",
+            i + 1,
+            layer.digest.short(),
+            layer.size
+        ))?;
+        let blob = blobs.path(&layer.digest);
+        let digest = layer.digest.to_string();
+        unpacker
+            .apply(&Layer {
+                blob: &blob,
+                digest: &digest,
+                compression: layer.compression,
+                diff_id: Some(&layer.diff_id),
+            })
+            .map_err(|e| in_step(ctx, e))?;
+    }
+    let s = unpacker.summary().clone();
+    ctx.output(format!(
+        "{} entries, {} bytes of file data",
+        s.files, s.bytes
+    ));
+    for (n, what) in [
+        (s.setid_stripped, "set-uid/set-gid bits stripped"),
+        (s.devices_skipped, "device nodes skipped"),
+        (s.xattrs_ignored, "entries' extended attributes not applied"),
+    ] {
+        if n > 0 {
+            ctx.output(format!("note: {n} {what}"));
+        }
+    }
+
+    ctx.step("preparing sandbox directories and /etc")?;
+    layout::prepare_image_root(rootfs)?;
+    Ok(image.config)
+}
+
+/// Default resources of a template from an image: like `base`, with the image's `Env`
+/// (and the usual `PATH` when the image sets none).
+pub(crate) fn defaults(config: &ImageConfig) -> ResourceDefaults {
+    let mut env: BTreeMap<String, String> = config
+        .env
+        .iter()
+        .filter_map(|pair| pair.split_once('='))
+        .filter(|(key, _)| !key.is_empty())
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    env.entry(String::from("PATH")).or_insert_with(|| {
+        String::from("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    });
+    ResourceDefaults {
+        cpus: 1.0,
+        memory_mib: 512,
+        disk_mib: 2048,
+        pids_max: 1024,
+        env,
+        isolation: None,
+    }
+}
+
+/// Attributes an image error to the current step.
+fn in_step(ctx: &BuildContext<'_>, source: hutch_image::ImageError) -> TemplateError {
+    TemplateError::Image {
+        step: ctx.current_step().to_owned(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_env_becomes_the_default_env() {
+        let config = ImageConfig {
+            env: vec!["A=b=c".into(), "NOVALUE".into(), "=x".into()],
+            ..ImageConfig::default()
+        };
+        let d = defaults(&config);
+        assert_eq!(d.env.get("A").map(String::as_str), Some("b=c"));
+        assert!(d.env.get("PATH").is_some_and(|p| p.contains("/usr/bin")));
+        assert_eq!(d.env.len(), 2);
+        let config = ImageConfig {
+            env: vec!["PATH=/opt/bin".into()],
+            ..ImageConfig::default()
+        };
+        assert_eq!(defaults(&config).env["PATH"], "/opt/bin");
+    }
+}
