@@ -269,26 +269,15 @@ fn newest(log: &LogFile) -> Option<&PathBuf> {
     log.paths.last()
 }
 
-fn open_at_end(path: &std::path::Path) -> std::io::Result<Option<Open>> {
+/// Open `path` to follow it, positioned at its end (`at_end`) or its start; `None` when it
+/// does not exist (yet).
+fn open_log(path: &std::path::Path, at_end: bool) -> std::io::Result<Option<Open>> {
     match File::open(path) {
         Ok(mut file) => {
             let meta = file.metadata()?;
-            file.seek(SeekFrom::End(0))?;
-            Ok(Some(Open {
-                file,
-                inode: (meta.dev(), meta.ino()),
-                partial: Vec::new(),
-            }))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-fn open_at_start(path: &std::path::Path) -> std::io::Result<Option<Open>> {
-    match File::open(path) {
-        Ok(file) => {
-            let meta = file.metadata()?;
+            if at_end {
+                file.seek(SeekFrom::End(0))?;
+            }
             Ok(Some(Open {
                 file,
                 inode: (meta.dev(), meta.ino()),
@@ -340,7 +329,7 @@ impl Follower {
                 bytes.extend(read_end(path)?);
             }
             let open = match newest.first() {
-                Some(path) => open_at_end(path)?,
+                Some(path) => open_log(path, true)?,
                 None => None,
             };
             if let Some(open) = &open {
@@ -372,7 +361,7 @@ impl Follower {
                 if !partial.is_empty() {
                     raw.push(String::from_utf8_lossy(&partial).into_owned());
                 }
-                *open = open_at_start(&path)?;
+                *open = open_log(&path, false)?;
                 if let Some(current) = open.as_mut() {
                     read_new(current, &mut raw)?;
                 }

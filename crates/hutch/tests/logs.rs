@@ -57,6 +57,23 @@ fn starts(lines: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
+/// Follow `id`'s logs as SSE with `query` (`tail=1`, …).
+async fn follow(s: &TestServer, id: &str, query: &str) -> reqwest::Response {
+    let resp = s
+        .http
+        .get(format!(
+            "{}/v1/sandboxes/{id}/logs?follow=true&{query}",
+            s.url
+        ))
+        .bearer_auth(&s.key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .expect("follow");
+    assert_eq!(resp.status().as_u16(), 200);
+    resp
+}
+
 /// Read an SSE answer until `done` says so or 20 s pass; the `(event, data)` pairs.
 async fn read_sse(
     resp: &mut reqwest::Response,
@@ -212,18 +229,7 @@ async fn bad_log_requests_are_clear_errors() {
 async fn following_logs_sends_new_lines_and_ends_when_the_sandbox_is_gone() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({})).await;
-    let mut resp = s
-        .http
-        .get(format!(
-            "{}/v1/sandboxes/{id}/logs?follow=true&tail=1",
-            s.url
-        ))
-        .bearer_auth(&s.key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("follow");
-    assert_eq!(resp.status().as_u16(), 200);
+    let mut resp = follow(&s, &id, "tail=1").await;
     let backlog = read_sse(&mut resp, |ev| has_text(ev, "serving on")).await;
     assert_eq!(backlog.len(), 1, "the tail comes first: {backlog:?}");
     assert!(has_text(&backlog, "serving on"), "{backlog:?}");
@@ -333,18 +339,7 @@ async fn a_vm_sandbox_serves_its_console() {
         .unwrap_or("")
         .contains("has no times"));
 
-    let mut resp = s
-        .http
-        .get(format!(
-            "{}/v1/sandboxes/{id}/logs?follow=true&tail=0",
-            s.url
-        ))
-        .bearer_auth(&s.key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("follow");
-    assert_eq!(resp.status().as_u16(), 200);
+    let mut resp = follow(&s, &id, "tail=0").await;
     let (out, code) = s.sh(&id, "echo console-marker-two > /dev/ttyS0").await;
     assert_eq!(code, 0, "{out}");
     let events = read_sse(&mut resp, |ev| has_text(ev, "console-marker-two")).await;
@@ -360,15 +355,7 @@ async fn a_vm_sandbox_serves_its_console() {
 async fn following_a_log_does_not_keep_its_sandbox_alive() {
     let s = TestServer::start().await;
     let id = s.create_id(json!({"ttl_seconds": 2})).await;
-    let mut resp = s
-        .http
-        .get(format!("{}/v1/sandboxes/{id}/logs?follow=true", s.url))
-        .bearer_auth(&s.key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .expect("follow");
-    assert_eq!(resp.status().as_u16(), 200);
+    let mut resp = follow(&s, &id, "").await;
     let events = read_sse(&mut resp, |ev| ev.iter().any(|(e, _)| e == "end")).await;
     assert!(
         events.iter().any(|(e, _)| e == "end"),
