@@ -79,6 +79,18 @@ pub fn mark_guest_written(image: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Drop `image`'s marker (after a check, or with the image when its volume is deleted);
+/// no marker is fine.
+pub fn forget_guest_written(image: &Path) -> Result<(), JailError> {
+    let m = marker(image);
+    match std::fs::remove_file(&m) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(io(format!("remove {}", m.display()))(e))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether `image` must be checked before the host mounts it.
 pub fn needs_check(image: &Path) -> bool {
     marker(image).symlink_metadata().is_ok()
@@ -119,12 +131,7 @@ pub fn check_untrusted_image(image: &Path, mode: CheckMode) -> Result<CheckRepor
         .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(mode_bits)));
     let report = result?;
     restored.map_err(io(format!("restore owner of {}", image.display())))?;
-    match std::fs::remove_file(marker(image)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(io(format!("remove {}", marker(image).display()))(e))
-        }
-        _ => {}
-    }
+    forget_guest_written(image)?;
     Ok(report)
 }
 

@@ -1,8 +1,11 @@
-//! Durable volumes on `vm`: the same ext4 image as on `ns`, attached as a virtio disk. Data a
-//! guest wrote is on the image once its sandbox is killed (read by an `ns` sandbox and by
-//! another guest); read-only attachments refuse writes even from a guest's root writing
-//! the raw disk; a full volume fails only that write; hibernation keeps the mount; a fork
-//! child keeps the parent's read-only volume and loses its read-write one.
+//! Durable volumes on `vm` only: the same ext4 image as on `ns`, attached as a virtio disk, so
+//! what a guest wrote is read by an `ns` sandbox; read-only attachments refuse writes even
+//! from a guest's root writing the raw disk; at most 4 volumes per guest; an image a guest
+//! crafted is checked before the host mounts it.
+//!
+//! The volume lifecycle both backends share (data kept for the next sandbox, read-only
+//! attachments, exclusivity and deletion, a full volume, hibernate and wake, fork children)
+//! is written once in `lifecycle_table/volumes.rs`.
 
 use hutch_testkit::TestServer;
 use reqwest::Method;
@@ -40,36 +43,20 @@ fn sha256(path: &std::path::Path) -> String {
 }
 
 #[tokio::test]
-async fn what_a_guest_writes_to_a_volume_is_read_by_the_next_sandbox_and_read_only_holds() {
+async fn what_a_guest_wrote_is_read_by_ns_and_a_read_only_guest_cannot_write_the_raw_disk() {
     let s = TestServer::start().await;
     let vol = s.volume("shared", 16).await;
     let a = sandbox(&s, "vm", json!([{"volume": vol, "path": "/data"}])).await;
     let (out, code) = s
         .sh(
             &a,
-            "echo from-the-guest > /data/f && mkdir /data/d && chown 1000:1000 /data/d \
-             && grep ' /data ' /proc/mounts && df -m /data | tail -1",
+            "echo from-the-guest > /data/f && mkdir /data/d && chown 1000:1000 /data/d",
         )
         .await;
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains(" /data ext4 rw,nosuid,nodev"), "{out}");
-    let size_mib: u64 = out
-        .lines()
-        .last()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(
-        (12..=16).contains(&size_mib),
-        "the guest sees the volume's size: {out}"
-    );
-    // Killed while paused, without a sync by anyone: the server flushes the guest first.
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{a}/pause"), None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (200, Some("paused")), "{v}");
     assert_eq!(s.kill(&a).await, 204);
 
+    // The same image is an ns sandbox's volume.
     let b = sandbox(
         &s,
         "ns",
@@ -112,100 +99,11 @@ async fn what_a_guest_writes_to_a_volume_is_read_by_the_next_sandbox_and_read_on
         before,
         "the read-only volume's image is unchanged"
     );
-
-    // Read-write is exclusive on vm too, and deleting an attached volume is refused.
-    let d = sandbox(&s, "vm", json!([{"volume": vol, "path": "/data"}])).await;
-    let (st, v) = create(
-        &s,
-        "vm",
-        json!([{"volume": vol, "path": "/x", "read_only": true}]),
-    )
-    .await;
-    assert_eq!(st, 409, "{v}");
-    let (st, v) = s
-        .request(Method::DELETE, &format!("/v1/volumes/{vol}"), None)
-        .await;
-    assert_eq!(st, 409, "{v}");
-    // A full volume fails only the write that does not fit.
-    let (out, code) = s
-        .sh(&d, "dd if=/dev/zero of=/data/big bs=1M count=32 2>&1")
-        .await;
-    assert_ne!(code, 0, "{out}");
-    assert!(out.contains("No space left on device"), "{out}");
-    let (out, code) = s
-        .sh(&d, "rm /data/big && echo ok > /data/g && cat /data/g /data/f && echo root > /root/r && cat /root/r")
-        .await;
-    assert_eq!((out.as_str(), code), ("ok\nfrom-the-guest\nroot\n", 0));
-    assert_eq!(s.kill(&d).await, 204);
 }
 
 #[tokio::test]
-async fn hibernation_keeps_a_guest_volume_and_fork_children_keep_only_read_only_ones() {
+async fn more_volumes_than_a_guest_has_slots_is_a_clear_422() {
     let s = TestServer::start().await;
-    let rw = s.volume("rw", 8).await;
-    let ro = s.volume("ro", 8).await;
-    // Something to read in the read-only one.
-    let w = sandbox(&s, "vm", json!([{"volume": ro, "path": "/w"}])).await;
-    let (_, code) = s.sh(&w, "echo reference > /w/r").await;
-    assert_eq!(code, 0);
-    assert_eq!(s.kill(&w).await, 204);
-
-    // Killed while hibernated: what it wrote was flushed to the image before its memory
-    // was saved.
-    let h = sandbox(&s, "vm", json!([{"volume": rw, "path": "/data"}])).await;
-    let (_, code) = s.sh(&h, "echo from-before-hibernation > /data/h").await;
-    assert_eq!(code, 0);
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{h}/hibernate"), None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (200, Some("hibernated")), "{v}");
-    assert_eq!(s.kill(&h).await, 204);
-
-    let p = sandbox(
-        &s,
-        "vm",
-        json!([
-            {"volume": rw, "path": "/data"},
-            {"volume": ro, "path": "/ref", "read_only": true}
-        ]),
-    )
-    .await;
-    let (_, code) = s.sh(&p, "echo before > /data/x").await;
-    assert_eq!(code, 0);
-    let (st, v) = s
-        .request(Method::POST, &format!("/v1/sandboxes/{p}/hibernate"), None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (200, Some("hibernated")), "{v}");
-    let (out, code) = s
-        .sh(&p, "cat /data/h /data/x /ref/r && echo after >> /data/x")
-        .await;
-    assert_eq!(
-        (out.as_str(), code),
-        ("from-before-hibernation\nbefore\nreference\n", 0)
-    );
-
-    let children = s.fork(&p, 1, "live").await;
-    let child = &children[0];
-    assert!(
-        mounts_at(&s, child, "/ref").await.contains("ro,"),
-        "the child keeps the read-only volume"
-    );
-    let (out, code) = s.sh(child, "cat /ref/r").await;
-    assert_eq!((out.as_str(), code), ("reference\n", 0));
-    assert_eq!(
-        mounts_at(&s, child, "/data").await,
-        "",
-        "the read-write volume stays the parent's"
-    );
-    let (_, code) = s.sh(child, "echo child > /data/x").await;
-    assert_eq!(code, 0, "/data is the child's own directory now");
-    let (out, _) = s.sh(&p, "cat /data/x").await;
-    assert_eq!(
-        out, "before\nafter\n",
-        "the child did not touch the parent's volume"
-    );
-
-    // More volumes than a guest has slots is a clear 422.
     let mut many = Vec::new();
     for i in 0..5 {
         let id = s.volume(&format!("m{i}"), 4).await;
@@ -217,13 +115,6 @@ async fn hibernation_keeps_a_guest_volume_and_fork_children_keep_only_read_only_
         v.to_string().contains("at most 4 volumes per vm sandbox"),
         "{v}"
     );
-    for id in [child.as_str(), p.as_str()] {
-        assert_eq!(s.kill(id).await, 204);
-    }
-    // Everything it wrote is on the image: an ns sandbox reads it.
-    let n = sandbox(&s, "ns", json!([{"volume": rw, "path": "/data"}])).await;
-    let (out, _) = s.sh(&n, "cat /data/x").await;
-    assert_eq!(out, "before\nafter\n");
 }
 
 /// Run a host command of the attacker's toolkit (building the image a guest will write).

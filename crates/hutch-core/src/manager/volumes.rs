@@ -261,9 +261,22 @@ impl Manager {
             )));
         }
         self.store.delete_volume(&v.id).await?;
-        let _ = std::fs::remove_file(dir.join("disk.ext4"));
-        let _ = std::fs::remove_dir(&mnt);
-        let _ = std::fs::remove_dir(&dir);
+        let image = dir.join("disk.ext4");
+        // The record is gone: what is left is files, removed best effort but never silently
+        // (the marker a vm guest's read-write attachment left used to keep the directory).
+        let gone = |r: std::io::Result<()>| match r {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.to_string()),
+            _ => Ok(()),
+        };
+        let removed = [
+            gone(std::fs::remove_file(&image)),
+            vol_check::forget_guest_written(&image).map_err(|e| e.to_string()),
+            gone(std::fs::remove_dir(&mnt)),
+            gone(std::fs::remove_dir(&dir)),
+        ];
+        for e in removed.into_iter().filter_map(Result::err) {
+            tracing::warn!(volume = %v.id, dir = %dir.display(), error = %e, "volume files left behind");
+        }
         self.events.publish(
             "volume.deleted",
             &v.id,

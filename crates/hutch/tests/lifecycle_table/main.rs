@@ -1,11 +1,13 @@
 //! One table of lifecycle cases, each run on both backends (`both_backends!`): pause/resume,
 //! hibernate/wake (explicit, idle, over a server restart), named snapshots and sandboxes made
-//! from them, snapshots of hibernated sandboxes, forks and explore.
+//! from them, snapshots of hibernated sandboxes, forks and explore, and volumes through all of
+//! these.
 //!
 //! A case is written once. Where the backends legitimately differ the case says so through
 //! [`Backend`], the one place that lists what each backend does differently, never by leaving
 //! an assertion out: a vm keeps memory and processes over hibernation and in its snapshots,
-//! and forks live; an `ns` sandbox keeps its files and starts its processes afresh.
+//! and forks live; an `ns` sandbox keeps its files and starts its processes afresh; an `ns`
+//! sandbox's volume is mounted on the host, a vm guest's never is.
 //!
 //! The `vm` halves need QEMU (`scripts/deps.sh`) and skip, saying why, where `hutch doctor`
 //! says vm cannot run.
@@ -13,6 +15,7 @@
 mod forks;
 mod hibernation;
 mod snapshots;
+mod volumes;
 
 use std::time::Duration;
 
@@ -29,6 +32,12 @@ use snapshots::{
     a_snapshot_of_a_sandbox_made_from_a_snapshot_carries_both,
     a_snapshot_restored_twice_gives_two_independent_sandboxes,
 };
+use volumes::{
+    a_full_volume_fails_only_the_write_that_does_not_fit,
+    a_volume_is_read_write_to_one_sandbox_or_read_only_to_many_and_deleted_only_unattached,
+    a_volume_keeps_what_a_sandbox_wrote_for_the_next_and_over_a_server_restart,
+    hibernation_keeps_a_volume_and_fork_children_keep_only_read_only_ones,
+};
 
 // The table: every case below runs as `<case>::ns` and `<case>::vm`.
 both_backends!(
@@ -39,6 +48,10 @@ both_backends!(
     a_snapshot_of_a_sandbox_made_from_a_snapshot_carries_both,
     a_disk_fork_carries_files_and_processes_only_where_forks_carry_memory,
     explore_keeps_the_one_passing_command_and_destroys_the_rest,
+    a_volume_keeps_what_a_sandbox_wrote_for_the_next_and_over_a_server_restart,
+    a_volume_is_read_write_to_one_sandbox_or_read_only_to_many_and_deleted_only_unattached,
+    a_full_volume_fails_only_the_write_that_does_not_fit,
+    hibernation_keeps_a_volume_and_fork_children_keep_only_read_only_ones,
 );
 
 /// What a backend does differently, said once. Cases branch on these fields, never on the
@@ -59,6 +72,11 @@ pub struct Backend {
     /// another disk than its page cache describes would corrupt it; `docs/lifecycle.md`);
     /// otherwise a disk fork carries files only.
     pub forks_carry_memory: bool,
+    /// A volume in use is mounted on the host (ns: a loop mount at `<state>/volumes/<id>/mnt`
+    /// the jail binds in idmapped, while the sandbox has processes); otherwise the host never
+    /// mounts it (vm: the image is the guest's virtio disk, `docs/lifecycle.md`). A volume's
+    /// `used_bytes` is reported while the host has it mounted.
+    pub volumes_mounted_on_host: bool,
 }
 
 impl Backend {
@@ -70,6 +88,7 @@ impl Backend {
                 memory_snapshots: false,
                 live_fork: false,
                 forks_carry_memory: false,
+                volumes_mounted_on_host: true,
             },
             "vm" => Self {
                 isolation: "vm",
@@ -77,6 +96,7 @@ impl Backend {
                 memory_snapshots: true,
                 live_fork: true,
                 forks_carry_memory: true,
+                volumes_mounted_on_host: false,
             },
             other => panic!("no backend {other}"),
         }
