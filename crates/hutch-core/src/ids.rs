@@ -1,4 +1,110 @@
 //! Identifiers and secrets: `sbx_…` and `snap_…` ids and API keys, from the OS's random source.
+//!
+//! [`SandboxId`] is a sandbox's id as a type: made here ([`SandboxId::random`]) or parsed once
+//! where it comes in ([`str::parse`], which checks the `sbx_` form), then carried typed through
+//! the manager and the store. It serializes as the bare string (`#[serde(transparent)]`), so
+//! stored records and API JSON are the same bytes as when ids were `String`s; reading a stored
+//! record does not re-check the form (the store only holds ids we issued).
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::ops::Deref;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A string that is not an id of the kind asked for. Callers answer it as they answer an
+/// unknown id ("sandbox … does not exist"), so a malformed id tells a client nothing more.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {raw} does not exist")]
+pub struct MalformedId {
+    /// What was asked for (`sandbox`).
+    pub kind: &'static str,
+    /// The string as given.
+    pub raw: String,
+}
+
+/// A sandbox's id: `sbx_` and 1 to 64 ASCII letters or digits (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// A new id, `sbx_` and 16 characters (80 random bits).
+    pub fn random() -> Self {
+        Self(format!("sbx_{}", random_token(16)))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for SandboxId {
+    type Err = MalformedId;
+
+    fn from_str(s: &str) -> Result<Self, MalformedId> {
+        if is_sandbox_id(s) {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(MalformedId {
+                kind: "sandbox",
+                raw: s.to_string(),
+            })
+        }
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Deref for SandboxId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for SandboxId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for SandboxId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<SandboxId> for String {
+    fn from(id: SandboxId) -> String {
+        id.0
+    }
+}
+
+impl PartialEq<str> for SandboxId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for SandboxId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for SandboxId {
+    fn eq(&self, other: &String) -> bool {
+        &self.0 == other
+    }
+}
 
 const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
@@ -13,8 +119,8 @@ pub fn random_token(len: usize) -> String {
 }
 
 /// A new sandbox id, `sbx_` and 16 characters (80 random bits).
-pub fn new_sandbox_id() -> String {
-    format!("sbx_{}", random_token(16))
+pub fn new_sandbox_id() -> SandboxId {
+    SandboxId::random()
 }
 
 /// A new snapshot id, `snap_` and 16 characters (80 random bits).
@@ -76,5 +182,29 @@ mod tests {
         assert!(is_snapshot_id(&new_snapshot_id()));
         assert!(!is_snapshot_id("snap_../x"));
         assert!(!is_snapshot_id(&a));
+    }
+
+    #[test]
+    fn sandbox_id_parses_only_the_sbx_form() {
+        let id = new_sandbox_id();
+        assert_eq!(id.as_str().parse::<SandboxId>(), Ok(id.clone()));
+        for bad in ["sbx_", "sbx_../x", "snap_abc", "", "SBX_abc", "sbx_a b"] {
+            let e = bad.parse::<SandboxId>().expect_err("malformed");
+            assert_eq!(e.to_string(), format!("sandbox {bad} does not exist"));
+        }
+        let long = format!("sbx_{}", "a".repeat(65));
+        assert!(long.parse::<SandboxId>().is_err());
+    }
+
+    #[test]
+    fn sandbox_id_serializes_as_the_bare_string() {
+        let id: SandboxId = "sbx_0123456789abcdef".parse().expect("well-formed");
+        let json = serde_json::to_string(&id).expect("serializes");
+        assert_eq!(json, "\"sbx_0123456789abcdef\"");
+        assert_eq!(
+            serde_json::from_str::<SandboxId>(&json).expect("deserializes"),
+            id
+        );
+        assert_eq!(id.to_string(), "sbx_0123456789abcdef");
     }
 }

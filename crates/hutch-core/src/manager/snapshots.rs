@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
-use crate::ids;
+use crate::ids::{self, SandboxId};
 use crate::model::SandboxRecord;
 use crate::snapshot::{valid_name, SnapshotDefaults, SnapshotRecord, SnapshotView};
 use crate::store::{Page, PageRequest};
@@ -41,7 +41,7 @@ impl Manager {
     /// is refused ([`Manager::resolve_snapshot`]).
     pub async fn snapshot(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         name: Option<&str>,
     ) -> CoreResult<SnapshotView> {
         if let Some(name) = name.filter(|n| !valid_name(n)) {
@@ -90,7 +90,7 @@ impl Manager {
             let record = SnapshotRecord {
                 id: sid.clone(),
                 name: name.to_string(),
-                sandbox_id: r.id.clone(),
+                sandbox_id: r.id.to_string(),
                 kind: taken.kind,
                 isolation: r.isolation,
                 template: r.template.clone(),
@@ -200,7 +200,7 @@ impl Manager {
             .await?
             .into_iter()
             .filter(|r| r.state.holds_disk())
-            .map(|r| r.id)
+            .map(|r| r.id.into())
             .collect())
     }
 

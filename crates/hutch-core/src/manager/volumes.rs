@@ -90,7 +90,7 @@ impl Manager {
                     .iter()
                     .filter(|m| m.volume == id)
                     .map(|m| VolumeAttachment {
-                        sandbox: r.id.clone(),
+                        sandbox: r.id.to_string(),
                         path: m.path.clone(),
                         read_only: m.read_only,
                     })

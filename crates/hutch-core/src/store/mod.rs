@@ -24,6 +24,7 @@ use async_trait::async_trait;
 
 pub use self::sqlite::SqliteStore;
 use crate::error::{CoreError, CoreResult};
+use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -126,19 +127,19 @@ pub trait Store: Send + Sync {
     /// fields never undo each other. `NotFound` when there is none.
     async fn modify_sandbox(
         &self,
-        id: &str,
+        id: &SandboxId,
         change: SandboxChange<'_>,
     ) -> CoreResult<SandboxRecord>;
     /// One record by id (a warm guest's too).
-    async fn get_sandbox(&self, id: &str) -> CoreResult<Option<SandboxRecord>>;
+    async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>>;
     /// One record by id if `scope` may see it (warm guests never): one indexed lookup.
     async fn get_sandbox_for(
         &self,
-        id: &str,
+        id: &SandboxId,
         scope: &TenantScope,
     ) -> CoreResult<Option<SandboxRecord>>;
     /// Delete a record; whether it existed.
-    async fn delete_sandbox(&self, id: &str) -> CoreResult<bool>;
+    async fn delete_sandbox(&self, id: &SandboxId) -> CoreResult<bool>;
     /// One page of the sandboxes `query` selects, oldest first.
     async fn list_sandboxes(
         &self,
@@ -221,7 +222,7 @@ impl dyn Store {
     /// [`Store::modify_sandbox`] with a plain closure.
     pub async fn modify(
         &self,
-        id: &str,
+        id: &SandboxId,
         change: impl FnOnce(&mut SandboxRecord) -> CoreResult<()> + Send,
     ) -> CoreResult<SandboxRecord> {
         self.modify_sandbox(id, Box::new(change)).await
