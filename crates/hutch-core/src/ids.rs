@@ -4,7 +4,8 @@
 //! where it comes in ([`str::parse`], which checks the `sbx_` form), then carried typed through
 //! the manager and the store. It serializes as the bare string (`#[serde(transparent)]`), so
 //! stored records and API JSON are the same bytes as when ids were `String`s; reading a stored
-//! record does not re-check the form (the store only holds ids we issued).
+//! record does not re-check the form (the store only holds ids we issued). [`SnapshotId`] is
+//! the same for `snap_…` ids.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -18,92 +19,118 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind} {raw} does not exist")]
 pub struct MalformedId {
-    /// What was asked for (`sandbox`).
+    /// What was asked for (`sandbox`, `snapshot`).
     pub kind: &'static str,
     /// The string as given.
     pub raw: String,
 }
 
-/// A sandbox's id: `sbx_` and 1 to 64 ASCII letters or digits (see the module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct SandboxId(String);
+/// An id type: a `String` of one prefixed form, checked when parsed (see the module docs).
+macro_rules! prefixed_id {
+    ($(#[$doc:meta])* $name:ident, $prefix:literal, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
 
-impl SandboxId {
-    /// A new id, `sbx_` and 16 characters (80 random bits).
-    pub fn random() -> Self {
-        Self(format!("sbx_{}", random_token(16)))
-    }
+        impl $name {
+            /// A new id: the prefix and 16 characters (80 random bits).
+            pub fn random() -> Self {
+                Self(format!(concat!($prefix, "{}"), random_token(16)))
+            }
 
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for SandboxId {
-    type Err = MalformedId;
-
-    fn from_str(s: &str) -> Result<Self, MalformedId> {
-        if is_sandbox_id(s) {
-            Ok(Self(s.to_string()))
-        } else {
-            Err(MalformedId {
-                kind: "sandbox",
-                raw: s.to_string(),
-            })
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
         }
-    }
+
+        impl FromStr for $name {
+            type Err = MalformedId;
+
+            fn from_str(s: &str) -> Result<Self, MalformedId> {
+                if has_form(s, $prefix) {
+                    Ok(Self(s.to_string()))
+                } else {
+                    Err(MalformedId {
+                        kind: $kind,
+                        raw: s.to_string(),
+                    })
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                &self.0 == other
+            }
+        }
+    };
 }
 
-impl fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+prefixed_id!(
+    /// A sandbox's id: `sbx_` and 1 to 64 ASCII letters or digits.
+    SandboxId,
+    "sbx_",
+    "sandbox"
+);
 
-impl Deref for SandboxId {
-    type Target = str;
+prefixed_id!(
+    /// A snapshot's id: `snap_` and 1 to 64 ASCII letters or digits.
+    SnapshotId,
+    "snap_",
+    "snapshot"
+);
 
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<str> for SandboxId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl Borrow<str> for SandboxId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<SandboxId> for String {
-    fn from(id: SandboxId) -> String {
-        id.0
-    }
-}
-
-impl PartialEq<str> for SandboxId {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<&str> for SandboxId {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl PartialEq<String> for SandboxId {
-    fn eq(&self, other: &String) -> bool {
-        &self.0 == other
-    }
+/// Whether `s` is `prefix` and 1 to 64 ASCII letters or digits.
+fn has_form(s: &str, prefix: &str) -> bool {
+    s.strip_prefix(prefix).is_some_and(|r| {
+        !r.is_empty() && r.len() <= 64 && r.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
 }
 
 const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
@@ -124,8 +151,8 @@ pub fn new_sandbox_id() -> SandboxId {
 }
 
 /// A new snapshot id, `snap_` and 16 characters (80 random bits).
-pub fn new_snapshot_id() -> String {
-    format!("snap_{}", random_token(16))
+pub fn new_snapshot_id() -> SnapshotId {
+    SnapshotId::random()
 }
 
 /// A new volume id.
@@ -135,9 +162,7 @@ pub fn new_volume_id() -> String {
 
 /// Whether `s` looks like a volume id.
 pub fn is_volume_id(s: &str) -> bool {
-    s.strip_prefix("vol_").is_some_and(|r| {
-        !r.is_empty() && r.len() <= 64 && r.bytes().all(|b| b.is_ascii_alphanumeric())
-    })
+    has_form(s, "vol_")
 }
 
 /// A new API key (`hk_` and 40 characters, 200 random bits).
@@ -154,16 +179,12 @@ pub fn random_u32() -> u32 {
 
 /// Whether `s` looks like a sandbox id we could have issued.
 pub fn is_sandbox_id(s: &str) -> bool {
-    s.strip_prefix("sbx_").is_some_and(|r| {
-        !r.is_empty() && r.len() <= 64 && r.bytes().all(|b| b.is_ascii_alphanumeric())
-    })
+    has_form(s, "sbx_")
 }
 
 /// Whether `s` looks like a snapshot id we could have issued.
 pub fn is_snapshot_id(s: &str) -> bool {
-    s.strip_prefix("snap_").is_some_and(|r| {
-        !r.is_empty() && r.len() <= 64 && r.bytes().all(|b| b.is_ascii_alphanumeric())
-    })
+    has_form(s, "snap_")
 }
 
 #[cfg(test)]
@@ -194,6 +215,16 @@ mod tests {
         }
         let long = format!("sbx_{}", "a".repeat(65));
         assert!(long.parse::<SandboxId>().is_err());
+    }
+
+    #[test]
+    fn snapshot_id_parses_only_the_snap_form() {
+        let id = new_snapshot_id();
+        assert_eq!(id.as_str().parse::<SnapshotId>(), Ok(id.clone()));
+        for bad in ["snap_", "snap_../x", "sbx_abc", ""] {
+            let e = bad.parse::<SnapshotId>().expect_err("malformed");
+            assert_eq!(e.to_string(), format!("snapshot {bad} does not exist"));
+        }
     }
 
     #[test]

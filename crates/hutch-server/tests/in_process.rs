@@ -217,3 +217,25 @@ async fn a_malformed_sandbox_id_is_answered_as_an_unknown_one() {
     let id = created["id"].as_str().expect("id");
     assert_eq!(api.fake.operations_on(id), [Operation::Create]);
 }
+
+#[tokio::test]
+async fn a_malformed_snapshot_id_is_answered_as_an_unknown_one() {
+    let api = Api::start().await;
+    for id in [
+        "snap_doesnotexist",
+        "snap_",
+        "sbx_abcdefghijklmnop",
+        "snap_a-b",
+    ] {
+        for method in ["GET", "DELETE"] {
+            let uri = format!("/v1/snapshots/{id}");
+            let (status, v) = api.call(method, &uri, None).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{method} {uri}: {v}");
+            assert_eq!(
+                v["error"]["message"],
+                format!("snapshot {id} does not exist"),
+                "{method} {uri}: {v}"
+            );
+        }
+    }
+}

@@ -200,7 +200,7 @@ fn child_command(parent: &SandboxRecord, snap: &SnapshotRecord) -> CreateSandbox
         disk_mib: None,
         pids_max: None,
         network: parent.network.as_ref().map(|n| n.policy.to_spec()),
-        snapshot: Some(snap.id.clone()),
+        snapshot: Some(snap.id.to_string()),
         idle_hibernate_seconds: parent.idle_hibernate_seconds,
         // Read-only volumes are shared with the children; a read-write one stays the
         // parent's alone.

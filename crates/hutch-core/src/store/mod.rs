@@ -24,7 +24,7 @@ use async_trait::async_trait;
 
 pub use self::sqlite::SqliteStore;
 use crate::error::{CoreError, CoreResult};
-use crate::ids::SandboxId;
+use crate::ids::{SandboxId, SnapshotId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -172,7 +172,7 @@ pub trait Store: Send + Sync {
     /// Insert a snapshot record.
     async fn insert_snapshot(&self, r: &SnapshotRecord) -> CoreResult<()>;
     /// One snapshot record by id.
-    async fn get_snapshot(&self, id: &str) -> CoreResult<Option<SnapshotRecord>>;
+    async fn get_snapshot(&self, id: &SnapshotId) -> CoreResult<Option<SnapshotRecord>>;
     /// The visible (not hidden) snapshots named `name` that `scope` may see, oldest first.
     async fn snapshots_named(
         &self,
@@ -188,7 +188,7 @@ pub trait Store: Send + Sync {
     /// Every snapshot record, hidden ones too: for server start only.
     async fn all_snapshots(&self) -> CoreResult<Vec<SnapshotRecord>>;
     /// Delete a snapshot record; whether it existed.
-    async fn delete_snapshot(&self, id: &str) -> CoreResult<bool>;
+    async fn delete_snapshot(&self, id: &SnapshotId) -> CoreResult<bool>;
 
     // Volumes.
 

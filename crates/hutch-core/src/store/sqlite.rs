@@ -38,7 +38,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Cursor, KeyOwner, Page, PageRequest, SandboxChange, SandboxQuery, Store};
 use crate::error::{CoreError, CoreResult};
-use crate::ids::SandboxId;
+use crate::ids::{SandboxId, SnapshotId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -593,7 +593,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn get_snapshot(&self, id: &str) -> CoreResult<Option<SnapshotRecord>> {
+    async fn get_snapshot(&self, id: &SnapshotId) -> CoreResult<Option<SnapshotRecord>> {
         Ok(rows_of(
             &self.lock(),
             "SELECT record, tenant FROM snapshots WHERE id = ?1",
@@ -641,10 +641,10 @@ impl Store for SqliteStore {
         )
     }
 
-    async fn delete_snapshot(&self, id: &str) -> CoreResult<bool> {
+    async fn delete_snapshot(&self, id: &SnapshotId) -> CoreResult<bool> {
         Ok(self
             .lock()
-            .execute("DELETE FROM snapshots WHERE id = ?1", [id])?
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id.as_str()])?
             > 0)
     }
 

@@ -16,6 +16,8 @@ use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use hutch_core::exec::Command;
 use hutch_core::fork::{ExploreCommand, ForkCommand, ForkMode, Keep, ScoreRegex};
+use hutch_core::ids::SnapshotId;
+use hutch_core::CoreError;
 use serde::Deserialize;
 
 use super::access::authorize;
@@ -114,6 +116,7 @@ pub async fn get_snapshot(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
+    let id: SnapshotId = id.parse().map_err(CoreError::from)?;
     Ok(Json(
         state.manager.get_snapshot(&id, &caller.scope()).await?,
     ))
@@ -125,6 +128,7 @@ pub async fn delete_snapshot(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
+    let id: SnapshotId = id.parse().map_err(CoreError::from)?;
     state.manager.delete_snapshot(&id, &caller.scope()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
