@@ -5,7 +5,8 @@
 //! the manager and the store. It serializes as the bare string (`#[serde(transparent)]`), so
 //! stored records and API JSON are the same bytes as when ids were `String`s; reading a stored
 //! record does not re-check the form (the store only holds ids we issued). [`SnapshotId`] is
-//! the same for `snap_…` ids.
+//! the same for `snap_…` ids, [`VolumeId`] for `vol_…` ids (volume routes take an id or a
+//! name, so those are resolved by the manager rather than parsed at the edge).
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{kind} {raw} does not exist")]
 pub struct MalformedId {
-    /// What was asked for (`sandbox`, `snapshot`).
+    /// What was asked for (`sandbox`, `snapshot`, `volume`).
     pub kind: &'static str,
     /// The string as given.
     pub raw: String,
@@ -126,6 +127,13 @@ prefixed_id!(
     "snapshot"
 );
 
+prefixed_id!(
+    /// A volume's id: `vol_` and 1 to 64 ASCII letters or digits.
+    VolumeId,
+    "vol_",
+    "volume"
+);
+
 /// Whether `s` is `prefix` and 1 to 64 ASCII letters or digits.
 fn has_form(s: &str, prefix: &str) -> bool {
     s.strip_prefix(prefix).is_some_and(|r| {
@@ -155,9 +163,9 @@ pub fn new_snapshot_id() -> SnapshotId {
     SnapshotId::random()
 }
 
-/// A new volume id.
-pub fn new_volume_id() -> String {
-    format!("vol_{}", random_token(16))
+/// A new volume id, `vol_` and 16 characters (80 random bits).
+pub fn new_volume_id() -> VolumeId {
+    VolumeId::random()
 }
 
 /// Whether `s` looks like a volume id.
@@ -224,6 +232,16 @@ mod tests {
         for bad in ["snap_", "snap_../x", "sbx_abc", ""] {
             let e = bad.parse::<SnapshotId>().expect_err("malformed");
             assert_eq!(e.to_string(), format!("snapshot {bad} does not exist"));
+        }
+    }
+
+    #[test]
+    fn volume_id_parses_only_the_vol_form() {
+        let id = new_volume_id();
+        assert_eq!(id.as_str().parse::<VolumeId>(), Ok(id.clone()));
+        for bad in ["vol_", "vol_../x", "snap_abc", "data"] {
+            let e = bad.parse::<VolumeId>().expect_err("malformed");
+            assert_eq!(e.to_string(), format!("volume {bad} does not exist"));
         }
     }
 

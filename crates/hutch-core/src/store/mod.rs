@@ -24,7 +24,7 @@ use async_trait::async_trait;
 
 pub use self::sqlite::SqliteStore;
 use crate::error::{CoreError, CoreResult};
-use crate::ids::{SandboxId, SnapshotId};
+use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -208,7 +208,7 @@ pub trait Store: Send + Sync {
     /// Every volume record.
     async fn all_volumes(&self) -> CoreResult<Vec<VolumeRecord>>;
     /// Delete a volume record; whether it existed.
-    async fn delete_volume(&self, id: &str) -> CoreResult<bool>;
+    async fn delete_volume(&self, id: &VolumeId) -> CoreResult<bool>;
 
     // API keys.
 

@@ -38,7 +38,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Cursor, KeyOwner, Page, PageRequest, SandboxChange, SandboxQuery, Store};
 use crate::error::{CoreError, CoreResult};
-use crate::ids::{SandboxId, SnapshotId};
+use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -652,7 +652,12 @@ impl Store for SqliteStore {
         let json = serde_json::to_string(r).map_err(corrupt)?;
         self.lock().execute(
             "INSERT INTO volumes (id, record, tenant, name) VALUES (?1, ?2, ?3, ?4)",
-            params![r.id, json, r.tenant.as_ref().map(Tenant::as_str), r.name],
+            params![
+                r.id.as_str(),
+                json,
+                r.tenant.as_ref().map(Tenant::as_str),
+                r.name
+            ],
         )?;
         Ok(())
     }
@@ -704,10 +709,10 @@ impl Store for SqliteStore {
         )
     }
 
-    async fn delete_volume(&self, id: &str) -> CoreResult<bool> {
+    async fn delete_volume(&self, id: &VolumeId) -> CoreResult<bool> {
         Ok(self
             .lock()
-            .execute("DELETE FROM volumes WHERE id = ?1", [id])?
+            .execute("DELETE FROM volumes WHERE id = ?1", [id.as_str()])?
             > 0)
     }
 
