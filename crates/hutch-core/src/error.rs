@@ -224,6 +224,13 @@ impl From<hutch_proto::client::ClientError> for CoreError {
     }
 }
 
+impl From<crate::ids::MalformedId> for CoreError {
+    /// A malformed id is answered as an unknown one: `NotFound`, "sandbox … does not exist".
+    fn from(e: crate::ids::MalformedId) -> Self {
+        CoreError::NotFound(e.to_string())
+    }
+}
+
 /// The 409 sentence of a call refused in a state (its text is matched by clients).
 fn wrong_state_message(
     op: Option<&str>,

@@ -171,7 +171,7 @@ pub struct Outcome {
     /// Position of the command in the request.
     pub index: usize,
     /// The child it ran in (destroyed unless it is the winner).
-    pub sandbox_id: String,
+    pub sandbox_id: crate::ids::SandboxId,
     /// Exit status (124 after the timeout); null if the command could not run.
     pub exit_code: Option<i32>,
     /// Killed by the timeout.

@@ -8,6 +8,8 @@
 //!   tests (feature `testing`).
 //! - [`host`]: what this host offers the backends (`hutch doctor`, the bench).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
+//! - [`ids`]: ids and secrets; [`ids::SandboxId`], parsed once where an id comes in and
+//!   taken by the manager's and the store's methods.
 //! - [`sandbox_network`]: a sandbox's egress policy and address, typed from the create on.
 //! - [`error`]: [`CoreError`], with the typed cause of every failure.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.

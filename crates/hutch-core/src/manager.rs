@@ -42,7 +42,7 @@ use crate::backend::{Backend, Backends, Usage};
 use crate::config::{Config, MAX_UID_SLOTS};
 use crate::error::{CoreError, CoreResult};
 use crate::events::EventBus;
-use crate::ids;
+use crate::ids::{self, SandboxId};
 use crate::metrics::Metrics;
 use crate::model::{
     Isolation, IsolationRequest, ListFilter, SandboxRecord, SandboxState, SandboxView,
@@ -69,7 +69,7 @@ pub struct Manager {
     network: Option<hutch_net::Network>,
     /// Warm `vm` guests waiting to become sandboxes.
     warm: warm::WarmPool,
-    agents: Mutex<HashMap<String, AgentClient>>,
+    agents: Mutex<HashMap<SandboxId, AgentClient>>,
     events: Arc<EventBus>,
     metrics: Metrics,
     /// One lock per sandbox, held across a state transition.
@@ -79,7 +79,7 @@ pub struct Manager {
     snapshots_lock: Arc<tokio::sync::Mutex<()>>,
     /// Per sandbox: CPU time at the last idle check, when that was, and when the sandbox was
     /// last busy (ms since epoch).
-    cpu_seen: Mutex<HashMap<String, (u64, i64, i64)>>,
+    cpu_seen: Mutex<HashMap<SandboxId, (u64, i64, i64)>>,
     /// Per sandbox: clients connected right now (collected execs, streams, PTYs).
     active: Arc<Mutex<HashMap<String, usize>>>,
     /// Signs and verifies sandbox tokens (`<state>/token.secret`).
@@ -125,7 +125,7 @@ async fn blocking<T: Send + 'static>(
 pub(crate) fn wrong_state(r: &SandboxRecord, op: Option<&'static str>) -> CoreError {
     CoreError::WrongState {
         op,
-        id: r.id.clone(),
+        id: r.id.to_string(),
         state: r.state,
         reason: r.error.clone(),
         hint: r.state.hint(&r.id),
@@ -326,11 +326,8 @@ impl Manager {
 
     /// `NotFound` unless sandbox `id` exists and `scope` may see it: one indexed lookup by id
     /// (and tenant), with the same answer for another tenant's sandbox as for an unknown one.
-    pub async fn authorize(&self, id: &str, scope: &TenantScope) -> CoreResult<()> {
+    pub async fn authorize(&self, id: &SandboxId, scope: &TenantScope) -> CoreResult<()> {
         let missing = || CoreError::NotFound(format!("sandbox {id} does not exist"));
-        if !ids::is_sandbox_id(id) {
-            return Err(missing());
-        }
         match self.store.get_sandbox_for(id, scope).await? {
             Some(_) => Ok(()),
             None => Err(missing()),
@@ -351,7 +348,7 @@ impl Manager {
         Ok(isolation)
     }
 
-    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<String, AgentClient>> {
+    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, AgentClient>> {
         self.agents.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -361,7 +358,7 @@ impl Manager {
 
     /// Keep sandbox `id` from idle hibernation until the guard is dropped (handlers hold one
     /// for the life of a stream or terminal).
-    pub fn session_guard(&self, id: &str) -> ActiveGuard {
+    pub fn session_guard(&self, id: &SandboxId) -> ActiveGuard {
         *self
             .active
             .lock()
@@ -375,15 +372,15 @@ impl Manager {
     }
 
     /// Whether a client is connected to sandbox `id`.
-    fn has_sessions(&self, id: &str) -> bool {
+    fn has_sessions(&self, id: &SandboxId) -> bool {
         self.active
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains_key(id)
+            .contains_key(id.as_str())
     }
 
     /// Wait for, then hold, the transition lock of sandbox `id`.
-    async fn op_lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    async fn op_lock(&self, id: &SandboxId) -> tokio::sync::OwnedMutexGuard<()> {
         let lock = self
             .ops
             .lock()
@@ -395,10 +392,7 @@ impl Manager {
     }
 
     /// Load a record or fail with `NotFound`.
-    async fn load(&self, id: &str) -> CoreResult<SandboxRecord> {
-        if !ids::is_sandbox_id(id) {
-            return Err(CoreError::NotFound(format!("sandbox {id} does not exist")));
-        }
+    async fn load(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
         // A warm guest of the pool is not a sandbox (yet).
         self.store
             .get_sandbox(id)
@@ -408,17 +402,17 @@ impl Manager {
     }
 
     /// Load a record and refresh its TTL (every call on a sandbox does).
-    async fn touch(&self, id: &str) -> CoreResult<SandboxRecord> {
+    async fn touch(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
         self.refresh(id, false).await
     }
 
     /// [`Manager::touch`], and note the sandbox was used (exec, file and PTY calls): the clock
     /// of idle hibernation restarts. Reading its state does not count as using it.
-    async fn touch_used(&self, id: &str) -> CoreResult<SandboxRecord> {
+    async fn touch_used(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
         self.refresh(id, true).await
     }
 
-    async fn refresh(&self, id: &str, used: bool) -> CoreResult<SandboxRecord> {
+    async fn refresh(&self, id: &SandboxId, used: bool) -> CoreResult<SandboxRecord> {
         let r = self.load(id).await?;
         let now = now_ms();
         let new_expiry = now + (r.ttl_seconds as i64) * 1000;
@@ -445,7 +439,7 @@ impl Manager {
 
     /// One sandbox (refreshes its TTL). A networked sandbox's traffic counters are read with
     /// `nft` on the blocking pool.
-    pub async fn get(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+    pub async fn get(self: &Arc<Self>, id: &SandboxId) -> CoreResult<SandboxView> {
         let r = self.touch(id).await?;
         let mut view = r.view();
         if r.net_slot.is_none() {
@@ -480,7 +474,7 @@ impl Manager {
     }
 
     /// Change TTL, persistence, metadata or the idle-hibernation delay.
-    pub async fn update(&self, id: &str, u: UpdateSandbox) -> CoreResult<SandboxView> {
+    pub async fn update(&self, id: &SandboxId, u: UpdateSandbox) -> CoreResult<SandboxView> {
         self.load(id).await?;
         if let Some(ttl) = u.ttl_seconds {
             if ttl == 0 || ttl > self.cfg.max_ttl_seconds {
@@ -519,7 +513,7 @@ impl Manager {
     }
 
     /// Destroy a sandbox and forget it (whatever its state: paused and hibernated too).
-    pub async fn kill(&self, id: &str) -> CoreResult<()> {
+    pub async fn kill(&self, id: &SandboxId) -> CoreResult<()> {
         self.load(id).await?;
         let _op = self.op_lock(id).await;
         let r = self.load(id).await?;
@@ -536,7 +530,7 @@ impl Manager {
         self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&r.id);
+            .remove(r.id.as_str());
         self.cpu_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -585,7 +579,7 @@ impl Manager {
     }
 
     /// Current resource usage of a sandbox.
-    pub async fn usage(&self, id: &str) -> CoreResult<Option<Usage>> {
+    pub async fn usage(&self, id: &SandboxId) -> CoreResult<Option<Usage>> {
         let r = self.touch(id).await?;
         Ok(self.backend(r.isolation)?.usage(&r))
     }

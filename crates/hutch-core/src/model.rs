@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::SandboxId;
 use crate::tenant::Tenant;
 
 /// The metadata key the API shows a sandbox's tenant as.
@@ -207,7 +208,7 @@ pub struct UpdateSandbox {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SandboxRecord {
     /// `sbx_…`.
-    pub id: String,
+    pub id: SandboxId,
     /// Template name.
     pub template: String,
     /// Backend.
@@ -279,7 +280,7 @@ pub struct SandboxRecord {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SandboxView {
     /// `sbx_…`.
-    pub id: String,
+    pub id: SandboxId,
     /// Template name.
     pub template: String,
     /// `ns` or `vm`.

@@ -60,7 +60,7 @@ pub struct SnapshotDefaults {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SnapshotRecord {
     /// `snap_…`.
-    pub id: String,
+    pub id: crate::ids::SnapshotId,
     /// The name given by the client (not unique).
     pub name: String,
     /// The sandbox it was taken of.
@@ -94,7 +94,7 @@ pub struct SnapshotRecord {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SnapshotView {
     /// `snap_…`.
-    pub id: String,
+    pub id: crate::ids::SnapshotId,
     /// Its name.
     pub name: String,
     /// The sandbox it was taken of.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct VolumeRecord {
     /// `vol_…`.
-    pub id: String,
+    pub id: crate::ids::VolumeId,
     /// Name, unique per tenant.
     pub name: String,
     /// Size limit (the image's size).
@@ -45,7 +45,7 @@ pub struct VolumeAttachment {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct VolumeView {
     /// `vol_…`.
-    pub id: String,
+    pub id: crate::ids::VolumeId,
     /// Name.
     pub name: String,
     /// Size limit in MiB.

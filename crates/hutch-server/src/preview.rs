@@ -11,6 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use hutch_core::ids::SandboxId;
 
 use crate::browser::{self, BrowserCredential};
 use crate::error::{ApiError, ApiResult};
@@ -102,7 +103,7 @@ async fn preview(state: &AppState, request: Request) -> ApiResult<Response> {
 
 /// `{port}-{id}.{domain}[:listener port]` → the port and sandbox id (case-insensitive, as
 /// browsers lowercase host names; sandbox ids are lowercase).
-fn parse_host(host: &str, domain: &str) -> Option<(u16, String)> {
+fn parse_host(host: &str, domain: &str) -> Option<(u16, SandboxId)> {
     let host = host.to_ascii_lowercase();
     let name = match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
@@ -113,7 +114,7 @@ fn parse_host(host: &str, domain: &str) -> Option<(u16, String)> {
         .strip_suffix('.')?;
     let (port, id) = label.split_once('-')?;
     let port = hutch_core::manager::parse_port(port).ok()?;
-    hutch_core::ids::is_sandbox_id(id).then(|| (port, id.to_string()))
+    Some((port, id.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -125,14 +126,14 @@ mod tests {
         let id = "sbx_abcdefghijklmnop";
         assert_eq!(
             parse_host(&format!("8000-{id}.localhost:7701"), "localhost"),
-            Some((8000, id.to_string()))
+            Some((8000, id.parse().expect("well-formed")))
         );
         assert_eq!(
             parse_host(
                 &format!("80-{}.Preview.Example", id.to_uppercase()),
                 "preview.example"
             ),
-            Some((80, id.to_string()))
+            Some((80, id.parse().expect("well-formed")))
         );
         for bad in [
             "localhost:7701".to_string(),

@@ -18,6 +18,7 @@ use axum::extract::connect_info::ConnectInfo;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, Version};
 use axum::response::Response;
+use hutch_core::ids::SandboxId;
 use hutch_core::PortConnection;
 use hyper_util::rt::TokioIo;
 
@@ -66,7 +67,7 @@ pub enum ServedAt<'a> {
 /// target as the service should see it (origin-form, credentials already taken out).
 pub struct Forward<'a> {
     /// Sandbox id.
-    pub id: &'a str,
+    pub id: &'a SandboxId,
     /// Port inside the sandbox.
     pub port: u16,
     /// The origin the browser sees.

@@ -13,6 +13,7 @@ struct Api {
     app: axum::Router,
     key: String,
     fake: hutch_core::backend::fake::FakeBackend,
+    manager: std::sync::Arc<hutch_core::Manager>,
     _dir: tempfile::TempDir,
 }
 
@@ -21,20 +22,32 @@ impl Api {
         let dir = tempfile::tempdir().expect("tempdir");
         let (manager, fake) = start_manager(dir.path()).await.expect("manager");
         let key = manager.ensure_admin_key().await.expect("admin key");
-        let app = hutch_server::app(hutch_server::AppState::new(manager));
+        let app = hutch_server::app(hutch_server::AppState::new(manager.clone()));
         Self {
             app,
             key,
             fake,
+            manager,
             _dir: dir,
         }
     }
 
     async fn call(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call_as(&self.key, method, uri, body).await
+    }
+
+    /// [`Api::call`] with API key `key`.
+    async fn call_as(
+        &self,
+        key: &str,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let request = Request::builder()
             .method(method)
             .uri(uri)
-            .header("authorization", format!("Bearer {}", self.key))
+            .header("authorization", format!("Bearer {key}"))
             .header("content-type", "application/json")
             .body(match body {
                 Some(v) => Body::from(v.to_string()),
@@ -138,4 +151,91 @@ async fn a_refused_transition_is_409_with_the_state_machine_message() {
         format!("sandbox {id} is paused: only resume, kill, get and list are allowed on a paused sandbox (POST /v1/sandboxes/{id}/resume)"),
         "{v}"
     );
+}
+
+#[tokio::test]
+async fn a_malformed_sandbox_id_is_answered_as_an_unknown_one() {
+    let api = Api::start().await;
+    let tenant_key = "hk_malformedidtenantkey";
+    api.manager
+        .add_api_key(
+            tenant_key,
+            &hutch_core::store::KeyOwner {
+                tenant: hutch_core::tenant::Tenant::new("acme"),
+                admin: false,
+            },
+        )
+        .await
+        .expect("tenant key");
+    let (status, created) = api.call("POST", "/v1/sandboxes", Some(json!({}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let long = format!("sbx_{}", "a".repeat(65));
+    // Unknown (well-formed), then malformed: no `sbx_` rest, another kind's prefix, a byte
+    // outside the alphabet, too long, upper case.
+    let ids = [
+        "sbx_doesnotexist",
+        "sbx_",
+        "snap_abcdefghijklmnop",
+        "sbx_abc-def",
+        long.as_str(),
+        "SBX_abcdefghijklmnop",
+    ];
+    let routes = [
+        ("GET", ""),
+        ("DELETE", ""),
+        ("POST", "/pause"),
+        ("POST", "/wake"),
+        ("GET", "/usage"),
+        ("GET", "/logs"),
+        ("GET", "/files/list?path=/"),
+    ];
+    for key in [api.key.as_str(), tenant_key] {
+        for id in ids {
+            for (method, rest) in routes {
+                let uri = format!("/v1/sandboxes/{id}{rest}");
+                let (status, v) = api.call_as(key, method, &uri, None).await;
+                assert_eq!(status, StatusCode::NOT_FOUND, "{method} {uri}: {v}");
+                assert_eq!(v["error"]["code"], "not_found", "{method} {uri}: {v}");
+                assert_eq!(
+                    v["error"]["message"],
+                    format!("sandbox {id} does not exist"),
+                    "{method} {uri}: {v}"
+                );
+            }
+            let uri = format!("/v1/sandboxes/{id}/exec");
+            let (status, v) = api
+                .call_as(key, "POST", &uri, Some(json!({"cmd": ["true"]})))
+                .await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{uri}: {v}");
+            assert_eq!(
+                v["error"]["message"],
+                format!("sandbox {id} does not exist")
+            );
+        }
+    }
+    // Nothing was done to the real sandbox.
+    let id = created["id"].as_str().expect("id");
+    assert_eq!(api.fake.operations_on(id), [Operation::Create]);
+}
+
+#[tokio::test]
+async fn a_malformed_snapshot_id_is_answered_as_an_unknown_one() {
+    let api = Api::start().await;
+    for id in [
+        "snap_doesnotexist",
+        "snap_",
+        "sbx_abcdefghijklmnop",
+        "snap_a-b",
+    ] {
+        for method in ["GET", "DELETE"] {
+            let uri = format!("/v1/snapshots/{id}");
+            let (status, v) = api.call(method, &uri, None).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{method} {uri}: {v}");
+            assert_eq!(
+                v["error"]["message"],
+                format!("snapshot {id} does not exist"),
+                "{method} {uri}: {v}"
+            );
+        }
+    }
 }

@@ -153,7 +153,7 @@ impl FakeBackend {
     fn start_agent(&self, r: &SandboxRecord) -> CoreResult<Started> {
         let task = agent::serve(&self.agent_socket(&r.id), r.id.replace('_', "-"))
             .map_err(|e| CoreError::Internal(format!("the fake agent's socket: {e}")))?;
-        if let Some(old) = self.lock().agents.insert(r.id.clone(), task) {
+        if let Some(old) = self.lock().agents.insert(r.id.to_string(), task) {
             old.abort();
         }
         let pid = std::process::id() as i32;
@@ -206,7 +206,7 @@ impl Backend for FakeBackend {
     }
 
     fn alive(&self, r: &SandboxRecord) -> bool {
-        self.lock().agents.contains_key(&r.id)
+        self.lock().agents.contains_key(r.id.as_str())
     }
 
     fn usage(&self, r: &SandboxRecord) -> Option<Usage> {

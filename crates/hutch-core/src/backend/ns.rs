@@ -160,7 +160,7 @@ impl NsJails {
         if self.cfg.sandbox_dir(&r.id).join("upper").exists() {
             return None;
         }
-        let dir = self.pool()?.join(&r.id);
+        let dir = self.pool()?.join(r.id.as_str());
         dir.exists().then_some(dir)
     }
 
@@ -180,7 +180,7 @@ impl NsJails {
         let Some(pool) = self.pool() else {
             return Ok(false);
         };
-        let fresh = !pool.join(&r.id).exists();
+        let fresh = !pool.join(r.id.as_str()).exists();
         hutch_jail::btrfs::create_subvolume(&pool, &r.id, r.disk_mib.saturating_mul(1 << 20))
             .map_err(CoreError::from)?;
         Ok(fresh)
@@ -239,14 +239,14 @@ impl NsJails {
                 "PATH".into(),
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
             ),
-            ("HUTCH_SANDBOX_ID".into(), r.id.clone()),
+            ("HUTCH_SANDBOX_ID".into(), r.id.to_string()),
             ("LANG".into(), "C.UTF-8".into()),
         ];
         env.extend(r.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let memory_bytes = r.memory_mib << 20;
         let (netns, resolv_conf) = self.network_files(r);
         JailSpec {
-            id: r.id.clone(),
+            id: r.id.to_string(),
             template_rootfs: rootfs.to_path_buf(),
             sandbox_dir: self.cfg.sandbox_dir(&r.id),
             uid_base: r.uid_slot * UID_RANGE,
@@ -282,7 +282,7 @@ impl NsJails {
 
     fn teardown(&self, r: &SandboxRecord) -> Teardown {
         Teardown {
-            id: r.id.clone(),
+            id: r.id.to_string(),
             sandbox_dir: self.cfg.sandbox_dir(&r.id),
             init_pid: r.init_pid,
             init_start_time: r.init_start_time,

@@ -41,7 +41,7 @@ impl Manager {
         let source = match &cmd.snapshot {
             // A fork's hidden snapshot is only usable by the fork itself.
             Some(sid) => Some(
-                self.snapshot_record(sid, &TenantScope::All, forked_from.is_some())
+                self.snapshot_record(&sid.parse()?, &TenantScope::All, forked_from.is_some())
                     .await?,
             ),
             None => None,
@@ -275,8 +275,8 @@ impl Manager {
             cgroups: vec![],
             error: None,
             network: Some(self.requested_policy(cmd.network.as_ref())?),
-            layer: source.map(|s| s.id.clone()),
-            snapshot: source.filter(|s| !s.hidden).map(|s| s.id.clone()),
+            layer: source.map(|s| s.id.to_string()),
+            snapshot: source.filter(|s| !s.hidden).map(|s| s.id.to_string()),
             forked_from: None,
             idle_hibernate_seconds,
             last_used_ms: now,

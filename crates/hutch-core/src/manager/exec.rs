@@ -24,6 +24,7 @@ use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::events::{EventBus, ExecInfo};
 use crate::exec::{ExecCommand, ExecOutcome};
+use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState};
 use crate::output::OutputBudget;
 
@@ -122,7 +123,7 @@ impl Manager {
     }
 
     /// Count one more exec in sandbox `id`, or refuse it when the sandbox runs its cap.
-    pub fn exec_slot(&self, id: &str) -> CoreResult<ExecSlot> {
+    pub fn exec_slot(&self, id: &SandboxId) -> CoreResult<ExecSlot> {
         let cap = self.cfg.max_execs_per_sandbox;
         let mut running = self.running_execs.lock().unwrap_or_else(|p| p.into_inner());
         let n = running.entry(id.to_string()).or_default();
@@ -143,7 +144,7 @@ impl Manager {
     /// [`Manager::exec_slot`] for `cmd`, which publishes its `sandbox.exec` event.
     async fn tracked_exec_slot(
         &self,
-        id: &str,
+        id: &SandboxId,
         cmd: &ExecCommand,
         mode: &'static str,
     ) -> CoreResult<ExecSlot> {
@@ -185,7 +186,11 @@ impl Manager {
     }
 
     /// Run a command and collect its output.
-    pub async fn exec(self: &Arc<Self>, id: &str, cmd: ExecCommand) -> CoreResult<ExecOutcome> {
+    pub async fn exec(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        cmd: ExecCommand,
+    ) -> CoreResult<ExecOutcome> {
         self.exec_capped(id, cmd, self.cfg.output_cap_bytes).await
     }
 
@@ -194,7 +199,7 @@ impl Manager {
     /// is read.
     pub async fn exec_piped(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: ExecCommand,
         stdin: StdinSource,
     ) -> CoreResult<ExecOutcome> {
@@ -206,7 +211,7 @@ impl Manager {
     /// sandbox's cap of execs (refused past it), started once a collect permit is free.
     pub(super) async fn exec_capped(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: ExecCommand,
         cap: usize,
     ) -> CoreResult<ExecOutcome> {
@@ -217,7 +222,7 @@ impl Manager {
     /// [`Manager::exec_capped`] with stdin from `stdin`.
     async fn exec_in_slot(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: ExecCommand,
         stdin: StdinSource,
         cap: usize,
@@ -238,7 +243,7 @@ impl Manager {
     /// spent).
     async fn exec_collecting(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: ExecCommand,
         stdin: StdinSource,
         cap: usize,
@@ -306,7 +311,7 @@ impl Manager {
     /// for as long as it runs.
     pub async fn exec_session(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: &ExecCommand,
         pty: Option<hutch_proto::PtySize>,
     ) -> CoreResult<(ExecSession, ExecSlot)> {
@@ -322,7 +327,7 @@ impl Manager {
 
     /// A connected agent client for a running sandbox (refreshes its TTL). A hibernated
     /// sandbox is woken first.
-    pub async fn agent(self: &Arc<Self>, id: &str) -> CoreResult<AgentClient> {
+    pub async fn agent(self: &Arc<Self>, id: &SandboxId) -> CoreResult<AgentClient> {
         let mut r = self.touch_used(id).await?;
         if r.state == SandboxState::Hibernated {
             self.wake_if_hibernated(id).await?;
@@ -340,7 +345,7 @@ impl Manager {
         let client = AgentClient::connect_unix(&backend.agent_socket(id))
             .await
             .map_err(|e| self.on_transport_error(&r, e))?;
-        self.lock_agents().insert(id.to_string(), client.clone());
+        self.lock_agents().insert(id.clone(), client.clone());
         Ok(client)
     }
 
@@ -358,7 +363,7 @@ impl Manager {
     }
 
     /// Map an error from an agent call on sandbox `id`.
-    pub async fn agent_error(&self, id: &str, e: ClientError) -> CoreError {
+    pub async fn agent_error(&self, id: &SandboxId, e: ClientError) -> CoreError {
         match self.load(id).await {
             Ok(r) => self.on_transport_error(&r, e),
             Err(_) => CoreError::NotFound(format!("sandbox {id} does not exist")),
@@ -367,7 +372,11 @@ impl Manager {
 
     /// The result of an agent call on sandbox `id`, its error mapped by
     /// [`Manager::agent_error`].
-    pub async fn agent_call<T>(&self, id: &str, result: Result<T, ClientError>) -> CoreResult<T> {
+    pub async fn agent_call<T>(
+        &self,
+        id: &SandboxId,
+        result: Result<T, ClientError>,
+    ) -> CoreResult<T> {
         match result {
             Ok(v) => Ok(v),
             Err(e) => Err(self.agent_error(id, e).await),

@@ -18,6 +18,7 @@ use crate::exec::ExecCommand;
 use crate::fork::{
     best, ExploreCommand, ExploreResult, ForkCommand, ForkMode, Outcome, EXPLORE_OUTPUT_CAP,
 };
+use crate::ids::SandboxId;
 use crate::model::{CreateSandbox, IsolationRequest, SandboxRecord, SandboxView};
 use crate::snapshot::SnapshotRecord;
 
@@ -28,7 +29,7 @@ impl Manager {
     /// Create `cmd.count` children of sandbox `id`.
     pub async fn fork(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: ForkCommand,
     ) -> CoreResult<Vec<SandboxView>> {
         let parent = self.touch(id).await?;
@@ -96,7 +97,7 @@ impl Manager {
     /// best child and destroy the others.
     pub async fn explore(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         cmd: ExploreCommand,
     ) -> CoreResult<ExploreResult> {
         let count = u32::try_from(cmd.commands.len()).unwrap_or(u32::MAX);
@@ -199,7 +200,7 @@ fn child_command(parent: &SandboxRecord, snap: &SnapshotRecord) -> CreateSandbox
         disk_mib: None,
         pids_max: None,
         network: parent.network.as_ref().map(|n| n.policy.to_spec()),
-        snapshot: Some(snap.id.clone()),
+        snapshot: Some(snap.id.to_string()),
         idle_hibernate_seconds: parent.idle_hibernate_seconds,
         // Read-only volumes are shared with the children; a read-write one stays the
         // parent's alone.

@@ -14,6 +14,7 @@ use std::time::Instant;
 use super::{wrong_state, Manager};
 use crate::backend::Backend;
 use crate::error::{CoreError, CoreResult};
+use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::time::now_ms;
 
@@ -33,7 +34,7 @@ pub struct Woken {
 
 impl Manager {
     /// Freeze every process of a running sandbox: it uses no CPU until resumed.
-    pub async fn pause(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+    pub async fn pause(self: &Arc<Self>, id: &SandboxId) -> CoreResult<SandboxView> {
         self.load(id).await?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id).await?;
@@ -53,7 +54,7 @@ impl Manager {
     }
 
     /// Let a paused sandbox run again.
-    pub async fn resume(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+    pub async fn resume(self: &Arc<Self>, id: &SandboxId) -> CoreResult<SandboxView> {
         self.load(id).await?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id).await?;
@@ -76,7 +77,7 @@ impl Manager {
 
     /// Stop a running sandbox and keep its state on disk (on `ns`: its files; its processes
     /// end). The next exec or file call, or [`Manager::wake`], starts it again.
-    pub async fn hibernate(self: &Arc<Self>, id: &str) -> CoreResult<SandboxView> {
+    pub async fn hibernate(self: &Arc<Self>, id: &SandboxId) -> CoreResult<SandboxView> {
         self.load(id).await?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id).await?;
@@ -140,7 +141,7 @@ impl Manager {
     }
 
     /// Start a hibernated sandbox again; reports how long it took.
-    pub async fn wake(self: &Arc<Self>, id: &str) -> CoreResult<Woken> {
+    pub async fn wake(self: &Arc<Self>, id: &SandboxId) -> CoreResult<Woken> {
         self.load(id).await?;
         let _op = self.op_lock(id).await;
         let r = self.touch(id).await?;
@@ -155,7 +156,7 @@ impl Manager {
     }
 
     /// Wake `id` if it is (still) hibernated: the transparent wake of exec and file calls.
-    pub(super) async fn wake_if_hibernated(self: &Arc<Self>, id: &str) -> CoreResult<()> {
+    pub(super) async fn wake_if_hibernated(self: &Arc<Self>, id: &SandboxId) -> CoreResult<()> {
         let _op = self.op_lock(id).await;
         let r = self.load(id).await?;
         if r.state == SandboxState::Hibernated {

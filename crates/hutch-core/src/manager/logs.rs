@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::Manager;
 use crate::error::{CoreError, CoreResult};
+use crate::ids::SandboxId;
 use crate::logs::{self, Follower, LogFile, LogLine, LogQuery};
 use crate::time::now_ms;
 
@@ -20,7 +21,7 @@ const POLLS_PER_EXISTENCE_CHECK: u32 = 5;
 /// A followed log: [`LogFollow::next`] gives what was written since.
 pub struct LogFollow {
     mgr: Arc<Manager>,
-    id: String,
+    id: SandboxId,
     follower: Option<Follower>,
     polls: u32,
 }
@@ -31,7 +32,7 @@ fn io_error(id: &str, e: std::io::Error) -> CoreError {
 
 impl Manager {
     /// The logs of sandbox `id` that `query` names, checked against what its backend keeps.
-    async fn chosen_logs(&self, id: &str, query: &LogQuery) -> CoreResult<Vec<LogFile>> {
+    async fn chosen_logs(&self, id: &SandboxId, query: &LogQuery) -> CoreResult<Vec<LogFile>> {
         let r = self.load(id).await?;
         let all = self.backend(r.isolation)?.log_files(&r);
         let chosen = logs::select(&all, query).map_err(|missing| {
@@ -55,7 +56,7 @@ impl Manager {
     }
 
     /// The lines of sandbox `id`'s logs that `query` asks for.
-    pub async fn logs(&self, id: &str, query: LogQuery) -> CoreResult<Vec<LogLine>> {
+    pub async fn logs(&self, id: &SandboxId, query: LogQuery) -> CoreResult<Vec<LogLine>> {
         self.touch(id).await?;
         let chosen = self.chosen_logs(id, &query).await?;
         let owned = id.to_string();
@@ -71,7 +72,7 @@ impl Manager {
     /// of what they held until then.
     pub async fn follow_logs(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         query: LogQuery,
     ) -> CoreResult<(LogFollow, Vec<LogLine>)> {
         self.touch(id).await?;
@@ -84,7 +85,7 @@ impl Manager {
                 .map_err(|e| io_error(&owned, e))?;
         let follow = LogFollow {
             mgr: self.clone(),
-            id: id.to_string(),
+            id: id.clone(),
             follower: Some(follower),
             polls: 0,
         };

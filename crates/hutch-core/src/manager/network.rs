@@ -7,6 +7,7 @@ use hutch_net::policy::{Egress, Policy, PolicySpec};
 
 use super::{blocking, wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
+use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxView};
 use crate::sandbox_network::SandboxNetwork;
 
@@ -98,7 +99,7 @@ impl Manager {
     /// Replace a sandbox's egress policy at once (open connections it forbids are cut).
     pub async fn set_network(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         spec: PolicySpec,
     ) -> CoreResult<SandboxView> {
         self.load(id).await?;

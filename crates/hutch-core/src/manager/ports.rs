@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{ActiveGuard, Manager};
 use crate::error::{CoreError, CoreResult};
+use crate::ids::SandboxId;
 
 /// Parse a port from a request: a number from 1 to 65535.
 pub fn parse_port(raw: &str) -> CoreResult<u16> {
@@ -40,7 +41,11 @@ impl Manager {
     /// Connect to `port` on the loopback of sandbox `id`. Like exec, this refreshes the TTL,
     /// counts as use, wakes a hibernated sandbox and refuses a paused one (`Conflict`).
     /// Nothing listening is [`CoreError::Agent`] with code `connection_refused`.
-    pub async fn open_port(self: &Arc<Self>, id: &str, port: u16) -> CoreResult<PortConnection> {
+    pub async fn open_port(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        port: u16,
+    ) -> CoreResult<PortConnection> {
         if port == 0 {
             return Err(CoreError::InvalidArgument(
                 "port must be a number from 1 to 65535, got \"0\"".into(),
@@ -55,7 +60,7 @@ impl Manager {
                 None => return Err(self.agent_error(id, e).await),
             },
         };
-        tracing::debug!(sandbox = id, port, "port connection opened");
+        tracing::debug!(sandbox = id.as_str(), port, "port connection opened");
         Ok(PortConnection {
             tunnel,
             _active: active,

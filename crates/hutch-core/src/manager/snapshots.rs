@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
-use crate::ids;
+use crate::ids::{self, SandboxId, SnapshotId};
 use crate::model::SandboxRecord;
 use crate::snapshot::{valid_name, SnapshotDefaults, SnapshotRecord, SnapshotView};
 use crate::store::{Page, PageRequest};
@@ -41,7 +41,7 @@ impl Manager {
     /// is refused ([`Manager::resolve_snapshot`]).
     pub async fn snapshot(
         self: &Arc<Self>,
-        id: &str,
+        id: &SandboxId,
         name: Option<&str>,
     ) -> CoreResult<SnapshotView> {
         if let Some(name) = name.filter(|n| !valid_name(n)) {
@@ -90,7 +90,7 @@ impl Manager {
             let record = SnapshotRecord {
                 id: sid.clone(),
                 name: name.to_string(),
-                sandbox_id: r.id.clone(),
+                sandbox_id: r.id.to_string(),
                 kind: taken.kind,
                 isolation: r.isolation,
                 template: r.template.clone(),
@@ -137,7 +137,7 @@ impl Manager {
             Some(if hidden {
                 format!("{sid} (for a fork)")
             } else {
-                sid.clone()
+                sid.to_string()
             }),
         );
         Ok(record)
@@ -146,14 +146,11 @@ impl Manager {
     /// The record of snapshot `id` if `scope` may see it.
     pub(super) async fn snapshot_record(
         &self,
-        id: &str,
+        id: &SnapshotId,
         scope: &TenantScope,
         include_hidden: bool,
     ) -> CoreResult<SnapshotRecord> {
         let missing = || CoreError::NotFound(format!("snapshot {id} does not exist"));
-        if !ids::is_snapshot_id(id) {
-            return Err(missing());
-        }
         self.store
             .get_snapshot(id)
             .await?
@@ -169,15 +166,15 @@ impl Manager {
         name_or_id: &str,
         scope: &TenantScope,
     ) -> CoreResult<String> {
-        if ids::is_snapshot_id(name_or_id) {
-            return Ok(self.snapshot_record(name_or_id, scope, false).await?.id);
+        if let Ok(id) = name_or_id.parse::<SnapshotId>() {
+            return Ok(self.snapshot_record(&id, scope, false).await?.id.into());
         }
         let named: Vec<String> = self
             .store
             .snapshots_named(name_or_id, scope)
             .await?
             .into_iter()
-            .map(|s| s.id)
+            .map(|s| s.id.into())
             .collect();
         match named.as_slice() {
             [] => Err(CoreError::NotFound(format!(
@@ -200,12 +197,16 @@ impl Manager {
             .await?
             .into_iter()
             .filter(|r| r.state.holds_disk())
-            .map(|r| r.id)
+            .map(|r| r.id.into())
             .collect())
     }
 
     /// One snapshot, if `scope` may see it.
-    pub async fn get_snapshot(&self, id: &str, scope: &TenantScope) -> CoreResult<SnapshotView> {
+    pub async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        scope: &TenantScope,
+    ) -> CoreResult<SnapshotView> {
         let s = self.snapshot_record(id, scope, false).await?;
         Ok(s.view(self.users_of(id).await?))
     }
@@ -230,7 +231,7 @@ impl Manager {
     }
 
     /// Delete a snapshot; refused (409) while sandboxes created from it hold disk.
-    pub async fn delete_snapshot(&self, id: &str, scope: &TenantScope) -> CoreResult<()> {
+    pub async fn delete_snapshot(&self, id: &SnapshotId, scope: &TenantScope) -> CoreResult<()> {
         let s = self.snapshot_record(id, scope, false).await?;
         {
             let _snapshots = self.lock_snapshots().await;
@@ -256,7 +257,11 @@ impl Manager {
     /// A sandbox stopped holding disk: delete its snapshot if that was a fork's hidden one and
     /// nothing else uses it.
     pub(super) async fn release_layer(&self, layer: Option<&str>) {
-        let Some(id) = layer else { return };
+        // A layer that is no snapshot id names no snapshot record.
+        let Some(Ok(id)) = layer.map(str::parse::<SnapshotId>) else {
+            return;
+        };
+        let id = &id;
         let s = {
             let _snapshots = self.lock_snapshots().await;
             let s = match self.store.get_snapshot(id).await {

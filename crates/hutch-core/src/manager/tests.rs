@@ -8,6 +8,7 @@ use super::Manager;
 use crate::backend::fake::{start_manager, start_manager_with, Operation};
 use crate::error::CoreError;
 use crate::fork::{ForkCommand, ForkMode};
+use crate::ids::SandboxId;
 use crate::model::{CreateSandbox, IsolationRequest, SandboxState};
 
 /// The operations whose state check is under test.
@@ -87,7 +88,7 @@ fn refusal(op: Op, id: &str, s: SandboxState) -> String {
     )
 }
 
-async fn create(mgr: &Arc<Manager>) -> String {
+async fn create(mgr: &Arc<Manager>) -> SandboxId {
     mgr.create(CreateSandbox::default())
         .await
         .expect("create on the fake backend")
@@ -96,7 +97,7 @@ async fn create(mgr: &Arc<Manager>) -> String {
 
 /// A sandbox in state `s`: reached through the manager where an operation leads there,
 /// written into its record otherwise (starting, stopped, failed).
-async fn sandbox_in(mgr: &Arc<Manager>, s: SandboxState) -> String {
+async fn sandbox_in(mgr: &Arc<Manager>, s: SandboxState) -> SandboxId {
     let id = create(mgr).await;
     match s {
         SandboxState::Running => {}
@@ -121,7 +122,11 @@ async fn sandbox_in(mgr: &Arc<Manager>, s: SandboxState) -> String {
 }
 
 /// Run `op` on `id`; the state it leaves the sandbox in (`None`: gone).
-async fn run(mgr: &Arc<Manager>, op: Op, id: &str) -> Result<Option<SandboxState>, CoreError> {
+async fn run(
+    mgr: &Arc<Manager>,
+    op: Op,
+    id: &SandboxId,
+) -> Result<Option<SandboxState>, CoreError> {
     match op {
         Op::Use => mgr.agent(id).await.map(drop),
         Op::Pause => mgr.pause(id).await.map(drop),
@@ -268,7 +273,7 @@ async fn a_backend_failure_is_reported_and_changes_no_state() {
         mgr.create(CreateSandbox::default()).await,
         Err(CoreError::SandboxFailed(_))
     ));
-    let ids: Vec<String> = mgr
+    let ids: Vec<SandboxId> = mgr
         .list(
             &Default::default(),
             &crate::tenant::TenantScope::All,
@@ -279,7 +284,7 @@ async fn a_backend_failure_is_reported_and_changes_no_state() {
         .items
         .into_iter()
         .map(|v| v.id)
-        .collect();
+        .collect::<Vec<_>>();
     assert_eq!(ids, [id]);
 }
 

@@ -90,7 +90,7 @@ impl Manager {
                     .iter()
                     .filter(|m| m.volume == id)
                     .map(|m| VolumeAttachment {
-                        sandbox: r.id.clone(),
+                        sandbox: r.id.to_string(),
                         path: m.path.clone(),
                         read_only: m.read_only,
                     })
@@ -236,7 +236,7 @@ impl Manager {
             let report =
                 vol_check::check_untrusted_image(&image, mode).map_err(CoreError::Volume)?;
             Ok(VolumeCheckView {
-                id: v.id.clone(),
+                id: v.id.to_string(),
                 repaired: report.repaired,
                 report: report.output,
             })
@@ -313,14 +313,14 @@ impl Manager {
                 )));
             }
             let v = self.volume_record(&m.volume, scope).await?;
-            if out.iter().any(|o: &VolumeMount| o.volume == v.id) {
+            if out.iter().any(|o: &VolumeMount| v.id == o.volume) {
                 return Err(CoreError::InvalidArgument(format!(
                     "volume {} is listed twice",
                     v.id
                 )));
             }
             out.push(VolumeMount {
-                volume: v.id,
+                volume: v.id.into(),
                 path: m.path.clone(),
                 read_only: m.read_only,
             });
@@ -416,10 +416,10 @@ impl Manager {
         };
         let unused: Vec<(String, std::path::PathBuf)> = volumes
             .into_iter()
-            .filter(|v| !in_use.contains(&v.id))
+            .filter(|v| !in_use.contains(v.id.as_str()))
             .map(|v| {
                 let mnt = self.cfg.volume_dir(&v.id).join("mnt");
-                (v.id, mnt)
+                (v.id.into(), mnt)
             })
             .collect();
         let _ = blocking(move || {

@@ -20,7 +20,7 @@ use hutch_proto::client::AgentClient;
 use super::network::{record_address, record_policy};
 use super::{blocking, Manager};
 use crate::error::{CoreError, CoreResult};
-use crate::ids;
+use crate::ids::{self, SandboxId};
 use crate::model::{vcpus, Isolation, SandboxRecord, SandboxState};
 use crate::sandbox_network::SandboxNetwork;
 use crate::time::now_ms;
@@ -47,7 +47,7 @@ pub(super) struct WarmKey {
 }
 
 struct WarmGuest {
-    id: String,
+    id: SandboxId,
     agent: AgentClient,
 }
 

@@ -24,6 +24,7 @@ use async_trait::async_trait;
 
 pub use self::sqlite::SqliteStore;
 use crate::error::{CoreError, CoreResult};
+use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -126,19 +127,19 @@ pub trait Store: Send + Sync {
     /// fields never undo each other. `NotFound` when there is none.
     async fn modify_sandbox(
         &self,
-        id: &str,
+        id: &SandboxId,
         change: SandboxChange<'_>,
     ) -> CoreResult<SandboxRecord>;
     /// One record by id (a warm guest's too).
-    async fn get_sandbox(&self, id: &str) -> CoreResult<Option<SandboxRecord>>;
+    async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>>;
     /// One record by id if `scope` may see it (warm guests never): one indexed lookup.
     async fn get_sandbox_for(
         &self,
-        id: &str,
+        id: &SandboxId,
         scope: &TenantScope,
     ) -> CoreResult<Option<SandboxRecord>>;
     /// Delete a record; whether it existed.
-    async fn delete_sandbox(&self, id: &str) -> CoreResult<bool>;
+    async fn delete_sandbox(&self, id: &SandboxId) -> CoreResult<bool>;
     /// One page of the sandboxes `query` selects, oldest first.
     async fn list_sandboxes(
         &self,
@@ -171,7 +172,7 @@ pub trait Store: Send + Sync {
     /// Insert a snapshot record.
     async fn insert_snapshot(&self, r: &SnapshotRecord) -> CoreResult<()>;
     /// One snapshot record by id.
-    async fn get_snapshot(&self, id: &str) -> CoreResult<Option<SnapshotRecord>>;
+    async fn get_snapshot(&self, id: &SnapshotId) -> CoreResult<Option<SnapshotRecord>>;
     /// The visible (not hidden) snapshots named `name` that `scope` may see, oldest first.
     async fn snapshots_named(
         &self,
@@ -187,7 +188,7 @@ pub trait Store: Send + Sync {
     /// Every snapshot record, hidden ones too: for server start only.
     async fn all_snapshots(&self) -> CoreResult<Vec<SnapshotRecord>>;
     /// Delete a snapshot record; whether it existed.
-    async fn delete_snapshot(&self, id: &str) -> CoreResult<bool>;
+    async fn delete_snapshot(&self, id: &SnapshotId) -> CoreResult<bool>;
 
     // Volumes.
 
@@ -207,7 +208,7 @@ pub trait Store: Send + Sync {
     /// Every volume record.
     async fn all_volumes(&self) -> CoreResult<Vec<VolumeRecord>>;
     /// Delete a volume record; whether it existed.
-    async fn delete_volume(&self, id: &str) -> CoreResult<bool>;
+    async fn delete_volume(&self, id: &VolumeId) -> CoreResult<bool>;
 
     // API keys.
 
@@ -221,7 +222,7 @@ impl dyn Store {
     /// [`Store::modify_sandbox`] with a plain closure.
     pub async fn modify(
         &self,
-        id: &str,
+        id: &SandboxId,
         change: impl FnOnce(&mut SandboxRecord) -> CoreResult<()> + Send,
     ) -> CoreResult<SandboxRecord> {
         self.modify_sandbox(id, Box::new(change)).await

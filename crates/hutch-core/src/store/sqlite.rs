@@ -38,6 +38,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Cursor, KeyOwner, Page, PageRequest, SandboxChange, SandboxQuery, Store};
 use crate::error::{CoreError, CoreResult};
+use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -347,7 +348,7 @@ fn write_sandbox(conn: &Connection, r: &SandboxRecord) -> CoreResult<usize> {
         "UPDATE sandboxes SET state = ?2, record = ?3, tenant = ?4, expires_at_ms = ?5,
             idle_hibernate_seconds = ?6, layer = ?7 WHERE id = ?1",
         params![
-            r.id,
+            r.id.as_str(),
             r.state.as_str(),
             json,
             r.tenant.as_ref().map(Tenant::as_str),
@@ -405,7 +406,7 @@ impl Store for SqliteStore {
             "INSERT INTO sandboxes (id, state, uid_slot, record, tenant, expires_at_ms,
                 idle_hibernate_seconds, layer) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
-                r.id,
+                r.id.as_str(),
                 r.state.as_str(),
                 r.uid_slot,
                 json,
@@ -442,14 +443,14 @@ impl Store for SqliteStore {
 
     async fn modify_sandbox(
         &self,
-        id: &str,
+        id: &SandboxId,
         change: SandboxChange<'_>,
     ) -> CoreResult<SandboxRecord> {
         let conn = self.lock();
         let row: Option<(String, Option<String>)> = conn
             .query_row(
                 "SELECT record, tenant FROM sandboxes WHERE id = ?1",
-                [id],
+                [id.as_str()],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
@@ -462,14 +463,14 @@ impl Store for SqliteStore {
         Ok(record)
     }
 
-    async fn get_sandbox(&self, id: &str) -> CoreResult<Option<SandboxRecord>> {
+    async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>> {
         let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = ?1");
         Ok(self.sandboxes(&sql, &[Value::Text(id.to_string())])?.pop())
     }
 
     async fn get_sandbox_for(
         &self,
-        id: &str,
+        id: &SandboxId,
         scope: &TenantScope,
     ) -> CoreResult<Option<SandboxRecord>> {
         let mut sql =
@@ -479,10 +480,10 @@ impl Store for SqliteStore {
         Ok(self.sandboxes(&sql, &params)?.pop())
     }
 
-    async fn delete_sandbox(&self, id: &str) -> CoreResult<bool> {
+    async fn delete_sandbox(&self, id: &SandboxId) -> CoreResult<bool> {
         Ok(self
             .lock()
-            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])?
+            .execute("DELETE FROM sandboxes WHERE id = ?1", [id.as_str()])?
             > 0)
     }
 
@@ -582,7 +583,7 @@ impl Store for SqliteStore {
         self.lock().execute(
             "INSERT INTO snapshots (id, record, tenant, name, hidden) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![
-                r.id,
+                r.id.as_str(),
                 json,
                 r.tenant_id.as_ref().map(Tenant::as_str),
                 r.name,
@@ -592,7 +593,7 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn get_snapshot(&self, id: &str) -> CoreResult<Option<SnapshotRecord>> {
+    async fn get_snapshot(&self, id: &SnapshotId) -> CoreResult<Option<SnapshotRecord>> {
         Ok(rows_of(
             &self.lock(),
             "SELECT record, tenant FROM snapshots WHERE id = ?1",
@@ -640,10 +641,10 @@ impl Store for SqliteStore {
         )
     }
 
-    async fn delete_snapshot(&self, id: &str) -> CoreResult<bool> {
+    async fn delete_snapshot(&self, id: &SnapshotId) -> CoreResult<bool> {
         Ok(self
             .lock()
-            .execute("DELETE FROM snapshots WHERE id = ?1", [id])?
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id.as_str()])?
             > 0)
     }
 
@@ -651,7 +652,12 @@ impl Store for SqliteStore {
         let json = serde_json::to_string(r).map_err(corrupt)?;
         self.lock().execute(
             "INSERT INTO volumes (id, record, tenant, name) VALUES (?1, ?2, ?3, ?4)",
-            params![r.id, json, r.tenant.as_ref().map(Tenant::as_str), r.name],
+            params![
+                r.id.as_str(),
+                json,
+                r.tenant.as_ref().map(Tenant::as_str),
+                r.name
+            ],
         )?;
         Ok(())
     }
@@ -703,10 +709,10 @@ impl Store for SqliteStore {
         )
     }
 
-    async fn delete_volume(&self, id: &str) -> CoreResult<bool> {
+    async fn delete_volume(&self, id: &VolumeId) -> CoreResult<bool> {
         Ok(self
             .lock()
-            .execute("DELETE FROM volumes WHERE id = ?1", [id])?
+            .execute("DELETE FROM volumes WHERE id = ?1", [id.as_str()])?
             > 0)
     }
 

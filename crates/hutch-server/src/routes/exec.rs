@@ -119,7 +119,7 @@ pub async fn exec(
     Path(id): Path<String>,
     req: Request,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let (cmd, stdin) = exec_and_stdin(&state, req).await?;
     let out = state.manager.exec_piped(&id, cmd, stdin).await?;
     let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
@@ -236,7 +236,7 @@ pub async fn exec_stream(
     Path(id): Path<String>,
     req: Request,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let (cmd, stdin) = exec_and_stdin(&state, req).await?;
     let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
     let exec = session.pipe_stdin(stdin);

@@ -112,7 +112,7 @@ pub async fn read(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = state
@@ -130,7 +130,7 @@ pub async fn write(
     ApiQuery(q): ApiQuery<WriteQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let agent = state.manager.agent(&id).await?;
@@ -149,7 +149,7 @@ pub async fn read_archive(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = state
@@ -168,7 +168,7 @@ pub async fn write_archive(
     ApiQuery(q): ApiQuery<PathQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
@@ -186,7 +186,7 @@ pub async fn remove(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<RemoveQuery>,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     state
@@ -206,7 +206,7 @@ pub async fn list(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let depth = q.depth.unwrap_or(1);
     if !(1..=32).contains(&depth) {
@@ -227,7 +227,7 @@ pub async fn stat(
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let entry = state
@@ -244,7 +244,7 @@ pub async fn mkdir(
     Path(id): Path<String>,
     ApiJson(b): ApiJson<MkdirBody>,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&b.path)?;
     let agent = state.manager.agent(&id).await?;
     state
@@ -261,7 +261,7 @@ pub async fn rename(
     Path(id): Path<String>,
     ApiJson(b): ApiJson<MoveBody>,
 ) -> ApiResult<StatusCode> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     check_path(&b.from)?;
     check_path(&b.to)?;
     let agent = state.manager.agent(&id).await?;

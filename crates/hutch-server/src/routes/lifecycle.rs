@@ -16,6 +16,8 @@ use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use hutch_core::exec::Command;
 use hutch_core::fork::{ExploreCommand, ForkCommand, ForkMode, Keep, ScoreRegex};
+use hutch_core::ids::SnapshotId;
+use hutch_core::CoreError;
 use serde::Deserialize;
 
 use super::access::authorize;
@@ -33,7 +35,7 @@ pub async fn pause(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.pause(&id).await?))
 }
 
@@ -43,7 +45,7 @@ pub async fn resume(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.resume(&id).await?))
 }
 
@@ -53,7 +55,7 @@ pub async fn hibernate(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.hibernate(&id).await?))
 }
 
@@ -63,7 +65,7 @@ pub async fn wake(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let woken = state.manager.wake(&id).await?;
     let mut body = match serde_json::to_value(&woken.sandbox) {
         Ok(serde_json::Value::Object(m)) => m,
@@ -89,7 +91,7 @@ pub async fn snapshot(
     body: axum::body::Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: SnapshotBody = json_or_default(&body)?;
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let snap = state.manager.snapshot(&id, body.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(snap)))
 }
@@ -114,6 +116,7 @@ pub async fn get_snapshot(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
+    let id: SnapshotId = id.parse().map_err(CoreError::from)?;
     Ok(Json(
         state.manager.get_snapshot(&id, &caller.scope()).await?,
     ))
@@ -125,6 +128,7 @@ pub async fn delete_snapshot(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
+    let id: SnapshotId = id.parse().map_err(CoreError::from)?;
     state.manager.delete_snapshot(&id, &caller.scope()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -158,7 +162,7 @@ pub async fn fork(
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: ForkBody = json_or_default(&body)?;
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let cmd = ForkCommand::new(body.count.unwrap_or(1), body.mode.unwrap_or_default())?;
     let children = state.manager.fork(&id, cmd).await?;
     Ok((
@@ -216,7 +220,7 @@ pub async fn explore(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ExploreBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let cmd = body.into_command()?;
     Ok(Json(state.manager.explore(&id, cmd).await?))
 }

@@ -149,7 +149,7 @@ pub async fn logs(
     ApiQuery(params): ApiQuery<LogsParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let query = query_of(&params)?;
     let format = format_of(&headers);
     if !params.follow {

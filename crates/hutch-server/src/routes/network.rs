@@ -19,6 +19,6 @@ pub async fn put_network(
     Path(id): Path<String>,
     ApiJson(spec): ApiJson<PolicySpec>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.set_network(&id, spec).await?))
 }

@@ -22,7 +22,9 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use hutch_core::ids::SandboxId;
 use hutch_core::sandbox_token::TOKEN_PREFIX;
+use hutch_core::CoreError;
 use hutch_core::PortConnection;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -123,8 +125,11 @@ pub async fn proxy(
     }
     .parse()
     .map_err(|e| ApiError::bad_request(format!("invalid path for the port proxy: {e}")))?;
+    // Parsed after the browser credentials are checked, so a malformed id in a link still
+    // answers as a bad link did.
+    let id: SandboxId = id.parse().map_err(CoreError::from)?;
     let to = Forward {
-        id,
+        id: &id,
         port,
         served_at: ServedAt::ApiPath { prefix: &prefix },
         target,
@@ -159,7 +164,7 @@ pub async fn port_token(
     headers: HeaderMap,
     ApiJson(body): ApiJson<PortTokenBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let ttl = body.ttl_seconds.unwrap_or(browser::LINK_TTL_SECONDS);
     if !(1..=browser::MAX_LINK_TTL_SECONDS).contains(&ttl) {
         return Err(ApiError::invalid(format!(
@@ -210,10 +215,10 @@ pub async fn tunnel(
 ) -> ApiResult<Response> {
     let id = params.get("id").map(String::as_str).unwrap_or_default();
     let raw_port = params.get("port").map(String::as_str).unwrap_or_default();
-    authorize(&state, &caller, id).await?;
+    let id = authorize(&state, &caller, id).await?;
     let port = hutch_core::manager::parse_port(raw_port)?;
     // Connect before upgrading, so nothing listening is an ordinary 502.
-    let connection = state.manager.open_port(id, port).await?;
+    let connection = state.manager.open_port(&id, port).await?;
     Ok(ws
         .max_message_size(MAX_TUNNEL_MESSAGE)
         .max_frame_size(MAX_TUNNEL_MESSAGE)

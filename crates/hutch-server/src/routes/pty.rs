@@ -48,7 +48,7 @@ pub async fn pty(
     ApiQuery(q): ApiQuery<PtyQuery>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let size = PtySize {
         cols: q.cols.unwrap_or(80).clamp(1, 1000),
         rows: q.rows.unwrap_or(24).clamp(1, 1000),

@@ -216,7 +216,7 @@ pub async fn get(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     Ok(Json(state.manager.get(&id).await?))
 }
 
@@ -237,7 +237,7 @@ pub async fn update(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<UpdateBody>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let mut metadata = body.metadata;
     if let Some(m) = &mut metadata {
         validate_metadata(m)?;
@@ -271,7 +271,7 @@ pub async fn kill(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     state.manager.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -282,7 +282,7 @@ pub async fn usage(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    authorize(&state, &caller, &id).await?;
+    let id = authorize(&state, &caller, &id).await?;
     let usage = state.manager.usage(&id).await?;
     Ok(Json(
         serde_json::json!({ "sandbox_id": id, "usage": usage }),

@@ -190,8 +190,8 @@ async fn fill(
     side: &Side<'_>,
     template: &str,
     records: usize,
-) -> anyhow::Result<(Vec<String>, f64)> {
-    let model_id = side.client.create(template).await?;
+) -> anyhow::Result<(Vec<hutch_core::ids::SandboxId>, f64)> {
+    let model_id: hutch_core::ids::SandboxId = side.client.create(template).await?.parse()?;
     side.client
         .send(
             reqwest::Method::POST,
@@ -280,7 +280,7 @@ pub async fn run(
         }
     }
     for (side, id) in [
-        (&many, model),
+        (&many, model.map(String::from)),
         (&many, Some(many.id.clone())),
         (&one, Some(one.id.clone())),
     ] {

@@ -59,7 +59,7 @@ impl VmBackend {
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
         );
         env.insert("LANG".to_string(), "C.UTF-8".to_string());
-        env.insert("HUTCH_SANDBOX_ID".to_string(), r.id.clone());
+        env.insert("HUTCH_SANDBOX_ID".to_string(), r.id.to_string());
         env.extend(r.env.clone());
         Ok(IdentityRequest {
             hostname: Some(r.id.replace('_', "-")),
