@@ -94,6 +94,9 @@ impl NsBackend {
     }
 }
 
+/// How many times shutdown tries to unmount a busy ns disk pool, 100 ms apart.
+const POOL_UNMOUNT_TRIES: u32 = 20;
+
 impl NsJails {
     /// The mounted disk pool, set up on first use (`None`: not available, no disk limit).
     fn pool(&self) -> Option<PathBuf> {
@@ -148,10 +151,20 @@ impl NsJails {
         }
         let dir = self.cfg.disk_pool_dir();
         let empty = std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
-        if empty {
-            if let Err(e) = hutch_jail::volume::unmount_image(&dir) {
+        if !empty {
+            return;
+        }
+        // The last sandboxes destroyed just before a shutdown can keep the pool busy for a
+        // moment after their processes are gone (the kernel drops their mount namespaces
+        // asynchronously): try again for up to two seconds before leaving it mounted.
+        let mut tries = 0;
+        while let Err(e) = hutch_jail::volume::unmount_image(&dir) {
+            tries += 1;
+            if tries >= POOL_UNMOUNT_TRIES {
                 tracing::warn!(error = %e, "unmounting the ns disk pool");
+                return;
             }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
     }
 
