@@ -320,20 +320,29 @@ fn sandbox_page_sql(query: &SandboxQuery, page: &PageRequest) -> CoreResult<(Str
     Ok((sql, params))
 }
 
-fn snapshot_page_sql(scope: &TenantScope, page: &PageRequest) -> CoreResult<(String, Vec<Value>)> {
-    let mut sql = String::from("SELECT rowid, record, tenant FROM snapshots WHERE hidden = 0");
+/// The SQL and parameters of one page of `table`'s rows that `condition` keeps, within
+/// `scope` (snapshots and volumes: no filters of their own).
+fn scoped_page_sql(
+    table: &str,
+    condition: &str,
+    scope: &TenantScope,
+    page: &PageRequest,
+) -> CoreResult<(String, Vec<Value>)> {
+    let mut sql = format!("SELECT rowid, record, tenant FROM {table} WHERE {condition}");
     let mut params = Vec::new();
     scope_clause(scope, &mut sql, &mut params);
-    page_clause("snapshots", page, &mut sql, &mut params)?;
+    page_clause(table, page, &mut sql, &mut params)?;
     Ok((sql, params))
 }
 
+/// One page of the snapshots the API lists (hidden fork snapshots are not).
+fn snapshot_page_sql(scope: &TenantScope, page: &PageRequest) -> CoreResult<(String, Vec<Value>)> {
+    scoped_page_sql("snapshots", "hidden = 0", scope, page)
+}
+
+/// One page of volumes.
 fn volume_page_sql(scope: &TenantScope, page: &PageRequest) -> CoreResult<(String, Vec<Value>)> {
-    let mut sql = String::from("SELECT rowid, record, tenant FROM volumes WHERE 1");
-    let mut params = Vec::new();
-    scope_clause(scope, &mut sql, &mut params);
-    page_clause("volumes", page, &mut sql, &mut params)?;
-    Ok((sql, params))
+    scoped_page_sql("volumes", "1", scope, page)
 }
 
 /// A record as JSON without its tenant (that is the `tenant` column).
