@@ -176,13 +176,13 @@ pub async fn logs(
             }
         });
     }
+    if format == Format::Json {
+        return Err(ApiError::bad_request(
+            "follow=true streams text or SSE (Accept: text/event-stream), not JSON",
+        ));
+    }
     let (follow, backlog) = state.manager.follow_logs(&id, query).await?;
     Ok(match format {
-        Format::Json => {
-            return Err(ApiError::bad_request(
-                "follow=true streams text or SSE (Accept: text/event-stream), not JSON",
-            ))
-        }
         Format::EventStream => {
             let first: Vec<_> = backlog.iter().map(sse_line).collect();
             let live = followed(follow, sse_line, Some(Ok(end_event("sandbox gone"))));
@@ -190,7 +190,8 @@ pub async fn logs(
                 .keep_alive(KeepAlive::default())
                 .into_response()
         }
-        Format::Text => {
+        // (JSON was refused above.)
+        Format::Text | Format::Json => {
             let timestamps = params.timestamps;
             let first: String = backlog.iter().map(|l| line_text(l, timestamps)).collect();
             let live = followed(
