@@ -184,21 +184,10 @@ fn to_lines(
 /// The end of a file, at most [`MAX_READ_BYTES`]; a missing file is empty. When the read
 /// starts inside the file, the first (partial) line is dropped.
 fn read_end(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata()?.len();
-    let start = len.saturating_sub(MAX_READ_BYTES);
-    file.seek(SeekFrom::Start(start))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_READ_BYTES).read_to_end(&mut bytes)?;
-    if start > 0 {
-        let cut = bytes.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
-        bytes.drain(..cut);
+    match open_log(path, true)? {
+        Some(open) => read_before(&open.file),
+        None => Ok(Vec::new()),
     }
-    Ok(bytes)
 }
 
 /// The logs `query` asks for, out of the sandbox's `logs`; an unknown source is named.
