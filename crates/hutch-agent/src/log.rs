@@ -22,3 +22,15 @@ pub fn line(args: std::fmt::Arguments<'_>) {
     let message = format!("{time} hutch-agent: {args}\n");
     let _ = std::io::stderr().lock().write_all(message.as_bytes());
 }
+
+/// Write one line of the sandbox's start command (`<time> start: <line>`; see
+/// `crate::service`).
+pub fn service_line(text: &str) {
+    use std::io::Write;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let time = hutch_proto::time::rfc3339_utc_millis(now);
+    let message = format!("{time} {}{text}\n", hutch_proto::SERVICE_LOG_PREFIX);
+    let _ = std::io::stderr().lock().write_all(message.as_bytes());
+}

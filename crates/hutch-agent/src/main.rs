@@ -22,6 +22,7 @@ mod pty;
 mod reaper;
 mod rootfs;
 mod server;
+mod service;
 mod state;
 mod sys;
 mod tunnel;

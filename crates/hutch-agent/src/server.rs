@@ -25,7 +25,7 @@ use crate::fdio::FdIo;
 use crate::http::{self as agent_http, AgentBody, Query};
 use crate::log::log;
 use crate::state::Agent;
-use crate::{exec, files, identity, sys, tunnel};
+use crate::{exec, files, identity, service, sys, tunnel};
 
 /// Concurrent streams (execs, transfers) per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
@@ -238,6 +238,7 @@ const ROUTES: &[&str] = &[
     "/v1/identity",
     "/v1/sync",
     "/v1/tcp",
+    "/v1/service",
 ];
 
 async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentBody> {
@@ -281,6 +282,10 @@ async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentB
         (&Method::POST, "/v1/files/mkdir") => files::mkdir(body).await.map(|()| done()),
         (&Method::POST, "/v1/files/move") => files::rename(body).await.map(|()| done()),
         (&Method::POST, "/v1/identity") => apply_identity(agent, body).await.map(|()| done()),
+        (&Method::GET, "/v1/service") => Ok(agent_http::json(&service::status(&agent))),
+        (&Method::POST, "/v1/service") => service::start(agent, body)
+            .await
+            .map(|status| agent_http::json(&status)),
         (&Method::POST, "/v1/sync") => sync_all().await.map(|()| done()),
         (&Method::POST, "/v1/tcp") => match Query::parse(query) {
             Ok(q) => tunnel::handle_tcp(&q, body).await,

@@ -20,6 +20,8 @@ pub struct Agent {
     pub euid: u32,
     /// A cgroup per exec (`vm` guests: the agent is init), to count OOM kills.
     pub exec_cgroups: Option<ExecCgroups>,
+    /// The sandbox's start command, once started.
+    pub service: crate::service::ServiceSlot,
     identity_env: RwLock<BTreeMap<String, String>>,
     running: Mutex<HashSet<u32>>,
 }
@@ -38,6 +40,7 @@ impl Agent {
             nofile,
             euid,
             exec_cgroups: None,
+            service: crate::service::ServiceSlot::default(),
             identity_env: RwLock::default(),
             running: Mutex::default(),
         }

@@ -99,6 +99,16 @@ pub enum CoreError {
         #[source]
         source: DiskError,
     },
+    /// The template's start command did not become ready: it exited, or its ready check did
+    /// not pass in time (502 `not_ready`; 504 `ready_timeout` for a check out of time).
+    #[error("sandbox not ready: template {template:?}: {source}")]
+    NotReady {
+        /// The sandbox's template.
+        template: String,
+        /// What went wrong.
+        #[source]
+        source: Box<hutch_proto::client::service::ServiceError>,
+    },
     /// The sandbox could not be created or has died (409).
     #[error("sandbox failed: {0}")]
     SandboxFailed(String),

@@ -31,6 +31,9 @@ pub enum LogSource {
     Agent,
     /// A `vm` guest's serial console (the kernel's messages, the guest agent's log).
     Console,
+    /// The template's start command: every line it printed (stdout and stderr), which its
+    /// agent writes to its log as `<time> start: <line>`.
+    Start,
 }
 
 impl LogSource {
@@ -39,6 +42,7 @@ impl LogSource {
         match self {
             LogSource::Agent => "agent",
             LogSource::Console => "console",
+            LogSource::Start => "start",
         }
     }
 
@@ -47,6 +51,7 @@ impl LogSource {
         match name {
             "agent" => Some(LogSource::Agent),
             "console" => Some(LogSource::Console),
+            "start" => Some(LogSource::Start),
             _ => None,
         }
     }
@@ -61,6 +66,39 @@ pub struct LogFile {
     pub paths: Vec<PathBuf>,
     /// Whether each line starts with an RFC 3339 time (so `since` can pick lines).
     pub timestamped: bool,
+    /// Which of the file's lines belong to this log.
+    pub lines: LineFilter,
+}
+
+/// Which lines of a file make a log: the start command's lines share the agent's log (on
+/// `vm`, the console), told apart by their prefix ([`hutch_proto::SERVICE_LOG_PREFIX`]
+/// after the time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LineFilter {
+    /// Every line.
+    #[default]
+    All,
+    /// Only the start command's lines, without their prefix.
+    Service,
+    /// Every line but the start command's.
+    NotService,
+}
+
+impl LineFilter {
+    /// `line` as this log has it, or `None` when it is not one of its lines.
+    fn apply(self, mut line: LogLine) -> Option<LogLine> {
+        let prefix = hutch_proto::SERVICE_LOG_PREFIX;
+        let is_service = line.text.starts_with(prefix);
+        match self {
+            LineFilter::All => Some(line),
+            LineFilter::NotService => (!is_service).then_some(line),
+            LineFilter::Service if is_service => {
+                line.text.drain(..prefix.len());
+                Some(line)
+            }
+            LineFilter::Service => None,
+        }
+    }
 }
 
 /// One line of a log.
@@ -154,31 +192,42 @@ fn to_lines(
     read_at: Option<i64>,
 ) -> Vec<LogLine> {
     raw.into_iter()
-        .map(|text| {
-            if !log.timestamped {
-                return LogLine {
-                    source: log.source,
-                    time_ms: read_at,
-                    text,
-                };
-            }
-            match split_time(&text) {
-                Some((time, rest)) => {
-                    *last = Some(time);
-                    LogLine {
-                        source: log.source,
-                        time_ms: Some(time),
-                        text: rest.to_string(),
-                    }
-                }
-                None => LogLine {
-                    source: log.source,
-                    time_ms: *last,
-                    text,
-                },
-            }
+        .filter_map(|text| {
+            let line = stamped_line(log, text, last, read_at);
+            log.lines.apply(line)
         })
         .collect()
+}
+
+/// One raw line of `log` as a [`LogLine`] (see [`to_lines`]).
+fn stamped_line(
+    log: &LogFile,
+    text: String,
+    last: &mut Option<i64>,
+    read_at: Option<i64>,
+) -> LogLine {
+    if !log.timestamped {
+        return LogLine {
+            source: log.source,
+            time_ms: read_at,
+            text,
+        };
+    }
+    match split_time(&text) {
+        Some((time, rest)) => {
+            *last = Some(time);
+            LogLine {
+                source: log.source,
+                time_ms: Some(time),
+                text: rest.to_string(),
+            }
+        }
+        None => LogLine {
+            source: log.source,
+            time_ms: *last,
+            text,
+        },
+    }
 }
 
 /// The end of a file, at most [`MAX_READ_BYTES`]; a missing file is empty. When the read
@@ -380,6 +429,7 @@ mod tests {
             source: LogSource::Agent,
             paths: vec![dir.join("agent.log")],
             timestamped: true,
+            lines: LineFilter::All,
         }
     }
 
@@ -459,6 +509,7 @@ mod tests {
                 dir.path().join("console.log"),
             ],
             timestamped: false,
+            lines: LineFilter::All,
         };
         append(&log.paths[1], &"x".repeat(MAX_LINE_BYTES * 2 + 5));
         let lines = read(&[&log], &LogQuery::default()).expect("read");
@@ -475,6 +526,7 @@ mod tests {
             source: LogSource::Console,
             paths: vec![old.clone(), newest.clone()],
             timestamped: false,
+            lines: LineFilter::All,
         };
         append(&newest, "before following\n");
         let (mut follower, backlog) =

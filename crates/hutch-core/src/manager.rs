@@ -23,6 +23,7 @@ mod metrics;
 mod network;
 mod ports;
 mod reaper;
+mod service;
 mod snapshots;
 #[cfg(test)]
 mod tests;

@@ -274,6 +274,11 @@ pub struct SandboxRecord {
     /// Volumes mounted in it.
     #[serde(default)]
     pub volumes: Vec<crate::volume::VolumeMount>,
+    /// The start command its template gave it when it was created (and its ready check):
+    /// run by its agent at every start (create, wake; a `vm` guest restored from a snapshot
+    /// taken with it up keeps it running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<hutch_proto::ServiceSpec>,
 }
 
 /// The sandbox object of the API.

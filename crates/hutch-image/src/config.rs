@@ -2,8 +2,9 @@
 //! config's `config` object, or Docker's `container_config` equivalent in `config`).
 //!
 //! The start command (`entrypoint` + `cmd`), `working_dir` and `user` are recorded here
-//! and not yet applied: running the start command under the agent is a later part of
-//! issue 17. `env` is applied: it becomes the template's default environment.
+//! and not applied: a registry image's `CMD` is usually a shell, not a service; a template
+//! runs a start command only when given one (`hutch_proto::ServiceSpec`). `env` is applied:
+//! it becomes the template's default environment.
 
 use oci_spec::image::{Arch, ImageConfiguration, Os};
 use serde::{Deserialize, Serialize};

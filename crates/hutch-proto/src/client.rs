@@ -11,6 +11,7 @@
 
 mod exec;
 mod piped;
+pub mod service;
 mod tunnel;
 
 use std::error::Error as StdError;

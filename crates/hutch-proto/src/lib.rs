@@ -40,6 +40,7 @@ pub mod archive;
 pub mod client;
 pub mod frame;
 pub mod query;
+mod service;
 pub mod time;
 mod types;
 
@@ -47,6 +48,7 @@ pub use frame::{
     encode_data_frames, encode_frame, encode_json_frame, Frame, FrameDecoder, FrameError,
     FrameKind, MAX_FRAME_PAYLOAD,
 };
+pub use service::*;
 pub use types::*;
 
 /// The protocol version this crate speaks. See the crate docs for the compatibility rule.

@@ -6,6 +6,7 @@ use axum::Json;
 use hutch_core::error::{self, AgentErrorCode};
 use hutch_core::net::NetError;
 use hutch_core::CoreError;
+use hutch_proto::client::service::ServiceError;
 
 /// An error answered as `{"error": {"code", "message"}}`.
 #[derive(Debug)]
@@ -116,6 +117,11 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::Quota(_) => QUOTA,
         CoreError::TooManyExecs(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_execs"),
         CoreError::Agent { code, .. } => agent_status(*code),
+        CoreError::NotReady { source, .. } => match source.as_ref() {
+            ServiceError::TimedOut { .. } => (StatusCode::GATEWAY_TIMEOUT, "ready_timeout"),
+            ServiceError::Exited { .. } => (StatusCode::BAD_GATEWAY, "not_ready"),
+            ServiceError::Client(_) => SANDBOX_FAILED,
+        },
         CoreError::AgentConnection(_)
         | CoreError::GuestSetup { .. }
         | CoreError::Qmp { .. }

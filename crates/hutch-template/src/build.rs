@@ -16,6 +16,9 @@ pub struct BuildOptions {
     /// Rebuild even if the template is ready; the old one is replaced atomically when the
     /// new build succeeds. Do not force while sandboxes use the template.
     pub force: bool,
+    /// The start command (and ready check) recorded in the template: sandboxes created from
+    /// it run it (`docs/templates.md`, "Start command").
+    pub start: Option<hutch_proto::ServiceSpec>,
     /// Test hook: fail when a step after the first `n` steps would start (`Some(0)` fails
     /// before any work).
     #[doc(hidden)]

@@ -46,9 +46,13 @@ pub struct TemplateInfo {
     #[serde(default)]
     pub defaults: ResourceDefaults,
     /// For a template built from an OCI image: the image and its configuration. Its start
-    /// command, working directory and user are recorded, not yet applied (issue 17).
+    /// command, working directory and user are recorded, not applied (see `start`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<hutch_image::ImageConfig>,
+    /// The start command every sandbox of this template runs, supervised by its agent, and
+    /// the ready check a create waits for (`docs/templates.md`, "Start command").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<hutch_proto::ServiceSpec>,
 }
 
 impl TemplateInfo {
@@ -63,6 +67,7 @@ impl TemplateInfo {
             description: String::new(),
             defaults: ResourceDefaults::default(),
             image: None,
+            start: None,
         }
     }
 }
@@ -156,6 +161,7 @@ mod tests {
                 description: "d".into(),
                 defaults: ResourceDefaults::default(),
                 image: None,
+                start: None,
             },
         };
         let json = serde_json::to_value(&file).expect("serializable");

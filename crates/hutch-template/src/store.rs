@@ -230,12 +230,32 @@ impl TemplateStore {
         name: &str,
         isolation: &str,
     ) -> std::result::Result<TemplateInfo, TemplateError> {
-        validate_name(name)?;
         let value = match isolation {
             "auto" => None,
             "ns" | "vm" => Some(isolation.to_owned()),
             other => return Err(TemplateError::InvalidIsolation(other.to_owned())),
         };
+        self.edit(name, |info| info.defaults.isolation = value)
+    }
+
+    /// Sets (or with `None` removes) the start command and ready check of template `name`:
+    /// sandboxes created from it afterwards run it; running ones keep what they started with.
+    /// Rewrites `template.json` atomically under the template's lock.
+    pub fn set_start(
+        &self,
+        name: &str,
+        start: Option<hutch_proto::ServiceSpec>,
+    ) -> std::result::Result<TemplateInfo, TemplateError> {
+        self.edit(name, |info| info.start = start)
+    }
+
+    /// Change a ready template's `template.json` under its lock, atomically.
+    fn edit(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut TemplateInfo),
+    ) -> std::result::Result<TemplateInfo, TemplateError> {
+        validate_name(name)?;
         let _lock = TemplateLock::acquire(&self.dir, name, || {})?;
         if !self.read_info(name).ready {
             return Err(TemplateError::NotReady(name.to_owned()));
@@ -245,7 +265,7 @@ impl TemplateStore {
         let mut file: TemplateFile = serde_json::from_slice(&bytes).map_err(|e| {
             TemplateError::io("parsing", &path, std::io::Error::other(e.to_string()))
         })?;
-        file.info.defaults.isolation = value;
+        change(&mut file.info);
         let json = serde_json::to_vec_pretty(&file).map_err(|e| {
             TemplateError::io("encoding", &path, std::io::Error::other(e.to_string()))
         })?;
@@ -296,6 +316,7 @@ impl TemplateStore {
             description,
             defaults,
             image,
+            start: ctx.options.start.clone(),
         };
         let file = TemplateFile {
             format: FORMAT_VERSION,

@@ -228,10 +228,16 @@ impl Assets {
         image: &Path,
         memory_mib: u32,
         cpus: u32,
+        service: Option<&hutch_proto::ServiceSpec>,
     ) -> Result<Snapshot, VmError> {
         let accel = format!("{:?}", self.cfg.accel);
         let append = guest_append(self.cfg.accel);
+        // A template with a start command is baked with it running: its bake is its own.
+        let service_key = service
+            .map(|s| serde_json::to_vec(s).unwrap_or_default())
+            .unwrap_or_default();
         let key = key_of(&[
+            &service_key,
             append.as_bytes(),
             BAKE_FORMAT.as_bytes(),
             boot.key.as_bytes(),
@@ -271,7 +277,7 @@ impl Assets {
             self.share_memory_file(&dir)?;
             return Ok(snap);
         }
-        for stale in ["disk.qcow2", "memory", "state"] {
+        for stale in ["disk.qcow2", "memory", "state", "console.log"] {
             let _ = std::fs::remove_file(dir.join(stale));
         }
         image_disk.overlay_at(&dir.join("disk.qcow2"))?;
@@ -291,6 +297,7 @@ impl Assets {
             &snap.state,
             &dir.join("bake.log"),
             BAKE_BOOT_TIMEOUT,
+            service,
         )
         .await;
         if self.cfg.bake_uid.is_some() {

@@ -119,6 +119,8 @@ pub struct InitramfsSpec {
 
 /// The `/init` script for `modules` (already in load order).
 ///
+/// The loopback interface comes up first, networked or not: services of the sandbox (a
+/// template's start command, its ready check, the port proxy) live on it.
 /// With a root disk (`/dev/vda`, the sandbox's qcow2 overlay) it mounts it read-write,
 /// moves `/dev`, `/proc` and `/sys` into it and moves it over `/`; the agent then
 /// `chroot`s into it (`--root .`, as `switch_root` would) and serves from there. The agent
@@ -134,6 +136,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mkdir -p /tmp
+ip link set lo up || echo "init: cannot bring up the loopback interface"
 for m in {modules}; do insmod /lib/modules/$m.ko || echo "init: insmod $m failed"; done
 port=
 while [ -z "$port" ]; do

@@ -62,6 +62,9 @@ pub enum VmError {
     /// Getting the kernel package.
     #[error(transparent)]
     Package(#[from] package::PackageError),
+    /// The template's start command did not become ready in the bake.
+    #[error("the template's start command, started before the bake's snapshot: {0}")]
+    Service(#[source] Box<hutch_proto::client::service::ServiceError>),
     /// Filesystem work around snapshots.
     #[error("{what}: {source}")]
     Io {

@@ -336,12 +336,14 @@ pub async fn run_first_programs(client: &AgentClient) {
 }
 
 /// Bake: cold boot `config` (its memory file must be `share=on`), wait for the agent,
-/// and save the device state to `state`.
+/// start `service` and wait for its ready check (so every restore has it up), and save the
+/// device state to `state`.
 pub async fn bake(
     config: VmConfig,
     state: &Path,
     log: &Path,
     boot_timeout: Duration,
+    service: Option<&hutch_proto::ServiceSpec>,
 ) -> Result<(Snapshot, BakeReport), VmError> {
     let config = VmConfig {
         share_memory: true,
@@ -353,6 +355,11 @@ pub async fn bake(
     let (client, info) = guest.agent(boot_timeout).await?;
     let cold_boot = started.elapsed();
     warm_up(&client).await;
+    if let Some(spec) = service {
+        hutch_proto::client::service::start_and_wait(&client, spec)
+            .await
+            .map_err(|e| VmError::Service(Box::new(e)))?;
+    }
     // Hang up and wait until the agent has ended that session and waits for a new host,
     // so no restore starts in the middle of an old session.
     guest.qmp.clear_events().await?;

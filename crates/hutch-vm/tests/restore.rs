@@ -94,7 +94,10 @@ async fn bake_restore_and_ask_the_agent() {
     let image = assets.image("restore-test", "fixed", &root).expect("image");
     let image_time = t.elapsed();
     let t = Instant::now();
-    let snap = assets.snapshot(&boot, &image, 256, 1).await.expect("bake");
+    let snap = assets
+        .snapshot(&boot, &image, 256, 1, None)
+        .await
+        .expect("bake");
     println!(
         "QEMU {version}; kernel {}; boot assets {boot_time:?}, image {image_time:?}, bake {:?}",
         boot.package,

@@ -237,7 +237,7 @@ pub fn build_template(
     store: &TemplateStore,
     name: &str,
     quiet: bool,
-    force: bool,
+    options: &BuildOptions,
 ) -> anyhow::Result<()> {
     let mut progress = |p: Progress| match p {
         Progress::Step(s) => eprintln!("[template {name}] {s}"),
@@ -246,14 +246,7 @@ pub fn build_template(
         Progress::Done { seconds } => eprintln!("[template {name}] ready in {seconds:.1} s"),
     };
     store
-        .build(
-            name,
-            &BuildOptions {
-                force,
-                ..BuildOptions::default()
-            },
-            &mut progress,
-        )
+        .build(name, options, &mut progress)
         .with_context(|| format!("building template {name}"))?;
     Ok(())
 }
@@ -356,8 +349,10 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         if store.get(name).is_none_or(|t| !t.ready) {
             let store = TemplateStore::open(&cfg.templates_dir)?;
             let name = name.to_string();
-            tokio::task::spawn_blocking(move || build_template(&store, &name, false, false))
-                .await??;
+            tokio::task::spawn_blocking(move || {
+                build_template(&store, &name, false, &BuildOptions::default())
+            })
+            .await??;
         }
     }
     let manager = Manager::start(cfg).await?;

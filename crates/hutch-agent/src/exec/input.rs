@@ -23,7 +23,7 @@ const CTRL_D: u8 = 0x04;
 /// Frames decoded from a request body.
 #[derive(Debug)]
 pub struct InputFrames {
-    body: Incoming,
+    body: Option<Incoming>,
     decoder: FrameDecoder,
     ended: bool,
 }
@@ -43,9 +43,18 @@ impl InputFrames {
     /// Decode frames from `body`.
     pub fn new(body: Incoming) -> Self {
         Self {
-            body,
+            body: Some(body),
             decoder: FrameDecoder::new(),
             ended: false,
+        }
+    }
+
+    /// No input at all (an exec the agent starts itself, such as the sandbox's service).
+    pub fn none() -> Self {
+        Self {
+            body: None,
+            decoder: FrameDecoder::new(),
+            ended: true,
         }
     }
 
@@ -59,7 +68,11 @@ impl InputFrames {
                 self.decoder.finish()?;
                 return Ok(None);
             }
-            match self.body.frame().await {
+            let Some(body) = self.body.as_mut() else {
+                self.ended = true;
+                continue;
+            };
+            match body.frame().await {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.decoder.push(&data);

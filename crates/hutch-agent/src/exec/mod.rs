@@ -77,6 +77,18 @@ pub async fn handle_exec(agent: Arc<Agent>, body: Incoming) -> hyper::Response<A
     http::stream(http::FRAMES_CONTENT_TYPE, rx)
 }
 
+/// Start `request` with no host attached (no input; `background` so it outlives nothing in
+/// particular): its frames (`Started`, output, `Exit` or `Error`) arrive on the returned
+/// channel, which the caller must keep reading.
+pub fn spawn_detached(
+    agent: Arc<Agent>,
+    request: ExecRequest,
+) -> mpsc::Receiver<Result<bytes::Bytes, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
+    tokio::spawn(run(agent, request, InputFrames::none(), FrameSink::new(tx)));
+    rx
+}
+
 /// `POST /v1/signal`: signal the process group of a running exec.
 pub async fn handle_signal(agent: Arc<Agent>, body: Incoming) -> Result<(), Failure> {
     let request: hutch_proto::SignalRequest = http::read_json(body).await?;

@@ -461,11 +461,23 @@ impl Backend for NsBackend {
     }
 
     fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
-        vec![crate::logs::LogFile {
-            source: crate::logs::LogSource::Agent,
-            paths: vec![self.jails.cfg.sandbox_dir(&r.id).join("agent.log")],
+        use crate::logs::{LineFilter, LogFile, LogSource};
+        let agent_log = self.jails.cfg.sandbox_dir(&r.id).join("agent.log");
+        let mut logs = vec![LogFile {
+            source: LogSource::Agent,
+            paths: vec![agent_log.clone()],
             timestamped: true,
-        }]
+            lines: LineFilter::NotService,
+        }];
+        if r.start.is_some() {
+            logs.push(LogFile {
+                source: LogSource::Start,
+                paths: vec![agent_log],
+                timestamped: true,
+                lines: LineFilter::Service,
+            });
+        }
+        logs
     }
 
     fn alive(&self, r: &SandboxRecord) -> bool {

@@ -484,7 +484,18 @@ impl Backend for VmBackend {
     }
 
     fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
-        vec![self.console_log_file(&r.id)]
+        let console = self.console_log_file(&r.id);
+        let mut logs = vec![console.clone()];
+        if r.start.is_some() {
+            // The guest agent's lines on the console carry its time.
+            logs.push(crate::logs::LogFile {
+                source: crate::logs::LogSource::Start,
+                timestamped: true,
+                lines: crate::logs::LineFilter::Service,
+                ..console
+            });
+        }
+        logs
     }
 
     fn agent_socket(&self, id: &str) -> PathBuf {

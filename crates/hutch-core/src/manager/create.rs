@@ -121,6 +121,9 @@ impl Manager {
             Ok(c) => c,
             Err(e) => return Err(self.fail_create(record, e).await),
         };
+        if let Err(e) = self.ensure_service(&record, &client).await {
+            return Err(self.fail_create(record, e).await);
+        }
         self.lock_agents().insert(record.id.clone(), client);
         record.state = SandboxState::Running;
         self.store.update_sandbox(&record).await?;
@@ -284,6 +287,7 @@ impl Manager {
             volumes: self
                 .resolve_volume_mounts(&cmd.volumes, &volume_scope, isolation)
                 .await?,
+            start: info.start.clone(),
         })
     }
 

@@ -220,6 +220,10 @@ impl Manager {
                 return Err(e);
             }
         };
+        if let Err(e) = self.ensure_service(&r, &client).await {
+            // The sandbox and its files are fine; only its service is not up.
+            tracing::warn!(id = %r.id, error = %e, "woke, but the start command is not ready");
+        }
         self.lock_agents().insert(r.id.clone(), client);
         let r = self
             .store

@@ -44,6 +44,8 @@ pub(super) struct WarmKey {
     vcpus: u32,
     disk_mib: u64,
     networked: bool,
+    /// The start command its guests run (baked in), as JSON.
+    start: Option<String>,
 }
 
 struct WarmGuest {
@@ -106,6 +108,10 @@ impl Manager {
             vcpus: vcpus(record.cpus),
             disk_mib: record.disk_mib,
             networked: self.network.is_some() && record_policy(record).networked(),
+            start: record
+                .start
+                .as_ref()
+                .and_then(|s| serde_json::to_string(s).ok()),
         })
     }
 
@@ -152,7 +158,10 @@ impl Manager {
                 })
                 .await;
                 match policy_set {
-                    Ok(()) => backend.claim_warm(&rec, &guest.agent).await,
+                    Ok(()) => match backend.claim_warm(&rec, &guest.agent).await {
+                        Ok(()) => self.ensure_service(&rec, &guest.agent).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 }
             }
@@ -286,6 +295,7 @@ impl Manager {
             last_used_ms: now,
             net_slot: None,
             volumes: vec![],
+            start: info.start.clone(),
         };
         self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());

@@ -1,6 +1,7 @@
 //! `GET /v1/sandboxes/{id}/logs`: a sandbox's logs as text, JSON or SSE, once or followed.
 //!
-//! `?source=agent,console` picks logs (default: every log the sandbox's backend keeps),
+//! `?source=agent,console,start` picks logs (default: every log the sandbox's backend keeps;
+//! `start` is the template's start command),
 //! `?tail=N` the last lines, `?since=` lines from a time on (RFC 3339, Unix seconds or a
 //! duration before now such as `10m`; only for logs whose lines carry times),
 //! `?timestamps=true` prefixes each text line with its time, `?follow=true` keeps the answer
@@ -75,7 +76,7 @@ fn query_of(p: &LogsParams) -> ApiResult<LogQuery> {
                 .map(|s| {
                     LogSource::parse(s).ok_or_else(|| {
                         ApiError::bad_request(format!(
-                            "unknown log source {s:?}: the sources are agent and console"
+                            "unknown log source {s:?}: the sources are agent, console and start"
                         ))
                     })
                 })

@@ -23,7 +23,8 @@ pub struct LogsArgs {
     /// before now (90s, 10m, 2h, 1d). Only for logs whose lines carry times (agent).
     #[arg(long, value_name = "TIME")]
     since: Option<String>,
-    /// Which logs, comma-separated: agent (ns), console (vm). Default: all the sandbox has.
+    /// Which logs, comma-separated: agent (ns), console (vm), start (the template's start
+    /// command). Default: all the sandbox has.
     #[arg(long, value_name = "NAMES")]
     source: Option<String>,
     /// Prefix each line with its time.

@@ -12,6 +12,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::output::{print_json, table};
+use super::template_start::{describe, StartArgs};
 use crate::client::Api;
 
 /// Template subcommands.
@@ -49,6 +50,25 @@ pub enum TemplateCommand {
         /// Also trust this CA certificate (PEM) for the registry's TLS; repeatable.
         #[arg(long, value_name = "FILE", requires = "from_image")]
         registry_ca: Vec<PathBuf>,
+        /// The template's start command and ready check.
+        #[command(flatten)]
+        start: StartArgs,
+    },
+    /// Set (or `--clear`) the start command and ready check of a template: sandboxes
+    /// created from it afterwards run the command, and a create returns once the check
+    /// passes. Like `build`, it changes this host's templates directory.
+    SetStart {
+        /// Template name.
+        name: String,
+        /// The start command and ready check.
+        #[command(flatten)]
+        start: StartArgs,
+        /// Remove the start command.
+        #[arg(long, conflicts_with = "start_cmd")]
+        clear: bool,
+        /// Templates directory (default `<state-dir>/templates`).
+        #[arg(long)]
+        templates_dir: Option<PathBuf>,
     },
     /// Set the isolation of sandboxes created from a template when the request says
     /// `auto` or nothing (`auto` removes the default). Like `build`, it changes this host's
@@ -76,19 +96,15 @@ fn build_image(
     store: &TemplateStore,
     name: &str,
     image: &ImageSource,
-    force: bool,
+    options: &BuildOptions,
 ) -> anyhow::Result<()> {
     let mut progress = |p: Progress| match p {
         Progress::Step(s) => eprintln!("[template {name}] {s}"),
         Progress::Output(line) => eprintln!("[template {name}]   {line}"),
         Progress::Done { seconds } => eprintln!("[template {name}] ready in {seconds:.1} s"),
     };
-    let options = BuildOptions {
-        force,
-        ..BuildOptions::default()
-    };
     store
-        .build_image(name, image, &options, &mut progress)
+        .build_image(name, image, options, &mut progress)
         .with_context(|| format!("building template {name} from {}", image.reference))?;
     Ok(())
 }
@@ -114,7 +130,13 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             insecure_registry,
             registry_auth,
             registry_ca,
+            start,
         } => {
+            let options = BuildOptions {
+                force,
+                start: start.spec()?,
+                ..BuildOptions::default()
+            };
             let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
             std::fs::create_dir_all(&dir)?;
             let store = TemplateStore::open(&dir)?;
@@ -135,8 +157,8 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             };
             let info = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
                 match image {
-                    Some(image) => build_image(&store, &name, &image, force)?,
-                    None => crate::serve::build_template(&store, &name, false, force)?,
+                    Some(image) => build_image(&store, &name, &image, &options)?,
+                    None => crate::serve::build_template(&store, &name, false, &options)?,
                 }
                 Ok(store.get(&name))
             })
@@ -160,6 +182,25 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
                     "template {name}: default isolation {}",
                     info.defaults.isolation.as_deref().unwrap_or("auto")
                 );
+            }
+            Ok(())
+        }
+        TemplateCommand::SetStart {
+            name,
+            start,
+            clear,
+            templates_dir,
+        } => {
+            let spec = start.spec()?;
+            if spec.is_none() && !clear {
+                anyhow::bail!("say what to start (--start-cmd CMD) or --clear");
+            }
+            let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
+            let info = TemplateStore::open(&dir)?.set_start(&name, spec)?;
+            if json_out {
+                print_json(&serde_json::to_value(&info)?);
+            } else {
+                println!("template {name}: {}", describe(info.start.as_ref()));
             }
             Ok(())
         }

@@ -92,6 +92,7 @@ impl VmBackend {
             source: crate::logs::LogSource::Console,
             paths: vec![ring.old_path(), ring.path],
             timestamped: false,
+            lines: crate::logs::LineFilter::All,
         }
     }
 

@@ -75,7 +75,16 @@ impl VmBackend {
                     "baking the snapshot of template {} for {memory} MiB, {vcpus} vCPU guests (a cold boot, once)",
                     r.template
                 ),
-                async { assets.snapshot(&boot, &image, memory, vcpus).await.map_err(CoreError::from) },
+                async {
+                    match assets.snapshot(&boot, &image, memory, vcpus, r.start.as_ref()).await {
+                        Ok(bake) => Ok(bake),
+                        Err(hutch_vm::VmError::Service(source)) => Err(CoreError::NotReady {
+                            template: r.template.clone(),
+                            source,
+                        }),
+                        Err(e) => Err(CoreError::from(e)),
+                    }
+                },
             )
             .await?;
         Ok((boot, image, bake))

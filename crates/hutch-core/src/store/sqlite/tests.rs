@@ -42,6 +42,7 @@ fn record(id: &str, slot: u32) -> SandboxRecord {
         last_used_ms: 0,
         net_slot: None,
         volumes: vec![],
+        start: None,
     }
 }
 

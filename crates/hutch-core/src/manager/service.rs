@@ -1,0 +1,36 @@
+//! A sandbox's start command: started through its agent after every start (create, wake,
+//! fork child), and waited for until its ready check passes (`docs/templates.md`, "Start
+//! command").
+
+use std::time::Instant;
+
+use hutch_proto::client::{service, AgentClient};
+
+use super::Manager;
+use crate::error::{CoreError, CoreResult};
+use crate::model::SandboxRecord;
+
+impl Manager {
+    /// Start `record`'s start command unless its agent runs it already (a `vm` guest restored
+    /// from a bake or snapshot taken with it up), then wait for its ready check.
+    pub(super) async fn ensure_service(
+        &self,
+        record: &SandboxRecord,
+        client: &AgentClient,
+    ) -> CoreResult<()> {
+        let Some(spec) = &record.start else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        match service::start_and_wait(client, spec).await {
+            Ok(started) => {
+                tracing::info!(id = %record.id, started, ms = t0.elapsed().as_millis() as u64, "start command ready");
+                Ok(())
+            }
+            Err(source) => Err(CoreError::NotReady {
+                template: record.template.clone(),
+                source: Box::new(source),
+            }),
+        }
+    }
+}
