@@ -383,7 +383,7 @@ impl Evaluator<'_> {
                 Instruction::Entrypoint(argv)
             }
             Parsed::Healthcheck(healthcheck) => {
-                let check = self.healthcheck(state, healthcheck, at)?;
+                let check = self.healthcheck(healthcheck, at)?;
                 state.config.healthcheck = check.clone();
                 Instruction::Healthcheck(check)
             }
@@ -632,7 +632,6 @@ impl Evaluator<'_> {
 
     fn healthcheck(
         &self,
-        state: &StageState,
         healthcheck: &parse_dockerfile::HealthcheckInstruction<'_>,
         at: &Located,
     ) -> Result<Option<Healthcheck>, DockerfileError> {
@@ -692,7 +691,6 @@ impl Evaluator<'_> {
                 }
             },
         };
-        let _ = state;
         Ok(Some(Healthcheck {
             test,
             interval: duration("interval", Healthcheck::DEFAULT_INTERVAL)?,

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -30,122 +30,20 @@ use std::rc::Rc;
 use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, Stat};
 use rustix::io::Errno;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use crate::glob::{self, Glob, GlobError};
+use crate::glob::{self, Glob};
 use crate::ignore::DockerIgnore;
 use crate::paths;
+
+mod error;
+mod hash;
+
+pub use error::ContextError;
 
 /// Symlinks followed while resolving one source, at most (Linux's own limit).
 const MAX_SYMLINK_HOPS: usize = 40;
 /// Entries one `resolve` may return, at most.
 pub const MAX_ENTRIES: usize = 1_000_000;
-
-/// Why a build context cannot be read as asked.
-#[derive(Debug, thiserror::Error)]
-pub enum ContextError {
-    /// The context directory itself cannot be opened.
-    #[error("cannot open the build context {}: {error}", path.display())]
-    Open {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        error: io::Error,
-    },
-    /// A source (or a path read) climbs out of the context with `..`.
-    #[error("COPY source `{source_path}` is outside the build context")]
-    Outside {
-        /// The source as given.
-        source_path: String,
-    },
-    /// An absolute source.
-    #[error(
-        "COPY source `{source_path}` is an absolute path; sources are relative to the build \
-         context (write `{}`)",
-        source_path.trim_start_matches('/')
-    )]
-    Absolute {
-        /// The source as given.
-        source_path: String,
-    },
-    /// A named source that is not in the context (or is excluded by `.dockerignore`).
-    #[error("COPY source `{source_path}` not found in the build context")]
-    NotFound {
-        /// The source as given.
-        source_path: String,
-    },
-    /// A wildcard source that matches nothing.
-    #[error("COPY source `{source_path}` matched no files in the build context")]
-    NoMatch {
-        /// The source as given.
-        source_path: String,
-    },
-    /// A bad wildcard pattern.
-    #[error("COPY source `{source_path}` is not a valid pattern: {reason}")]
-    BadPattern {
-        /// The source as given.
-        source_path: String,
-        /// Why.
-        reason: GlobError,
-    },
-    /// A symlink on the way to a source leads out of the context.
-    #[error(
-        "COPY source `{source_path}`: `{link}` is a symlink to `{target}`, outside the build \
-         context; symlinks are followed only inside it"
-    )]
-    SymlinkOutside {
-        /// The source as given.
-        source_path: String,
-        /// The symlink, relative to the context root.
-        link: String,
-        /// Its target as stored.
-        target: String,
-    },
-    /// More than 40 symlinks on the way to a source.
-    #[error("COPY source `{source_path}`: too many levels of symlinks")]
-    SymlinkLoop {
-        /// The source as given.
-        source_path: String,
-    },
-    /// A fifo, socket or device where files are copied.
-    #[error("`{path}` in the build context is a {kind}; only files, directories and symlinks can be copied")]
-    UnsupportedType {
-        /// Relative to the context root.
-        path: String,
-        /// `fifo`, `socket`, `character device`, `block device`.
-        kind: &'static str,
-    },
-    /// A file name that is not UTF-8.
-    #[error("a name in `{dir}` of the build context is not UTF-8; rename it or leave it out with .dockerignore")]
-    NotUtf8 {
-        /// The directory, relative to the context root.
-        dir: String,
-    },
-    /// More entries than [`MAX_ENTRIES`].
-    #[error("COPY source `{source_path}` has more than {MAX_ENTRIES} entries")]
-    TooManyEntries {
-        /// The source as given.
-        source_path: String,
-    },
-    /// A file asked for with a size bound is larger.
-    #[error("`{path}` in the build context is larger than {limit} bytes")]
-    TooLarge {
-        /// Relative to the context root.
-        path: String,
-        /// The bound.
-        limit: u64,
-    },
-    /// The operating system refused an operation.
-    #[error("{action} `{path}` in the build context: {error}")]
-    Io {
-        /// What was being done (`reading`, `opening`…).
-        action: &'static str,
-        /// Relative to the context root.
-        path: String,
-        /// Why.
-        error: io::Error,
-    },
-}
 
 /// What a context entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,7 +58,7 @@ pub enum EntryKind {
 }
 
 impl EntryKind {
-    fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             Self::File => "file",
             Self::Directory => "dir",
@@ -320,60 +218,6 @@ impl Context {
             });
         }
         Ok(Some(text))
-    }
-
-    /// A hex sha256 over `entries` in sorted order: each one's paths, type, mode, size,
-    /// content (streamed) and symlink target. What a `COPY` step's cache key takes as its
-    /// inputs: it changes when anything the step copies changes, and only then.
-    pub fn hash_entries(&self, entries: &[ContextEntry]) -> Result<String, ContextError> {
-        let mut sorted: Vec<&ContextEntry> = entries.iter().collect();
-        sorted.sort_by(|a, b| {
-            (&a.path, &a.dest_relative, a.is_source_root).cmp(&(
-                &b.path,
-                &b.dest_relative,
-                b.is_source_root,
-            ))
-        });
-        let mut hasher = Sha256::new();
-        crate::cache::field(
-            &mut hasher,
-            "format",
-            b"hutch-dockerfile context entries v1",
-        );
-        for entry in sorted {
-            crate::cache::field(&mut hasher, "path", entry.path.as_bytes());
-            crate::cache::field(&mut hasher, "dest", entry.dest_relative.as_bytes());
-            crate::cache::field(&mut hasher, "root", &[u8::from(entry.is_source_root)]);
-            crate::cache::field(&mut hasher, "kind", entry.kind.tag().as_bytes());
-            crate::cache::field(&mut hasher, "mode", &entry.mode.to_be_bytes());
-            crate::cache::field(&mut hasher, "size", &entry.size.to_be_bytes());
-            if let Some(target) = &entry.symlink_target {
-                crate::cache::field(&mut hasher, "target", target.as_bytes());
-            }
-            if entry.kind == EntryKind::File {
-                let digest = self.content_digest(&entry.path)?;
-                crate::cache::field(&mut hasher, "content", &digest);
-            }
-        }
-        Ok(crate::cache::hex(&hasher.finalize()))
-    }
-
-    fn content_digest(&self, path: &str) -> Result<Vec<u8>, ContextError> {
-        let mut file = self.open_file(path)?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = file.read(&mut buf).map_err(|e| ContextError::Io {
-                action: "reading",
-                path: path.to_owned(),
-                error: e,
-            })?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        Ok(hasher.finalize().to_vec())
     }
 
     /// Opens a real path (no symlinks in it) from the root, `O_NOFOLLOW` on each
