@@ -5,12 +5,14 @@
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DockerfileError {
     /// A word where an instruction should be (`FOO bar`).
-    #[error("Dockerfile line {line}: unknown instruction \"{word}\"")]
+    #[error("Dockerfile line {line}: unknown instruction \"{word}\"{hint}")]
     UnknownInstruction {
         /// 1-based line.
         line: usize,
         /// The word, as written.
         word: String,
+        /// Empty, or a likely cause (a here-document the parser could not see).
+        hint: String,
     },
     /// The parser refused the text (an unterminated quote or here-document, bad JSON…).
     #[error("Dockerfile line {line}: {message}")]

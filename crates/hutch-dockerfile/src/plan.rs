@@ -247,7 +247,10 @@ pub fn plan_with_bases(
         let header = &headers[index];
         let base_config = match &header.base {
             Base::Scratch => StageConfig::scratch(),
-            Base::Image { reference } => bases.get(reference).cloned().unwrap_or_default(),
+            Base::Image { reference } => bases
+                .get(reference)
+                .map(normalized_base)
+                .unwrap_or_default(),
             Base::Stage { index: from } => match &planned[*from] {
                 Some(done) => done.config().clone(),
                 None => {
@@ -423,6 +426,19 @@ fn evaluate_stage(
     })
 }
 
+/// A base image's configuration as a stage starts from it: an empty working directory is
+/// `/` (relative `WORKDIR`s join to it) and an empty shell is `/bin/sh -c`.
+fn normalized_base(config: &StageConfig) -> StageConfig {
+    let mut config = config.clone();
+    if config.workdir.is_empty() {
+        config.workdir = "/".to_owned();
+    }
+    if config.shell.is_empty() {
+        config.shell = crate::config::default_shell();
+    }
+    config
+}
+
 /// `AS name`: lowercase; letters, digits, `-`, `_` and `.`, starting with a letter.
 fn stage_name(name: &str, at: &Located) -> Result<String, DockerfileError> {
     let lower = name.to_ascii_lowercase();
@@ -460,10 +476,44 @@ fn parse_error(source: &SourceText<'_>, error: &parse_dockerfile::Error) -> Dock
             .and_then(|l| l.split_whitespace().next())
             .unwrap_or_default()
             .to_owned();
-        return DockerfileError::UnknownInstruction { line, word };
+        return DockerfileError::UnknownInstruction {
+            line,
+            word,
+            hint: heredoc_hint(source, line),
+        };
     }
     if message == "expected at least one FROM instruction" {
         return DockerfileError::NoStage;
     }
     DockerfileError::Syntax { line, message }
+}
+
+/// When the line before an unknown instruction opened a here-document that is not the
+/// first word of its `RUN` (`RUN cat <<EOF > file`), the parser read the document's body
+/// as instructions: say so.
+fn heredoc_hint(source: &SourceText<'_>, line: usize) -> String {
+    let before: Vec<&str> = source.text.lines().take(line.saturating_sub(1)).collect();
+    let Some((index, opener)) = before
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, l)| !l.trim().is_empty())
+    else {
+        return String::new();
+    };
+    let opens_heredoc = opener.match_indices("<<").any(|(i, _)| {
+        opener[i + 2..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || matches!(c, '-' | '"' | '\'' | '_'))
+    });
+    if !opens_heredoc {
+        return String::new();
+    }
+    format!(
+        " (line {} opens a here-document after other words, which is not supported: start \
+         the RUN with it, as in `RUN <<EOF` followed by the whole script, or use `COPY <<EOF \
+         /file`)",
+        index + 1
+    )
 }

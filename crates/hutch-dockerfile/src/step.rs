@@ -196,6 +196,18 @@ pub struct CopyStep {
 }
 
 impl CopyStep {
+    /// The path sources (what [`crate::Context::resolve`] takes when `from` is `None`), in
+    /// order; URLs and here-documents are left out.
+    pub fn path_sources(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .filter_map(|s| match s {
+                CopySource::Path(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Where `entry` lands in the stage's root, given how many source roots (named
     /// sources or wildcard matches) the step copies in all.
     ///

@@ -6,8 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::{args, plan_ok};
 use crate::{
-    base_key, needs_inputs, plan, step_key, BuildPlan, Context, CopySource, DockerIgnore,
-    Instruction,
+    base_key, needs_inputs, plan, step_key, BuildPlan, Context, DockerIgnore, Instruction,
 };
 
 const DOCKERFILE: &str = "\
@@ -28,14 +27,7 @@ fn keys(plan: &BuildPlan, context: &Context) -> Vec<String> {
     for step in &plan.target().steps {
         let inputs = match &step.instruction {
             Instruction::Copy(copy) if needs_inputs(step) => {
-                let sources: Vec<String> = copy
-                    .sources
-                    .iter()
-                    .filter_map(|s| match s {
-                        CopySource::Path(p) => Some(p.clone()),
-                        _ => None,
-                    })
-                    .collect();
+                let sources = copy.path_sources();
                 let entries = context
                     .resolve(&sources, &DockerIgnore::none())
                     .expect("resolves");

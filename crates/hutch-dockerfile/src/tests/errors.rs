@@ -21,8 +21,22 @@ fn an_unknown_instruction_names_its_line() {
         err,
         DockerfileError::UnknownInstruction {
             line: 7,
-            word: "FOO".to_owned()
+            word: "FOO".to_owned(),
+            hint: String::new(),
         }
+    );
+}
+
+#[test]
+fn a_heredoc_the_parser_cannot_see_is_explained() {
+    let err = error("FROM scratch\nRUN cat <<EOF > /x\nhello\nEOF\n");
+    assert_eq!(err.line(), Some(3));
+    assert!(
+        err.to_string().starts_with(
+            "Dockerfile line 3: unknown instruction \"hello\" (line 2 opens a here-document \
+             after other words, which is not supported"
+        ),
+        "{err}"
     );
 }
 

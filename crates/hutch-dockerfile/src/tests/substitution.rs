@@ -232,6 +232,21 @@ fn with_base_configurations_env_extends_the_image_s() {
         strings(&["python3"]),
         "the image's CMD is kept"
     );
+    // An image without a working directory or shell starts at `/` with `/bin/sh -c`.
+    let bare = crate::StageConfig {
+        workdir: String::new(),
+        shell: Vec::new(),
+        ..crate::StageConfig::default()
+    };
+    let bare_plan = crate::plan_with_bases(
+        "FROM bare\nWORKDIR app\nCMD run\n",
+        &BTreeMap::new(),
+        None,
+        &BTreeMap::from([("bare".to_owned(), bare)]),
+    )
+    .expect("plans");
+    assert_eq!(bare_plan.config().workdir, "/app");
+    assert_eq!(bare_plan.config().cmd, strings(&["/bin/sh", "-c", "run"]));
     let without = plan_ok("FROM python:3\nENV PATH=/opt/venv/bin:$PATH\n");
     assert_eq!(without.config().env_var("PATH"), Some("/opt/venv/bin:"));
 }
