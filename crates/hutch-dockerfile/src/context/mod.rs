@@ -181,6 +181,7 @@ impl Context {
     /// Opens a file entry's content for reading (`O_NOFOLLOW` on every component); the
     /// engine copies it from here.
     pub fn open_file(&self, path: &str) -> Result<File, ContextError> {
+        let path = &check_source(path)?;
         let fd = self.open_real(path, false)?;
         let stat = rfs::fstat(&fd).map_err(|e| io_error("reading", path, e))?;
         if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
@@ -236,6 +237,11 @@ impl Context {
                 Mode::empty(),
             )
             .map_err(|e| io_error("opening", ".", e));
+        }
+        if components.contains(&"..") {
+            return Err(ContextError::Outside {
+                source_path: real.to_owned(),
+            });
         }
         for (i, component) in components.iter().enumerate() {
             let last = i + 1 == components.len();

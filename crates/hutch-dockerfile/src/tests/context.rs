@@ -282,6 +282,21 @@ fn small_files_are_read_without_following_symlinks() {
         context.open_file("dirlink/main.py").is_err(),
         "nor one on the way"
     );
+    assert!(matches!(
+        context.open_file("../outside/secret"),
+        Err(ContextError::Outside { .. })
+    ));
+    assert!(matches!(
+        context.read_to_string("../outside/secret", 1024),
+        Err(ContextError::Outside { .. })
+    ));
+    let mut content = String::new();
+    std::io::Read::read_to_string(
+        &mut context.open_file("src/../app.py").expect("cleaned inside"),
+        &mut content,
+    )
+    .expect("read");
+    assert_eq!(content, "print('app')\n");
 }
 
 #[test]
