@@ -42,6 +42,15 @@ pub enum DockerfileError {
         /// Why, and what to do instead.
         why: String,
     },
+    /// The Dockerfile passes one of the planner's limits ([`crate::MAX_DOCKERFILE_BYTES`],
+    /// [`crate::MAX_INSTRUCTIONS`]).
+    #[error("the Dockerfile is too large: {what} (at most {limit})")]
+    TooLarge {
+        /// What is too large (`5000 instructions`).
+        what: String,
+        /// The limit.
+        limit: usize,
+    },
     /// The file has no `FROM`.
     #[error("the Dockerfile has no FROM instruction")]
     NoStage,
@@ -63,7 +72,7 @@ impl DockerfileError {
             | Self::Invalid { line, .. }
             | Self::Unsupported { line, .. } => Some(*line),
             Self::Syntax { line, .. } => (*line > 0).then_some(*line),
-            Self::NoStage | Self::UnknownTarget { .. } => None,
+            Self::NoStage | Self::UnknownTarget { .. } | Self::TooLarge { .. } => None,
         }
     }
 }

@@ -44,7 +44,10 @@ pub use context::{Context, ContextEntry, ContextError, EntryKind, MAX_ENTRIES};
 pub use error::DockerfileError;
 pub use glob::GlobError;
 pub use ignore::{DockerIgnore, IgnoreError};
-pub use plan::{plan, plan_with_bases, Base, BuildPlan, Stage};
+pub use plan::{
+    plan, plan_with_bases, Base, BuildPlan, Stage, MAX_CONFIG_BYTES, MAX_DOCKERFILE_BYTES,
+    MAX_INSTRUCTIONS,
+};
 pub use step::{
     CopyFrom, CopyKind, CopySource, CopyStep, HeredocScript, Instruction, RunNetwork, RunStep, Step,
 };

@@ -136,6 +136,14 @@ pub enum Base {
     },
 }
 
+/// The largest Dockerfile planned, in bytes.
+pub const MAX_DOCKERFILE_BYTES: usize = 1024 * 1024;
+/// The most instructions a Dockerfile may have.
+pub const MAX_INSTRUCTIONS: usize = 1000;
+/// The most bytes a stage's configuration and ARGs may hold (ENV, LABEL, EXPOSE, …), so
+/// that every step's copy of it stays small.
+pub const MAX_CONFIG_BYTES: usize = 128 * 1024;
+
 /// Plans a build: parses `dockerfile`, evaluates the stages `target` (default: the last
 /// stage) needs with `build_args`. Stages `FROM <image>` start from an empty
 /// configuration; use [`plan_with_bases`] to start them from the images' own.
@@ -158,6 +166,12 @@ pub fn plan_with_bases(
     target: Option<&str>,
     bases: &BTreeMap<String, StageConfig>,
 ) -> Result<BuildPlan, DockerfileError> {
+    if dockerfile.len() > MAX_DOCKERFILE_BYTES {
+        return Err(DockerfileError::TooLarge {
+            what: format!("{} bytes", dockerfile.len()),
+            limit: MAX_DOCKERFILE_BYTES,
+        });
+    }
     let mut source = SourceText::new(dockerfile);
     let parsed = parse_dockerfile::parse(dockerfile).map_err(|e| parse_error(&source, &e))?;
     if let Some(escape) = &parsed.parser_directives.escape {
@@ -171,6 +185,12 @@ pub fn plan_with_bases(
         ));
     }
 
+    if parsed.instructions.len() > MAX_INSTRUCTIONS {
+        return Err(DockerfileError::TooLarge {
+            what: format!("{} instructions", parsed.instructions.len()),
+            limit: MAX_INSTRUCTIONS,
+        });
+    }
     // Split into the global ARGs and the stages, refusing ONBUILD anywhere.
     let mut global: Vec<(&Parsed<'_>, Located)> = Vec::new();
     let mut raw_stages: Vec<RawStage<'_, '_>> = Vec::new();
@@ -401,6 +421,12 @@ fn evaluate_stage(
                 depends_on.insert(*from);
             }
         }
+        if config_bytes(&state) > MAX_CONFIG_BYTES {
+            return Err(at.invalid(format!(
+                "the stage's configuration (ENV, ARG, LABEL, EXPOSE, …) grows past \
+                 {MAX_CONFIG_BYTES} bytes"
+            )));
+        }
         let mut args = proxies.clone();
         for (name, value) in &state.args {
             args.retain(|(n, _)| n != name);
@@ -424,6 +450,26 @@ fn evaluate_stage(
         steps,
         depends_on: depends_on.into_iter().collect(),
     })
+}
+
+/// Roughly how many bytes a stage's configuration and ARGs hold.
+fn config_bytes(state: &StageState) -> usize {
+    let c = &state.config;
+    let pairs = |p: &[(String, String)]| p.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let list = |l: &[String]| l.iter().map(String::len).sum::<usize>();
+    pairs(&c.env)
+        + pairs(&state.args)
+        + c.labels
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+        + c.exposed_ports.iter().map(String::len).sum::<usize>()
+        + c.volumes.iter().map(String::len).sum::<usize>()
+        + list(&c.entrypoint)
+        + list(&c.cmd)
+        + list(&c.shell)
+        + c.workdir.len()
+        + c.user.as_ref().map_or(0, String::len)
 }
 
 /// A base image's configuration as a stage starts from it: an empty working directory is

@@ -12,24 +12,26 @@ pub(crate) struct SourceText<'a> {
     pub(crate) text: &'a str,
     /// The `escape` directive's character (`\` by default).
     pub(crate) escape: char,
+    /// Byte offset where each line starts.
+    line_starts: Vec<usize>,
 }
 
 impl<'a> SourceText<'a> {
     pub(crate) fn new(dockerfile: &'a str) -> Self {
+        let text = dockerfile.strip_prefix('\u{feff}').unwrap_or(dockerfile);
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
         Self {
-            text: dockerfile.strip_prefix('\u{feff}').unwrap_or(dockerfile),
+            text,
             escape: '\\',
+            line_starts,
         }
     }
 
     /// The 1-based line of a byte offset.
     pub(crate) fn line_of(&self, offset: usize) -> usize {
-        let offset = offset.min(self.text.len());
-        self.text.as_bytes()[..offset]
-            .iter()
-            .filter(|b| **b == b'\n')
-            .count()
-            + 1
+        self.line_starts.partition_point(|start| *start <= offset)
     }
 
     /// The instruction's first line and its text as written, from its keyword to the end of

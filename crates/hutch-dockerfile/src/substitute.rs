@@ -15,6 +15,11 @@
 //!   escapes. The quotes themselves are removed;
 //! - a `$` not followed by a name or `{` is kept.
 
+/// The most bytes one substituted word may have (`ENV A=$B$B…` cannot blow up).
+pub(crate) const MAX_WORD_BYTES: usize = 64 * 1024;
+/// The most bytes a substituted here-document may have.
+pub(crate) const MAX_HEREDOC_BYTES: usize = 1024 * 1024;
+
 /// Expands one word; `lookup` gives a variable's value (`None`: unset).
 pub(crate) fn expand(
     word: &str,
@@ -27,6 +32,7 @@ pub(crate) fn expand(
         escape,
         lookup,
         raw: false,
+        limit: MAX_WORD_BYTES,
     };
     lexer.process(None)
 }
@@ -45,6 +51,7 @@ pub(crate) fn expand_heredoc(
         escape,
         lookup,
         raw: true,
+        limit: MAX_HEREDOC_BYTES,
     };
     lexer.process(None)
 }
@@ -56,6 +63,8 @@ struct Lexer<'a> {
     lookup: &'a dyn Fn(&str) -> Option<String>,
     /// Here-document mode: quotes and escapes are literal.
     raw: bool,
+    /// The most bytes the result may have.
+    limit: usize,
 }
 
 impl Lexer<'_> {
@@ -73,6 +82,12 @@ impl Lexer<'_> {
     fn process(&mut self, stop: Option<char>) -> Result<String, String> {
         let mut out = String::new();
         loop {
+            if out.len() > self.limit {
+                return Err(format!(
+                    "the value grows past {} bytes after substitution",
+                    self.limit
+                ));
+            }
             let Some(c) = self.peek() else {
                 return match stop {
                     Some(s) => Err(format!("syntax error: missing `{s}`")),
@@ -314,6 +329,18 @@ mod tests {
             .contains("unsupported modifier `#`"));
         assert!(expand("'open", '\\', &vars).is_err());
         assert!(expand("\"open", '\\', &vars).is_err());
+    }
+
+    #[test]
+    fn substitution_cannot_grow_without_bound() {
+        let big = "x".repeat(40 * 1024);
+        let lookup = |n: &str| (n == "BIG").then(|| big.clone());
+        assert_eq!(
+            expand("$BIG", '\\', &lookup).map(|v| v.len()),
+            Ok(big.len())
+        );
+        let err = expand("$BIG$BIG", '\\', &lookup).expect_err("too large");
+        assert_eq!(err, "the value grows past 65536 bytes after substitution");
     }
 
     #[test]

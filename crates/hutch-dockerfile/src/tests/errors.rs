@@ -205,3 +205,47 @@ fn long_instructions_are_shortened_in_messages() {
     assert!(text.ends_with(" …"), "{text}");
     assert!(text.len() < 600, "{}", text.len());
 }
+
+#[test]
+fn oversized_dockerfiles_are_refused_before_they_cost_memory() {
+    let huge = format!(
+        "FROM scratch\n{}",
+        "RUN true\n".repeat(crate::MAX_INSTRUCTIONS)
+    );
+    assert_eq!(
+        error(&huge).to_string(),
+        format!(
+            "the Dockerfile is too large: {} instructions (at most {})",
+            crate::MAX_INSTRUCTIONS + 1,
+            crate::MAX_INSTRUCTIONS
+        )
+    );
+    let bytes = format!(
+        "FROM scratch\n#{}\n",
+        "x".repeat(crate::MAX_DOCKERFILE_BYTES)
+    );
+    assert!(matches!(error(&bytes), DockerfileError::TooLarge { .. }));
+    // Doubling a variable stops at the word limit, and a config that keeps growing stops
+    // at the configuration limit.
+    let doubling = format!(
+        "FROM scratch\nENV B=xxxxxxxx\n{}",
+        "ENV B=$B$B\n".repeat(20)
+    );
+    assert!(error(&doubling)
+        .to_string()
+        .contains("grows past 65536 bytes after substitution"));
+    let growing = format!(
+        "FROM scratch\nENV B={}\n{}",
+        "x".repeat(30_000),
+        (0..10)
+            .map(|i| format!("ENV C{i}=$B\n"))
+            .collect::<String>()
+    );
+    let err = error(&growing);
+    assert!(
+        err.to_string()
+            .contains("configuration (ENV, ARG, LABEL, EXPOSE, …) grows past"),
+        "{err}"
+    );
+    assert_eq!(err.line(), Some(6), "the fifth copy passes 128 KiB");
+}
