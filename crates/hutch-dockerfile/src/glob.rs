@@ -26,7 +26,13 @@ pub enum GlobError {
     /// A `\` at the very end.
     #[error("`\\` at the end of the pattern escapes nothing")]
     TrailingEscape,
+    /// Longer than [`MAX_PATTERN_CHARS`], or too complex to compile.
+    #[error("the pattern is too long (at most {MAX_PATTERN_CHARS} characters)")]
+    TooLong,
 }
+
+/// The longest pattern accepted (Linux's `PATH_MAX`).
+pub const MAX_PATTERN_CHARS: usize = 4096;
 
 /// A compiled pattern.
 #[derive(Debug, Clone)]
@@ -37,8 +43,12 @@ pub(crate) struct Glob {
 impl Glob {
     /// Compiles `pattern`; `double_star` turns on `**`.
     pub(crate) fn new(pattern: &str, double_star: bool) -> Result<Self, GlobError> {
+        if pattern.chars().count() > MAX_PATTERN_CHARS {
+            return Err(GlobError::TooLong);
+        }
         let source = translate(pattern, double_star)?;
-        let regex = Regex::new(&source).expect("the translation only emits valid regex syntax");
+        // The translation only emits valid syntax; what can fail is the compiled size.
+        let regex = Regex::new(&source).map_err(|_| GlobError::TooLong)?;
         Ok(Self { regex })
     }
 
@@ -248,6 +258,9 @@ mod tests {
             Glob::new("[]", false).err(),
             Some(GlobError::UnterminatedClass)
         );
+        let long = "*".repeat(MAX_PATTERN_CHARS + 1);
+        assert_eq!(Glob::new(&long, false).err(), Some(GlobError::TooLong));
+        assert!(Glob::new(&"a*".repeat(MAX_PATTERN_CHARS / 2), true).is_ok());
     }
 
     #[test]

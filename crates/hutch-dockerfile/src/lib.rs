@@ -42,7 +42,7 @@ pub use cache::{base_key, needs_inputs, step_key, STEP_KEY_FORMAT};
 pub use config::{default_shell, HealthTest, Healthcheck, StageConfig, DEFAULT_PATH};
 pub use context::{Context, ContextEntry, ContextError, EntryKind, MAX_ENTRIES};
 pub use error::DockerfileError;
-pub use glob::GlobError;
+pub use glob::{GlobError, MAX_PATTERN_CHARS};
 pub use ignore::{DockerIgnore, IgnoreError};
 pub use plan::{
     plan, plan_with_bases, Base, BuildPlan, Stage, MAX_CONFIG_BYTES, MAX_DOCKERFILE_BYTES,
