@@ -54,7 +54,9 @@ pub use cgroup::{
 };
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
 pub use host::{find_program, host_report, HostCheck, HostReport};
-pub use layer::{export_layer, layer_usage, remove_layer, LayerExport, LayerStats};
+pub use layer::{
+    export_layer, flatten_layer, layer_usage, remove_layer, LayerExport, LayerFlatten, LayerStats,
+};
 pub use procstat::{init_alive, start_time};
 pub use spawn::spawn;
 pub use spec::check_volume_target;

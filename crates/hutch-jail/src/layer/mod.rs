@@ -141,6 +141,56 @@ pub fn export_layer(e: &LayerExport) -> Result<LayerStats, JailError> {
     built
 }
 
+/// What [`flatten_layer`] builds.
+#[derive(Debug, Clone)]
+pub struct LayerFlatten {
+    /// The tree below (a template's root, 0-based ids).
+    pub base: PathBuf,
+    /// A layer to apply onto it (0-based ids, overlayfs lower-layer form).
+    pub layer: PathBuf,
+    /// The new tree's directory: must not exist; its parent must.
+    pub dst: PathBuf,
+}
+
+/// Build a plain tree, `base` with `layer` applied as overlayfs would show it: a template's
+/// root made of a template and a snapshot of a sandbox over it (Dockerfile builds). Whiteouts
+/// delete and vanish, opaque directories hide what was below; owners (0-based, kept as
+/// they are up to 65,534; others become `nobody`), modes, times, attributes and hard links
+/// are copied as [`export_layer`] copies them, with the same walk that never follows a
+/// symlink. On error the partial tree is removed.
+pub fn flatten_layer(f: &LayerFlatten) -> Result<LayerStats, JailError> {
+    if f.dst.symlink_metadata().is_ok() {
+        return Err(JailError::InvalidSpec(format!(
+            "{} already exists",
+            f.dst.display()
+        )));
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&f.dst)
+        .map_err(|err| JailError::Sys {
+            op: format!("mkdir {}", f.dst.display()),
+            source: err,
+        })?;
+    let identity = IdShift {
+        from: 0,
+        count: NOBODY + 1,
+    };
+    let built = (|| {
+        let mut skipped = walk::merge_as(&f.base, &f.dst, identity, true)?;
+        skipped += walk::merge_as(&f.layer, &f.dst, identity, true)?;
+        let mut stats = layer_usage(&f.dst)?;
+        stats.skipped = skipped;
+        Ok(stats)
+    })();
+    if built.is_err() {
+        if let Err(cleanup) = remove_layer(&f.dst) {
+            tracing::error!(dir = %f.dst.display(), error = %cleanup, "removing a partial tree");
+        }
+    }
+    built
+}
+
 /// Delete a layer (or any directory tree Hutch owns), refusing if anything is mounted beneath
 /// it and never crossing into another filesystem. A missing directory is success.
 pub fn remove_layer(dir: &Path) -> Result<(), JailError> {

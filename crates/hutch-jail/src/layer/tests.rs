@@ -258,3 +258,66 @@ fn copies_trees_deeper_than_path_max() {
     remove_layer(&dst).unwrap();
     remove_layer(&upper).unwrap();
 }
+
+#[test]
+fn flattening_applies_whiteouts_and_opaque_directories_and_keeps_owners() {
+    let t = tempfile::tempdir().unwrap();
+    let (base, layer, dst) = (
+        t.path().join("base"),
+        t.path().join("layer"),
+        t.path().join("dst"),
+    );
+    write(&base.join("etc/kept"), "kept", 0, 0o644);
+    write(&base.join("etc/gone"), "gone", 0, 0o644);
+    write(&base.join("opaque/old"), "old", 0, 0o644);
+    write(&base.join("home/user/file"), "base version", 1000, 0o600);
+    write(&layer.join("home/user/file"), "layer version", 1000, 0o640);
+    write(&layer.join("usr/bin/tool"), "#!/bin/sh", 0, 0o4755);
+    write(&layer.join("opaque/new"), "new", 0, 0o644);
+    xattr_set(&layer.join("opaque"), "trusted.overlay.opaque", b"y");
+    std::fs::create_dir_all(layer.join("etc")).unwrap();
+    mknod(&layer.join("etc/gone"), libc::S_IFCHR);
+    std::os::unix::fs::symlink("/etc/kept", layer.join("link")).unwrap();
+    let stats = flatten_layer(&LayerFlatten {
+        base: base.clone(),
+        layer: layer.clone(),
+        dst: dst.clone(),
+    })
+    .expect("flatten");
+    assert_eq!(
+        std::fs::read_to_string(dst.join("etc/kept")).unwrap(),
+        "kept"
+    );
+    assert!(
+        dst.join("etc/gone").symlink_metadata().is_err(),
+        "the whiteout deleted it and is not copied"
+    );
+    assert!(
+        !dst.join("opaque/old").exists(),
+        "the opaque directory hides the base's"
+    );
+    assert!(dst.join("opaque/new").exists());
+    assert_eq!(
+        xattr_get(&dst.join("opaque"), "trusted.overlay.opaque"),
+        None
+    );
+    let file = dst.join("home/user/file");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "layer version");
+    assert_eq!(
+        (meta(&file).uid(), meta(&file).mode() & 0o7777),
+        (1000, 0o640)
+    );
+    assert_eq!(meta(&dst.join("usr/bin/tool")).mode() & 0o7777, 0o4755);
+    assert_eq!(
+        std::fs::read_link(dst.join("link")).unwrap(),
+        Path::new("/etc/kept")
+    );
+    assert_eq!(stats.whiteouts, 0);
+    let again = flatten_layer(&LayerFlatten {
+        base,
+        layer,
+        dst: dst.clone(),
+    });
+    assert!(again.is_err(), "an existing destination is refused");
+    assert!(dst.join("etc/kept").exists(), "and left as it was");
+}

@@ -94,6 +94,8 @@ struct Walk<'a> {
     /// First copy of each multiply-linked source file, by (device, inode).
     links: HashMap<(u64, u64), PathBuf>,
     skipped: u64,
+    /// Make a plain tree, not a layer ([`merge_as`]).
+    flatten: bool,
 }
 
 /// Copy the tree at `src` onto the directory `dst` (which exists), shifting ids with `shift`:
@@ -101,6 +103,18 @@ struct Walk<'a> {
 /// directories, other directories merge into directories. Returns the number of entries left
 /// out (sockets and devices).
 pub(crate) fn merge(src: &Path, dst: &Path, shift: IdShift) -> Result<u64, JailError> {
+    merge_as(src, dst, shift, false)
+}
+
+/// [`merge`], and with `flatten` the result is a plain tree rather than a layer: whiteouts
+/// delete what they name and are not copied, opaque directories replace what was there and
+/// lose their marker.
+pub(crate) fn merge_as(
+    src: &Path,
+    dst: &Path,
+    shift: IdShift,
+    flatten: bool,
+) -> Result<u64, JailError> {
     let mut src_dir = sys::open_dir_at(None, &sys::cpath(src)?)?;
     let mut dst_dir = sys::open_dir_at(None, &sys::cpath(dst)?)?;
     let top = fsat::stat_fd(&src_dir)?;
@@ -112,6 +126,7 @@ pub(crate) fn merge(src: &Path, dst: &Path, shift: IdShift) -> Result<u64, JailE
         rel: PathBuf::new(),
         links: HashMap::new(),
         skipped: 0,
+        flatten,
     };
     w.set_owner_mode_xattrs(&Node::Fd(&src_dir), &Node::Fd(&dst_dir), &top, true)?;
     w.stack.push(Level {
@@ -204,6 +219,8 @@ impl Walk<'_> {
         let src = Node::At(src_dir, &c);
         let dst = Node::At(dst_dir, &c);
         match st.kind() {
+            // Flattening: the whiteout removed what it names (above), and is gone itself.
+            libc::S_IFCHR if st.is_whiteout() && self.flatten => {}
             libc::S_IFCHR if st.is_whiteout() => {
                 fsat::mknod_at(dst_dir, &c, libc::S_IFCHR, 0)?;
                 fsat::chown_at(dst_dir, &c, 0, 0)?;
@@ -259,7 +276,7 @@ impl Walk<'_> {
         }
         let sub_dst = sys::open_dir_at(Some(dst_dir), c)?;
         self.set_owner_mode_xattrs(&Node::Fd(&sub_src), &Node::Fd(&sub_dst), &st, merge_into)?;
-        if opaque {
+        if opaque && !self.flatten {
             fsat::set_xattr(&Node::Fd(&sub_dst), OPAQUE, b"y")?;
         } else if merge_into {
             fsat::remove_xattr(&Node::Fd(&sub_dst), OPAQUE)?;
