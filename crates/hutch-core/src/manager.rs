@@ -14,6 +14,7 @@
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
+mod builds;
 mod create;
 mod exec;
 mod fork;

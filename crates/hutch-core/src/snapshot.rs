@@ -86,6 +86,10 @@ pub struct SnapshotRecord {
     /// A fork's snapshot: not listed, removed with the last sandbox that uses it.
     #[serde(default)]
     pub hidden: bool,
+    /// A template build's step cache entry: hidden too, but kept until the build cache
+    /// lets it go ([`crate::Manager::delete_build_snapshot`]), not when its users are gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub build: bool,
     /// Resources of the source sandbox.
     pub defaults: SnapshotDefaults,
 }

@@ -271,11 +271,30 @@ impl AgentClient {
     where
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
     {
+        self.write_archive_as(path, false, body).await
+    }
+
+    /// `PUT /v1/files/archive?path=&owners=keep` when `keep_owners`: as
+    /// [`AgentClient::write_archive`], the entries owned by the numeric owners the archive
+    /// records (a Dockerfile build's `COPY --chown`).
+    pub async fn write_archive_as<S>(
+        &self,
+        path: &str,
+        keep_owners: bool,
+        body: S,
+    ) -> ClientResult<()>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+    {
         let body = StreamBody::new(
             body.map_ok(Frame::data)
                 .map_err(|e| Box::new(e) as BoxError),
         );
-        let uri = format!("/v1/files/archive?{}", query::build(&[("path", path)]));
+        let mut params = vec![("path", path)];
+        if keep_owners {
+            params.push(("owners", "keep"));
+        }
+        let uri = format!("/v1/files/archive?{}", query::build(&params));
         self.call(Method::PUT, &uri, UnsyncBoxBody::new(body))
             .await
             .map(drop)

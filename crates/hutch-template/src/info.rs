@@ -53,6 +53,10 @@ pub struct TemplateInfo {
     /// the ready check a create waits for (`docs/templates.md`, "Start command").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<hutch_proto::ServiceSpec>,
+    /// For a template built from a Dockerfile: the cache key of its last step (a rebuild
+    /// whose last key is the same changes nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_key: Option<String>,
 }
 
 impl TemplateInfo {
@@ -68,6 +72,7 @@ impl TemplateInfo {
             defaults: ResourceDefaults::default(),
             image: None,
             start: None,
+            build_key: None,
         }
     }
 }
@@ -162,6 +167,7 @@ mod tests {
                 defaults: ResourceDefaults::default(),
                 image: None,
                 start: None,
+                build_key: None,
             },
         };
         let json = serde_json::to_value(&file).expect("serializable");

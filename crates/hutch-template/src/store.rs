@@ -138,6 +138,23 @@ impl TemplateStore {
         self.build_from(name, Source::Image(source), options, progress)
     }
 
+    /// Builds template `name` from another template's root with a layer applied (see
+    /// [`LayeredSource`]); like every build it replaces the old template only once it
+    /// succeeded, and a ready one with the same `build_key` (and start command) is kept.
+    pub fn build_layered(
+        &self,
+        name: &str,
+        source: &LayeredSource,
+        options: &BuildOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> std::result::Result<TemplateInfo, TemplateError> {
+        validate_name(name)?;
+        if Recipe::from_name(name).is_some() {
+            return Err(TemplateError::BuiltinName(name.to_owned()));
+        }
+        self.build_from(name, Source::Layered(source), options, progress)
+    }
+
     /// The shared blob directory of image templates.
     pub fn blob_dir(&self) -> PathBuf {
         self.dir.join(BLOB_DIR)
@@ -165,6 +182,10 @@ impl TemplateStore {
                     .image
                     .as_ref()
                     .is_some_and(|i| i.reference == image.reference),
+                Source::Layered(layered) => {
+                    info.build_key.as_deref() == Some(layered.build_key.as_str())
+                        && info.start == options.start
+                }
             };
             if let Some(info) = self
                 .get(name)
@@ -304,6 +325,40 @@ impl TemplateStore {
                 let defaults = image::defaults(&config);
                 (image::RECIPE, 0, description, defaults, Some(config))
             }
+            Source::Layered(layered) => {
+                ctx.step("making the root filesystem (template and layer)")?;
+                fs::remove_dir(&rootfs).at("removing", &rootfs)?;
+                let empty = build_dir.join("empty-layer");
+                let layer = match &layered.layer {
+                    Some(layer) => layer.clone(),
+                    None => {
+                        fs::create_dir(&empty).at("creating directory", &empty)?;
+                        empty.clone()
+                    }
+                };
+                hutch_jail::flatten_layer(&hutch_jail::LayerFlatten {
+                    base: layered.base.clone(),
+                    layer,
+                    dst: rootfs.clone(),
+                })
+                .map_err(|e| {
+                    TemplateError::io(
+                        "flattening into",
+                        &rootfs,
+                        std::io::Error::other(e.to_string()),
+                    )
+                })?;
+                if empty.exists() {
+                    fs::remove_dir(&empty).at("removing", &empty)?;
+                }
+                (
+                    layered.recipe.as_str(),
+                    0,
+                    layered.description.clone(),
+                    layered.defaults.clone(),
+                    None,
+                )
+            }
         };
 
         ctx.step("recording metadata")?;
@@ -317,6 +372,10 @@ impl TemplateStore {
             defaults,
             image,
             start: ctx.options.start.clone(),
+            build_key: match source {
+                Source::Layered(layered) => Some(layered.build_key.clone()),
+                _ => None,
+            },
         };
         let file = TemplateFile {
             format: FORMAT_VERSION,
@@ -414,6 +473,28 @@ enum Source<'a> {
     Recipe(Recipe),
     /// An OCI image.
     Image(&'a ImageSource),
+    /// A template's root with a layer over it.
+    Layered(&'a LayeredSource),
+}
+
+/// A template made of another template's root and a 0-based layer over it (a snapshot of a
+/// sandbox of that template): what a Dockerfile build's last step leaves
+/// ([`TemplateStore::build_layered`]).
+#[derive(Debug, Clone)]
+pub struct LayeredSource {
+    /// The root below (another template's `rootfs`).
+    pub base: PathBuf,
+    /// The layer applied onto it (`None`: the root as it is).
+    pub layer: Option<PathBuf>,
+    /// `recipe` recorded in `template.json` (`dockerfile`).
+    pub recipe: String,
+    /// What the template says it is.
+    pub description: String,
+    /// Its defaults (environment, resources).
+    pub defaults: crate::info::ResourceDefaults,
+    /// What identifies this build's input (a Dockerfile build's last cache key): a ready
+    /// template with the same one is kept as it is.
+    pub build_key: String,
 }
 
 /// A build directory that is deleted when dropped unless disarmed.

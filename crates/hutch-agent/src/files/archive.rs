@@ -65,12 +65,14 @@ pub async fn read_archive(query: &Query) -> Result<Response<AgentBody>> {
     Ok(http::stream(hutch_proto::archive::CONTENT_TYPE, rx))
 }
 
-/// `PUT /v1/files/archive?path=`: unpack the body below `path` (created if missing).
+/// `PUT /v1/files/archive?path=[&owners=keep]`: unpack the body below `path` (created if
+/// missing); with `owners=keep` entries get the archive's numeric owners.
 pub async fn write_archive(query: &Query, mut body: Incoming) -> Result<()> {
     let path = query.path()?;
     let dest = path.clone();
     let options = ExtractOptions {
         keep_special_bits: true,
+        keep_owners: query.get("owners") == Some("keep"),
     };
     let mut extractor =
         blocking(move || Extractor::open(std::path::Path::new(&dest), options).map_err(failure))

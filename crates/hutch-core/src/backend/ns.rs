@@ -36,6 +36,11 @@ const MAX_SOCKET_PATH: usize = 107;
 /// Where a snapshot's files are, inside its directory.
 const SNAPSHOT_LAYER: &str = "upper";
 
+/// The files (a 0-based layer) of the `ns` snapshot stored in `dir`.
+pub fn snapshot_layer(dir: &Path) -> PathBuf {
+    dir.join(SNAPSHOT_LAYER)
+}
+
 /// Whether `disk_mib` is enforced on `ns` sandboxes (the btrfs disk pool), once known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DiskQuota {

@@ -37,11 +37,23 @@ impl Manager {
         cmd: CreateSandbox,
         forked_from: Option<String>,
     ) -> CoreResult<SandboxView> {
+        // A fork's hidden snapshot is only usable by the fork itself.
+        let hidden_ok = forked_from.is_some();
+        self.create_sandbox_as(cmd, forked_from, hidden_ok).await
+    }
+
+    /// Create a sandbox; `hidden_ok`: `cmd.snapshot` may name a hidden snapshot (a fork's,
+    /// a build step's).
+    pub(super) async fn create_sandbox_as(
+        self: &Arc<Self>,
+        cmd: CreateSandbox,
+        forked_from: Option<String>,
+        hidden_ok: bool,
+    ) -> CoreResult<SandboxView> {
         let t0 = Instant::now();
         let source = match &cmd.snapshot {
-            // A fork's hidden snapshot is only usable by the fork itself.
             Some(sid) => Some(
-                self.snapshot_record(&sid.parse()?, &TenantScope::All, forked_from.is_some())
+                self.snapshot_record(&sid.parse()?, &TenantScope::All, hidden_ok)
                     .await?,
             ),
             None => None,

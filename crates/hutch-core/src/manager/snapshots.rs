@@ -67,6 +67,17 @@ impl Manager {
         name: Option<&str>,
         hidden: bool,
     ) -> CoreResult<SnapshotRecord> {
+        self.take_snapshot_as(r, name, hidden, false).await
+    }
+
+    /// [`Manager::take_snapshot`], as a build cache entry when `build` (hidden, and kept).
+    pub(super) async fn take_snapshot_as(
+        &self,
+        r: &SandboxRecord,
+        name: Option<&str>,
+        hidden: bool,
+        build: bool,
+    ) -> CoreResult<SnapshotRecord> {
         let t0 = std::time::Instant::now();
         let sid = ids::new_snapshot_id();
         let name = name.unwrap_or(&sid);
@@ -82,7 +93,7 @@ impl Manager {
             self.hang_up_agent(backend.clone(), r).await;
             tracing::debug!(id = %r.id, ms = quiescing.elapsed().as_millis() as u64, "snapshot: agent quiesced");
         }
-        let taken = match hidden {
+        let taken = match hidden && !build {
             true => backend.fork_snapshot(r, &tmp).await,
             false => backend.snapshot(r, &tmp).await,
         };
@@ -100,6 +111,7 @@ impl Manager {
                 created_at_ms: now_ms(),
                 tenant_id: r.tenant.clone(),
                 hidden,
+                build,
                 defaults: SnapshotDefaults {
                     cpus: r.cpus,
                     memory_mib: r.memory_mib,
@@ -190,7 +202,7 @@ impl Manager {
     }
 
     /// Sandboxes that hold disk and were created from snapshot `id` (an indexed lookup).
-    async fn users_of(&self, id: &str) -> CoreResult<Vec<String>> {
+    pub(super) async fn users_of(&self, id: &str) -> CoreResult<Vec<String>> {
         Ok(self
             .store
             .sandboxes_on_layer(id)
@@ -249,7 +261,7 @@ impl Manager {
         self.remove_snapshot_dir(&s).await
     }
 
-    async fn remove_snapshot_dir(&self, s: &SnapshotRecord) -> CoreResult<()> {
+    pub(super) async fn remove_snapshot_dir(&self, s: &SnapshotRecord) -> CoreResult<()> {
         let backend = self.backend(s.isolation)?;
         backend.remove_snapshot(&self.cfg.snapshot_dir(&s.id)).await
     }
@@ -265,7 +277,7 @@ impl Manager {
         let s = {
             let _snapshots = self.lock_snapshots().await;
             let s = match self.store.get_snapshot(id).await {
-                Ok(Some(s)) if s.hidden => s,
+                Ok(Some(s)) if s.hidden && !s.build => s,
                 _ => return,
             };
             match self.users_of(id).await {
@@ -289,7 +301,7 @@ impl Manager {
         let Ok(records) = self.store.all_snapshots().await else {
             return;
         };
-        for s in records.iter().filter(|s| s.hidden) {
+        for s in records.iter().filter(|s| s.hidden && !s.build) {
             self.release_layer(Some(&s.id)).await;
         }
         let Ok(entries) = std::fs::read_dir(self.cfg.snapshots_dir()) else {

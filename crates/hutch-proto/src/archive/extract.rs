@@ -20,6 +20,9 @@ pub struct ExtractOptions {
     /// Keep setuid, setgid and sticky bits (the agent inside a sandbox does; the CLI on the
     /// user's machine does not).
     pub keep_special_bits: bool,
+    /// Give entries the numeric owners the archive records (the agent, for a Dockerfile
+    /// build's `COPY`, as root of its sandbox); otherwise they belong to whoever unpacks.
+    pub keep_owners: bool,
 }
 
 /// A file being written.
@@ -323,6 +326,7 @@ impl Extractor {
                         _ => ArchiveError::io("open", lossy(&path), e),
                     }
                 })?;
+                self.chown_fd(made.as_raw_fd(), &header, &path)?;
                 // SAFETY: fchmod on a descriptor we own.
                 cvt(unsafe { libc::fchmod(made.as_raw_fd(), mode | 0o700) })
                     .map_err(|e| ArchiveError::io("chmod", lossy(&path), e))?;
@@ -332,6 +336,8 @@ impl Extractor {
                 let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
                 let fd = open_at(dir.as_raw_fd(), name, flags, 0o600)
                     .map_err(|e| ArchiveError::io("create", lossy(&path), e))?;
+                // Owner before mode: chown clears setuid and setgid.
+                self.chown_fd(fd.as_raw_fd(), &header, &path)?;
                 self.current = Some(OpenFile {
                     file: File::from(fd),
                     path: path.clone(),
@@ -345,6 +351,20 @@ impl Extractor {
                 // SAFETY: both are valid C strings; symlinkat only reads them.
                 cvt(unsafe { libc::symlinkat(t.as_ptr(), dir.as_raw_fd(), c.as_ptr()) })
                     .map_err(|e| ArchiveError::io("symlink", lossy(&path), e))?;
+                if self.options.keep_owners {
+                    // SAFETY: `c` is a valid C string; AT_SYMLINK_NOFOLLOW changes the link
+                    // itself, never what it points to.
+                    cvt(unsafe {
+                        libc::fchownat(
+                            dir.as_raw_fd(),
+                            c.as_ptr(),
+                            header.uid,
+                            header.gid,
+                            libc::AT_SYMLINK_NOFOLLOW,
+                        )
+                    })
+                    .map_err(|e| ArchiveError::io("chown", lossy(&path), e))?;
+                }
             }
             EntryKind::HardLink(_) => {
                 let link_parts = link_parts.expect("hard links have their target's parts");
@@ -370,6 +390,17 @@ impl Extractor {
         }
         self.entries += 1;
         Ok(())
+    }
+
+    /// Give the entry open at `fd` the archive's owner, with [`ExtractOptions::keep_owners`].
+    fn chown_fd(&self, fd: RawFd, header: &EntryHeader, path: &[u8]) -> ArchiveResult<()> {
+        if !self.options.keep_owners {
+            return Ok(());
+        }
+        // SAFETY: fchown on a descriptor the caller holds open.
+        cvt(unsafe { libc::fchown(fd, header.uid, header.gid) })
+            .map(drop)
+            .map_err(|e| ArchiveError::io("chown", lossy(path), e))
     }
 
     /// Finish the file being written: its mode and modification time.

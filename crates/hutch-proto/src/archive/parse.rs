@@ -38,6 +38,10 @@ pub struct EntryHeader {
     pub mtime: u64,
     /// Bytes of data that follow.
     pub size: u64,
+    /// Numeric owner (0 when the header's is unreadable).
+    pub uid: u32,
+    /// Numeric group (0 when the header's is unreadable).
+    pub gid: u32,
 }
 
 /// What the parser found.
@@ -293,6 +297,9 @@ impl TarParser {
             .map_err(|_| malformed("a header with a bad mode"))?
             & 0o7777;
         let mtime = header.mtime().unwrap_or(0);
+        let owner =
+            |id: std::io::Result<u64>| id.ok().and_then(|id| u32::try_from(id).ok()).unwrap_or(0);
+        let (uid, gid) = (owner(header.uid()), owner(header.gid()));
         let sink = if kind == EntryKind::File {
             Sink::Emit
         } else {
@@ -305,6 +312,8 @@ impl TarParser {
             mode,
             mtime,
             size,
+            uid,
+            gid,
         }));
         if !emits {
             events.push(TarEvent::EntryEnd);

@@ -219,6 +219,7 @@ fn special_bits_are_dropped_unless_kept_and_a_file_replaces_a_symlink_without_fo
         &dest,
         ExtractOptions {
             keep_special_bits: true,
+            ..ExtractOptions::default()
         },
     )
     .expect("open");
@@ -267,4 +268,38 @@ fn pax_paths_are_read() {
         std::fs::read_to_string(dst.path().join("some/pax/long/name.txt")).expect("read"),
         "p\n"
     );
+}
+
+#[test]
+fn owners_are_kept_only_when_asked() {
+    let t = tempfile::tempdir().expect("tempdir");
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("d")).expect("mkdir");
+    std::fs::write(src.join("d/f"), b"x").expect("write");
+    symlink("f", src.join("d/l")).expect("symlink");
+    for p in ["d", "d/f", "d/l"] {
+        std::os::unix::fs::lchown(src.join(p), Some(1234), Some(4321)).expect("chown");
+    }
+    let bytes = archive_of(&src, 1 << 16);
+    for keep in [false, true] {
+        let dest = t.path().join(format!("dest-{keep}"));
+        std::fs::create_dir(&dest).expect("mkdir");
+        let mut ex = Extractor::open(
+            &dest,
+            ExtractOptions {
+                keep_owners: keep,
+                ..ExtractOptions::default()
+            },
+        )
+        .expect("open");
+        for ev in TarParser::new().push(&bytes).expect("parse") {
+            ex.apply(ev).expect("apply");
+        }
+        ex.finish().expect("finish");
+        for p in ["d", "d/f", "d/l"] {
+            let m = std::fs::symlink_metadata(dest.join(p)).expect("stat");
+            let want = if keep { (1234, 4321) } else { (0, 0) };
+            assert_eq!((m.uid(), m.gid()), want, "{p} keep={keep}");
+        }
+    }
 }

@@ -1,0 +1,313 @@
+//! [`Builder`]: the server's template builds — started, watched, followed and cancelled.
+//! Builds live in memory (a restart forgets them; their cached steps stay). Builds of one
+//! template run one at a time, in the order asked; builds of different templates run at
+//! once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hutch_core::net::policy::PolicySpec;
+use hutch_core::tenant::Tenant;
+use hutch_core::Manager;
+use tokio::sync::{broadcast, watch};
+
+use crate::cache::StepCache;
+use crate::error::BuildError;
+use crate::log::{BuildLog, BuildLogLine, LogStream};
+use crate::{BuildStatus, BuildView, StepStatus, StepView};
+
+/// Builds kept per template (the oldest finished ones are forgotten).
+const KEPT_BUILDS: usize = 20;
+
+/// What build sandboxes get.
+#[derive(Debug, Clone)]
+pub struct BuildSettings {
+    /// CPUs of a build sandbox.
+    pub cpus: f64,
+    /// Memory of a build sandbox (MiB).
+    pub memory_mib: u64,
+    /// Writable disk of a build sandbox (MiB).
+    pub disk_mib: u64,
+    /// Tasks of a build sandbox.
+    pub pids_max: u32,
+    /// Network policy of `RUN` steps (`RUN --network=none` gets none).
+    pub network: PolicySpec,
+    /// Longest one `RUN` may take.
+    pub step_timeout: Duration,
+}
+
+impl Default for BuildSettings {
+    fn default() -> Self {
+        Self {
+            cpus: 2.0,
+            memory_mib: 2048,
+            disk_mib: 8192,
+            pids_max: 4096,
+            network: PolicySpec {
+                egress: hutch_core::net::policy::Egress::Allow,
+                ..PolicySpec::default()
+            },
+            step_timeout: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// A build to start.
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    /// The template to make (or replace, once the build succeeds).
+    pub template: String,
+    /// The extracted build context; the build owns it and deletes it when it ends.
+    pub context_dir: PathBuf,
+    /// The Dockerfile's path inside the context (`Dockerfile`).
+    pub dockerfile: String,
+    /// `--build-arg`s.
+    pub build_args: BTreeMap<String, String>,
+    /// The stage to build (default: the last).
+    pub target: Option<String>,
+    /// Run every step, ignoring the cache.
+    pub no_cache: bool,
+    /// Whose build sandboxes these are.
+    pub tenant: Option<Tenant>,
+}
+
+/// One build's state.
+pub(crate) struct Build {
+    pub id: String,
+    pub template: String,
+    pub state: Mutex<BuildState>,
+    pub done: watch::Sender<BuildStatus>,
+    pub cancel: watch::Sender<bool>,
+    pub started: Instant,
+}
+
+pub(crate) struct BuildState {
+    pub status: BuildStatus,
+    pub steps: Vec<StepView>,
+    pub warnings: Vec<String>,
+    pub created_ms: i64,
+    pub finished_ms: Option<i64>,
+    pub error: Option<String>,
+    pub log: BuildLog,
+}
+
+impl Build {
+    pub fn lock(&self) -> MutexGuard<'_, BuildState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Append a line to its log.
+    pub fn log(&self, step: Option<usize>, stream: LogStream, text: &str) {
+        self.lock().log.push(step, stream, text);
+    }
+
+    /// Set step `number`'s status (and duration).
+    pub fn step(&self, number: usize, status: StepStatus, duration: Option<Duration>) {
+        let mut st = self.lock();
+        if let Some(step) = st.steps.get_mut(number.wrapping_sub(1)) {
+            step.status = status;
+            step.duration_ms = duration.map(|d| d.as_millis() as u64);
+        }
+    }
+
+    /// Whether a client cancelled it.
+    pub fn cancelled(&self) -> bool {
+        *self.cancel.borrow()
+    }
+
+    fn view(&self) -> BuildView {
+        let st = self.lock();
+        BuildView {
+            id: self.id.clone(),
+            template: self.template.clone(),
+            status: st.status,
+            steps: st.steps.clone(),
+            warnings: st.warnings.clone(),
+            created_at: hutch_core::time::rfc3339(st.created_ms),
+            finished_at: st.finished_ms.map(hutch_core::time::rfc3339),
+            duration_ms: st.finished_ms.map(|f| (f - st.created_ms).max(0) as u64),
+            error: st.error.clone(),
+        }
+    }
+
+    /// End it with `result`.
+    pub fn finish(&self, result: Result<(), BuildError>) {
+        let status = {
+            let mut st = self.lock();
+            st.finished_ms = Some(hutch_core::time::now_ms());
+            st.status = match &result {
+                Ok(()) => BuildStatus::Succeeded,
+                Err(BuildError::Cancelled) => BuildStatus::Cancelled,
+                Err(_) => BuildStatus::Failed,
+            };
+            if let Err(e) = &result {
+                st.error = Some(e.to_string());
+            }
+            let line = match &result {
+                Ok(()) => format!(
+                    "template {} is ready ({:.1} s)",
+                    self.template,
+                    self.started.elapsed().as_secs_f64()
+                ),
+                Err(e) => format!("build failed: {e}"),
+            };
+            st.log.push(None, LogStream::Status, &line);
+            st.status
+        };
+        let _ = self.done.send(status);
+    }
+}
+
+/// A followed build log: what was written so far, what comes next, and when it ends.
+pub struct LogFollow {
+    /// The lines written so far (the last [`crate::log::MAX_LOG_LINES`]).
+    pub backlog: Vec<BuildLogLine>,
+    /// Lines as they are written.
+    pub lines: broadcast::Receiver<BuildLogLine>,
+    /// The build's status; changes once, when it ends.
+    pub done: watch::Receiver<BuildStatus>,
+}
+
+/// The server's template builds.
+pub struct Builder {
+    pub(crate) manager: Arc<Manager>,
+    pub(crate) settings: BuildSettings,
+    pub(crate) cache: StepCache,
+    builds: Mutex<HashMap<String, Vec<Arc<Build>>>>,
+    /// One build per template at a time.
+    pub(crate) template_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Builder {
+    /// A builder over `manager`'s templates and sandboxes; its step cache index lives in
+    /// the templates directory.
+    pub fn new(manager: Arc<Manager>, settings: BuildSettings) -> Arc<Self> {
+        let cache = StepCache::open(manager.templates().dir().join(".build-cache"));
+        Arc::new(Self {
+            manager,
+            settings,
+            cache,
+            builds: Mutex::default(),
+            template_locks: Mutex::default(),
+        })
+    }
+
+    fn builds(&self) -> MutexGuard<'_, HashMap<String, Vec<Arc<Build>>>> {
+        self.builds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Check `request` (the name, the Dockerfile: a bad instruction is refused here, naming
+    /// its line) and start it in the background.
+    pub async fn start(self: &Arc<Self>, request: BuildRequest) -> Result<BuildView, BuildError> {
+        let checked = crate::engine::check(&request).await;
+        let plan = match checked {
+            Ok(plan) => plan,
+            Err(e) => {
+                crate::engine::remove_context(&request.context_dir).await;
+                return Err(e);
+            }
+        };
+        let id = format!("bld_{}", hutch_core::ids::random_token(16));
+        let (done, _) = watch::channel(BuildStatus::Queued);
+        let (cancel, _) = watch::channel(false);
+        let build = Arc::new(Build {
+            id: id.clone(),
+            template: request.template.clone(),
+            state: Mutex::new(BuildState {
+                status: BuildStatus::Queued,
+                steps: crate::engine::step_views(&plan),
+                warnings: plan.warnings.clone(),
+                created_ms: hutch_core::time::now_ms(),
+                finished_ms: None,
+                error: None,
+                log: BuildLog::default(),
+            }),
+            done,
+            cancel,
+            started: Instant::now(),
+        });
+        {
+            let mut builds = self.builds();
+            let list = builds.entry(request.template.clone()).or_default();
+            if list.len() >= KEPT_BUILDS {
+                if let Some(i) = list.iter().position(|b| b.lock().status.is_done()) {
+                    list.remove(i);
+                }
+            }
+            list.push(build.clone());
+        }
+        let view = build.view();
+        let builder = self.clone();
+        tokio::spawn(async move {
+            let context = request.context_dir.clone();
+            let result = crate::engine::run(&builder, &build, request).await;
+            crate::engine::remove_context(&context).await;
+            if let Err(e) = &result {
+                tracing::warn!(build = %build.id, template = %build.template, error = %e, "template build failed");
+            }
+            build.finish(result);
+        });
+        Ok(view)
+    }
+
+    fn find(&self, template: &str, id: &str) -> Option<Arc<Build>> {
+        self.builds()
+            .get(template)?
+            .iter()
+            .find(|b| b.id == id)
+            .cloned()
+    }
+
+    /// Build `id` of `template`.
+    pub fn get(&self, template: &str, id: &str) -> Result<BuildView, BuildError> {
+        self.find(template, id)
+            .map(|b| b.view())
+            .ok_or_else(|| not_found(template, id))
+    }
+
+    /// The builds of `template` this server remembers, oldest first.
+    pub fn list(&self, template: &str) -> Vec<BuildView> {
+        self.builds()
+            .get(template)
+            .map(|l| l.iter().map(|b| b.view()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether a build of `template` is queued or running.
+    pub fn building(&self, template: &str) -> bool {
+        self.builds()
+            .get(template)
+            .is_some_and(|l| l.iter().any(|b| !b.lock().status.is_done()))
+    }
+
+    /// Follow the log of build `id`.
+    pub fn follow(&self, template: &str, id: &str) -> Result<LogFollow, BuildError> {
+        let build = self
+            .find(template, id)
+            .ok_or_else(|| not_found(template, id))?;
+        let (backlog, lines) = build.lock().log.follow();
+        Ok(LogFollow {
+            backlog,
+            lines,
+            done: build.done.subscribe(),
+        })
+    }
+
+    /// Cancel build `id`: its running step is killed with its sandbox, and the template
+    /// stays as it was. A finished build is left as it is.
+    pub fn cancel(&self, template: &str, id: &str) -> Result<BuildView, BuildError> {
+        let build = self
+            .find(template, id)
+            .ok_or_else(|| not_found(template, id))?;
+        if !build.lock().status.is_done() {
+            let _ = build.cancel.send(true);
+        }
+        Ok(build.view())
+    }
+}
+
+fn not_found(template: &str, id: &str) -> BuildError {
+    BuildError::NotFound(format!("template {template:?} has no build {id}"))
+}

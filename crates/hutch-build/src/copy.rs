@@ -1,0 +1,315 @@
+//! `COPY`/`ADD` in a build sandbox: context files as a tar stream the sandbox's agent
+//! unpacks (`PUT /v1/files/archive?owners=keep`), another stage's files streamed out of a
+//! sandbox of that stage into this one.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hutch_core::ids::SandboxId;
+use hutch_dockerfile::{
+    Context, ContextEntry, CopyFrom, CopySource, CopyStep, DockerIgnore, EntryKind, Step,
+};
+use hutch_proto::client::AgentClient;
+
+use crate::builds::{Build, BuildRequest, Builder};
+use crate::engine::{blocking, StageStateRef};
+use crate::error::BuildError;
+use crate::log::LogStream;
+
+/// Run a `COPY` or `ADD` step.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn copy(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    n: usize,
+    step: &Step,
+    copy: &CopyStep,
+    _id: &SandboxId,
+    client: &AgentClient,
+    ctx: &Arc<Context>,
+    ignore: &Arc<DockerIgnore>,
+    states: &HashMap<usize, StageStateRef>,
+    request: &BuildRequest,
+) -> Result<(), BuildError> {
+    if let Some(url) = copy.sources.iter().find_map(|s| match s {
+        CopySource::Url(u) => Some(u.clone()),
+        _ => None,
+    }) {
+        return Err(BuildError::StepFailed(format!(
+            "ADD of a URL ({url}) is not supported yet: download it in a RUN step (curl, wget) under the build's network policy"
+        )));
+    }
+    let owner = match &copy.chown {
+        Some(spec) => Some(resolve_owner(client, spec, &step.config).await?),
+        None => None,
+    };
+    match &copy.from {
+        None => copy_context(build, n, copy, client, ctx, ignore, owner).await,
+        Some(CopyFrom::Stage { index }) => {
+            let state = states
+                .get(index)
+                .ok_or_else(|| BuildError::StepFailed(format!("stage {index} was not built")))?;
+            copy_from_stage(builder, build, n, copy, client, state, request, owner).await
+        }
+        Some(CopyFrom::Image { reference }) => Err(BuildError::StepFailed(format!(
+            "COPY --from={reference} (an image) is not supported yet"
+        ))),
+    }
+}
+
+/// `uid:gid` of a `--chown` value, names looked up in the build sandbox's passwd and group.
+async fn resolve_owner(
+    client: &AgentClient,
+    spec: &str,
+    _config: &hutch_dockerfile::StageConfig,
+) -> Result<(u32, u32), BuildError> {
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let read = |path: &'static str| async move {
+        match client.read_file(path).await {
+            Ok(stream) => stream
+                .collect_bytes(4 << 20)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    };
+    let lookup = |table: &str, name: &str, field: usize| -> Option<(u32, Option<u32>)> {
+        table.lines().find_map(|line| {
+            let parts: Vec<&str> = line.split(':').collect();
+            (parts.first() == Some(&name)).then(|| {
+                let id = parts.get(field).and_then(|v| v.parse().ok())?;
+                Some((id, parts.get(3).and_then(|g| g.parse().ok())))
+            })?
+        })
+    };
+    let passwd = read("/etc/passwd").await;
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(uid) => (uid, lookup(&passwd, user, 2).and_then(|(_, g)| g)),
+        Err(_) => {
+            let (uid, gid) = lookup(&passwd, user, 2).ok_or_else(|| {
+                BuildError::StepFailed(format!(
+                    "--chown: no user {user:?} in the stage's /etc/passwd"
+                ))
+            })?;
+            (uid, gid)
+        }
+    };
+    let gid = match group {
+        None => primary.unwrap_or(uid),
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => {
+                let groups = read("/etc/group").await;
+                lookup(&groups, g, 2).map(|(gid, _)| gid).ok_or_else(|| {
+                    BuildError::StepFailed(format!(
+                        "--chown: no group {g:?} in the stage's /etc/group"
+                    ))
+                })?
+            }
+        },
+    };
+    Ok((uid, gid))
+}
+
+/// Copy context files: one tar stream of every entry at its target path.
+async fn copy_context(
+    build: &Arc<Build>,
+    n: usize,
+    copy: &CopyStep,
+    client: &AgentClient,
+    ctx: &Arc<Context>,
+    ignore: &Arc<DockerIgnore>,
+    owner: Option<(u32, u32)>,
+) -> Result<(), BuildError> {
+    let (c, i, sources) = (ctx.clone(), ignore.clone(), copy.path_sources());
+    let entries = blocking(move || Ok(c.resolve(&sources, &i)?)).await?;
+    let roots = entries.iter().filter(|e| e.is_source_root).count();
+    // One file onto a path that is a directory in the stage lands inside it, as in Docker.
+    let into_dir = !copy.dest_is_dir
+        && roots == 1
+        && entries.len() == 1
+        && entries[0].kind != EntryKind::Directory
+        && client
+            .stat(&copy.dest)
+            .await
+            .is_ok_and(|e| e.file_type == hutch_proto::FileType::Dir);
+    let mut copy = copy.clone();
+    if into_dir {
+        copy.dest_is_dir = true;
+    }
+    let targets: Vec<(ContextEntry, String)> = entries
+        .into_iter()
+        .map(|e| {
+            let target = copy.target_path(&e, roots);
+            (e, target)
+        })
+        .collect();
+    build.log(
+        Some(n),
+        LogStream::Status,
+        &format!(" ---> {} entries from the context", targets.len()),
+    );
+    let (c, chmod) = (ctx.clone(), copy.chmod);
+    let tar = blocking(move || make_tar(&c, &targets, owner, chmod)).await?;
+    let body = futures_util::stream::iter(
+        tar.chunks(64 << 10)
+            .map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c)))
+            .collect::<Vec<_>>(),
+    );
+    client.write_archive_as("/", true, body).await?;
+    Ok(())
+}
+
+/// The tar stream of `targets` (paths relative to `/`), owned by `owner` (else 0:0).
+fn make_tar(
+    ctx: &Context,
+    targets: &[(ContextEntry, String)],
+    owner: Option<(u32, u32)>,
+    chmod: Option<u32>,
+) -> Result<Vec<u8>, BuildError> {
+    let (uid, gid) = owner.unwrap_or((0, 0));
+    let mut builder = tar::Builder::new(Vec::new());
+    for (entry, target) in targets {
+        let path = target.trim_start_matches('/');
+        if path.is_empty() {
+            continue;
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_uid(u64::from(uid));
+        header.set_gid(u64::from(gid));
+        header.set_mtime(0);
+        let mode = chmod.unwrap_or(entry.mode);
+        header.set_mode(mode);
+        let io = BuildError::io(format!("adding {} to the copy", entry.path));
+        match entry.kind {
+            EntryKind::Directory => {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_size(0);
+                builder
+                    .append_data(&mut header, format!("{path}/"), std::io::empty())
+                    .map_err(io)?;
+            }
+            EntryKind::File => {
+                let mut file = ctx.open_file(&entry.path)?;
+                let mut data = Vec::with_capacity(entry.size as usize);
+                (&mut file)
+                    .take(entry.size)
+                    .read_to_end(&mut data)
+                    .map_err(BuildError::io(format!("reading {}", entry.path)))?;
+                data.resize(entry.size as usize, 0);
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_size(entry.size);
+                builder
+                    .append_data(&mut header, path, data.as_slice())
+                    .map_err(io)?;
+            }
+            EntryKind::Symlink => {
+                header.set_entry_type(tar::EntryType::Symlink);
+                header.set_size(0);
+                let target = entry.symlink_target.clone().unwrap_or_default();
+                builder.append_link(&mut header, path, target).map_err(io)?;
+            }
+        }
+    }
+    builder
+        .into_inner()
+        .map_err(BuildError::io("finishing the copy's archive"))
+}
+
+/// `COPY --from=stage`: each source read out of a sandbox of that stage as a tar stream
+/// and unpacked at the destination.
+#[allow(clippy::too_many_arguments)]
+async fn copy_from_stage(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    n: usize,
+    copy: &CopyStep,
+    client: &AgentClient,
+    state: &StageStateRef,
+    request: &BuildRequest,
+    owner: Option<(u32, u32)>,
+) -> Result<(), BuildError> {
+    let (src_id, src) = crate::engine::stage_sandbox(builder, request, state).await?;
+    let copied = async {
+        for source in copy.path_sources() {
+            let stat = src
+                .stat(&source)
+                .await
+                .map_err(|e| BuildError::StepFailed(format!("COPY --from: {source}: {e}")))?;
+            let is_dir = stat.file_type == hutch_proto::FileType::Dir;
+            let name = source
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or("")
+                .to_string();
+            // A directory's contents go into dest; a file into dest/ (or as dest).
+            let (into, rename) = if is_dir || copy.dest_is_dir || copy.path_sources().len() > 1 {
+                (copy.dest.clone(), None)
+            } else {
+                let dest = copy.dest.trim_end_matches('/');
+                let parent = match dest.rsplit_once('/') {
+                    Some(("", _)) | None => "/".to_string(),
+                    Some((p, _)) => p.to_string(),
+                };
+                let landed = format!("{}/{name}", parent.trim_end_matches('/'));
+                (parent, (landed != dest).then(|| (landed, dest.to_string())))
+            };
+            build.log(
+                Some(n),
+                LogStream::Status,
+                &format!(" ---> {source} from stage"),
+            );
+            client.mkdir(&into).await.or_else(|e| match &e {
+                hutch_proto::client::ClientError::Agent(a)
+                    if a.code == hutch_proto::AgentErrorCode::AlreadyExists =>
+                {
+                    Ok(())
+                }
+                _ => Err(e),
+            })?;
+            let archive = src.read_archive(&source).await?;
+            let archive = futures_util::StreamExt::map(archive, |chunk| {
+                chunk.map_err(|e| std::io::Error::other(e.to_string()))
+            });
+            client.write_archive(&into, archive).await?;
+            if let Some((from, to)) = rename {
+                client.rename(&from, &to).await?;
+            }
+        }
+        if let Some((uid, gid)) = owner {
+            let request = hutch_proto::ExecRequest {
+                cmd: hutch_proto::Command::Argv(vec![
+                    "chown".into(),
+                    "-R".into(),
+                    format!("{uid}:{gid}"),
+                    copy.dest.clone(),
+                ]),
+                env: Default::default(),
+                cwd: Some("/".into()),
+                user: None,
+                timeout_ms: Some(600_000),
+                pty: None,
+                stdin: false,
+                background: false,
+            };
+            let exit = crate::engine::stream_exec(build, n, client, request).await?;
+            if exit.exit_code != 0 {
+                return Err(BuildError::StepFailed(format!(
+                    "chown -R exited {}",
+                    exit.exit_code
+                )));
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let _ = builder.manager.kill(&src_id).await;
+    copied
+}

@@ -1,0 +1,695 @@
+//! Running a build: plan, bases, then each stage's steps in build sandboxes, cached by key;
+//! the target stage's last state becomes the template.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hutch_core::ids::{SandboxId, SnapshotId};
+use hutch_core::model::{CreateSandbox, IsolationRequest};
+use hutch_dockerfile::{
+    base_key, plan_with_bases, step_key, Base, BuildPlan, Context, CopyFrom, DockerIgnore,
+    HealthTest, Instruction, StageConfig, Step,
+};
+use hutch_proto::client::{AgentClient, ExecEvent};
+use hutch_proto::{Command, ExecRequest, ReadyCheck, ReadyProbe, ServiceSpec};
+use hutch_template::{
+    BuildOptions, ImageSource, LayeredSource, Progress, PullOptions, ResourceDefaults,
+};
+
+use crate::builds::{Build, BuildRequest, Builder};
+use crate::error::BuildError;
+use crate::log::LogStream;
+use crate::{BuildStatus, StepStatus, StepView};
+
+/// Largest Dockerfile read from a context.
+const MAX_DOCKERFILE: u64 = 1 << 20;
+/// Largest `.dockerignore` read.
+const MAX_IGNORE: u64 = 64 << 10;
+/// TTL of a build sandbox (it is removed when its stage ends).
+const SANDBOX_TTL: u64 = 24 * 3600;
+
+/// Read and plan the Dockerfile without its bases (a bad instruction fails the request).
+pub(crate) async fn check(request: &BuildRequest) -> Result<BuildPlan, BuildError> {
+    if hutch_template::builtin_names().contains(&request.template.as_str()) {
+        return Err(BuildError::BadRequest(format!(
+            "{} is a built-in template's name: build another",
+            request.template
+        )));
+    }
+    let r = request.clone();
+    blocking(move || {
+        let (text, _) = read_inputs(&r)?;
+        Ok(hutch_dockerfile::plan(
+            &text,
+            &r.build_args,
+            r.target.as_deref(),
+        )?)
+    })
+    .await
+}
+
+/// The Dockerfile and `.dockerignore` of `request`'s context.
+fn read_inputs(request: &BuildRequest) -> Result<(String, DockerIgnore), BuildError> {
+    let ctx = Context::open(&request.context_dir)?;
+    let text = ctx
+        .read_to_string(&request.dockerfile, MAX_DOCKERFILE)?
+        .ok_or_else(|| {
+            BuildError::BadRequest(format!(
+                "the build context has no {} (give the Dockerfile's path in the context with `dockerfile`)",
+                request.dockerfile
+            ))
+        })?;
+    let ignore = match ctx.read_to_string(".dockerignore", MAX_IGNORE)? {
+        Some(rules) => DockerIgnore::parse(&rules)?,
+        None => DockerIgnore::none(),
+    };
+    Ok((text, ignore))
+}
+
+/// The steps a plan runs, as the API shows them before they run.
+pub(crate) fn step_views(plan: &BuildPlan) -> Vec<StepView> {
+    plan.stages
+        .iter()
+        .flat_map(|stage| {
+            stage
+                .steps
+                .iter()
+                .map(move |step| (stage.display_name(), step))
+        })
+        .enumerate()
+        .map(|(i, (stage, step))| StepView {
+            number: i + 1,
+            stage,
+            line: step.line,
+            instruction: step.text.clone(),
+            status: StepStatus::Pending,
+            duration_ms: None,
+        })
+        .collect()
+}
+
+/// Delete a build's context directory.
+pub(crate) async fn remove_context(dir: &Path) {
+    let dir = dir.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir)).await;
+}
+
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BuildError> + Send + 'static,
+) -> Result<T, BuildError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BuildError::StepFailed(format!("a build task did not finish: {e}")))?
+}
+
+/// A stage's base: the template its sandboxes run and the identity its cache keys start from.
+#[derive(Debug, Clone)]
+struct BaseTemplate {
+    template: String,
+    identity: String,
+}
+
+/// Where a stage ended: its template, the snapshot of its last step, its last key.
+#[derive(Debug, Clone)]
+pub(crate) struct StageState {
+    template: String,
+    snapshot: Option<SnapshotId>,
+    key: String,
+}
+
+/// Run `request` (see the crate docs).
+pub(crate) async fn run(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    request: BuildRequest,
+) -> Result<(), BuildError> {
+    let lock = {
+        let mut locks = builder
+            .template_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        locks.entry(request.template.clone()).or_default().clone()
+    };
+    let _one_at_a_time = lock.lock().await;
+    build.lock().status = BuildStatus::Running;
+    let r = request.clone();
+    let (text, ignore) = blocking(move || read_inputs(&r)).await?;
+    let plan0 = hutch_dockerfile::plan(&text, &request.build_args, request.target.as_deref())?;
+    let mut bases = HashMap::new();
+    let mut configs = BTreeMap::new();
+    for reference in plan0.images() {
+        let (base, config) = resolve_base(builder, build, &reference).await?;
+        configs.insert(reference.clone(), config);
+        bases.insert(reference, base);
+    }
+    let plan = plan_with_bases(
+        &text,
+        &request.build_args,
+        request.target.as_deref(),
+        &configs,
+    )?;
+    {
+        let mut st = build.lock();
+        st.steps = step_views(&plan);
+        st.warnings = plan.warnings.clone();
+    }
+    let total: usize = plan.stages.iter().map(|s| s.steps.len()).sum();
+    let ctx = Arc::new(Context::open(&request.context_dir)?);
+    let ignore = Arc::new(ignore);
+    let mut states: HashMap<usize, StageState> = HashMap::new();
+    let mut number = 0;
+    for stage in &plan.stages {
+        let mut state = match &stage.base {
+            Base::Image { reference } => {
+                let base = bases.get(reference).ok_or_else(|| {
+                    BuildError::StepFailed(format!("no base resolved for {reference}"))
+                })?;
+                StageState {
+                    template: base.template.clone(),
+                    snapshot: None,
+                    key: base_key(&base.identity),
+                }
+            }
+            Base::Stage { index } => states.get(index).cloned().ok_or_else(|| {
+                BuildError::StepFailed(format!("stage {index} was not built"))
+            })?,
+            Base::Scratch => {
+                return Err(BuildError::StepFailed(format!(
+                    "Dockerfile line {}: FROM scratch is not supported yet: start from a template or an image (minimal is a small one)",
+                    stage.line
+                )))
+            }
+        };
+        build.log(
+            None,
+            LogStream::Status,
+            &format!("stage {} : {}", stage.display_name(), stage.text),
+        );
+        let mut sandbox: Option<(SandboxId, AgentClient)> = None;
+        let ran = run_stage(
+            builder,
+            build,
+            &request,
+            stage,
+            &mut state,
+            &mut sandbox,
+            &states,
+            &ctx,
+            &ignore,
+            &mut number,
+            total,
+        )
+        .await;
+        if let Some((id, _)) = sandbox.take() {
+            if let Err(e) = builder.manager.kill(&id).await {
+                tracing::warn!(sandbox = %id, error = %e, "removing a build sandbox");
+            }
+        }
+        ran?;
+        states.insert(stage.index, state);
+    }
+    let target = plan.target();
+    let state = states
+        .get(&target.index)
+        .cloned()
+        .ok_or_else(|| BuildError::StepFailed("the target stage was not built".into()))?;
+    commit(builder, build, &request, &state, target.config()).await
+}
+
+/// Run one stage's steps from `state`, updating it; `sandbox` holds the stage's build
+/// sandbox once one was needed (the caller removes it).
+#[allow(clippy::too_many_arguments)]
+async fn run_stage(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    request: &BuildRequest,
+    stage: &hutch_dockerfile::Stage,
+    state: &mut StageState,
+    sandbox: &mut Option<(SandboxId, AgentClient)>,
+    states: &HashMap<usize, StageState>,
+    ctx: &Arc<Context>,
+    ignore: &Arc<DockerIgnore>,
+    number: &mut usize,
+    total: usize,
+) -> Result<(), BuildError> {
+    for step in &stage.steps {
+        *number += 1;
+        let n = *number;
+        if build.cancelled() {
+            return Err(BuildError::Cancelled);
+        }
+        build.log(
+            Some(n),
+            LogStream::Status,
+            &format!("step {n}/{total} : {}", step.text),
+        );
+        if !step.changes_filesystem() {
+            state.key = step_key(&state.key, step, None);
+            build.step(n, StepStatus::Done, Some(Duration::ZERO));
+            continue;
+        }
+        let inputs = step_inputs(step, ctx, ignore, states).await?;
+        state.key = step_key(&state.key, step, inputs.as_deref());
+        if !request.no_cache {
+            if let Some(sid) = builder.cache.get(&state.key) {
+                if builder.manager.build_snapshot(&sid).await?.is_some() {
+                    build.log(Some(n), LogStream::Status, " ---> CACHED");
+                    build.step(n, StepStatus::Cached, None);
+                    state.snapshot = Some(sid);
+                    if let Some((id, _)) = sandbox.take() {
+                        let _ = builder.manager.kill(&id).await;
+                    }
+                    continue;
+                }
+            }
+        }
+        build.step(n, StepStatus::Running, None);
+        let t0 = Instant::now();
+        if sandbox.is_none() {
+            *sandbox = Some(build_sandbox(builder, request, state).await?);
+        }
+        let (id, client) = sandbox.as_ref().expect("made above");
+        let done = run_step(
+            builder, build, n, step, id, client, ctx, ignore, states, request,
+        )
+        .await;
+        if let Err(e) = done {
+            build.step(n, StepStatus::Failed, Some(t0.elapsed()));
+            return Err(e);
+        }
+        let label = format!("build-{}-step-{n}", request.template);
+        let snap = builder.manager.snapshot_for_build(id, &label).await?;
+        builder
+            .cache
+            .put(&state.key, &snap.id)
+            .map_err(BuildError::io("recording a build step in the cache"))?;
+        state.snapshot = Some(snap.id);
+        build.step(n, StepStatus::Done, Some(t0.elapsed()));
+        build.log(
+            Some(n),
+            LogStream::Status,
+            &format!(" ---> done in {:.1} s", t0.elapsed().as_secs_f64()),
+        );
+    }
+    Ok(())
+}
+
+/// The hash of what a step reads besides its instruction (context files, another stage).
+async fn step_inputs(
+    step: &Step,
+    ctx: &Arc<Context>,
+    ignore: &Arc<DockerIgnore>,
+    states: &HashMap<usize, StageState>,
+) -> Result<Option<String>, BuildError> {
+    let Instruction::Copy(copy) = &step.instruction else {
+        return Ok(None);
+    };
+    match &copy.from {
+        None => {
+            let (ctx, ignore, sources) = (ctx.clone(), ignore.clone(), copy.path_sources());
+            blocking(move || {
+                let entries = ctx.resolve(&sources, &ignore)?;
+                Ok(Some(ctx.hash_entries(&entries)?))
+            })
+            .await
+        }
+        Some(CopyFrom::Stage { index }) => Ok(states.get(index).map(|s| s.key.clone())),
+        Some(CopyFrom::Image { reference }) => Err(BuildError::StepFailed(format!(
+            "Dockerfile line {}: COPY --from={reference} (an image) is not supported yet: copy from a stage (FROM {reference} AS name)",
+            step.line
+        ))),
+    }
+}
+
+/// What `COPY --from` names a stage by.
+pub(crate) type StageStateRef = StageState;
+
+/// A sandbox of a finished stage (to copy files out of).
+pub(crate) async fn stage_sandbox(
+    builder: &Arc<Builder>,
+    request: &BuildRequest,
+    state: &StageState,
+) -> Result<(SandboxId, AgentClient), BuildError> {
+    build_sandbox(builder, request, state).await
+}
+
+/// A build sandbox over `state`.
+async fn build_sandbox(
+    builder: &Arc<Builder>,
+    request: &BuildRequest,
+    state: &StageState,
+) -> Result<(SandboxId, AgentClient), BuildError> {
+    let s = &builder.settings;
+    let mut metadata = BTreeMap::new();
+    metadata.insert("hutch.build".to_string(), request.template.clone());
+    let view = builder
+        .manager
+        .create_build_sandbox(CreateSandbox {
+            template: Some(state.template.clone()),
+            isolation: IsolationRequest::Ns,
+            ttl_seconds: Some(SANDBOX_TTL),
+            tenant: request.tenant.clone(),
+            metadata,
+            cpus: Some(s.cpus),
+            memory_mib: Some(s.memory_mib),
+            disk_mib: Some(s.disk_mib),
+            pids_max: Some(s.pids_max),
+            network: Some(s.network.clone()),
+            snapshot: state.snapshot.as_ref().map(|s| s.to_string()),
+            ..CreateSandbox::default()
+        })
+        .await?;
+    let id: SandboxId = view
+        .id
+        .parse()
+        .map_err(|_| BuildError::StepFailed("a build sandbox got a bad id".into()))?;
+    let client = builder.manager.agent(&id).await?;
+    Ok((id, client))
+}
+
+/// Run one step that changes files in the build sandbox.
+#[allow(clippy::too_many_arguments)]
+async fn run_step(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    n: usize,
+    step: &Step,
+    id: &SandboxId,
+    client: &AgentClient,
+    ctx: &Arc<Context>,
+    ignore: &Arc<DockerIgnore>,
+    states: &HashMap<usize, StageState>,
+    request: &BuildRequest,
+) -> Result<(), BuildError> {
+    let fail = |why: String| {
+        BuildError::StepFailed(format!(
+            "step {n} (Dockerfile line {}) `{}` failed: {why}",
+            step.line, step.text
+        ))
+    };
+    match &step.instruction {
+        Instruction::Run(run) => {
+            if let Some(script) = &run.script {
+                client
+                    .write_file_bytes(&script.path, Some(0o755), script.content.clone().into())
+                    .await?;
+            }
+            let request = ExecRequest {
+                cmd: Command::Argv(run.argv.clone()),
+                env: step.environment().into_iter().collect(),
+                cwd: Some(step.config.workdir.clone()),
+                user: step.config.user.clone(),
+                timeout_ms: Some(builder.settings.step_timeout.as_millis() as u64),
+                pty: None,
+                stdin: false,
+                background: false,
+            };
+            let exit = stream_exec(build, n, client, request).await?;
+            if exit.timed_out {
+                return Err(fail(format!(
+                    "killed after {} s (the build's step timeout)",
+                    builder.settings.step_timeout.as_secs()
+                )));
+            }
+            if exit.exit_code != 0 {
+                return Err(fail(format!("exit code {}", exit.exit_code)));
+            }
+            Ok(())
+        }
+        Instruction::Workdir { path } => {
+            let request = ExecRequest {
+                cmd: Command::Argv(vec!["mkdir".into(), "-p".into(), path.clone()]),
+                env: step.environment().into_iter().collect(),
+                cwd: Some("/".into()),
+                user: None,
+                timeout_ms: Some(60_000),
+                pty: None,
+                stdin: false,
+                background: false,
+            };
+            let exit = stream_exec(build, n, client, request).await?;
+            if exit.exit_code != 0 {
+                return Err(fail(format!("mkdir -p exited {}", exit.exit_code)));
+            }
+            Ok(())
+        }
+        Instruction::Copy(copy) => crate::copy::copy(
+            builder, build, n, step, copy, id, client, ctx, ignore, states, request,
+        )
+        .await
+        .map_err(|e| match e {
+            BuildError::StepFailed(why) => fail(why),
+            other => other,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Run `request` in the build sandbox, its output into the build log line by line.
+pub(crate) async fn stream_exec(
+    build: &Arc<Build>,
+    n: usize,
+    client: &AgentClient,
+    request: ExecRequest,
+) -> Result<hutch_proto::ExecExit, BuildError> {
+    let mut session = client.exec(request).await?;
+    let mut partial = [Vec::new(), Vec::new()];
+    let mut cancel = build.cancel.subscribe();
+    loop {
+        let event = tokio::select! {
+            e = session.events.next() => e,
+            _ = cancel.changed() => {
+                let _ = session.input.signal(libc_sigkill()).await;
+                return Err(BuildError::Cancelled);
+            }
+        };
+        let Some(event) = event else {
+            return Err(BuildError::StepFailed(
+                "the build sandbox's exec ended without an exit".into(),
+            ));
+        };
+        match event? {
+            ExecEvent::Started { .. } => {}
+            ExecEvent::Stdout(b) => push_lines(build, n, LogStream::Stdout, &mut partial[0], &b),
+            ExecEvent::Stderr(b) => push_lines(build, n, LogStream::Stderr, &mut partial[1], &b),
+            ExecEvent::Exit(exit) => {
+                for (i, stream) in [LogStream::Stdout, LogStream::Stderr]
+                    .into_iter()
+                    .enumerate()
+                {
+                    if !partial[i].is_empty() {
+                        build.log(Some(n), stream, &String::from_utf8_lossy(&partial[i]));
+                    }
+                }
+                return Ok(exit);
+            }
+            ExecEvent::Error(e) => return Err(BuildError::StepFailed(e.message)),
+        }
+    }
+}
+
+fn libc_sigkill() -> i32 {
+    9
+}
+
+fn push_lines(build: &Build, n: usize, stream: LogStream, partial: &mut Vec<u8>, bytes: &[u8]) {
+    partial.extend_from_slice(bytes);
+    let mut start = 0;
+    while let Some(end) = partial[start..].iter().position(|&b| b == b'\n') {
+        let line = &partial[start..start + end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        build.log(Some(n), stream, &String::from_utf8_lossy(line));
+        start += end + 1;
+    }
+    partial.drain(..start);
+    if partial.len() > crate::log::MAX_LINE {
+        build.log(Some(n), stream, &String::from_utf8_lossy(partial));
+        partial.clear();
+    }
+}
+
+/// The template (and config) a `FROM` reference names: a ready Hutch template of that name,
+/// else an image pulled into a template of its own (`image-<hash>`).
+async fn resolve_base(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    reference: &str,
+) -> Result<(BaseTemplate, StageConfig), BuildError> {
+    let templates = builder.manager.templates();
+    if let Some(info) = templates.get(reference).filter(|i| i.ready) {
+        build.log(
+            None,
+            LogStream::Status,
+            &format!("FROM {reference}: the Hutch template {reference}"),
+        );
+        let mut config = StageConfig::default();
+        for (k, v) in &info.defaults.env {
+            config.set_env(k, v);
+        }
+        let identity = format!(
+            "template:{}:{}:{}",
+            info.name,
+            info.created_at.clone().unwrap_or_default(),
+            info.build_key.clone().unwrap_or_default()
+        );
+        return Ok((
+            BaseTemplate {
+                template: info.name,
+                identity,
+            },
+            config,
+        ));
+    }
+    use sha2::Digest;
+    let hash = hex(&sha2::Sha256::digest(reference.as_bytes()))[..16].to_string();
+    let name = format!("image-{hash}");
+    build.log(
+        None,
+        LogStream::Status,
+        &format!("FROM {reference}: pulling the image into template {name}"),
+    );
+    let manager = builder.manager.clone();
+    let (b, r, n) = (build.clone(), reference.to_string(), name.clone());
+    let info = blocking(move || {
+        let source = ImageSource {
+            reference: r,
+            pull: PullOptions::default(),
+        };
+        let mut progress = |p: Progress| match p {
+            Progress::Step(s) => b.log(None, LogStream::Status, &s),
+            Progress::Output(line) => b.log(None, LogStream::Stdout, &line),
+            Progress::Done { .. } => {}
+        };
+        Ok(manager
+            .templates()
+            .build_image(&n, &source, &BuildOptions::default(), &mut progress)?)
+    })
+    .await?;
+    let mut config = StageConfig::default();
+    if let Some(image) = &info.image {
+        for pair in &image.env {
+            if let Some((k, v)) = pair.split_once('=') {
+                config.set_env(k, v);
+            }
+        }
+        if let Some(dir) = &image.working_dir {
+            config.workdir = dir.clone();
+        }
+        config.user = image.user.clone();
+        config.entrypoint = image.entrypoint.clone();
+        config.cmd = image.cmd.clone();
+        config.exposed_ports = image.exposed_ports.iter().cloned().collect();
+    }
+    let identity = format!(
+        "image:{}",
+        info.image
+            .as_ref()
+            .map(|i| i.digest.clone())
+            .unwrap_or_default()
+    );
+    Ok((
+        BaseTemplate {
+            template: name,
+            identity,
+        },
+        config,
+    ))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Make the template from the target stage's last state.
+async fn commit(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    request: &BuildRequest,
+    state: &StageState,
+    config: &StageConfig,
+) -> Result<(), BuildError> {
+    let manager = &builder.manager;
+    let layer = match &state.snapshot {
+        Some(sid) => {
+            let snap = manager.build_snapshot(sid).await?.ok_or_else(|| {
+                BuildError::StepFailed(format!("the last step's snapshot {sid} is gone"))
+            })?;
+            Some(manager.snapshot_files(&snap)?)
+        }
+        None => None,
+    };
+    let base = manager.templates().rootfs(&state.template);
+    let base_defaults = manager
+        .templates()
+        .get(&state.template)
+        .map(|i| i.defaults)
+        .unwrap_or_default();
+    let mut env: BTreeMap<String, String> = config.env.iter().cloned().collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| hutch_dockerfile::DEFAULT_PATH.to_string());
+    let defaults = ResourceDefaults {
+        env,
+        isolation: None,
+        ..base_defaults
+    };
+    let source = LayeredSource {
+        base,
+        layer,
+        recipe: "dockerfile".into(),
+        description: format!("built from a Dockerfile (over {})", state.template),
+        defaults,
+        build_key: state.key.clone(),
+    };
+    let options = BuildOptions {
+        force: request.no_cache,
+        start: start_spec(config),
+        ..BuildOptions::default()
+    };
+    let manager = manager.clone();
+    let (b, name) = (build.clone(), request.template.clone());
+    blocking(move || {
+        let mut progress = |p: Progress| match p {
+            Progress::Step(s) => b.log(None, LogStream::Status, &s),
+            Progress::Output(line) => b.log(None, LogStream::Stdout, &line),
+            Progress::Done { .. } => {}
+        };
+        manager
+            .templates()
+            .build_layered(&name, &source, &options, &mut progress)?;
+        Ok(())
+    })
+    .await
+}
+
+/// The start command a stage's config gives: `ENTRYPOINT` + `CMD` run as `USER` in
+/// `WORKDIR`, ready when `HEALTHCHECK` passes.
+pub(crate) fn start_spec(config: &StageConfig) -> Option<ServiceSpec> {
+    let argv = config.start_command();
+    if argv.is_empty() {
+        return None;
+    }
+    let ready = config.healthcheck.as_ref().map(|h| {
+        let cmd = match &h.test {
+            HealthTest::Exec(argv) => Command::Argv(argv.clone()),
+            HealthTest::Shell(_) => Command::Argv(h.argv(&config.shell)),
+        };
+        let attempts = u64::from(h.retries.max(1));
+        let interval = h.interval.min(Duration::from_secs(1));
+        ReadyCheck {
+            probe: ReadyProbe::Cmd(cmd),
+            interval_ms: interval.as_millis() as u64,
+            attempt_timeout_ms: h.timeout.as_millis().max(1) as u64,
+            timeout_ms: (h.start_period + h.timeout * attempts as u32 + Duration::from_secs(60))
+                .as_millis() as u64,
+        }
+    });
+    Some(ServiceSpec {
+        cmd: Command::Argv(argv),
+        env: BTreeMap::new(),
+        cwd: Some(config.workdir.clone()),
+        user: config.user.clone(),
+        ready,
+    })
+}

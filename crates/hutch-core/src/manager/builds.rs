@@ -1,0 +1,86 @@
+//! What template builds (`hutch-build`) need of the manager: sandboxes over a build step's
+//! snapshot, step snapshots kept as cache entries (hidden from listings, never swept), and
+//! the files of a step's snapshot for the finished template.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::Manager;
+use crate::error::{CoreError, CoreResult};
+use crate::ids::{SandboxId, SnapshotId};
+use crate::model::{CreateSandbox, Isolation, SandboxView};
+use crate::snapshot::SnapshotRecord;
+
+impl Manager {
+    /// Create a sandbox for a build step: like [`Manager::create`], and `cmd.snapshot` may
+    /// name a build cache snapshot.
+    pub async fn create_build_sandbox(
+        self: &Arc<Self>,
+        cmd: CreateSandbox,
+    ) -> CoreResult<SandboxView> {
+        self.create_sandbox_as(cmd, None, true).await
+    }
+
+    /// Snapshot build sandbox `id` as a build cache entry named `label`: not listed with
+    /// the snapshots, kept (also across restarts) until [`Manager::delete_build_snapshot`].
+    pub async fn snapshot_for_build(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        label: &str,
+    ) -> CoreResult<SnapshotRecord> {
+        let _op = self.op_lock(id).await;
+        let r = self.touch(id).await?;
+        if !r.state.can_snapshot() {
+            return Err(super::wrong_state(&r, Some("snapshot")));
+        }
+        self.take_snapshot_as(&r, Some(label), true, true).await
+    }
+
+    /// The build cache snapshot `id`, if it still exists.
+    pub async fn build_snapshot(&self, id: &SnapshotId) -> CoreResult<Option<SnapshotRecord>> {
+        Ok(self.store.get_snapshot(id).await?.filter(|s| s.build))
+    }
+
+    /// Delete build cache snapshot `id` (409 while a sandbox is made from it).
+    pub async fn delete_build_snapshot(&self, id: &SnapshotId) -> CoreResult<()> {
+        let s = self
+            .build_snapshot(id)
+            .await?
+            .ok_or_else(|| CoreError::NotFound(format!("build snapshot {id} does not exist")))?;
+        {
+            let _snapshots = self.lock_snapshots().await;
+            if !self.users_of(id).await?.is_empty() {
+                return Err(CoreError::Conflict(format!(
+                    "build snapshot {id} is in use"
+                )));
+            }
+            self.store.delete_snapshot(id).await?;
+        }
+        self.remove_snapshot_dir(&s).await
+    }
+
+    /// The directory holding the files of `ns` snapshot `s` (a 0-based layer over its
+    /// template), for turning a build's last step into a template.
+    pub fn snapshot_files(&self, s: &SnapshotRecord) -> CoreResult<PathBuf> {
+        match s.isolation {
+            Isolation::Ns => Ok(crate::backend::ns::snapshot_layer(
+                &self.cfg.snapshot_dir(&s.id),
+            )),
+            other => Err(CoreError::NotSupported {
+                backend: other,
+                feature: "template builds",
+            }),
+        }
+    }
+
+    /// Every snapshot visible to nobody but the build cache.
+    pub async fn build_snapshots(&self) -> CoreResult<Vec<SnapshotRecord>> {
+        Ok(self
+            .store
+            .all_snapshots()
+            .await?
+            .into_iter()
+            .filter(|s| s.build)
+            .collect())
+    }
+}
