@@ -267,24 +267,31 @@ async fn run_stage(
         }
         build.step(n, StepStatus::Running, None);
         let t0 = Instant::now();
-        if sandbox.is_none() {
-            *sandbox = Some(build_sandbox(builder, request, state).await?);
+        let ran = async {
+            if sandbox.is_none() {
+                *sandbox = Some(build_sandbox(builder, request, state).await?);
+            }
+            let (id, client) = sandbox.as_ref().expect("made above");
+            run_step(
+                builder, build, n, step, id, client, ctx, ignore, states, request,
+            )
+            .await?;
+            let label = format!("build-{}-step-{n}", request.template);
+            let snap = builder.manager.snapshot_for_build(id, &label).await?;
+            builder
+                .cache
+                .put(&state.key, &snap.id)
+                .map_err(BuildError::io("recording a build step in the cache"))?;
+            Ok::<_, BuildError>(snap)
         }
-        let (id, client) = sandbox.as_ref().expect("made above");
-        let done = run_step(
-            builder, build, n, step, id, client, ctx, ignore, states, request,
-        )
         .await;
-        if let Err(e) = done {
-            build.step(n, StepStatus::Failed, Some(t0.elapsed()));
-            return Err(e);
-        }
-        let label = format!("build-{}-step-{n}", request.template);
-        let snap = builder.manager.snapshot_for_build(id, &label).await?;
-        builder
-            .cache
-            .put(&state.key, &snap.id)
-            .map_err(BuildError::io("recording a build step in the cache"))?;
+        let snap = match ran {
+            Ok(snap) => snap,
+            Err(e) => {
+                build.step(n, StepStatus::Failed, Some(t0.elapsed()));
+                return Err(e);
+            }
+        };
         state.snapshot = Some(snap.id);
         build.step(n, StepStatus::Done, Some(t0.elapsed()));
         build.log(

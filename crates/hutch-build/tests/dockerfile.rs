@@ -1,0 +1,382 @@
+//! Dockerfile builds on a real manager (ns build sandboxes, real snapshots): a Dockerfile
+//! using every instruction the engine runs becomes a template whose sandboxes have its
+//! files, owners, environment and start command; an unchanged rebuild is all cache hits;
+//! a changed COPY source rebuilds from that step; a failing RUN fails the build with its
+//! output and leaves the previous template serving; a bad instruction is refused naming
+//! its line. Nothing needs the network (the bases are the `minimal` template).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hutch_build::{BuildRequest, BuildSettings, BuildStatus, BuildView, Builder, StepStatus};
+use hutch_core::model::{CreateSandbox, IsolationRequest};
+use hutch_core::net::policy::{Egress, PolicySpec};
+use hutch_core::{Config, Manager};
+use hutch_proto::{Command, ExecRequest};
+
+const DOCKERFILE: &str = r#"# syntax=docker/dockerfile:1
+ARG BASE=minimal
+FROM ${BASE} AS tools
+RUN mkdir -p /out && echo made-in-stage-one > /out/tool.txt
+
+FROM minimal
+ARG GREETING=hello
+ENV APP_HOME=/srv/app MODE=test
+LABEL org.example.name="demo"
+WORKDIR $APP_HOME
+COPY --chown=1000:1000 --chmod=640 app.txt ./app.txt
+COPY dir/ ./dir/
+ADD notes.txt /notes/
+COPY --from=tools /out/tool.txt /opt/tool.txt
+RUN echo "$GREETING from $(pwd) in $MODE" > run.txt
+SHELL ["/bin/sh", "-c"]
+RUN <<EOF
+echo from-a-heredoc >> /srv/app/run.txt
+EOF
+USER 1000
+RUN id -u > /home/user/uid.txt
+USER root
+EXPOSE 8080
+HEALTHCHECK --interval=1s --timeout=2s CMD wget -qO- http://127.0.0.1:8080/app.txt
+CMD ["httpd", "-f", "-p", "8080", "-h", "/srv/app"]
+"#;
+
+struct World {
+    _state: tempfile::TempDir,
+    manager: Arc<Manager>,
+    builder: Arc<Builder>,
+    scratch: PathBuf,
+}
+
+impl World {
+    async fn new() -> Self {
+        let state = tempfile::Builder::new()
+            .prefix("hutch-test-build-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let mut cfg = Config::new(
+            state.path().join("state"),
+            hutch_testkit::hutch_bin().canonicalize().expect("hutch"),
+            hutch_testkit::agent_bin().canonicalize().expect("agent"),
+        );
+        cfg.templates_dir = state.path().join("templates");
+        std::fs::create_dir_all(&cfg.templates_dir).expect("templates dir");
+        hutch_template::TemplateStore::open(&cfg.templates_dir)
+            .expect("store")
+            .build("minimal", &Default::default(), &mut |_| {})
+            .expect("minimal");
+        let manager = Manager::start(cfg).await.expect("manager");
+        let settings = BuildSettings {
+            cpus: 1.0,
+            memory_mib: 256,
+            disk_mib: 512,
+            pids_max: 256,
+            network: PolicySpec {
+                egress: Egress::None,
+                ..PolicySpec::default()
+            },
+            step_timeout: Duration::from_secs(60),
+        };
+        let builder = Builder::new(manager.clone(), settings);
+        let scratch = state.path().join("contexts");
+        std::fs::create_dir_all(&scratch).expect("contexts");
+        Self {
+            _state: state,
+            manager,
+            builder,
+            scratch,
+        }
+    }
+
+    /// A copy of `context` for one build (the build deletes it).
+    fn context(&self, context: &Path) -> PathBuf {
+        let dir = self.scratch.join(hutch_core::ids::random_token(8));
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(context)
+            .arg(&dir)
+            .status()
+            .expect("cp");
+        assert!(status.success());
+        dir
+    }
+
+    fn request(&self, template: &str, context: &Path) -> BuildRequest {
+        BuildRequest {
+            template: template.into(),
+            context_dir: self.context(context),
+            dockerfile: "Dockerfile".into(),
+            build_args: BTreeMap::new(),
+            target: None,
+            no_cache: false,
+            tenant: None,
+        }
+    }
+
+    async fn build(&self, template: &str, context: &Path) -> (BuildView, String) {
+        let started = self
+            .builder
+            .start(self.request(template, context))
+            .await
+            .expect("start");
+        let mut follow = self.builder.follow(template, &started.id).expect("follow");
+        tokio::time::timeout(Duration::from_secs(300), async {
+            while !follow.done.borrow().is_done() {
+                follow.done.changed().await.expect("done");
+            }
+        })
+        .await
+        .expect("the build ends");
+        let view = self.builder.get(template, &started.id).expect("view");
+        let log = self
+            .builder
+            .follow(template, &started.id)
+            .expect("follow")
+            .backlog;
+        let text: Vec<String> = log.iter().map(|l| l.text.clone()).collect();
+        (view, text.join("\n"))
+    }
+
+    async fn sh(&self, id: &str, script: &str) -> (String, i32) {
+        let id = id.parse().expect("id");
+        let client = self.manager.agent(&id).await.expect("agent");
+        let done = client
+            .exec_collect(
+                ExecRequest {
+                    cmd: Command::Shell(script.into()),
+                    env: Default::default(),
+                    cwd: None,
+                    user: None,
+                    timeout_ms: Some(30_000),
+                    pty: None,
+                    stdin: false,
+                    background: false,
+                },
+                None,
+                1 << 20,
+            )
+            .await
+            .expect("exec");
+        (
+            String::from_utf8_lossy(&done.stdout).into_owned()
+                + &String::from_utf8_lossy(&done.stderr),
+            done.exit.exit_code,
+        )
+    }
+
+    async fn create(&self, template: &str) -> String {
+        self.manager
+            .create(CreateSandbox {
+                template: Some(template.into()),
+                isolation: IsolationRequest::Ns,
+                ..CreateSandbox::default()
+            })
+            .await
+            .expect("create")
+            .id
+            .to_string()
+    }
+
+    /// Remove every sandbox and unmount the disk pool, so the state directory can go.
+    async fn clean_up(&self) {
+        let all = self
+            .manager
+            .list(
+                &Default::default(),
+                &hutch_core::tenant::TenantScope::All,
+                &Default::default(),
+            )
+            .await
+            .expect("list");
+        for s in all.items {
+            let _ = self.manager.kill(&s.id).await;
+        }
+        self.manager.release_disk_pool().await;
+    }
+
+    async fn kill(&self, id: &str) {
+        self.manager
+            .kill(&id.parse().expect("id"))
+            .await
+            .expect("kill");
+    }
+}
+
+fn write(dir: &Path, rel: &str, text: &str) {
+    let path = dir.join(rel);
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(path, text).expect("write");
+}
+
+fn statuses(view: &BuildView) -> Vec<StepStatus> {
+    view.steps.iter().map(|s| s.status).collect()
+}
+
+/// Run `body` on a new world and clean the world up whether it passed or panicked.
+async fn in_world<F, Fut>(body: F)
+where
+    F: FnOnce(Arc<World>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let w = Arc::new(World::new().await);
+    let result = tokio::spawn(body(w.clone())).await;
+    w.clean_up().await;
+    if let Err(e) = result {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+#[tokio::test]
+async fn a_dockerfile_builds_caches_rebuilds_from_a_change_and_keeps_serving_after_a_failure() {
+    in_world(every_step_kind).await;
+}
+
+async fn every_step_kind(w: Arc<World>) {
+    let src = w.scratch.join("src");
+    write(&src, "Dockerfile", DOCKERFILE);
+    write(&src, "app.txt", "version one\n");
+    write(&src, "dir/a.txt", "a\n");
+    write(&src, "dir/sub/b.txt", "b\n");
+    write(&src, "dir/secret.key", "do not send\n");
+    write(&src, "notes.txt", "notes\n");
+    write(&src, ".dockerignore", "**/*.key\n");
+
+    let (first, log) = w.build("web", &src).await;
+    assert_eq!(first.status, BuildStatus::Succeeded, "{first:?}\n{log}");
+    assert!(
+        !statuses(&first).contains(&StepStatus::Cached),
+        "a first build caches nothing: {first:?}"
+    );
+    let info = w.manager.templates().get("web").expect("template");
+    assert!(info.ready);
+    assert_eq!(
+        info.defaults.env.get("APP_HOME").map(String::as_str),
+        Some("/srv/app")
+    );
+    assert!(
+        !info.defaults.env.contains_key("GREETING"),
+        "ARGs are not kept"
+    );
+    let start = info.start.clone().expect("CMD is the start command");
+    assert_eq!(start.cwd.as_deref(), Some("/srv/app"));
+    assert!(start.ready.is_some(), "HEALTHCHECK is the ready check");
+
+    // A sandbox of it: the files, owners, modes and the service, ready at create.
+    let id = w.create("web").await;
+    let (out, code) = w
+        .sh(
+            &id,
+            "cat /srv/app/app.txt; stat -c '%u:%g %a' /srv/app/app.txt; cat /opt/tool.txt \
+             /notes/notes.txt /srv/app/run.txt /home/user/uid.txt /srv/app/dir/sub/b.txt; \
+             test -e /srv/app/dir/secret.key && echo KEY-SENT; echo \"$MODE\"; \
+             wget -qO- http://127.0.0.1:8080/app.txt",
+        )
+        .await;
+    assert_eq!(code, 0, "{out}");
+    for want in [
+        "version one\n1000:1000 640\n",
+        "made-in-stage-one",
+        "notes",
+        "hello from /srv/app in test",
+        "from-a-heredoc",
+        "1000\n",
+        "b\n",
+        "test\nversion one",
+    ] {
+        assert!(out.contains(want), "{want:?} in {out}");
+    }
+    assert!(!out.contains("KEY-SENT"), ".dockerignore holds: {out}");
+    w.kill(&id).await;
+
+    // Unchanged: every step that changes files is a cache hit.
+    let (again, log) = w.build("web", &src).await;
+    assert_eq!(again.status, BuildStatus::Succeeded, "{log}");
+    assert!(
+        again
+            .steps
+            .iter()
+            .all(|s| s.status == StepStatus::Cached || s.duration_ms == Some(0)),
+        "nothing runs again: {again:?}"
+    );
+
+    // A changed COPY source: the steps before it stay cached, it and the later ones run.
+    write(&src, "app.txt", "version two\n");
+    let (changed, log) = w.build("web", &src).await;
+    assert_eq!(changed.status, BuildStatus::Succeeded, "{log}");
+    let at = changed
+        .steps
+        .iter()
+        .position(|s| s.instruction.contains("app.txt"))
+        .expect("the COPY step");
+    assert!(
+        changed.steps[..at]
+            .iter()
+            .filter(|s| s.instruction.starts_with("RUN"))
+            .all(|s| s.status == StepStatus::Cached),
+        "{changed:?}"
+    );
+    assert_eq!(changed.steps[at].status, StepStatus::Done, "{changed:?}");
+    let id = w.create("web").await;
+    assert!(w
+        .sh(&id, "cat /srv/app/app.txt")
+        .await
+        .0
+        .contains("version two"));
+    w.kill(&id).await;
+
+    // A failing RUN: the build fails with the step's output; the template keeps serving.
+    let bad = w.scratch.join("bad");
+    write(
+        &bad,
+        "Dockerfile",
+        "FROM minimal\nRUN echo about to fail >&2; exit 7\n",
+    );
+    let (failed, log) = w.build("web", &bad).await;
+    assert_eq!(failed.status, BuildStatus::Failed, "{log}");
+    let error = failed.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("exit code 7") && error.contains("line 2"),
+        "{error}"
+    );
+    assert!(log.contains("about to fail"), "{log}");
+    let id = w.create("web").await;
+    assert!(w
+        .sh(&id, "cat /srv/app/app.txt")
+        .await
+        .0
+        .contains("version two"));
+    w.kill(&id).await;
+
+    // A bad instruction is refused before anything runs, naming its line.
+    let worse = w.scratch.join("worse");
+    write(
+        &worse,
+        "Dockerfile",
+        "FROM minimal\n# a comment\nFROB the thing\n",
+    );
+    let refused = w
+        .builder
+        .start(w.request("web", &worse))
+        .await
+        .expect_err("refused");
+    assert!(refused.to_string().contains("line 3"), "{refused}");
+    let left = w
+        .manager
+        .list(
+            &Default::default(),
+            &hutch_core::tenant::TenantScope::All,
+            &Default::default(),
+        )
+        .await
+        .expect("list");
+    assert!(
+        left.items.is_empty(),
+        "no build sandbox is left: {:?}",
+        left.items
+    );
+}
