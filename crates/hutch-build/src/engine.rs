@@ -654,7 +654,7 @@ async fn commit(
         start: start_spec(config),
         ..BuildOptions::default()
     };
-    let manager = manager.clone();
+    let manager = builder.manager.clone();
     let (b, name) = (build.clone(), request.template.clone());
     blocking(move || {
         let mut progress = |p: Progress| match p {
@@ -667,7 +667,12 @@ async fn commit(
             .build_layered(&name, &source, &options, &mut progress)?;
         Ok(())
     })
-    .await
+    .await?;
+    // The replaced revision goes unless sandboxes or snapshots still use it.
+    if let Err(e) = builder.manager.collect_template_revisions().await {
+        tracing::warn!(error = %e, "collecting unused template revisions");
+    }
+    Ok(())
 }
 
 /// The start command a stage's config gives: `ENTRYPOINT` + `CMD` run as `USER` in

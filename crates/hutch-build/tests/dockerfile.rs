@@ -304,6 +304,9 @@ async fn every_step_kind(w: Arc<World>) {
         "nothing runs again: {again:?}"
     );
 
+    let rev_one = w.manager.templates().get("web").expect("web").rev;
+    let keeps_rev_one = w.create("web").await;
+
     // A changed COPY source: the steps before it stay cached, it and the later ones run.
     write(&src, "app.txt", "version two\n");
     let (changed, log) = w.build("web", &src).await;
@@ -328,6 +331,41 @@ async fn every_step_kind(w: Arc<World>) {
         .0
         .contains("version two"));
     w.kill(&id).await;
+
+    // The rebuild is a new revision; a sandbox of the old one keeps it, across a wake too.
+    let templates = w.manager.templates();
+    assert!(templates.get("web").expect("web").rev > rev_one);
+    assert_eq!(templates.old_revisions("web"), vec![rev_one]);
+    let old = w.sh(&keeps_rev_one, "cat /srv/app/app.txt").await.0;
+    assert!(old.contains("version one"), "{old}");
+    let sid = keeps_rev_one.parse().expect("id");
+    w.manager.hibernate(&sid).await.expect("hibernate");
+    w.manager.wake(&sid).await.expect("wake");
+    let old = w.sh(&keeps_rev_one, "cat /srv/app/app.txt").await.0;
+    assert!(old.contains("version one"), "after a wake: {old}");
+    let pinned = w
+        .manager
+        .create(CreateSandbox {
+            template: Some(format!("web@{rev_one}")),
+            isolation: IsolationRequest::Ns,
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("create web@rev");
+    assert_eq!(pinned.template_rev, Some(rev_one));
+    w.kill(pinned.id.as_str()).await;
+    w.kill(&keeps_rev_one).await;
+    assert_eq!(
+        w.manager
+            .collect_template_revisions()
+            .await
+            .expect("collect"),
+        1
+    );
+    assert!(
+        templates.old_revisions("web").is_empty(),
+        "unused, it is collected"
+    );
 
     // A failing RUN: the build fails with the step's output; the template keeps serving.
     let bad = w.scratch.join("bad");

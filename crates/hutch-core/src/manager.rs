@@ -26,6 +26,7 @@ mod ports;
 mod reaper;
 mod service;
 mod snapshots;
+mod templates;
 #[cfg(test)]
 mod tests;
 mod volumes;
@@ -259,6 +260,9 @@ impl Manager {
             mgr.network.as_ref().map(hutch_net::Network::refill);
         }
         mgr.sweep_snapshots().await;
+        if let Err(e) = mgr.collect_template_revisions().await {
+            tracing::warn!(error = %e, "collecting unused template revisions");
+        }
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.cfg.reaper_interval;
         tokio::spawn(async move {

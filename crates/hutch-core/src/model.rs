@@ -279,6 +279,10 @@ pub struct SandboxRecord {
     /// taken with it up keeps it running).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<hutch_proto::ServiceSpec>,
+    /// The revision of its template it was made from (`None`: records made before
+    /// revisions, which follow the current one): a rebuild never changes what it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_rev: Option<u64>,
 }
 
 /// The sandbox object of the API.
@@ -288,6 +292,9 @@ pub struct SandboxView {
     pub id: SandboxId,
     /// Template name.
     pub template: String,
+    /// The template's revision it runs (absent for sandboxes made before revisions).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_rev: Option<u64>,
     /// `ns` or `vm`.
     pub isolation: Isolation,
     /// State name.
@@ -345,6 +352,7 @@ impl SandboxRecord {
         SandboxView {
             id: self.id.clone(),
             template: self.template.clone(),
+            template_rev: self.template_rev,
             isolation: self.isolation,
             state: self.state,
             metadata,

@@ -74,6 +74,9 @@ pub struct SnapshotRecord {
     /// When that template was built, to notice a rebuild.
     #[serde(default)]
     pub template_created_at: Option<String>,
+    /// The revision of the template the snapshotted sandbox ran (`None`: older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_rev: Option<u64>,
     /// Bytes of regular files in it.
     pub size_bytes: u64,
     /// Regular files in it.

@@ -29,6 +29,10 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 pub struct TemplateInfo {
     /// The template's name, equal to its directory name.
     pub name: String,
+    /// Which build of the name this is (1, 2, …; 0 for templates built before revisions).
+    /// Each build is a new revision; `name@rev` names an older one while something uses it.
+    #[serde(default)]
+    pub rev: u64,
     /// Whether the template finished building and may be used.
     pub ready: bool,
     /// Isolation backends that can run this template (`"ns"`, `"vm"`).
@@ -64,6 +68,7 @@ impl TemplateInfo {
     pub(crate) fn unready(name: &str) -> Self {
         Self {
             name: name.to_owned(),
+            rev: 0,
             ready: false,
             isolations: Vec::new(),
             size_bytes: 0,
@@ -159,6 +164,7 @@ mod tests {
             revision: 2,
             info: TemplateInfo {
                 name: "minimal".into(),
+                rev: 1,
                 ready: true,
                 isolations: vec!["ns".into()],
                 size_bytes: 42,

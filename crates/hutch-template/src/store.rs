@@ -202,9 +202,10 @@ impl TemplateStore {
         }
         self.remove_leftovers(name)?;
 
+        let rev = self.next_rev(name);
         let build_dir = BuildDir::create(&self.dir, name)?;
         let mut ctx = BuildContext::new(options, progress);
-        let result = self.build_in(&source, name, &build_dir.path, &mut ctx);
+        let result = self.build_in(&source, name, rev, &build_dir.path, &mut ctx);
         let info = match result {
             Ok(info) => info,
             Err(e) => {
@@ -240,6 +241,7 @@ impl TemplateStore {
             .join(format!("{REMOVE_PREFIX}{name}-{}", random_suffix()?));
         fs::rename(&path, &trash).at("moving aside", &path)?;
         tree::remove_tree(&trash)?;
+        self.remove_revisions(name)?;
         Ok(true)
     }
 
@@ -302,6 +304,7 @@ impl TemplateStore {
         &self,
         source: &Source<'_>,
         name: &str,
+        rev: u64,
         build_dir: &Path,
         ctx: &mut BuildContext<'_>,
     ) -> Result<TemplateInfo> {
@@ -364,6 +367,7 @@ impl TemplateStore {
         ctx.step("recording metadata")?;
         let info = TemplateInfo {
             name: name.to_owned(),
+            rev,
             ready: true,
             isolations: vec![String::from("ns"), String::from("vm")],
             size_bytes: tree::disk_usage(&rootfs)?,
@@ -396,12 +400,18 @@ impl TemplateStore {
     }
 
     /// Renames the finished build directory to `name`, atomically replacing an existing
-    /// template directory, and deletes the replaced one.
+    /// template directory; the replaced one becomes an old revision (a ready one) or is
+    /// deleted.
     fn publish(&self, mut build_dir: BuildDir, name: &str) -> Result<()> {
         let target = self.dir.join(name);
         if fs::symlink_metadata(&target).is_ok() {
             sys::exchange(&build_dir.path, &target).at("replacing", &target)?;
-            // The build directory now holds the old template; the guard deletes it.
+            // The build directory now holds the old template.
+            let old = self.read_info_at(name, &build_dir.path);
+            if old.ready {
+                self.keep_revision(name, old.rev, &build_dir.path)?;
+                build_dir.armed = false;
+            }
             drop(build_dir);
         } else {
             fs::rename(&build_dir.path, &target).at("publishing", &target)?;
@@ -435,7 +445,13 @@ impl TemplateStore {
 
     /// Reads `template.json` of `name`; anything missing or unexpected means not ready.
     fn read_info(&self, name: &str) -> TemplateInfo {
-        let dir = self.dir.join(name);
+        self.read_info_at(name, &self.dir.join(name))
+    }
+
+    /// Reads `template.json` in `dir` (a template's directory, current or an old
+    /// revision's) of template `name`.
+    pub(crate) fn read_info_at(&self, name: &str, dir: &Path) -> TemplateInfo {
+        let dir = dir.to_path_buf();
         let path = dir.join(METADATA_FILE);
         let parsed = fs::read(&path)
             .map_err(|e| e.to_string())
@@ -544,7 +560,7 @@ fn is_random_suffix(s: &str) -> bool {
 }
 
 /// Template names: 1 to 63 of `a-z 0-9 . _ -`, starting with a letter or digit.
-fn validate_name(name: &str) -> Result<()> {
+pub(crate) fn validate_name(name: &str) -> Result<()> {
     let mut bytes = name.bytes();
     let valid = name.len() <= 63
         && bytes

@@ -88,7 +88,7 @@ impl Manager {
             self.check_volume_exclusive(&record).await?;
             self.insert_with_free_slot(&mut record).await?;
         }
-        let rootfs = self.templates.rootfs(&record.template);
+        let rootfs = self.template_rootfs(&record);
         let started = match self.attach_and_mount(record.clone()).await {
             Ok(rec) => match backend.create(&rec, &rootfs).await {
                 Ok(s) => Ok((s, rec)),
@@ -154,21 +154,31 @@ impl Manager {
         cmd: &CreateSandbox,
         source: Option<&SnapshotRecord>,
     ) -> CoreResult<SandboxRecord> {
-        let template = match (source, &cmd.template) {
+        let (template, rev) = match (source, &cmd.template) {
             (Some(s), Some(t)) if *t != s.template => {
                 return Err(CoreError::InvalidArgument(format!(
                     "snapshot {} was taken over template {:?}, not {t:?}: leave template out",
                     s.id, s.template
                 )))
             }
-            (Some(s), _) => s.template.clone(),
-            (None, Some(t)) => t.clone(),
-            (None, None) => self.cfg.default_template.clone(),
+            (Some(s), _) => (s.template.clone(), s.template_rev),
+            (None, Some(t)) => {
+                let (name, rev) =
+                    hutch_template::parse_ref(t).map_err(CoreError::InvalidArgument)?;
+                (name.to_string(), rev)
+            }
+            (None, None) => (self.cfg.default_template.clone(), None),
         };
-        let info = self
-            .templates
-            .get(&template)
-            .ok_or_else(|| CoreError::NotFound(self.unknown_template_message(&template)))?;
+        let info = match rev {
+            None => self.templates.get(&template),
+            Some(rev) => self.templates.get_at(&template, Some(rev)),
+        }
+        .ok_or_else(|| match rev {
+            Some(rev) => CoreError::NotFound(format!(
+                "template {template:?} has no revision {rev} (old revisions are kept only while something uses them)"
+            )),
+            None => CoreError::NotFound(self.unknown_template_message(&template)),
+        })?;
         if !info.ready {
             return Err(CoreError::Conflict(format!(
                 "template {template:?} is not ready"
@@ -300,6 +310,8 @@ impl Manager {
                 .resolve_volume_mounts(&cmd.volumes, &volume_scope, isolation)
                 .await?,
             start: info.start.clone(),
+            // Old records (and templates built before revisions, rev 0) follow the current one.
+            template_rev: (info.rev > 0).then_some(info.rev),
         })
     }
 

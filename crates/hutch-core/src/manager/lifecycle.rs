@@ -176,7 +176,7 @@ impl Manager {
             )));
         }
         let backend = self.backend(r.isolation)?;
-        let rootfs = self.templates.rootfs(&r.template);
+        let rootfs = self.template_rootfs(&r);
         let (started, net_slot, network) = {
             let rec = self.attach_and_mount(r.clone()).await?;
             let s = backend.wake(&rec, &rootfs).await?;

@@ -105,7 +105,11 @@ impl Manager {
                 kind: taken.kind,
                 isolation: r.isolation,
                 template: r.template.clone(),
-                template_created_at: self.templates.get(&r.template).and_then(|t| t.created_at),
+                template_created_at: self
+                    .templates
+                    .get_at(&r.template, r.template_rev)
+                    .and_then(|t| t.created_at),
+                template_rev: r.template_rev,
                 size_bytes: taken.size_bytes,
                 files: taken.files,
                 created_at_ms: now_ms(),

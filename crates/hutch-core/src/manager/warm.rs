@@ -99,7 +99,7 @@ impl Manager {
         if !backend.capabilities().warm_pool {
             return None;
         }
-        let build = backend.template_build(&self.templates.rootfs(&record.template))?;
+        let build = backend.template_build(&self.template_rootfs(record))?;
         Some(WarmKey {
             isolation: record.isolation,
             template: record.template.clone(),
@@ -296,6 +296,7 @@ impl Manager {
             net_slot: None,
             volumes: vec![],
             start: info.start.clone(),
+            template_rev: (info.rev > 0).then_some(info.rev),
         };
         self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());

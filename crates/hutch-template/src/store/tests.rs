@@ -204,7 +204,29 @@ fn building_again_reuses_and_force_replaces() {
         .expect("rebuilds");
     assert!(rebuilt.ready);
     assert!(!marker.exists(), "the old root was replaced");
-    assert_eq!(entries(&store), vec!["minimal"]);
+    // The replaced build is kept as an old revision, found by its number, until removed.
+    assert_eq!(rebuilt.rev, first.rev + 1);
+    assert_eq!(store.old_revisions("minimal"), vec![first.rev]);
+    let old_root = store.rootfs_at("minimal", Some(first.rev));
+    assert!(
+        old_root.join("marker").exists(),
+        "the old revision keeps its files"
+    );
+    assert_eq!(
+        store.get_at("minimal", Some(first.rev)).map(|i| i.rev),
+        Some(first.rev)
+    );
+    assert_eq!(
+        store.rootfs_at("minimal", Some(rebuilt.rev)),
+        store.rootfs("minimal")
+    );
+    assert!(store
+        .remove_revision("minimal", first.rev)
+        .expect("removed"));
+    assert!(store.get_at("minimal", Some(first.rev)).is_none());
+    assert_eq!(entries(&store), vec![".revisions", "minimal"]);
+    assert!(store.remove("minimal").expect("removed"));
+    assert_eq!(entries(&store), vec![".revisions"]);
 }
 
 #[test]

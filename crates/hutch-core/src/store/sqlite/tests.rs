@@ -43,6 +43,7 @@ fn record(id: &str, slot: u32) -> SandboxRecord {
         net_slot: None,
         volumes: vec![],
         start: None,
+        template_rev: None,
     }
 }
 
