@@ -13,7 +13,7 @@ use crate::{Context, ContextEntry, ContextError, DockerIgnore, EntryKind, Instru
 /// outside/secret
 /// ctx/app.py (0750)  ctx/README.md  ctx/notes.txt
 /// ctx/src/main.py  ctx/src/lib/util.py  ctx/src/lib/.hidden  ctx/src/lib/self -> ../main.py
-/// ctx/docs/a.md  ctx/docs/keep/b.md
+/// ctx/manual/a.md  ctx/manual/keep/b.md
 /// ctx/link_in -> src/main.py   ctx/dirlink -> src
 /// ctx/escape -> ../outside/secret   ctx/abs -> /etc   ctx/up -> src/../../outside
 /// ```
@@ -41,8 +41,8 @@ fn fixture() -> Fixture {
     write(&ctx.join("src/lib/util.py"), "util\n");
     write(&ctx.join("src/lib/.hidden"), "hidden\n");
     symlink("../main.py", ctx.join("src/lib/self")).expect("symlink");
-    write(&ctx.join("docs/a.md"), "a\n");
-    write(&ctx.join("docs/keep/b.md"), "b\n");
+    write(&ctx.join("manual/a.md"), "a\n");
+    write(&ctx.join("manual/keep/b.md"), "b\n");
     symlink("src/main.py", ctx.join("link_in")).expect("symlink");
     symlink("src", ctx.join("dirlink")).expect("symlink");
     symlink("../outside/secret", ctx.join("escape")).expect("symlink");
@@ -190,17 +190,17 @@ fn a_directory_source_copies_its_contents() {
 fn dockerignore_rules_hide_entries_with_exceptions() {
     let f = fixture();
     let context = Context::open(&f.ctx).expect("open");
-    let ignore = DockerIgnore::parse("docs\n!docs/keep\n*.txt\nsrc/lib/.*\n").expect("rules");
+    let ignore = DockerIgnore::parse("manual\n!manual/keep\n*.txt\nsrc/lib/.*\n").expect("rules");
     let all = context.resolve(&["."], &ignore).expect("all");
     let listed = paths(&all);
     assert!(!listed.contains(&"notes.txt"));
-    assert!(!listed.contains(&"docs/a.md"));
+    assert!(!listed.contains(&"manual/a.md"));
     assert!(!listed.contains(&"src/lib/.hidden"));
     assert!(
-        listed.contains(&"docs"),
+        listed.contains(&"manual"),
         "kept for what the exception brings back"
     );
-    assert!(listed.contains(&"docs/keep/b.md"));
+    assert!(listed.contains(&"manual/keep/b.md"));
     assert!(listed.contains(&"src/lib/util.py"));
 
     let err = context
@@ -209,12 +209,15 @@ fn dockerignore_rules_hide_entries_with_exceptions() {
     assert!(matches!(err, ContextError::NotFound { .. }), "{err}");
     let err = context.resolve(&["*.txt"], &ignore).expect_err("ignored");
     assert!(matches!(err, ContextError::NoMatch { .. }), "{err}");
-    let docs = context.resolve(&["docs"], &ignore).expect("docs");
-    assert_eq!(paths(&docs), vec!["docs", "docs/keep", "docs/keep/b.md"]);
+    let manual = context.resolve(&["manual"], &ignore).expect("manual");
+    assert_eq!(
+        paths(&manual),
+        vec!["manual", "manual/keep", "manual/keep/b.md"]
+    );
 
     // An excluded directory with nothing brought back is not there at all.
-    let only_docs = DockerIgnore::parse("docs\n").expect("rules");
-    assert!(context.resolve(&["docs"], &only_docs).is_err());
+    let only_manual = DockerIgnore::parse("manual\n").expect("rules");
+    assert!(context.resolve(&["manual"], &only_manual).is_err());
     // A symlink to an excluded file leads nowhere.
     let main_hidden = DockerIgnore::parse("src/main.py\n").expect("rules");
     assert!(matches!(
