@@ -24,6 +24,7 @@ cargo build --workspace --all-targets
 echo "== templates (cached in ${HUTCH_TEST_TEMPLATES:-/var/cache/hutch-test/templates})"
 ./target/debug/hutch template build minimal --templates-dir "${HUTCH_TEST_TEMPLATES:-/var/cache/hutch-test/templates}"
 ./target/debug/hutch template build base --templates-dir "${HUTCH_TEST_TEMPLATES:-/var/cache/hutch-test/templates}"
+./target/debug/hutch template build code-interpreter --templates-dir "${HUTCH_TEST_TEMPLATES:-/var/cache/hutch-test/templates}"
 
 echo "== tests"
 cargo nextest run --workspace --no-fail-fast --test-threads 4

@@ -128,7 +128,35 @@ async fn copy_context(
     owner: Option<(u32, u32)>,
 ) -> Result<(), BuildError> {
     let (c, i, sources) = (ctx.clone(), ignore.clone(), copy.path_sources());
-    let entries = blocking(move || Ok(c.resolve(&sources, &i)?)).await?;
+    let mut entries = blocking(move || Ok(c.resolve(&sources, &i)?)).await?;
+    if copy.kind == hutch_dockerfile::CopyKind::Add {
+        // ADD unpacks a local tar archive (plain or gzip) into the destination, as Docker
+        // does; every other source is copied.
+        let mut archives = Vec::new();
+        for e in std::mem::take(&mut entries) {
+            let c = ctx.clone();
+            let path = e.path.clone();
+            let is_archive = e.is_source_root
+                && e.kind == EntryKind::File
+                && blocking(move || Ok(archive_kind(&c, &path)))
+                    .await?
+                    .is_some();
+            if is_archive {
+                archives.push(e);
+            } else {
+                entries.push(e);
+            }
+        }
+        for archive in archives {
+            unpack_archive(build, n, copy, client, ctx, &archive).await?;
+        }
+        if entries.is_empty() {
+            if let Some((uid, gid)) = owner {
+                chown_tree(build, n, client, &copy.dest, uid, gid).await?;
+            }
+            return Ok(());
+        }
+    }
     let roots = entries.iter().filter(|e| e.is_source_root).count();
     // One file onto a path that is a directory in the stage lands inside it, as in Docker.
     let into_dir = !copy.dest_is_dir
@@ -163,6 +191,109 @@ async fn copy_context(
             .collect::<Vec<_>>(),
     );
     client.write_archive_as("/", true, body).await?;
+    Ok(())
+}
+
+/// What kind of archive a context file is, by its first bytes: `Some(true)` gzip-compressed
+/// tar, `Some(false)` plain tar, `None` not an archive ADD unpacks.
+fn archive_kind(ctx: &Context, path: &str) -> Option<bool> {
+    let mut head = [0u8; 512];
+    let mut file = ctx.open_file(path).ok()?;
+    let mut read = 0;
+    while read < head.len() {
+        match file.read(&mut head[read..]) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(_) => return None,
+        }
+    }
+    if read >= 2 && head[..2] == [0x1f, 0x8b] {
+        return Some(true);
+    }
+    (read == 512 && &head[257..262] == b"ustar").then_some(false)
+}
+
+/// `ADD archive.tar[.gz] dest`: the archive, decompressed here, unpacked by the sandbox's
+/// agent into `dest` with the owners it records.
+async fn unpack_archive(
+    build: &Arc<Build>,
+    n: usize,
+    copy: &CopyStep,
+    client: &AgentClient,
+    ctx: &Arc<Context>,
+    entry: &ContextEntry,
+) -> Result<(), BuildError> {
+    build.log(
+        Some(n),
+        LogStream::Status,
+        &format!(" ---> unpacking {} into {}", entry.path, copy.dest),
+    );
+    let (c, path) = (ctx.clone(), entry.path.clone());
+    let bytes = blocking(move || {
+        let gzip = archive_kind(&c, &path) == Some(true);
+        let file = c.open_file(&path)?;
+        let mut out = Vec::new();
+        let read = if gzip {
+            flate2::read::GzDecoder::new(file)
+                .take(MAX_UNPACKED)
+                .read_to_end(&mut out)
+        } else {
+            file.take(MAX_UNPACKED).read_to_end(&mut out)
+        };
+        read.map_err(BuildError::io(format!("reading the archive {path}")))?;
+        if out.len() as u64 >= MAX_UNPACKED {
+            return Err(BuildError::StepFailed(format!(
+                "ADD {path}: the archive unpacks to more than {} GiB",
+                MAX_UNPACKED >> 30
+            )));
+        }
+        Ok(out)
+    })
+    .await?;
+    let body = futures_util::stream::iter(
+        bytes
+            .chunks(64 << 10)
+            .map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c)))
+            .collect::<Vec<_>>(),
+    );
+    client.write_archive_as(&copy.dest, true, body).await?;
+    Ok(())
+}
+
+/// Most bytes an `ADD` archive may unpack to (held in memory while sent).
+const MAX_UNPACKED: u64 = 1 << 30;
+
+/// `chown -R uid:gid path` in the build sandbox.
+async fn chown_tree(
+    build: &Arc<Build>,
+    n: usize,
+    client: &AgentClient,
+    path: &str,
+    uid: u32,
+    gid: u32,
+) -> Result<(), BuildError> {
+    let request = hutch_proto::ExecRequest {
+        cmd: hutch_proto::Command::Argv(vec![
+            "chown".into(),
+            "-R".into(),
+            format!("{uid}:{gid}"),
+            path.to_string(),
+        ]),
+        env: Default::default(),
+        cwd: Some("/".into()),
+        user: None,
+        timeout_ms: Some(600_000),
+        pty: None,
+        stdin: false,
+        background: false,
+    };
+    let exit = crate::engine::stream_exec(build, n, client, request).await?;
+    if exit.exit_code != 0 {
+        return Err(BuildError::StepFailed(format!(
+            "chown -R exited {}",
+            exit.exit_code
+        )));
+    }
     Ok(())
 }
 
@@ -284,28 +415,7 @@ async fn copy_from_stage(
             }
         }
         if let Some((uid, gid)) = owner {
-            let request = hutch_proto::ExecRequest {
-                cmd: hutch_proto::Command::Argv(vec![
-                    "chown".into(),
-                    "-R".into(),
-                    format!("{uid}:{gid}"),
-                    copy.dest.clone(),
-                ]),
-                env: Default::default(),
-                cwd: Some("/".into()),
-                user: None,
-                timeout_ms: Some(600_000),
-                pty: None,
-                stdin: false,
-                background: false,
-            };
-            let exit = crate::engine::stream_exec(build, n, client, request).await?;
-            if exit.exit_code != 0 {
-                return Err(BuildError::StepFailed(format!(
-                    "chown -R exited {}",
-                    exit.exit_code
-                )));
-            }
+            chown_tree(build, n, client, &copy.dest, uid, gid).await?;
         }
         Ok(())
     }

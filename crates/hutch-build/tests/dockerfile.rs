@@ -30,6 +30,7 @@ WORKDIR $APP_HOME
 COPY --chown=1000:1000 --chmod=640 app.txt ./app.txt
 COPY dir/ ./dir/
 ADD notes.txt /notes/
+ADD bundle.tar.gz /bundle/
 COPY --from=tools /out/tool.txt /opt/tool.txt
 RUN echo "$GREETING from $(pwd) in $MODE" > run.txt
 SHELL ["/bin/sh", "-c"]
@@ -244,7 +245,17 @@ async fn every_step_kind(w: Arc<World>) {
     write(&src, "dir/sub/b.txt", "b\n");
     write(&src, "dir/secret.key", "do not send\n");
     write(&src, "notes.txt", "notes\n");
-    write(&src, ".dockerignore", "**/*.key\n");
+    write(&src, ".dockerignore", "**/*.key\nbundle-src\n");
+    write(&src, "bundle-src/inner/x.txt", "from the archive\n");
+    let tarred = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(src.join("bundle.tar.gz"))
+        .arg("-C")
+        .arg(src.join("bundle-src"))
+        .arg("inner")
+        .status()
+        .expect("tar");
+    assert!(tarred.success());
 
     let (first, log) = w.build("web", &src).await;
     assert_eq!(first.status, BuildStatus::Succeeded, "{first:?}\n{log}");
@@ -272,7 +283,7 @@ async fn every_step_kind(w: Arc<World>) {
         .sh(
             &id,
             "cat /srv/app/app.txt; stat -c '%u:%g %a' /srv/app/app.txt; cat /opt/tool.txt \
-             /notes/notes.txt /srv/app/run.txt /home/user/uid.txt /srv/app/dir/sub/b.txt; \
+             /notes/notes.txt /bundle/inner/x.txt /srv/app/run.txt /home/user/uid.txt /srv/app/dir/sub/b.txt; \
              test -e /srv/app/dir/secret.key && echo KEY-SENT; echo \"$MODE\"; \
              wget -qO- http://127.0.0.1:8080/app.txt",
         )
@@ -282,6 +293,7 @@ async fn every_step_kind(w: Arc<World>) {
         "version one\n1000:1000 640\n",
         "made-in-stage-one",
         "notes",
+        "from the archive",
         "hello from /srv/app in test",
         "from-a-heredoc",
         "1000\n",

@@ -3,5 +3,5 @@
 
 /// Names of the built-in templates, in the order they are documented.
 pub fn builtin_names() -> &'static [&'static str] {
-    &["minimal", "base"]
+    &["minimal", "base", "code-interpreter"]
 }

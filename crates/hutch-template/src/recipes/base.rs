@@ -18,10 +18,21 @@ pub(crate) const SUITE: &str = "bookworm";
 pub(crate) const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 
 /// Packages installed on top of the `minbase` variant.
-const INCLUDE: &str = "python3,python3-pip,python3-venv,git,curl,ca-certificates,build-essential";
+pub(crate) const INCLUDE: &str =
+    "python3,python3-pip,python3-venv,git,curl,ca-certificates,build-essential";
+
+/// What the `code-interpreter` template adds to `base`'s packages: a Jupyter kernel for
+/// Python with the usual data libraries, and Node.js, all from Debian.
+pub(crate) const CODE_INTERPRETER_INCLUDE: &str = "python3-ipykernel,python3-jupyter-client,\
+    python3-numpy,python3-pandas,python3-matplotlib,python3-pil,fonts-dejavu-core,nodejs";
 
 /// Builds the `base` root into the empty directory `rootfs`.
 pub(crate) fn build(rootfs: &Path, ctx: &mut BuildContext<'_>) -> Result<()> {
+    build_with(rootfs, INCLUDE, ctx)
+}
+
+/// Builds a Debian root with `include` (comma-separated packages) over `minbase`.
+pub(crate) fn build_with(rootfs: &Path, include: &str, ctx: &mut BuildContext<'_>) -> Result<()> {
     ctx.step("checking for debootstrap")?;
     let debootstrap =
         command::find_program("debootstrap").ok_or_else(|| TemplateError::MissingTool {
@@ -44,7 +55,7 @@ pub(crate) fn build(rootfs: &Path, ctx: &mut BuildContext<'_>) -> Result<()> {
     ctx.step(format!("debootstrap {SUITE} from {mirror}"))?;
     let mut cmd = Command::new(debootstrap);
     cmd.arg("--variant=minbase")
-        .arg(format!("--include={INCLUDE}"))
+        .arg(format!("--include={include}"))
         .arg(SUITE)
         .arg(rootfs)
         .arg(&mirror);

@@ -24,6 +24,9 @@ pub(crate) enum Recipe {
     Minimal,
     /// Debian 12 via debootstrap.
     Base,
+    /// `base` plus a Python Jupyter kernel with numpy, pandas and matplotlib, and Node.js:
+    /// the code interpreter's template.
+    CodeInterpreter,
 }
 
 impl Recipe {
@@ -32,6 +35,7 @@ impl Recipe {
         match name {
             "minimal" => Some(Self::Minimal),
             "base" => Some(Self::Base),
+            "code-interpreter" => Some(Self::CodeInterpreter),
             _ => None,
         }
     }
@@ -41,6 +45,7 @@ impl Recipe {
         match self {
             Self::Minimal => "minimal",
             Self::Base => "base",
+            Self::CodeInterpreter => "code-interpreter",
         }
     }
 
@@ -50,6 +55,7 @@ impl Recipe {
             // 2: PATH includes /usr/local.
             Self::Minimal => 2,
             Self::Base => 1,
+            Self::CodeInterpreter => 1,
         }
     }
 
@@ -59,6 +65,10 @@ impl Recipe {
             Self::Minimal => String::from("BusyBox (static) on an empty root: /bin/sh and core utilities"),
             Self::Base => format!(
                 "Debian 12 ({}) with python3, pip, venv, git, curl, ca-certificates and build-essential",
+                base::SUITE
+            ),
+            Self::CodeInterpreter => format!(
+                "Debian 12 ({}) like base, with a Python Jupyter kernel (ipykernel), numpy, pandas, matplotlib and Node.js",
                 base::SUITE
             ),
         }
@@ -84,10 +94,10 @@ impl Recipe {
                 )]),
                 isolation: None,
             },
-            Self::Base => ResourceDefaults {
+            Self::Base | Self::CodeInterpreter => ResourceDefaults {
                 cpus: 1.0,
-                memory_mib: 512,
-                disk_mib: 2048,
+                memory_mib: if self == Self::Base { 512 } else { 1024 },
+                disk_mib: if self == Self::Base { 2048 } else { 4096 },
                 pids_max: 1024,
                 env: env(&[
                     (
@@ -95,7 +105,11 @@ impl Recipe {
                         "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                     ),
                     ("LANG", "C.UTF-8"),
-                ]),
+                ])
+                .into_iter()
+                // Charts render to files (PNG), never to a display.
+                .chain((self == Self::CodeInterpreter).then(|| ("MPLBACKEND".into(), "Agg".into())))
+                .collect(),
                 isolation: None,
             },
         }
@@ -106,6 +120,15 @@ impl Recipe {
         match self {
             Self::Minimal => minimal::build(rootfs, ctx),
             Self::Base => base::build(rootfs, ctx),
+            Self::CodeInterpreter => base::build_with(
+                rootfs,
+                &format!(
+                    "{},{}",
+                    base::INCLUDE,
+                    base::CODE_INTERPRETER_INCLUDE.replace(char::is_whitespace, "")
+                ),
+                ctx,
+            ),
         }
     }
 }

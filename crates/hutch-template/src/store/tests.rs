@@ -355,7 +355,7 @@ fn unknown_and_invalid_names() {
         .expect_err("unknown");
     assert_eq!(
         err.to_string(),
-        "unknown template `nope`; built-in templates are: minimal, base"
+        "unknown template `nope`; built-in templates are: minimal, base, code-interpreter"
     );
     let err = store
         .build("../minimal", &BuildOptions::default(), &mut |_| {})
