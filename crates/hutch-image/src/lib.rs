@@ -3,6 +3,8 @@
 //! - [`pull`] fetches an image (an index's `linux/amd64` manifest, OCI or Docker v2) from an
 //!   OCI distribution registry into a [`BlobStore`], verifying every blob's sha256 while it
 //!   streams to disk.
+//! - [`load`] reads an image from local files instead: an OCI image layout (directory or
+//!   tarball) or a `docker save` archive, into the same store, with the same checks.
 //! - [`Unpacker`] applies the layers to a [`RootDir`] without ever following a symlink or
 //!   writing outside it, within [`Limits`].
 //! - [`ImageConfig`] is what a template records of the image's configuration.
@@ -14,6 +16,7 @@ mod auth;
 mod blobs;
 mod config;
 mod error;
+mod local;
 mod registry;
 mod rootdir;
 mod unpack;
@@ -22,6 +25,7 @@ pub use auth::Credentials;
 pub use blobs::{BlobStore, Digest};
 pub use config::ImageConfig;
 pub use error::ImageError;
+pub use local::load;
 pub use registry::{pull, PullOptions, PulledImage, PulledLayer};
 pub use rootdir::{split_relative, RootDir};
 pub use unpack::{Compression, Layer, Limits, Summary, Unpacker};

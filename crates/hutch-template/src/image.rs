@@ -31,10 +31,25 @@ pub(crate) fn build(
     source: &ImageSource,
     ctx: &mut BuildContext<'_>,
 ) -> Result<ImageConfig> {
-    ctx.step(format!("pulling {}", source.reference))?;
-    let pulled = hutch_image::pull(&source.reference, blobs, &source.pull, &mut |line| {
-        ctx.output(line);
-    });
+    let pulled = match local_path(&source.reference) {
+        Some((path, tag)) => {
+            ctx.step(format!("reading {}", source.reference))?;
+            hutch_image::load(
+                &source.reference,
+                Path::new(path),
+                tag,
+                blobs,
+                &source.pull.limits,
+                &mut |line| ctx.output(line),
+            )
+        }
+        None => {
+            ctx.step(format!("pulling {}", source.reference))?;
+            hutch_image::pull(&source.reference, blobs, &source.pull, &mut |line| {
+                ctx.output(line);
+            })
+        }
+    };
     let image = pulled.map_err(|e| in_step(ctx, e))?;
 
     let root = RootDir::open(rootfs).map_err(|e| in_step(ctx, e))?;
@@ -78,6 +93,19 @@ pub(crate) fn build(
     Ok(image.config)
 }
 
+/// A local image reference, as skopeo and podman spell them: `oci:PATH[:TAG]` (an OCI
+/// layout directory), `oci-archive:PATH[:TAG]` (a tarball of one), `docker-archive:PATH[:TAG]`
+/// (`docker save`). `None` for a registry reference.
+pub(crate) fn local_path(reference: &str) -> Option<(&str, Option<&str>)> {
+    let rest = ["oci:", "oci-archive:", "docker-archive:"]
+        .iter()
+        .find_map(|prefix| reference.strip_prefix(prefix))?;
+    match rest.rsplit_once(':') {
+        Some((path, tag)) if !tag.is_empty() && !tag.contains('/') => Some((path, Some(tag))),
+        _ => Some((rest, None)),
+    }
+}
+
 /// Default resources of a template from an image: like `base`, with the image's `Env`
 /// (and the usual `PATH` when the image sets none).
 pub(crate) fn defaults(config: &ImageConfig) -> ResourceDefaults {
@@ -112,6 +140,23 @@ fn in_step(ctx: &BuildContext<'_>, source: hutch_image::ImageError) -> TemplateE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_references_name_a_path_and_maybe_a_tag() {
+        assert_eq!(
+            local_path("oci:/tmp/layout:1"),
+            Some(("/tmp/layout", Some("1")))
+        );
+        assert_eq!(
+            local_path("oci-archive:/tmp/i.tar"),
+            Some(("/tmp/i.tar", None))
+        );
+        assert_eq!(
+            local_path("docker-archive:/tmp/d.tar:app"),
+            Some(("/tmp/d.tar", Some("app")))
+        );
+        assert_eq!(local_path("registry:5000/team/tools:1"), None);
+    }
 
     #[test]
     fn image_env_becomes_the_default_env() {

@@ -104,3 +104,90 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
     assert!(out.contains("workspace-is-a-dir"), "{out}");
     drop(server);
 }
+
+#[tokio::test]
+async fn templates_come_from_local_oci_layouts_and_docker_archives() {
+    let work = tempfile::Builder::new()
+        .prefix("hutch-image-local-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let templates = work.path().join("templates");
+    let layout = work.path().join("layout");
+    let top = oci::image(
+        &layout,
+        "amd64",
+        &[LayerBlob::gzip(&busybox_layer("read from a local file"))],
+        json!({"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]}),
+    );
+    oci::finish(&layout, "1", top);
+    // The same image as a tarball of the layout, and as `docker save` writes it.
+    let oci_tar = work.path().join("image-oci.tar");
+    let tarred = Command::new("tar")
+        .arg("-cf")
+        .arg(&oci_tar)
+        .arg("-C")
+        .arg(&layout)
+        .arg(".")
+        .status()
+        .expect("tar");
+    assert!(tarred.success());
+    let docker_tar = work.path().join("image-docker.tar");
+    let copied = Command::new("skopeo")
+        .args(["copy", "--quiet"])
+        .arg(format!("oci:{}:1", layout.display()))
+        .arg(format!(
+            "docker-archive:{}:local/busybox:1",
+            docker_tar.display()
+        ))
+        .output()
+        .expect("skopeo");
+    assert!(copied.status.success(), "{copied:?}");
+
+    for (name, reference) in [
+        ("from-layout", format!("oci:{}:1", layout.display())),
+        ("from-oci-tar", format!("oci-archive:{}", oci_tar.display())),
+        (
+            "from-docker",
+            format!("docker-archive:{}", docker_tar.display()),
+        ),
+    ] {
+        let built = template_build(
+            &templates,
+            &[name, "--from-image", &reference],
+            "unused:unused",
+        );
+        assert!(built.status.success(), "{reference}: {built:?}");
+        let meta: Value = serde_json::from_slice(
+            &std::fs::read(templates.join(name).join("template.json")).expect("template.json"),
+        )
+        .expect("json");
+        assert_eq!(meta["image"]["reference"], reference.as_str(), "{meta}");
+        let marker = std::fs::read_to_string(templates.join(name).join("rootfs/from-image"))
+            .expect("the layer's file");
+        assert_eq!(marker, "read from a local file");
+    }
+    // A tag the layout does not have is named in the error.
+    let missing = template_build(
+        &templates,
+        &[
+            "nope",
+            "--from-image",
+            &format!("oci:{}:2", layout.display()),
+        ],
+        "unused:unused",
+    );
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("no image tagged \"2\""),
+        "{missing:?}"
+    );
+
+    let minimal = template_build(&templates, &["minimal"], "");
+    assert!(minimal.status.success(), "{minimal:?}");
+    let server = TestServer::start_in(templates.clone(), &[]).await;
+    let id = server
+        .create_id(json!({"template": "from-docker", "isolation": "ns"}))
+        .await;
+    let (out, code) = server.sh(&id, "cat /from-image").await;
+    assert_eq!((out.as_str(), code), ("read from a local file", 0));
+}

@@ -31,8 +31,9 @@ pub enum TemplateCommand {
         /// Rebuild even if it is ready.
         #[arg(long)]
         force: bool,
-        /// Build from this OCI image (`registry:5000/team/tools:1`, `debian:12`); its
-        /// `linux/amd64` variant is pulled.
+        /// Build from this OCI image (`registry:5000/team/tools:1`, `debian:12`; its
+        /// `linux/amd64` variant is pulled), or from local files: `oci:DIR[:TAG]` (an OCI
+        /// image layout), `oci-archive:FILE[:TAG]`, `docker-archive:FILE[:TAG]` (`docker save`).
         #[arg(long, value_name = "REF")]
         from_image: Option<String>,
         /// Speak plain HTTP to this registry (`host` or `host:port`); repeatable.
