@@ -18,21 +18,30 @@ pub(crate) const SUITE: &str = "bookworm";
 pub(crate) const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 
 /// Packages installed on top of the `minbase` variant.
-pub(crate) const INCLUDE: &str =
-    "python3,python3-pip,python3-venv,git,curl,ca-certificates,build-essential";
+const INCLUDE: &str = "python3,python3-pip,python3-venv,git,curl,ca-certificates,build-essential";
 
-/// What the `code-interpreter` template adds to `base`'s packages: a Jupyter kernel for
-/// Python with the usual data libraries, and Node.js, all from Debian.
-pub(crate) const CODE_INTERPRETER_INCLUDE: &str = "python3-ipykernel,python3-jupyter-client,\
-    python3-numpy,python3-pandas,python3-matplotlib,python3-pil,fonts-dejavu-core,nodejs";
+/// What the `code-interpreter` template adds to `base`: a Jupyter kernel for Python with
+/// the usual data libraries, and Node.js, all from Debian. Installed with `apt-get` after
+/// debootstrap (debootstrap's own resolver cannot configure `python3-zmq`'s dependencies).
+pub(crate) const CODE_INTERPRETER_PACKAGES: &[&str] = &[
+    "python3-ipykernel",
+    "python3-jupyter-client",
+    "python3-numpy",
+    "python3-pandas",
+    "python3-matplotlib",
+    "python3-pil",
+    "fonts-dejavu-core",
+    "nodejs",
+];
 
 /// Builds the `base` root into the empty directory `rootfs`.
 pub(crate) fn build(rootfs: &Path, ctx: &mut BuildContext<'_>) -> Result<()> {
-    build_with(rootfs, INCLUDE, ctx)
+    build_with(rootfs, &[], ctx)
 }
 
-/// Builds a Debian root with `include` (comma-separated packages) over `minbase`.
-pub(crate) fn build_with(rootfs: &Path, include: &str, ctx: &mut BuildContext<'_>) -> Result<()> {
+/// Builds a Debian root: debootstrap's `minbase` with `base`'s packages, then `extra` with
+/// `apt-get install --no-install-recommends` in a chroot (with `/proc` mounted meanwhile).
+pub(crate) fn build_with(rootfs: &Path, extra: &[&str], ctx: &mut BuildContext<'_>) -> Result<()> {
     ctx.step("checking for debootstrap")?;
     let debootstrap =
         command::find_program("debootstrap").ok_or_else(|| TemplateError::MissingTool {
@@ -55,11 +64,38 @@ pub(crate) fn build_with(rootfs: &Path, include: &str, ctx: &mut BuildContext<'_
     ctx.step(format!("debootstrap {SUITE} from {mirror}"))?;
     let mut cmd = Command::new(debootstrap);
     cmd.arg("--variant=minbase")
-        .arg(format!("--include={include}"))
+        .arg(format!("--include={INCLUDE}"))
         .arg(SUITE)
         .arg(rootfs)
         .arg(&mirror);
     command::run(ctx, cmd)?;
+
+    if !extra.is_empty() {
+        ctx.step(format!("apt-get install {}", extra.join(" ")))?;
+        let proc = rootfs.join("proc");
+        let mut mount = Command::new("mount");
+        mount.args(["-t", "proc", "proc"]).arg(&proc);
+        command::run(ctx, mount)?;
+        let installed = (|| {
+            let apt = |args: &[&str]| {
+                let mut cmd = Command::new(&chroot);
+                cmd.arg(rootfs)
+                    .arg("apt-get")
+                    .args(args)
+                    .env("DEBIAN_FRONTEND", "noninteractive");
+                cmd
+            };
+            command::run(ctx, apt(&["update"]))?;
+            let mut install = vec!["install", "-y", "--no-install-recommends"];
+            install.extend_from_slice(extra);
+            command::run(ctx, apt(&install))
+        })();
+        let mut umount = Command::new("umount");
+        umount.arg(&proc);
+        let unmounted = command::run(ctx, umount);
+        installed?;
+        unmounted?;
+    }
 
     ctx.step("cleaning the apt cache")?;
     let mut cmd = Command::new(&chroot);

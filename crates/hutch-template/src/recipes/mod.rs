@@ -120,15 +120,7 @@ impl Recipe {
         match self {
             Self::Minimal => minimal::build(rootfs, ctx),
             Self::Base => base::build(rootfs, ctx),
-            Self::CodeInterpreter => base::build_with(
-                rootfs,
-                &format!(
-                    "{},{}",
-                    base::INCLUDE,
-                    base::CODE_INTERPRETER_INCLUDE.replace(char::is_whitespace, "")
-                ),
-                ctx,
-            ),
+            Self::CodeInterpreter => base::build_with(rootfs, base::CODE_INTERPRETER_PACKAGES, ctx),
         }
     }
 }

@@ -10,6 +10,7 @@ mod lifecycle;
 mod network;
 mod server;
 mod stats;
+mod templates;
 mod vm;
 mod vm_lifecycle;
 
@@ -27,6 +28,10 @@ pub enum BenchSection {
     /// Request cost with 1 sandbox record versus `--api-scale-records` (`bench/api_scale.rs`).
     #[value(name = "api_scale")]
     ApiScale,
+    /// Dockerfile builds cold and cached, create-to-ready with a start command
+    /// (`bench/templates.rs`).
+    #[value(name = "templates")]
+    Templates,
 }
 
 /// Options of `hutch bench`.
@@ -152,6 +157,9 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     if args.section == Some(BenchSection::ApiScale) {
         return bench_api_scale(&args, &templates_dir, &vm_dir).await;
     }
+    if args.section == Some(BenchSection::Templates) {
+        return bench_templates(&args, &templates_dir, &vm_dir).await;
+    }
     let net = if args.vm_only {
         network::NetSeries {
             series: vec![],
@@ -247,6 +255,37 @@ async fn bench_api_scale(
     }
     srv.stop();
     let doc = json!({"machine": machine_info(), "api_scale": r?});
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// `hutch bench templates`: only that section, on its own server.
+async fn bench_templates(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
+    let (series, skipped) = templates::run(&srv, args.lifecycle.clamp(1, 10)).await;
+    srv.destroy_all().await;
+    srv.stop();
+    let find = |name: &str| series.iter().find(|s| s.name == name);
+    for s in &series {
+        let baseline = match s.name.as_str() {
+            "template_build_cached" => find("template_build_cold"),
+            "ns_create_to_first_exec_start_command" => find("ns_create_to_first_exec_plain"),
+            _ => None,
+        };
+        println!("{}", row(s, baseline));
+    }
+    for s in &skipped {
+        println!("skipped {}: {}", s.name, s.reason);
+    }
+    let doc = json!({"machine": machine_info(), "templates": {"series": series, "skipped": skipped.iter().map(|s| json!({"name": s.name, "reason": s.reason})).collect::<Vec<_>>()}});
     if let Some(path) = &args.json_out {
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -399,6 +438,8 @@ async fn measure(
 
     eprintln!("lifecycle ×{}…", args.lifecycle);
     let (life, life_skipped) = lifecycle::run(srv, args.lifecycle).await?;
+    eprintln!("templates ×{}…", args.lifecycle.min(10));
+    let (tmpl, tmpl_skipped) = templates::run(srv, args.lifecycle.clamp(1, 10)).await;
 
     let mut series = vec![
         summarize("ns_create_to_first_exec", "ms", &c2e),
@@ -408,8 +449,10 @@ async fn measure(
         summarize("ns_exec_round_trip_warm", "ms", &rt),
     ];
     series.extend(life);
+    series.extend(tmpl);
     series.extend(net.series);
     skipped.extend(life_skipped);
+    skipped.extend(tmpl_skipped);
     skipped.extend(net.skipped);
     let net_off = series
         .iter()
@@ -425,6 +468,7 @@ async fn measure(
     for b in &base {
         println!("{}", row(b, None));
     }
+    let find_series = |name: &str| series.iter().find(|s| s.name == name);
     for s in &series {
         let baseline = match s.name.as_str() {
             "ns_exec_round_trip_warm" => forkexec,
@@ -433,6 +477,8 @@ async fn measure(
             | "ns_kill"
             | "ns_concurrent_create_to_first_exec" => bwrap.or(forkexec),
             "ns_create_to_first_exec_net_on" => net_off.as_ref(),
+            "template_build_cached" => find_series("template_build_cold"),
+            "ns_create_to_first_exec_start_command" => find_series("ns_create_to_first_exec_plain"),
             // Lifecycle operations have no counterpart among the baselines.
             _ => None,
         };

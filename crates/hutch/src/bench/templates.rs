@@ -1,0 +1,135 @@
+//! Template series: a Dockerfile build through the API cold (`no_cache`) and fully cached,
+//! and create-to-ready of a template whose start command must pass its ready check, next to
+//! create-to-first-exec of the plain template in the same run. Skipped when the server has
+//! no build API.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use super::baselines::Skipped;
+use super::server::BenchServer;
+use super::stats::{summarize, Summary};
+
+/// The template the series build.
+const NAME: &str = "bench-web";
+
+/// Three RUN steps, a COPY, a start command with a ready check.
+const DOCKERFILE: &str = "FROM minimal
+RUN echo one > /one
+RUN echo two > /two
+COPY app.txt /srv/app.txt
+RUN cat /srv/app.txt > /three
+HEALTHCHECK --interval=1s --timeout=2s CMD wget -qO- http://127.0.0.1:8080/app.txt
+CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/srv\"]
+";
+
+/// The build context as a tar stream.
+fn context_tar() -> anyhow::Result<Vec<u8>> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("Dockerfile"), DOCKERFILE)?;
+    std::fs::write(dir.path().join("app.txt"), "served\n")?;
+    let mut writer = hutch_proto::archive::ArchiveWriter::open(dir.path())?;
+    let mut out = Vec::new();
+    while let Some(chunk) = writer.next_chunk(1 << 16)? {
+        out.extend(chunk);
+    }
+    Ok(out)
+}
+
+/// Start a build and wait for it to end; its duration in ms (from the POST).
+async fn build(srv: &BenchServer, tar: &[u8], no_cache: bool) -> anyhow::Result<f64> {
+    let (url, key, http) = srv.endpoint();
+    let t0 = Instant::now();
+    let r = http
+        .post(format!(
+            "{url}/v1/templates?name={NAME}&no_cache={no_cache}"
+        ))
+        .bearer_auth(key)
+        .header("content-type", "application/x-tar")
+        .body(tar.to_vec())
+        .send()
+        .await?;
+    if !r.status().is_success() {
+        bail!(
+            "POST /v1/templates: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
+    }
+    let started: Value = r.json().await?;
+    let id = started["id"].as_str().context("no build id")?.to_string();
+    loop {
+        let v: Value = http
+            .get(format!("{url}/v1/templates/{NAME}/builds/{id}"))
+            .bearer_auth(key)
+            .send()
+            .await?
+            .json()
+            .await?;
+        match v["status"].as_str() {
+            Some("succeeded") => return Ok(t0.elapsed().as_secs_f64() * 1000.0),
+            Some("failed") | Some("cancelled") => bail!("build {id}: {}", v["error"]),
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+        if t0.elapsed() > Duration::from_secs(300) {
+            bail!("build {id} did not end in 300 s");
+        }
+    }
+}
+
+/// Create a sandbox of `template` and run `true` in it; ms.
+async fn create_to_exec(srv: &BenchServer, template: &str) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    let v = srv
+        .post(
+            "/v1/sandboxes",
+            serde_json::json!({"template": template, "isolation": "ns", "ttl_seconds": 600}),
+        )
+        .await?;
+    let id = v["id"].as_str().context("no id")?.to_string();
+    srv.exec_true(&id).await?;
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    srv.kill(&id).await?;
+    Ok(ms)
+}
+
+/// Run the series `n` times each.
+pub async fn run(srv: &BenchServer, n: usize) -> (Vec<Summary>, Vec<Skipped>) {
+    match measure(srv, n).await {
+        Ok(series) => (series, Vec::new()),
+        Err(e) => (
+            Vec::new(),
+            vec![Skipped {
+                name: "template_build_cold".into(),
+                reason: format!("{e:#}"),
+            }],
+        ),
+    }
+}
+
+async fn measure(srv: &BenchServer, n: usize) -> anyhow::Result<Vec<Summary>> {
+    let tar = context_tar()?;
+    let mut cold = Vec::new();
+    for _ in 0..n {
+        cold.push(build(srv, &tar, true).await?);
+    }
+    let mut cached = Vec::new();
+    for _ in 0..n {
+        cached.push(build(srv, &tar, false).await?);
+    }
+    let mut plain = Vec::new();
+    let mut ready = Vec::new();
+    for _ in 0..n {
+        plain.push(create_to_exec(srv, srv.template()).await?);
+        ready.push(create_to_exec(srv, NAME).await?);
+    }
+    let _ = srv.delete(&format!("/v1/templates/{NAME}")).await;
+    Ok(vec![
+        summarize("template_build_cold", "ms", &cold),
+        summarize("template_build_cached", "ms", &cached),
+        summarize("ns_create_to_first_exec_plain", "ms", &plain),
+        summarize("ns_create_to_first_exec_start_command", "ms", &ready),
+    ])
+}
