@@ -45,4 +45,4 @@ pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions};
 pub use image::ImageSource;
 pub use info::{ResourceDefaults, TemplateInfo};
 pub use names::builtin_names;
-pub use store::{LayeredSource, TemplateStore};
+pub use store::{validate_name, LayeredSource, TemplateStore};
