@@ -10,7 +10,7 @@
 //! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
 //! (connections to TCP ports inside a sandbox, through its agent), `exec` (execs and the
 //! agent connection), `reaper` (TTL expiry, deaths, re-adoption after a restart), `metrics`
-//! (the Prometheus text). State
+//! (the Prometheus text), `templates` (deleting a template nothing uses). State
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
@@ -26,6 +26,7 @@ mod ports;
 mod reaper;
 mod service;
 mod snapshots;
+mod template_delete;
 mod templates;
 #[cfg(test)]
 mod tests;

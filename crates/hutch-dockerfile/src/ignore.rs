@@ -130,7 +130,7 @@ impl DockerIgnore {
     /// Whether an exception could bring back something below the excluded directory `dir`,
     /// so that a walk must look inside it (as Docker's context walk does). Errs on the side
     /// of looking: a pattern whose literal start is compatible with `dir` counts.
-    pub(crate) fn may_include_below(&self, dir: &str) -> bool {
+    pub fn may_include_below(&self, dir: &str) -> bool {
         let dir_slash = format!("{}/", paths::clean(dir));
         self.rules.iter().filter(|r| r.exception).any(|rule| {
             let literal_end = rule

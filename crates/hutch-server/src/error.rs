@@ -3,10 +3,15 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hutch_build::BuildError;
 use hutch_core::error::{self, AgentErrorCode};
 use hutch_core::net::NetError;
 use hutch_core::CoreError;
+use hutch_dockerfile::ContextError as DockerContextError;
 use hutch_proto::client::service::ServiceError;
+use hutch_template::TemplateError;
+
+use crate::build_context::ContextError;
 
 /// An error answered as `{"error": {"code", "message"}}`.
 #[derive(Debug)]
@@ -70,6 +75,24 @@ impl ApiError {
         Self {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             code: "payload_too_large",
+            message: message.into(),
+        }
+    }
+
+    /// 415: a body of a type the route does not take.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            code: "unsupported_media_type",
+            message: message.into(),
+        }
+    }
+
+    /// 409: the resource is in a state or use that forbids the call.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::CONFLICT,
+            code: "conflict",
             message: message.into(),
         }
     }
@@ -159,6 +182,116 @@ impl From<CoreError> for ApiError {
         if status == StatusCode::INTERNAL_SERVER_ERROR && !matches!(e, CoreError::Agent { .. }) {
             tracing::error!(error = %message, "internal error");
         }
+        Self {
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+/// Status and code of a template store error, by its variant.
+fn template_status(e: &TemplateError) -> (StatusCode, &'static str) {
+    match e {
+        TemplateError::InvalidName(_)
+        | TemplateError::BuiltinName(_)
+        | TemplateError::InvalidIsolation(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+        TemplateError::Unknown(_) | TemplateError::NotReady(_) => {
+            (StatusCode::NOT_FOUND, "not_found")
+        }
+        TemplateError::Image { .. }
+        | TemplateError::MissingTool { .. }
+        | TemplateError::NotStatic(_)
+        | TemplateError::ToolFailed { .. }
+        | TemplateError::StepFailed { .. }
+        | TemplateError::StillMounted { .. }
+        | TemplateError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
+/// Status and code of a build context the Dockerfile cannot use as it is, by variant.
+fn docker_context_status(e: &DockerContextError) -> (StatusCode, &'static str) {
+    match e {
+        DockerContextError::Open { .. } | DockerContextError::Io { .. } => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        }
+        DockerContextError::Outside { .. }
+        | DockerContextError::Absolute { .. }
+        | DockerContextError::NotFound { .. }
+        | DockerContextError::NoMatch { .. }
+        | DockerContextError::BadPattern { .. }
+        | DockerContextError::SymlinkOutside { .. }
+        | DockerContextError::SymlinkLoop { .. }
+        | DockerContextError::UnsupportedType { .. }
+        | DockerContextError::TooManyEntries { .. }
+        | DockerContextError::TooLarge { .. }
+        | DockerContextError::NotUtf8 { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+    }
+}
+
+/// Status and code of a build error, by its variant (and its cause's where that decides).
+fn build_status(e: &BuildError) -> (StatusCode, &'static str) {
+    match e {
+        BuildError::BadRequest(_) | BuildError::Ignore(_) => {
+            (StatusCode::BAD_REQUEST, "bad_request")
+        }
+        BuildError::Dockerfile(_) => (StatusCode::BAD_REQUEST, "invalid_dockerfile"),
+        BuildError::Context(cause) => docker_context_status(cause),
+        BuildError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        BuildError::StepFailed(_) => (StatusCode::UNPROCESSABLE_ENTITY, "build_failed"),
+        BuildError::Cancelled => (StatusCode::CONFLICT, "cancelled"),
+        BuildError::Core(cause) => core_status(cause),
+        BuildError::Template(cause) => template_status(cause),
+        BuildError::Agent(_) => (StatusCode::CONFLICT, "sandbox_failed"),
+        BuildError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
+impl From<BuildError> for ApiError {
+    fn from(e: BuildError) -> Self {
+        let message = e.to_string();
+        let (status, code) = build_status(&e);
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %message, "internal error");
+        }
+        Self {
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+impl From<TemplateError> for ApiError {
+    fn from(e: TemplateError) -> Self {
+        let message = e.to_string();
+        let (status, code) = template_status(&e);
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %message, "internal error");
+        }
+        Self {
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+impl From<ContextError> for ApiError {
+    fn from(e: ContextError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match e {
+            ContextError::TooLarge { .. } | ContextError::TooManyEntries { .. } => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+            }
+            ContextError::Malformed(_) | ContextError::Refused(_) | ContextError::Body(_) => {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            }
+            ContextError::Io(_) => {
+                tracing::error!(error = %message, "internal error");
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        };
         Self {
             status,
             code,
@@ -464,6 +597,125 @@ mod tests {
             let what = format!("{e:?}");
             let api = ApiError::from(e);
             assert_eq!((api.status, api.code), (status, code), "{what}");
+        }
+    }
+
+    #[test]
+    fn every_build_error_has_its_status_and_code() {
+        let dockerfile = hutch_dockerfile::DockerfileError::UnknownInstruction {
+            line: 7,
+            word: "FOO".into(),
+            hint: String::new(),
+        };
+        let ignore = hutch_dockerfile::IgnoreError::BareExclamation { line: 1 };
+        let outside = hutch_dockerfile::ContextError::Outside {
+            source_path: "../x".into(),
+        };
+        let context_io = hutch_dockerfile::ContextError::Io {
+            action: "reading",
+            path: "x".into(),
+            error: io(),
+        };
+        let table: Vec<(BuildError, StatusCode, &str)> = vec![
+            (
+                BuildError::BadRequest("no Dockerfile".into()),
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+            ),
+            (
+                BuildError::Dockerfile(dockerfile),
+                StatusCode::BAD_REQUEST,
+                "invalid_dockerfile",
+            ),
+            (
+                BuildError::Ignore(ignore),
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+            ),
+            (
+                BuildError::Context(outside),
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+            ),
+            (
+                BuildError::Context(context_io),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+            ),
+            (
+                BuildError::NotFound("no build".into()),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                BuildError::StepFailed("exit code 1".into()),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "build_failed",
+            ),
+            (BuildError::Cancelled, StatusCode::CONFLICT, "cancelled"),
+            (
+                BuildError::Core(CoreError::Quota("too many".into())),
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+            ),
+            (
+                BuildError::Template(TemplateError::BuiltinName("minimal".into())),
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+            ),
+            (
+                BuildError::Template(TemplateError::NotReady("x".into())),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                BuildError::Agent(ClientError::Transport("reset".into())),
+                StatusCode::CONFLICT,
+                "sandbox_failed",
+            ),
+            (
+                BuildError::Io {
+                    what: "the cache".into(),
+                    source: io(),
+                },
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+            ),
+        ];
+        for (e, status, code) in table {
+            let what = format!("{e:?}");
+            let api = ApiError::from(e);
+            assert_eq!((api.status, api.code), (status, code), "{what}");
+        }
+        let api = ApiError::from(BuildError::Dockerfile(
+            hutch_dockerfile::DockerfileError::UnknownInstruction {
+                line: 7,
+                word: "FOO".into(),
+                hint: String::new(),
+            },
+        ));
+        assert_eq!(
+            api.message,
+            "Dockerfile line 7: unknown instruction \"FOO\""
+        );
+    }
+
+    #[test]
+    fn context_upload_errors_have_their_status() {
+        use crate::build_context::ContextError as C;
+        for (e, status) in [
+            (C::TooLarge { limit: 1 }, StatusCode::PAYLOAD_TOO_LARGE),
+            (
+                C::TooManyEntries { limit: 1 },
+                StatusCode::PAYLOAD_TOO_LARGE,
+            ),
+            (C::Malformed("x".into()), StatusCode::BAD_REQUEST),
+            (C::Refused("x".into()), StatusCode::BAD_REQUEST),
+            (C::Body("x".into()), StatusCode::BAD_REQUEST),
+            (C::Io("x".into()), StatusCode::INTERNAL_SERVER_ERROR),
+        ] {
+            let what = format!("{e:?}");
+            assert_eq!(ApiError::from(e).status, status, "{what}");
         }
     }
 

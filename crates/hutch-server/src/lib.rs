@@ -5,6 +5,7 @@
 //! [`app`] builds the router apart from any socket so tests can drive it directly.
 
 mod browser;
+pub mod build_context;
 pub mod error;
 mod extract;
 mod key_cache;
@@ -18,6 +19,7 @@ use std::time::Instant;
 
 use axum::routing::{any, get, post, put};
 use axum::Router;
+use hutch_build::{BuildSettings, Builder};
 use hutch_core::Manager;
 
 pub use extract::Caller;
@@ -34,21 +36,48 @@ pub struct AppState {
     connections: Arc<serve::connections::ConnectionStats>,
     /// Largest JSON request body, in bytes.
     json_body_limit: usize,
+    /// Template builds from Dockerfiles.
+    builder: Arc<Builder>,
+    /// Who started each build the builder remembers (tenants see their own).
+    build_owners: Arc<routes::templates::BuildOwners>,
+    /// How big an uploaded build context may be.
+    context_limits: build_context::ContextLimits,
 }
 
 /// Default [`AppState::with_json_body_limit`]: 1 MiB.
 pub const DEFAULT_JSON_BODY_LIMIT: usize = 1 << 20;
 
 impl AppState {
-    /// State over a started manager.
+    /// State over a started manager; template builds get [`default_build_settings`].
     pub fn new(manager: Arc<Manager>) -> Self {
+        let builder = Builder::new(manager.clone(), default_build_settings(&manager));
         Self {
             manager,
             keys: Arc::new(Mutex::new(key_cache::KeyCache::default())),
             preview: None,
             connections: Arc::default(),
             json_body_limit: DEFAULT_JSON_BODY_LIMIT,
+            builder,
+            build_owners: Arc::default(),
+            context_limits: build_context::ContextLimits::default(),
         }
+    }
+
+    /// The same state, giving build sandboxes `settings` (resources, network policy).
+    pub fn with_build_settings(mut self, settings: BuildSettings) -> Self {
+        self.builder = Builder::new(self.manager.clone(), settings);
+        self
+    }
+
+    /// Answer build contexts over `limits` with 413.
+    pub fn with_context_limits(mut self, limits: build_context::ContextLimits) -> Self {
+        self.context_limits = limits;
+        self
+    }
+
+    /// The template builder.
+    pub fn builder(&self) -> &Arc<Builder> {
+        &self.builder
     }
 
     /// The same state, handing out browser links to `preview` instead of the API origin.
@@ -99,13 +128,42 @@ impl AppState {
     }
 }
 
+/// What build sandboxes get unless `hutch serve` says otherwise: the builder's defaults,
+/// with no network at all when the manager runs without networking.
+pub fn default_build_settings(manager: &Manager) -> BuildSettings {
+    let mut settings = BuildSettings::default();
+    if manager.config().network.is_none() {
+        settings.network.egress = hutch_core::net::policy::Egress::None;
+    }
+    settings
+}
+
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, volumes};
+    use routes::{
+        build_logs, exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, templates,
+        volumes,
+    };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/metrics", get(misc::metrics_per_sandbox))
-        .route("/v1/templates", get(misc::templates))
+        .route(
+            "/v1/templates",
+            get(templates::list).post(templates::create),
+        )
+        .route(
+            "/v1/templates/{name}",
+            get(templates::get).delete(templates::delete),
+        )
+        .route("/v1/templates/{name}/builds", get(templates::list_builds))
+        .route(
+            "/v1/templates/{name}/builds/{id}",
+            get(templates::get_build).delete(templates::cancel_build),
+        )
+        .route(
+            "/v1/templates/{name}/builds/{id}/logs",
+            get(build_logs::logs),
+        )
         .route("/v1/events", get(misc::events))
         .route(
             "/v1/sandboxes",

@@ -47,4 +47,4 @@ pub use image::ImageSource;
 pub use info::{ResourceDefaults, TemplateInfo};
 pub use names::builtin_names;
 pub use revisions::parse_ref;
-pub use store::{LayeredSource, TemplateStore};
+pub use store::{validate_name, LayeredSource, TemplateStore};

@@ -559,8 +559,9 @@ fn is_random_suffix(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// Template names: 1 to 63 of `a-z 0-9 . _ -`, starting with a letter or digit.
-pub(crate) fn validate_name(name: &str) -> Result<()> {
+/// Checks that `name` can name a template (1 to 63 characters of `a-z0-9._-`, starting
+/// with a letter or digit): [`TemplateError::InvalidName`] otherwise.
+pub fn validate_name(name: &str) -> std::result::Result<(), TemplateError> {
     let mut bytes = name.bytes();
     let valid = name.len() <= 63
         && bytes

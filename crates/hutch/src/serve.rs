@@ -126,6 +126,15 @@ pub struct ServeArgs {
     /// Execs (collected, streamed, PTY) one sandbox may run at once; more are answered 429.
     #[arg(long, default_value_t = 32)]
     pub max_execs_per_sandbox: usize,
+    /// Network of template builds' `RUN` steps (`allow`: everything the server's deny list
+    /// and blocked ports do not stop; `deny`: nothing; `none`: loopback only). Always
+    /// `none` with `--network off`.
+    #[arg(long, value_enum, default_value_t = BuildEgress::Allow)]
+    pub build_egress: BuildEgress,
+    /// Largest build context a client may upload with `POST /v1/templates` (bytes, or with
+    /// a KiB/MiB/GiB suffix), compressed or not; larger ones are answered 413.
+    #[arg(long, default_value = "2GiB", value_parser = parse_size)]
+    pub max_build_context: usize,
     /// TCP ports sandboxes may never connect to (comma-separated; default: Stratum mining
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
@@ -196,6 +205,29 @@ pub enum NetworkMode {
     On,
     /// Loopback only.
     Off,
+}
+
+/// `--build-egress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BuildEgress {
+    /// Everything not denied by the server.
+    Allow,
+    /// Nothing.
+    Deny,
+    /// No network interface besides loopback.
+    None,
+}
+
+/// What build sandboxes get from `hutch serve`'s flags.
+fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
+    use hutch_core::net::policy::Egress;
+    let mut settings = hutch_build::BuildSettings::default();
+    settings.network.egress = match (args.network, args.build_egress) {
+        (NetworkMode::Off, _) | (_, BuildEgress::None) => Egress::None,
+        (NetworkMode::On, BuildEgress::Deny) => Egress::Deny,
+        (NetworkMode::On, BuildEgress::Allow) => Egress::Allow,
+    };
+    settings
 }
 
 /// How memory snapshots of running vm guests are taken.
@@ -307,6 +339,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     )?;
     let exe = std::env::current_exe().context("locating the hutch executable")?;
     let network = network_config(&args)?;
+    let build_settings = build_settings(&args);
     let mut cfg = Config::new(state_dir.clone(), exe, agent);
     if let Some(t) = args.templates_dir {
         cfg.templates_dir = t;
@@ -357,12 +390,24 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     }
     let manager = Manager::start(cfg).await?;
     manager.ensure_admin_key().await?;
+    // Build contexts a previous server was given (this one holds the state directory now):
+    // their builds died with it.
+    let builds = state_dir.join("builds");
+    if builds.exists() {
+        std::fs::remove_dir_all(&builds)
+            .with_context(|| format!("removing old build contexts in {}", builds.display()))?;
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let mut state =
-        hutch_server::AppState::new(manager.clone()).with_json_body_limit(args.max_json_body);
+    let mut state = hutch_server::AppState::new(manager.clone())
+        .with_json_body_limit(args.max_json_body)
+        .with_build_settings(build_settings)
+        .with_context_limits(hutch_server::build_context::ContextLimits {
+            max_bytes: args.max_build_context as u64,
+            ..Default::default()
+        });
     let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
     if let Some(n) = args.max_connections {
         limits.max_connections = n.max(1);

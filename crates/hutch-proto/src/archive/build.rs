@@ -32,10 +32,27 @@ struct Copying {
     shrunk: bool,
 }
 
+/// What a directory walk does with one entry ([`ArchiveWriter::with_filter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalkChoice {
+    /// Archive it (a directory with everything below it that the filter keeps).
+    Include,
+    /// Leave it out, and for a directory everything below it.
+    Skip,
+    /// Leave the entry itself out but walk a directory's contents (an entry kept below it
+    /// is unpacked with its parents created). For anything else the same as `Skip`.
+    EnterOnly,
+}
+
+/// The filter of a directory walk: the entry's path in the archive (no trailing `/`) and
+/// whether it is a directory (lstat: a symlink to one is not).
+type WalkFilter = Box<dyn FnMut(&[u8], bool) -> WalkChoice + Send>;
+
 /// A tar stream of one directory (or file), made step by step.
 pub struct ArchiveWriter {
     builder: Builder<Vec<u8>>,
     stack: Vec<Walking>,
+    filter: Option<WalkFilter>,
     single: Option<(PathBuf, Vec<u8>)>,
     copying: Option<Copying>,
     finished: bool,
@@ -62,6 +79,7 @@ impl ArchiveWriter {
         let mut writer = Self {
             builder: Builder::new(Vec::new()),
             stack: Vec::new(),
+            filter: None,
             single: None,
             copying: None,
             finished: false,
@@ -83,6 +101,16 @@ impl ArchiveWriter {
             writer.single = Some((path.to_path_buf(), name));
         }
         Ok(writer)
+    }
+
+    /// Walk a directory through `filter`, called for every entry below it before it is
+    /// archived (a `.dockerignore` applied by the CLI). Not called for a single file.
+    pub fn with_filter(
+        mut self,
+        filter: impl FnMut(&[u8], bool) -> WalkChoice + Send + 'static,
+    ) -> Self {
+        self.filter = Some(Box::new(filter));
+        self
     }
 
     /// Entries archived so far.
@@ -147,7 +175,26 @@ impl ArchiveWriter {
             };
             let mut name = top.prefix.clone();
             name.extend_from_slice(item.file_name().as_bytes());
-            return Ok(Some((path, name, meta)));
+            let choice = match &mut self.filter {
+                Some(filter) => filter(&name, meta.is_dir()),
+                None => WalkChoice::Include,
+            };
+            match choice {
+                WalkChoice::Include => return Ok(Some((path, name, meta))),
+                WalkChoice::Skip => continue,
+                WalkChoice::EnterOnly if meta.is_dir() => {
+                    let Ok(entries) = fs::read_dir(&path) else {
+                        continue; // gone since it was listed
+                    };
+                    name.push(b'/');
+                    self.stack.push(Walking {
+                        dir: path,
+                        prefix: name,
+                        entries,
+                    });
+                }
+                WalkChoice::EnterOnly => continue,
+            }
         }
         Ok(None)
     }

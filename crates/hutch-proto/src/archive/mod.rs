@@ -14,7 +14,8 @@
 //! # What [`ArchiveWriter`] puts in
 //! Directories, regular files and symlinks, walked without following any symlink: a symlink is
 //! stored as a link (its target text), never as what it points to. FIFOs, sockets and devices
-//! are left out. A file that shrinks while it is read is padded with zeros to the size in its
+//! are left out. [`ArchiveWriter::with_filter`] leaves out what a filter refuses (the CLI's
+//! `.dockerignore`). A file that shrinks while it is read is padded with zeros to the size in its
 //! header; one that grows is cut at that size.
 //!
 //! # What [`Extractor`] refuses
@@ -37,7 +38,7 @@ mod build;
 mod extract;
 mod parse;
 
-pub use build::ArchiveWriter;
+pub use build::{ArchiveWriter, WalkChoice};
 pub use extract::{ExtractOptions, Extractor};
 pub use parse::{EntryHeader, EntryKind, TarEvent, TarParser};
 

@@ -303,3 +303,47 @@ fn owners_are_kept_only_when_asked() {
         }
     }
 }
+
+#[test]
+fn a_filter_leaves_out_entries_and_can_enter_a_left_out_directory() {
+    let src = tempfile::tempdir().expect("tmp");
+    let s = src.path();
+    std::fs::create_dir_all(s.join("skipped/inner")).expect("mkdir");
+    std::fs::create_dir_all(s.join("entered/keep")).expect("mkdir");
+    std::fs::write(s.join("skipped/inner/x"), "x").expect("write");
+    std::fs::write(s.join("entered/drop.txt"), "d").expect("write");
+    std::fs::write(s.join("entered/keep/k.txt"), "k").expect("write");
+    std::fs::write(s.join("top.txt"), "t").expect("write");
+    std::fs::write(s.join("secret.env"), "s").expect("write");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut w = ArchiveWriter::open(s)
+        .expect("open")
+        .with_filter(move |path, is_dir| {
+            let path = String::from_utf8_lossy(path).into_owned();
+            let _ = tx.send((path.clone(), is_dir));
+            match path.as_str() {
+                "skipped" | "secret.env" | "entered/drop.txt" => WalkChoice::Skip,
+                "entered" => WalkChoice::EnterOnly,
+                _ => WalkChoice::Include,
+            }
+        });
+    let mut bytes = Vec::new();
+    while let Some(chunk) = w.next_chunk(4096).expect("chunk") {
+        bytes.extend(chunk);
+    }
+    let seen: Vec<(String, bool)> = rx.try_iter().collect();
+    // A skipped directory is never walked.
+    assert!(
+        !seen.iter().any(|(p, _)| p.starts_with("skipped/")),
+        "{seen:?}"
+    );
+    assert!(seen.contains(&("entered".to_string(), true)), "{seen:?}");
+    let dst = tempfile::tempdir().expect("tmp");
+    let d = dst.path().join("out");
+    unpack(&bytes, &d, 512).expect("unpack");
+    assert!(d.join("top.txt").is_file());
+    assert!(d.join("entered/keep/k.txt").is_file());
+    assert!(!d.join("entered/drop.txt").exists());
+    assert!(!d.join("skipped").exists());
+    assert!(!d.join("secret.env").exists());
+}

@@ -1,4 +1,4 @@
-//! Health, metrics, OpenAPI, templates, events, and the 404 fallback.
+//! Health, metrics, OpenAPI, events, and the 404 fallback.
 
 use std::convert::Infallible;
 
@@ -54,16 +54,6 @@ pub async fn metrics_per_sandbox(
 /// `GET /v1/openapi.json`.
 pub async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON)
-}
-
-/// `GET /v1/templates`.
-pub async fn templates(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    let templates = state
-        .manager
-        .templates()
-        .list()
-        .map_err(|e| ApiError::from(hutch_core::CoreError::from(e)))?;
-    Ok(Json(serde_json::json!({ "templates": templates })))
 }
 
 /// `GET /v1/events?since=N` query.

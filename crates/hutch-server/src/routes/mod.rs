@@ -1,6 +1,7 @@
 //! Route handlers, one module per resource.
 
 mod access;
+pub mod build_logs;
 pub mod exec;
 mod exec_json;
 pub mod files;
@@ -12,4 +13,5 @@ mod page;
 pub mod ports;
 pub mod pty;
 pub mod sandboxes;
+pub mod templates;
 pub mod volumes;

@@ -1,0 +1,443 @@
+//! `/v1/templates`: list, get and delete templates; build one from a Dockerfile and a build
+//! context (`POST /v1/templates` with a tar body), and watch or cancel its builds. The
+//! build log is `routes/build_logs.rs`; the builds themselves are `hutch-build`'s.
+//!
+//! Templates are shared by every tenant. Any key may build one; the build's sandboxes
+//! belong to the caller's tenant, and only that tenant (and admin keys) see the build.
+//! Deleting a template is for admin keys only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use hutch_build::{BuildRequest, BuildView};
+use hutch_core::tenant::Tenant;
+use serde::Deserialize;
+
+use super::sandboxes::url_pairs;
+use crate::build_context::{self, ContextLimits};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::Caller;
+use crate::AppState;
+
+/// Who started each build the builder still remembers: `bld_…` → (template, tenant; `None`
+/// for an admin key's).
+#[derive(Debug, Default)]
+pub struct BuildOwners {
+    builds: Mutex<HashMap<String, (String, Option<Tenant>)>>,
+}
+
+impl BuildOwners {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Option<Tenant>)>> {
+        self.builds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Record a started build, forgetting the builds the builder forgot.
+    fn record(&self, state: &AppState, view: &BuildView, tenant: Option<Tenant>) {
+        let mut builds = self.lock();
+        builds.retain(|id, (template, _)| state.builder.get(template, id).is_ok());
+        builds.insert(view.id.clone(), (view.template.clone(), tenant));
+    }
+
+    /// Whether `caller` may see build `id`.
+    fn visible(&self, caller: &Caller, id: &str) -> bool {
+        caller.admin
+            || self
+                .lock()
+                .get(id)
+                .is_some_and(|(_, t)| t.as_ref() == Some(&caller.tenant))
+    }
+}
+
+/// The query of `POST /v1/templates` with a build context.
+#[derive(Debug, Default, PartialEq)]
+struct BuildQuery {
+    name: String,
+    dockerfile: Option<String>,
+    target: Option<String>,
+    no_cache: bool,
+    build_args: BTreeMap<String, String>,
+}
+
+fn parse_bool(key: &str, value: &str) -> ApiResult<bool> {
+    match value {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        other => Err(ApiError::bad_request(format!(
+            "{key} must be true or false, got {other:?}"
+        ))),
+    }
+}
+
+/// `name=&dockerfile=&target=&no_cache=&build_arg=K=V…` (`build_arg` repeatable).
+fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
+    let mut q = BuildQuery::default();
+    let mut name = None;
+    for (k, v) in url_pairs(raw.unwrap_or("")) {
+        match k.as_str() {
+            "name" => name = Some(v),
+            "dockerfile" => q.dockerfile = Some(v),
+            "target" => q.target = Some(v),
+            "no_cache" => q.no_cache = parse_bool("no_cache", &v)?,
+            "build_arg" => {
+                let (key, value) = v.split_once('=').ok_or_else(|| {
+                    ApiError::bad_request(format!("build_arg must be KEY=VALUE, got {v:?}"))
+                })?;
+                if key.is_empty() || key.contains('\0') || value.contains('\0') {
+                    return Err(ApiError::bad_request(format!(
+                        "build_arg must be KEY=VALUE with a non-empty KEY and no NUL byte, got {v:?}"
+                    )));
+                }
+                q.build_args.insert(key.to_string(), value.to_string());
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter {other:?}; use name=, dockerfile=, target=, no_cache= or build_arg=KEY=VALUE"
+                )))
+            }
+        }
+    }
+    q.name = name.ok_or_else(|| {
+        ApiError::bad_request(
+            "name= is required: the template to build (POST /v1/templates?name=NAME)",
+        )
+    })?;
+    hutch_template::validate_name(&q.name)?;
+    if let Some(path) = &q.dockerfile {
+        if path.is_empty() || path.starts_with('/') || path.contains('\0') {
+            return Err(ApiError::bad_request(format!(
+                "dockerfile must be a relative path in the build context, got {path:?}"
+            )));
+        }
+    }
+    if q.target.as_deref() == Some("") {
+        return Err(ApiError::bad_request("target must name a stage"));
+    }
+    Ok(q)
+}
+
+/// The JSON form of `POST /v1/templates`: a template from an OCI image.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // Parsed so a wrong body is told so; building is not offered yet.
+struct ImageBody {
+    name: String,
+    from_image: String,
+    registry_auth: Option<String>,
+    insecure_registries: Option<Vec<String>>,
+}
+
+/// What the body of `POST /v1/templates` is, from its `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BodyKind {
+    Json,
+    Context,
+}
+
+fn body_kind(headers: &HeaderMap) -> ApiResult<BodyKind> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        });
+    match ct.as_deref() {
+        Some("application/json") => Ok(BodyKind::Json),
+        None
+        | Some(
+            "application/x-tar" | "application/tar" | "application/gzip" | "application/x-gzip"
+            | "application/octet-stream",
+        ) => Ok(BodyKind::Context),
+        Some(other) => Err(ApiError::unsupported_media_type(format!(
+            "POST /v1/templates takes a build context as a tar stream (Content-Type: application/x-tar, \
+             optionally gzip-compressed) or an image as JSON (Content-Type: application/json), not {other}"
+        ))),
+    }
+}
+
+/// `GET /v1/templates`.
+pub async fn list(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
+    let templates = state.manager.templates().list()?;
+    Ok(Json(serde_json::json!({ "templates": templates })))
+}
+
+/// `POST /v1/templates?name=…` with a build context (tar, optionally gzip) → 202 with the
+/// build; with a JSON image body → 422 for now.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    if body_kind(&headers)? == BodyKind::Json {
+        let bytes = axum::body::to_bytes(body, state.json_body_limit())
+            .await
+            .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        let image: ImageBody = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+        hutch_template::validate_name(&image.name)?;
+        return Err(ApiError::invalid(format!(
+            "building a template from an image through the API is not supported yet: run \
+             `hutch template build {} --from-image {}` on the server's host, or send a build \
+             context whose Dockerfile says `FROM {}`",
+            image.name, image.from_image, image.from_image
+        )));
+    }
+    let q = parse_build_query(raw.as_deref())?;
+    let limits = state.context_limits;
+    check_declared_length(&headers, &limits)?;
+    let build_dir = new_build_dir(&state).await?;
+    let context_dir = build_dir.join("context");
+    let gzip = build_context::gzip_declared(&headers);
+    if let Err(e) = build_context::receive(body, context_dir.clone(), gzip, limits).await {
+        remove_dir(build_dir).await;
+        return Err(e.into());
+    }
+    let tenant = (!caller.admin).then(|| caller.tenant.clone());
+    let request = BuildRequest {
+        template: q.name.clone(),
+        context_dir,
+        dockerfile: q.dockerfile.unwrap_or_else(|| "Dockerfile".into()),
+        build_args: q.build_args,
+        target: q.target,
+        no_cache: q.no_cache,
+        tenant: tenant.clone(),
+    };
+    let view = match state.builder.start(request).await {
+        Ok(view) => view,
+        Err(e) => {
+            remove_dir(build_dir).await;
+            return Err(e.into());
+        }
+    };
+    state.build_owners.record(&state, &view, tenant);
+    tracing::info!(build = %view.id, template = %view.template, "template build started");
+    let location = format!("/v1/templates/{}/builds/{}", view.template, view.id);
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(view),
+    )
+        .into_response())
+}
+
+/// 413 before reading anything when `Content-Length` is already over the limit.
+fn check_declared_length(headers: &HeaderMap, limits: &ContextLimits) -> ApiResult<()> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limits.max_bytes => Err(build_context::ContextError::TooLarge {
+            limit: limits.max_bytes,
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// `<state>/builds/<random>/`, private; empty ones left by finished builds (the builder
+/// deletes their `context/`) are swept first.
+async fn new_build_dir(state: &AppState) -> ApiResult<PathBuf> {
+    let builds = state.manager.config().state_dir.join("builds");
+    let dir = builds.join(hutch_core::ids::random_token(16));
+    let made = dir.clone();
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&builds)?;
+        if let Ok(entries) = std::fs::read_dir(&builds) {
+            for entry in entries.flatten() {
+                // Only empty directories go: a running build's holds its context.
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(&made)
+    })
+    .await
+    .map_err(|e| ApiError::from(hutch_core::CoreError::Task(e)))?
+    .map_err(|e| ApiError::from(hutch_core::CoreError::io("create", &dir)(e)))?;
+    Ok(dir)
+}
+
+async fn remove_dir(dir: PathBuf) {
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+}
+
+fn unknown_template(state: &AppState, name: &str) -> ApiError {
+    let hint = if state.builder.building(name) {
+        format!(" (a build of it is running: GET /v1/templates/{name}/builds)")
+    } else {
+        String::new()
+    };
+    ApiError::not_found(format!("template {name:?} does not exist{hint}"))
+}
+
+/// `GET /v1/templates/{name}`.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    match state.manager.templates().get(&name) {
+        Some(info) => Ok(Json(info)),
+        None => Err(unknown_template(&state, &name)),
+    }
+}
+
+/// `DELETE /v1/templates/{name}` → 204 (admin keys: templates are every tenant's).
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    if !caller.admin {
+        return Err(ApiError::forbidden(
+            "templates are shared by every tenant: only an admin key may delete one",
+        ));
+    }
+    if let Some(running) = state
+        .builder
+        .list(&name)
+        .into_iter()
+        .find(|b| !b.status.is_done())
+    {
+        return Err(ApiError::conflict(format!(
+            "template {name:?} is being built ({}): cancel the build first (DELETE /v1/templates/{name}/builds/{})",
+            running.id, running.id
+        )));
+    }
+    state.manager.delete_template(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/templates/{name}/builds` → `{"builds": [...]}`, oldest first (the ones this
+/// server remembers, that the caller may see).
+pub async fn list_builds(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let builds: Vec<BuildView> = state
+        .builder
+        .list(&name)
+        .into_iter()
+        .filter(|b| state.build_owners.visible(&caller, &b.id))
+        .collect();
+    if builds.is_empty() && state.manager.templates().get(&name).is_none() {
+        return Err(unknown_template(&state, &name));
+    }
+    Ok(Json(serde_json::json!({ "builds": builds })))
+}
+
+/// The build `id` of `name`, if the caller may see it (404 otherwise, as for an unknown id).
+pub(crate) fn visible_build(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+    id: &str,
+) -> ApiResult<BuildView> {
+    let view = state.builder.get(name, id)?;
+    if !state.build_owners.visible(caller, id) {
+        return Err(ApiError::not_found(format!(
+            "template {name:?} has no build {id}"
+        )));
+    }
+    Ok(view)
+}
+
+/// `GET /v1/templates/{name}/builds/{id}`.
+pub async fn get_build(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    Ok(Json(visible_build(&state, &caller, &name, &id)?))
+}
+
+/// `DELETE /v1/templates/{name}/builds/{id}` → 200 with the build: its running step is
+/// killed with its sandbox and the template stays as it was (a finished build is left as
+/// it is).
+pub async fn cancel_build(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((name, id)): Path<(String, String)>,
+) -> ApiResult<impl IntoResponse> {
+    visible_build(&state, &caller, &name, &id)?;
+    Ok(Json(state.builder.cancel(&name, &id)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_queries_parse_and_bad_ones_are_told_why() {
+        let q = parse_build_query(Some(
+            "name=web&dockerfile=docker%2FDockerfile&target=run&no_cache=true&build_arg=A%3D1&build_arg=B=x%3Dy",
+        ))
+        .expect("parses");
+        assert_eq!(
+            q,
+            BuildQuery {
+                name: "web".into(),
+                dockerfile: Some("docker/Dockerfile".into()),
+                target: Some("run".into()),
+                no_cache: true,
+                build_args: [("A".into(), "1".into()), ("B".into(), "x=y".into())].into(),
+            }
+        );
+        let message = |raw: &str| parse_build_query(Some(raw)).expect_err("refused").message;
+        assert_eq!(
+            message("dockerfile=x"),
+            "name= is required: the template to build (POST /v1/templates?name=NAME)"
+        );
+        assert_eq!(
+            message("name=web&build_arg=NOVALUE"),
+            "build_arg must be KEY=VALUE, got \"NOVALUE\""
+        );
+        assert_eq!(
+            message("name=web&no_cache=maybe"),
+            "no_cache must be true or false, got \"maybe\""
+        );
+        assert_eq!(
+            message("name=web&dockerfile=/etc/passwd"),
+            "dockerfile must be a relative path in the build context, got \"/etc/passwd\""
+        );
+        assert!(message("name=Web").starts_with("invalid template name `Web`"));
+        assert!(message("name=web&tag=1").starts_with("unknown query parameter \"tag\""));
+    }
+
+    #[test]
+    fn bodies_are_told_apart_by_content_type() {
+        let with = |ct: Option<&str>| {
+            let mut h = HeaderMap::new();
+            if let Some(ct) = ct {
+                h.insert(header::CONTENT_TYPE, ct.parse().expect("header"));
+            }
+            body_kind(&h).map_err(|e| e.status)
+        };
+        assert_eq!(
+            with(Some("application/json; charset=utf-8")),
+            Ok(BodyKind::Json)
+        );
+        assert_eq!(with(Some("application/x-tar")), Ok(BodyKind::Context));
+        assert_eq!(with(Some("application/gzip")), Ok(BodyKind::Context));
+        assert_eq!(with(None), Ok(BodyKind::Context));
+        assert_eq!(
+            with(Some("text/plain")),
+            Err(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+        );
+    }
+}
