@@ -38,6 +38,7 @@ impl Manager {
         forked_from: Option<String>,
     ) -> CoreResult<SandboxView> {
         let t0 = Instant::now();
+        self.check_state_disk("create a sandbox")?;
         let source = match &cmd.snapshot {
             // A fork's hidden snapshot is only usable by the fork itself.
             Some(sid) => Some(
