@@ -20,6 +20,9 @@ impl Manager {
     pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
         self.drain_warm().await;
         for r in self.store.all_sandboxes().await? {
+            if r.state != SandboxState::Hibernated && !r.state.holds_resources() {
+                continue;
+            }
             let backend = self.backend(r.isolation)?;
             let r = if r.state == SandboxState::Hibernated {
                 match self.recover_hibernated(&backend, r).await {
@@ -31,9 +34,6 @@ impl Manager {
             };
             if r.state == SandboxState::Starting {
                 self.forget_interrupted_create(r).await;
-                continue;
-            }
-            if !r.state.holds_resources() {
                 continue;
             }
             if backend.alive(&r) {
