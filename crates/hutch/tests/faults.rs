@@ -92,6 +92,17 @@ async fn a_full_state_disk_refuses_new_work_with_507_and_loses_no_completed_writ
     let layers = s.state_dir.join("layers");
     let options = mount_options(&layers).expect("the pool is mounted");
     assert!(options.starts_with("rw"), "the pool went {options}");
+    let metrics = s.metrics_text().await;
+    let gauge = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert!(
+        gauge("hutch_state_disk_free_bytes") < gauge("hutch_state_disk_reserve_bytes"),
+        "{metrics}"
+    );
 
     // Reads and read-only calls work on the full disk.
     let (status, v) = s

@@ -71,8 +71,7 @@ impl Refreshes {
     }
 
     /// How many sandboxes have a refresh pending.
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.lock().len()
     }
 }

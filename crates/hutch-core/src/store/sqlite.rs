@@ -485,10 +485,11 @@ impl Store for SqliteStore {
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
-            let Some((json, tenant)) = row else {
+            // Deleted meanwhile, or a record this batch cannot decode (one bad row must not
+            // keep every other refresh from being written).
+            let Some(Ok(mut record)) = row.map(|(json, tenant)| sandbox_row(json, tenant)) else {
                 continue;
             };
-            let mut record = sandbox_row(json, tenant)?;
             refresh.apply(&mut record);
             write_sandbox(&tx, &record)?;
         }
