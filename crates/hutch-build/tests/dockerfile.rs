@@ -66,6 +66,8 @@ impl World {
             hutch_testkit::agent_bin().canonicalize().expect("agent"),
         );
         cfg.templates_dir = state.path().join("templates");
+        // The disk pool is allocated up front: keep it small.
+        cfg.ns_disk_pool_bytes = Some(1 << 30);
         std::fs::create_dir_all(&cfg.templates_dir).expect("templates dir");
         hutch_template::TemplateStore::open(&cfg.templates_dir)
             .expect("store")

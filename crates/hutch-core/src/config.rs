@@ -58,9 +58,10 @@ pub struct Config {
     /// Most bytes of a `vm` guest's serial console the host keeps (its ring,
     /// `hutch_vm::console`); older output is dropped.
     pub vm_console_bytes: u64,
-    /// Size of the sparse btrfs image `<state_dir>/layers.btrfs` holding `ns` sandboxes'
-    /// upper layers, one subvolume each limited to its `disk_mib` (`None`: the size of the
-    /// state directory's filesystem; `Some(0)`: no image, `disk_mib` not enforced on `ns`).
+    /// Size of the btrfs image `<state_dir>/layers.btrfs` holding `ns` sandboxes' upper
+    /// layers, one subvolume each limited to its `disk_mib`, allocated on the state disk when
+    /// made (`None`: [`crate::state_disk::default_pool_bytes`]; `Some(0)`: no image,
+    /// `disk_mib` not enforced on `ns`).
     pub ns_disk_pool_bytes: Option<u64>,
     /// The host-wide directory of uid slot claims shared by every server on the host
     /// (`uid_slots.rs`; default `/run/hutch/uid-slots`, so claims last one boot).

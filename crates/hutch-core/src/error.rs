@@ -118,7 +118,22 @@ pub enum CoreError {
     Vm(#[from] VmError),
     /// The jail of an `ns` sandbox, or its host work (cgroups, mounts), failed (500).
     #[error("internal error: {0}")]
-    Jail(#[from] hutch_jail::JailError),
+    Jail(#[source] hutch_jail::JailError),
+    /// The server's state disk has no room for what was asked: below its reserve
+    /// (`state_disk.rs`), or a write there failed for want of space (ENOSPC, EDQUOT, SQLite's
+    /// `SQLITE_FULL`). What sandboxes had written is kept (507).
+    #[error("no space on the server's state disk: {what}")]
+    NoSpace {
+        /// What could not be done, and what to do about it.
+        what: String,
+        /// The failure that said so, if one did.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The files a sandbox kept (a hibernated sandbox's writable layer) are gone: it can
+    /// never run again and is marked `failed` with this reason (409).
+    #[error("sandbox failed: {0}")]
+    FilesLost(String),
     /// A volume's image could not be used (a damaged one is 409, anything else 500).
     #[error("{}", volume_message(.0))]
     Volume(#[source] hutch_jail::JailError),
@@ -176,7 +191,7 @@ pub enum CoreError {
     Task(#[from] tokio::task::JoinError),
     /// The state database failed (500).
     #[error("state database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(#[source] rusqlite::Error),
     /// A record in the state database does not decode (500).
     #[error("state database: corrupt record: {0}")]
     CorruptRecord(#[source] serde_json::Error),
@@ -189,17 +204,31 @@ pub enum CoreError {
 }
 
 impl CoreError {
-    /// A file operation's error, naming what was tried on which path (for `map_err`).
+    /// A file operation's error, naming what was tried on which path (for `map_err`); a
+    /// failure for want of space is [`CoreError::NoSpace`].
     pub fn io(
         action: &'static str,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> CoreError {
         let path = path.into();
-        move |source| CoreError::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            if is_no_space(&source) {
+                return CoreError::NoSpace {
+                    what: format!("{action} {}: {source}", path.display()),
+                    source: Some(Box::new(source)),
+                };
+            }
+            CoreError::Io {
+                action,
+                path,
+                source,
+            }
         }
+    }
+
+    /// Whether this is a refusal for want of space on the state disk.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, CoreError::NoSpace { .. })
     }
 
     /// A guest setup call's error (for `map_err`).
@@ -230,6 +259,41 @@ impl From<hutch_proto::client::ClientError> for CoreError {
                 message: a.message,
             },
             other => CoreError::AgentConnection(other),
+        }
+    }
+}
+
+/// Whether an OS error says the filesystem (or a quota on it) is full.
+fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+impl From<rusqlite::Error> for CoreError {
+    /// `SQLITE_FULL` (the database could not grow) is [`CoreError::NoSpace`]; anything else
+    /// [`CoreError::Sqlite`].
+    fn from(e: rusqlite::Error) -> Self {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            return CoreError::NoSpace {
+                what: format!("the state database cannot grow ({e})"),
+                source: Some(Box::new(e)),
+            };
+        }
+        CoreError::Sqlite(e)
+    }
+}
+
+impl From<hutch_jail::JailError> for CoreError {
+    /// Host work that failed for want of space is [`CoreError::NoSpace`]; anything else
+    /// [`CoreError::Jail`].
+    fn from(e: hutch_jail::JailError) -> Self {
+        match &e {
+            hutch_jail::JailError::Sys { op, source } if is_no_space(source) => {
+                CoreError::NoSpace {
+                    what: format!("{op}: {source}"),
+                    source: Some(Box::new(e)),
+                }
+            }
+            _ => CoreError::Jail(e),
         }
     }
 }
@@ -382,15 +446,62 @@ mod tests {
             "internal error: sandbox network: nftables: no nft"
         );
 
+        let io = std::io::Error::from_raw_os_error(libc::EIO);
+        let e = CoreError::io("write", "/x/y")(io);
+        assert_eq!(
+            e.source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .and_then(std::io::Error::raw_os_error),
+            Some(libc::EIO)
+        );
+        assert!(e.to_string().starts_with("internal error: write /x/y: "));
+    }
+
+    #[test]
+    fn a_full_disk_is_no_space_whichever_layer_says_so() {
         let io = std::io::Error::from_raw_os_error(libc::ENOSPC);
         let e = CoreError::io("write", "/x/y")(io);
+        assert!(e.is_no_space(), "{e:?}");
         assert_eq!(
             e.source()
                 .and_then(|s| s.downcast_ref::<std::io::Error>())
                 .and_then(std::io::Error::raw_os_error),
             Some(libc::ENOSPC)
         );
-        assert!(e.to_string().starts_with("internal error: write /x/y: "));
+        assert!(e
+            .to_string()
+            .starts_with("no space on the server's state disk: write /x/y: "));
+
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        );
+        let e = CoreError::from(full);
+        assert!(e.is_no_space(), "{e:?}");
+        assert!(
+            e.to_string().contains("the state database cannot grow"),
+            "{e}"
+        );
+        assert!(e
+            .source()
+            .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+            .is_some());
+        let busy = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+            None,
+        );
+        assert!(matches!(CoreError::from(busy), CoreError::Sqlite(_)));
+
+        let jail = hutch_jail::JailError::Sys {
+            op: "copy /a".into(),
+            source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+        };
+        let e = CoreError::from(jail);
+        assert!(e.is_no_space(), "{e:?}");
+        assert!(e
+            .source()
+            .and_then(|s| s.downcast_ref::<hutch_jail::JailError>())
+            .is_some());
     }
 
     #[test]

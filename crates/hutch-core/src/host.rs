@@ -92,14 +92,18 @@ pub fn ns_disk_quota(state_dir: &Path, pool_gib: Option<u64>) -> Result<String, 
             "not enforced: mkfs.btrfs is not on PATH (apt-get install btrfs-progs); {off}"
         ));
     };
-    let size = pool_gib.map(|g| g << 30).unwrap_or_else(|| {
-        state_dir
-            .ancestors()
-            .find_map(btrfs::fs_size)
-            .unwrap_or(64 << 30)
-    });
+    let space = state_dir.ancestors().find_map(crate::state_disk::space);
+    let size = pool_gib
+        .map(|g| g << 30)
+        .or_else(|| space.map(|(free, total)| crate::state_disk::default_pool_bytes(free, total)));
+    let size = size.unwrap_or(crate::state_disk::MAX_DEFAULT_POOL);
+    if let Some(why) =
+        space.and_then(|(free, total)| crate::state_disk::pool_does_not_fit(size, free, total))
+    {
+        return Err(format!("not enforced: {why}; {off}"));
+    }
     Ok(format!(
-        "enforced (btrfs qgroups): hutch serve makes a sparse {} pool {} with {} on the first ns create",
+        "enforced (btrfs qgroups): hutch serve makes a {} pool {} (allocated on the state disk) with {} on the first ns create",
         gib_text(size),
         image.display(),
         mkfs.display()

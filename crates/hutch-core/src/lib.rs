@@ -12,6 +12,8 @@
 //!   taken by the manager's and the store's methods.
 //! - [`sandbox_network`]: a sandbox's egress policy and address, typed from the create on.
 //! - [`error`]: [`CoreError`], with the typed cause of every failure.
+//! - [`state_disk`]: the state disk's reserve and the `ns` disk pool's size: a full disk is
+//!   an error (507), never data loss.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
 //! - [`events`], [`metrics`], [`logs`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
@@ -33,6 +35,7 @@ mod pidwatch;
 pub mod sandbox_network;
 pub mod sandbox_token;
 pub mod snapshot;
+pub mod state_disk;
 pub mod store;
 pub mod tenant;
 pub mod time;

@@ -24,6 +24,7 @@ mod metrics;
 mod network;
 mod ports;
 mod reaper;
+mod refresh;
 mod service;
 mod snapshots;
 mod template_delete;
@@ -96,6 +97,8 @@ pub struct Manager {
     collecting: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// This server's host-wide claims on uid slots.
     uid_slots: UidSlots,
+    /// TTL and idle-clock refreshes not written to the store yet (`refresh.rs`).
+    refreshes: refresh::Refreshes,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -241,11 +244,15 @@ impl Manager {
             output_budget: crate::output::OutputBudget::new(cfg_output_budget),
             collecting: Mutex::new(HashMap::new()),
             uid_slots,
+            refreshes: refresh::Refreshes::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).
             let backend = backend.clone();
             tokio::spawn(async move { backend.prepare().await });
+        }
+        for backend in mgr.backends.all() {
+            backend.recover().await;
         }
         mgr.readopt().await?;
         mgr.release_volumes().await;
@@ -267,9 +274,14 @@ impl Manager {
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.cfg.reaper_interval;
         tokio::spawn(async move {
+            let mut flushed = std::time::Instant::now();
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(m) = weak.upgrade() else { break };
+                if flushed.elapsed() >= refresh::FLUSH_EVERY {
+                    m.flush_refreshes().await;
+                    flushed = std::time::Instant::now();
+                }
                 m.reap_expired().await;
                 m.hibernate_idle().await;
                 m.retire_warm().await;
@@ -398,50 +410,18 @@ impl Manager {
         lock.lock_owned().await
     }
 
-    /// Load a record or fail with `NotFound`.
+    /// Load a record (with its TTL refresh not written yet, `refresh.rs`) or fail with
+    /// `NotFound`.
     async fn load(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
         // A warm guest of the pool is not a sandbox (yet).
-        self.store
+        let mut r = self
+            .store
             .get_sandbox(id)
             .await?
             .filter(|r| r.state != SandboxState::Pooled)
-            .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))
-    }
-
-    /// Load a record and refresh its TTL (every call on a sandbox does).
-    async fn touch(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
-        self.refresh(id, false).await
-    }
-
-    /// [`Manager::touch`], and note the sandbox was used (exec, file and PTY calls): the clock
-    /// of idle hibernation restarts. Reading its state does not count as using it.
-    async fn touch_used(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
-        self.refresh(id, true).await
-    }
-
-    async fn refresh(&self, id: &SandboxId, used: bool) -> CoreResult<SandboxRecord> {
-        let r = self.load(id).await?;
-        let now = now_ms();
-        let new_expiry = now + (r.ttl_seconds as i64) * 1000;
-        // Skip the write when nothing would move by a second or more, and never revive a
-        // sandbox whose TTL already ran out: the reaper owns it now.
-        let expiry_moves =
-            !r.persistent && r.expires_at_ms > now && new_expiry - r.expires_at_ms >= 1000;
-        let use_moves = used && now - r.last_used() >= 1000;
-        if !expiry_moves && !use_moves {
-            return Ok(r);
-        }
-        self.store
-            .modify(id, |r| {
-                if !r.persistent && r.expires_at_ms > now {
-                    r.expires_at_ms = r.expires_at_ms.max(now + (r.ttl_seconds as i64) * 1000);
-                }
-                if used {
-                    r.last_used_ms = r.last_used_ms.max(now);
-                }
-                Ok(())
-            })
-            .await
+            .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))?;
+        self.refreshes.apply(&mut r);
+        Ok(r)
     }
 
     /// One sandbox (refreshes its TTL). A networked sandbox's traffic counters are read with
@@ -473,11 +453,10 @@ impl Manager {
             state: filter.state,
             metadata: filter.metadata.clone(),
         };
-        Ok(self
-            .store
-            .list_sandboxes(&query, page)
-            .await?
-            .map(|r| r.view()))
+        Ok(self.store.list_sandboxes(&query, page).await?.map(|mut r| {
+            self.refreshes.apply(&mut r);
+            r.view()
+        }))
     }
 
     /// Change TTL, persistence, metadata or the idle-hibernation delay.
@@ -516,6 +495,8 @@ impl Manager {
                 Ok(())
             })
             .await?;
+        // Its TTL was set anew: a refresh noted before must not move it.
+        self.refreshes.forget(id);
         Ok(r.view())
     }
 
@@ -524,12 +505,15 @@ impl Manager {
         self.load(id).await?;
         let _op = self.op_lock(id).await;
         let r = self.load(id).await?;
-        self.remove(r, "sandbox.killed").await
+        self.remove(r, Some("sandbox.killed")).await
     }
 
-    async fn remove(&self, r: SandboxRecord, event: &str) -> CoreResult<()> {
+    /// Destroy `r` and delete its record, then publish `event` (none for a sandbox no client
+    /// ever had).
+    async fn remove(&self, r: SandboxRecord, event: Option<&str>) -> CoreResult<()> {
         // Forget it first so the death watcher treats the exit as intended.
         self.store.delete_sandbox(&r.id).await?;
+        self.refreshes.forget(&r.id);
         let client = self.lock_agents().remove(&r.id);
         if let Some(client) = client {
             self.sync_volumes(&r, &client).await;
@@ -549,7 +533,9 @@ impl Manager {
             self.release_uid_slot(r.uid_slot);
         }
         destroyed?;
-        self.events.publish(event, &r.id, r.tenant(), None);
+        if let Some(event) = event {
+            self.events.publish(event, &r.id, r.tenant(), None);
+        }
         Ok(())
     }
 
@@ -583,6 +569,24 @@ impl Manager {
         destroyed?;
         self.unmount_unused_volumes().await;
         Ok(())
+    }
+
+    /// `NoSpace` unless the state disk has its reserve free: `what` (say "create a
+    /// sandbox") would take host disk the server needs for itself (`state_disk.rs`).
+    fn check_state_disk(&self, what: &str) -> CoreResult<()> {
+        crate::state_disk::check_room(&self.cfg.state_dir, what)
+    }
+
+    /// `e` as `NoSpace` when the state disk is below its reserve (a step that failed there
+    /// failed most likely for want of space, whatever it said), else `e` itself.
+    fn blame_full_disk(&self, e: CoreError, what: &str) -> CoreError {
+        if e.is_no_space() || !crate::state_disk::below_reserve(&self.cfg.state_dir) {
+            return e;
+        }
+        CoreError::NoSpace {
+            what: format!("cannot {what}: {e}; free disk space on the server's host"),
+            source: Some(Box::new(e)),
+        }
     }
 
     /// Current resource usage of a sandbox.

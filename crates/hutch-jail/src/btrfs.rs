@@ -1,7 +1,18 @@
-//! Disk quota of `ns` sandboxes: one btrfs filesystem (a sparse image attached through a loop
+//! Disk quota of `ns` sandboxes: one btrfs filesystem (an image attached through a loop
 //! device with `LOOP_CONFIGURE` and autoclear, like volumes) holds every sandbox's upper
 //! layer, each in its own subvolume with a qgroup limit. A write that does not fit answers
 //! `EDQUOT` to that write only; the host's disk and other sandboxes are not affected.
+//!
+//! The image is **allocated**, never sparse: every block of it is reserved on the host
+//! filesystem when it is made (`fallocate`), so btrfs never needs a block the host may not
+//! have. (A sparse image on a host filesystem that fills makes the loop device fail writes
+//! btrfs has already acknowledged: btrfs aborts its transaction, turns read-only, and what
+//! sandboxes had written and synced is gone.) The pool is mounted `nodiscard` and its loop
+//! device takes no discards (`discard_max_bytes` 0), so neither btrfs's own asynchronous
+//! discard nor an `fstrim` of the host punches holes into it again; an image an earlier
+//! version made sparse is allocated when it is mounted. On a btrfs host the new image is
+//! made `nocow` first, so its writes land in the blocks allocated for them (a host that
+//! always copies on write, such as ZFS, cannot promise that).
 //!
 //! Only the filesystem is made by a tool (`mkfs.btrfs`, once); quota, subvolumes and limits
 //! are ioctls (linux/btrfs.h), so a sandbox create costs no process spawn.
@@ -31,6 +42,13 @@ const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1;
 const PATH_NAME_MAX: usize = 4087;
 /// `BTRFS_SUPER_MAGIC` (statfs `f_type`).
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+/// `FS_IOC_GETFLAGS` (`_IOR('f', 1, long)`; the kernel reads and writes an `int`).
+const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+/// `FS_IOC_SETFLAGS` (`_IOW('f', 2, long)`).
+const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+/// `FS_NOCOW_FL`: overwrite in place (a copy-on-write host filesystem would otherwise need
+/// new blocks for every write into the allocated image).
+const FS_NOCOW_FL: libc::c_int = 0x0080_0000;
 
 /// `struct btrfs_ioctl_vol_args` (4096 bytes).
 #[repr(C)]
@@ -88,10 +106,55 @@ pub fn is_btrfs(dir: &Path) -> bool {
     ret == 0 && st.f_type as i64 == BTRFS_SUPER_MAGIC
 }
 
-/// Make sure the btrfs `image` (created sparse with `size_bytes` and `mkfs.btrfs` when
-/// missing) is mounted at `dir` with quota enabled. Idempotent: a server restart finds it
-/// mounted or mounts it again.
-pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailError> {
+/// Ask the filesystem holding the empty file `f` to overwrite it in place (btrfs' `nocow`;
+/// other filesystems do so anyway and refuse the flag, which is fine).
+fn overwrite_in_place(f: &File) {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int through the valid pointer.
+    if unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return;
+    }
+    flags |= FS_NOCOW_FL;
+    // SAFETY: FS_IOC_SETFLAGS reads one int through the valid pointer.
+    let _ = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS, &flags) };
+}
+
+/// Reserve every block of `f` (its first `len` bytes) on the filesystem holding it: the
+/// file grows to `len` if shorter, holes are filled, data is kept.
+fn allocate(f: &File, len: u64, image: &Path) -> Result<(), JailError> {
+    let len = i64::try_from(len)
+        .map_err(|_| JailError::InvalidSpec(format!("pool size {len} is too large")))?;
+    // SAFETY: fallocate on a descriptor we own, with plain integers (mode 0: allocate).
+    let ret = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len) };
+    if ret != 0 {
+        return Err(io(format!(
+            "allocate {} MiB on the host for {}",
+            len >> 20,
+            image.display()
+        ))(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// `image`'s size and the bytes of it allocated on the host (equal when nothing is sparse).
+pub fn allocation(image: &Path) -> Result<(u64, u64), JailError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(image).map_err(io(format!("stat {}", image.display())))?;
+    Ok((meta.len(), meta.blocks().saturating_mul(512)))
+}
+
+/// Make sure the btrfs `image` is mounted at `dir` with quota enabled, allocated on the host
+/// (see the module docs). A missing image is made: `size_bytes` allocated, then
+/// `mkfs.btrfs`. An existing one keeps its size and is allocated now where it has holes; if
+/// the host has no room for that, it is mounted all the same and the error is returned
+/// beside (the pool works, but is at risk when the host fills: see [`allocation`]).
+/// Idempotent: a server restart finds it mounted or mounts it again.
+pub fn setup_pool(
+    image: &Path,
+    dir: &Path,
+    size_bytes: u64,
+) -> Result<Option<JailError>, JailError> {
+    let mut not_allocated = None;
     if !image.exists() {
         // The image holds every sandbox's files: root only.
         let f = OpenOptions::new()
@@ -100,11 +163,16 @@ pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailE
             .mode(0o600)
             .open(image)
             .map_err(io(format!("create {}", image.display())))?;
-        f.set_len(size_bytes)
-            .map_err(io(format!("size {}", image.display())))?;
+        overwrite_in_place(&f);
+        if let Err(e) = allocate(&f, size_bytes, image) {
+            drop(f);
+            let _ = std::fs::remove_file(image);
+            return Err(e);
+        }
         drop(f);
+        // `-K`: no discard of the new filesystem's blocks (it would punch the image sparse).
         let out = Command::new("mkfs.btrfs")
-            .args(["-q", "-f"])
+            .args(["-q", "-f", "-K"])
             .arg(image)
             .output();
         let failed = match out {
@@ -120,17 +188,27 @@ pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailE
             let _ = std::fs::remove_file(image);
             return Err(JailError::Unsupported(msg));
         }
+    } else {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(image)
+            .map_err(io(format!("open {}", image.display())))?;
+        let (len, allocated) = allocation(image)?;
+        if allocated < len {
+            not_allocated = allocate(&f, len, image).err();
+        }
     }
     // An image an earlier server made world-readable is closed too.
     std::fs::set_permissions(image, std::fs::Permissions::from_mode(0o600))
         .map_err(io(format!("chmod {}", image.display())))?;
-    crate::volume::mount_loop(image, dir, c"btrfs", false)?;
+    crate::volume::mount_loop_with(image, dir, c"btrfs", false, Some(c"nodiscard"))?;
     if !is_btrfs(dir) {
         return Err(JailError::Setup(format!(
             "{} is not a btrfs filesystem",
             dir.display()
         )));
     }
+    refuse_discards(image)?;
     // Only root (the overlay's mounter) walks the upper layers; no host user may.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io(format!("chmod {}", dir.display())))?;
@@ -145,6 +223,23 @@ pub fn setup_pool(image: &Path, dir: &Path, size_bytes: u64) -> Result<(), JailE
         return Err(io(format!("enable btrfs quota on {}", dir.display()))(
             std::io::Error::last_os_error(),
         ));
+    }
+    Ok(not_allocated)
+}
+
+/// Make the loop devices of `image` refuse discards (an `fstrim` of the pool would punch
+/// holes into the allocated image).
+fn refuse_discards(image: &Path) -> Result<(), JailError> {
+    for dev in crate::volume::loop_devices_of(image) {
+        let knob = Path::new("/sys/block")
+            .join(&dev)
+            .join("queue/discard_max_bytes");
+        match std::fs::write(&knob, "0") {
+            Ok(()) => {}
+            // A kernel without the knob, or a device without discard: nothing to refuse.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(format!("write {}", knob.display()))(e)),
+        }
     }
     Ok(())
 }
@@ -275,6 +370,8 @@ mod tests {
         assert_eq!((BTRFS_IOC_SUBVOL_CREATE >> 16) & 0x3fff, 4096);
         assert_eq!((BTRFS_IOC_QGROUP_LIMIT >> 16) & 0x3fff, 48);
         assert_eq!((BTRFS_IOC_QUOTA_CTL >> 16) & 0x3fff, 16);
+        assert_eq!((FS_IOC_GETFLAGS >> 16) & 0x3fff, 8);
+        assert_eq!((FS_IOC_SETFLAGS >> 16) & 0x3fff, 8);
     }
 
     #[test]

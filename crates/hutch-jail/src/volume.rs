@@ -106,17 +106,7 @@ const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether `image` is attached to a loop device (its filesystem is alive somewhere).
 pub fn image_attached(image: &Path) -> bool {
-    let Ok(canon) = image.canonicalize() else {
-        return false;
-    };
-    let Ok(entries) = std::fs::read_dir("/sys/block") else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        e.file_name().to_string_lossy().starts_with("loop")
-            && std::fs::read_to_string(e.path().join("loop/backing_file"))
-                .is_ok_and(|b| Path::new(b.trim()) == canon)
-    })
+    !loop_devices_of(image).is_empty()
 }
 
 /// Wait until no loop device holds `image` (its host filesystem is gone everywhere), so
@@ -149,18 +139,9 @@ pub fn mount_image(image: &Path, dir: &Path, read_only: bool) -> Result<(), Jail
     mount_loop_with(image, dir, c"ext4", read_only, Some(c"errors=remount-ro"))
 }
 
-/// Mount the filesystem `fstype` of `image` at `dir` (see [`mount_image`]).
-pub(crate) fn mount_loop(
-    image: &Path,
-    dir: &Path,
-    fstype: &std::ffi::CStr,
-    read_only: bool,
-) -> Result<(), JailError> {
-    mount_loop_with(image, dir, fstype, read_only, None)
-}
-
-/// [`mount_loop`] with mount `options` (the filesystem's data string).
-fn mount_loop_with(
+/// Mount the filesystem `fstype` of `image` at `dir` (see [`mount_image`]) with mount
+/// `options` (the filesystem's data string).
+pub(crate) fn mount_loop_with(
     image: &Path,
     dir: &Path,
     fstype: &std::ffi::CStr,
@@ -252,6 +233,40 @@ pub fn unmount_image(dir: &Path) -> Result<(), JailError> {
     }
     drop(root);
     sys::umount2(dir, 0).map_err(JailError::from)
+}
+
+/// The loop devices (`loopN`) `image` is attached to.
+pub fn loop_devices_of(image: &Path) -> Vec<String> {
+    let Ok(canon) = image.canonicalize() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_string_lossy().starts_with("loop")
+                && std::fs::read_to_string(e.path().join("loop/backing_file"))
+                    .is_ok_and(|b| Path::new(b.trim()) == canon)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Bytes an unprivileged write may still take on the filesystem at `dir` (`f_bavail`).
+pub fn available(dir: &Path) -> Result<u64, JailError> {
+    let p = sys::cpath(dir)?;
+    // SAFETY: statvfs is plain old data; all-zero is valid to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is NUL-terminated and `st` a valid out-pointer, both outliving the call.
+    let ret = unsafe { libc::statvfs(p.as_ptr(), &mut st) };
+    if ret != 0 {
+        return Err(io(format!("statvfs {}", dir.display()))(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 /// Bytes used and total of the filesystem at `dir`.

@@ -24,6 +24,7 @@ pub mod policy;
 pub mod sni;
 pub mod tap;
 
+mod cached;
 mod network;
 mod proxy;
 mod resolver;

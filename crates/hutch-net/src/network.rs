@@ -123,7 +123,17 @@ pub(crate) struct Inner {
     next_conn: AtomicU64,
     pub resolver_port: u16,
     pub proxy_port: u16,
+    /// The last traffic counters read from nftables ([`Network::traffic`]).
+    counters: crate::cached::Cached<Counters>,
 }
+
+/// Traffic counters of every sandbox interface: (connections, bytes) by interface name.
+type Counters = HashMap<String, (nft::Counter, nft::Counter)>;
+
+/// How old the traffic counters a call reads may be: one `nft` run serves every sandbox's
+/// `GET` and `/metrics` within that time, so reading a sandbox does not spawn `nft`
+/// each time.
+pub(crate) const COUNTERS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The sandbox network of one server (cheap to clone).
 #[derive(Clone)]
@@ -162,6 +172,7 @@ impl Network {
                 next_conn: AtomicU64::new(1),
                 resolver_port,
                 proxy_port,
+                counters: crate::cached::Cached::new(COUNTERS_MAX_AGE),
             }),
         }
     }
@@ -475,15 +486,21 @@ impl Network {
         Ok(())
     }
 
-    /// Traffic of slot `index` so far.
+    /// The traffic counters, read from nftables at most every [`COUNTERS_MAX_AGE`] (callers
+    /// meanwhile wait for the one read in flight, then share it).
+    fn counters(&self) -> Result<Arc<Counters>, NetError> {
+        self.inner.counters.get(nft::counters)
+    }
+
+    /// Traffic of slot `index` so far (counted up to [`COUNTERS_MAX_AGE`] ago).
     pub fn traffic(&self, index: u32) -> Result<Traffic, NetError> {
-        let all = nft::counters()?;
+        let all = self.counters()?;
         Ok(traffic_of(&all, index))
     }
 
-    /// Traffic of every slot in use, by sandbox id.
+    /// Traffic of every slot in use, by sandbox id (counted up to [`COUNTERS_MAX_AGE`] ago).
     pub fn traffic_all(&self) -> Result<HashMap<String, Traffic>, NetError> {
-        let all = nft::counters()?;
+        let all = self.counters()?;
         let st = self.state();
         Ok(st
             .used

@@ -149,7 +149,9 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         | CoreError::GuestSetup { .. }
         | CoreError::Qmp { .. }
         | CoreError::DiskUnusable { .. }
+        | CoreError::FilesLost(_)
         | CoreError::SandboxFailed(_) => SANDBOX_FAILED,
+        CoreError::NoSpace { .. } => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
         CoreError::Vm(cause) if error::vm_unavailable(cause) => NOT_SUPPORTED,
         CoreError::Vm(cause) if error::vm_guest_failed(cause) => SANDBOX_FAILED,
         CoreError::Volume(cause) if error::volume_damaged(cause) => CONFLICT,
@@ -432,6 +434,19 @@ mod tests {
                 "sandbox_failed",
             ),
             (
+                CoreError::FilesLost("its files are gone".into()),
+                StatusCode::CONFLICT,
+                "sandbox_failed",
+            ),
+            (
+                CoreError::NoSpace {
+                    what: "cannot create a sandbox: 0 MiB free".into(),
+                    source: None,
+                },
+                StatusCode::INSUFFICIENT_STORAGE,
+                "no_space",
+            ),
+            (
                 CoreError::SandboxFailed("died".into()),
                 StatusCode::CONFLICT,
                 "sandbox_failed",
@@ -544,6 +559,12 @@ mod tests {
                 CoreError::io("create", "/x")(io()),
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
+            ),
+            (
+                // ENOSPC.
+                CoreError::io("create", "/x")(std::io::Error::from_raw_os_error(28)),
+                StatusCode::INSUFFICIENT_STORAGE,
+                "no_space",
             ),
             (
                 CoreError::Entropy(getrandom::Error::UNSUPPORTED),

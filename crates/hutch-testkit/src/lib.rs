@@ -4,6 +4,8 @@
 //!   directory, the shared templates, its admin key and an HTTP client; dropping it deletes
 //!   every sandbox and snapshot through the API, stops the server and removes the state
 //!   directory (it panics if mounts are left under it).
+//! - [`SmallDisk`]: a small loop-mounted filesystem of the test's own, to fill (a full
+//!   state disk), unmounted and detached when dropped.
 //! - [`wait_until`]: polling instead of sleeping (and [`wait_until_blocking`] for tests
 //!   without a runtime).
 //! - [`both_backends!`]: one behaviour case, an `ns` and a `vm` test; the `vm` one skips,
@@ -18,10 +20,12 @@ mod backends;
 mod paths;
 mod programs;
 mod server;
+mod small_disk;
 mod wait;
 
 pub use backends::{on, skip_without_vm, vm_unavailable};
 pub use paths::{agent_bin, ensure_template, hutch_bin, repo_root, templates_dir, vm_cache_dir};
 pub use programs::{path_without, static_c_binary};
 pub use server::TestServer;
+pub use small_disk::SmallDisk;
 pub use wait::{wait_until, wait_until_blocking};

@@ -67,6 +67,23 @@ impl TestServer {
             .tempdir_in("/tmp")
             .expect("tempdir")
             .keep();
+        Self::start_on(state_dir, templates, extra, env, open_files).await
+    }
+
+    /// Start a server whose state directory is `state_dir` (an empty directory the test made,
+    /// e.g. on a [`SmallDisk`](crate::SmallDisk)); it is removed when the server is dropped.
+    pub async fn start_in_state_dir(state_dir: PathBuf, extra: &[&str]) -> Self {
+        ensure_minimal();
+        Self::start_on(state_dir, templates_dir(), extra, &[], None).await
+    }
+
+    async fn start_on(
+        state_dir: PathBuf,
+        templates: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Self {
         std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o755))
             .expect("chmod state dir");
         let mut s = Self {
@@ -125,11 +142,14 @@ impl TestServer {
         // Tests run on the machine's own network: sandboxes get loopback only unless a test
         // builds its own world of namespaces and asks for `--network on` inside it. No warm
         // vm guests unless a test asks (they would run beside every other test's guests).
+        // The ns disk pool is allocated on the host when made: 2 GiB per test server, not
+        // the default share of the host's free space every parallel test would take.
         let vm_dir = vm_cache_dir();
         for (flag, default) in [
             ("--listen", "127.0.0.1:0"),
             ("--network", "off"),
             ("--vm-warm", "0"),
+            ("--ns-disk-pool-gib", "2"),
             ("--vm-dir", vm_dir.to_str().expect("utf-8 path")),
         ] {
             if !self.extra_args.iter().any(|a| a == flag) {
@@ -207,6 +227,15 @@ impl TestServer {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+    }
+
+    /// Kill the server process with SIGKILL (a crash: no shutdown work runs) and reap it;
+    /// sandboxes keep running.
+    pub fn kill_server(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 

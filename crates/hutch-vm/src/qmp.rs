@@ -446,6 +446,28 @@ impl Qmp {
         }
     }
 
+    /// Cancel an outgoing migration if one runs (`migrate_cancel`), and wait until QEMU is
+    /// done with it (neither migrating nor in `finish-migrate`), so a `cont` may follow. A
+    /// migration that already completed stays so (its guest is left in `postmigrate`).
+    pub async fn cancel_migration(&mut self, timeout: Duration) -> Result<(), QmpError> {
+        let deadline = Instant::now() + timeout;
+        self.execute("migrate_cancel", None).await?;
+        loop {
+            let r = self.execute("query-migrate", None).await?;
+            let migrating = matches!(
+                r.get("status").and_then(Value::as_str),
+                Some("setup" | "active" | "cancelling" | "pre-switchover" | "device")
+            );
+            if !migrating && self.status().await? != "finish-migrate" {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(QmpError::Timeout("migration cancel"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Poll `query-status` until the VM has left `inmigrate`; returns the new state.
     pub async fn wait_incoming(&mut self, timeout: Duration) -> Result<String, QmpError> {
         let deadline = Instant::now() + timeout;

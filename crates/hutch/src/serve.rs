@@ -73,10 +73,12 @@ pub struct ServeArgs {
     /// of half that size; older output is dropped; at least 4096).
     #[arg(long, env = "HUTCH_VM_CONSOLE_BYTES", default_value_t = hutch_core::config::DEFAULT_VM_CONSOLE_BYTES)]
     pub vm_console_bytes: u64,
-    /// Size in GiB of the sparse btrfs image (`<state-dir>/layers.btrfs`) holding ns
-    /// sandboxes' writable layers, each a subvolume limited to the sandbox's `disk_mib`
-    /// (default: the size of the state directory's filesystem; 0: no image, `disk_mib` is
-    /// not enforced on ns). Without btrfs or mkfs.btrfs ns sandboxes have no disk limit.
+    /// Size in GiB of the btrfs image (`<state-dir>/layers.btrfs`) holding ns sandboxes'
+    /// writable layers, each a subvolume limited to the sandbox's `disk_mib`; allocated on
+    /// the state disk when made, so a full host never takes its blocks (default: half the
+    /// state disk's free space, at most 64 GiB; it must leave the state disk's reserve free;
+    /// 0: no image, `disk_mib` is not enforced on ns). Without btrfs or mkfs.btrfs ns
+    /// sandboxes have no disk limit.
     #[arg(long, env = "HUTCH_NS_DISK_POOL_GIB")]
     pub ns_disk_pool_gib: Option<u64>,
     /// The directory of host-wide uid slot claims, shared by every hutch server on this
@@ -476,6 +478,8 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         }
     })
     .await;
+    // TTL refreshes are kept in memory between flushes.
+    manager.flush_refreshes().await;
     // Warm vm guests are not sandboxes: nothing would re-adopt them.
     manager.drain_warm().await;
     // The ns disk pool stays mounted while sandboxes (to re-adopt) have their files there.

@@ -362,16 +362,18 @@ fn default_allow_reaches_the_internet_and_nothing_forbidden() {
             "{out}"
         );
 
-        // Traffic is attributed to the sandbox.
-        let (st, v) = s
-            .request(Method::GET, &format!("/v1/sandboxes/{a}"), None)
-            .await;
-        assert_eq!(st, 200);
-        assert!(
-            v["network"]["connections_out"].as_u64().unwrap_or(0) >= 2,
-            "{v}"
-        );
-        assert!(v["network"]["bytes_out"].as_u64().unwrap_or(0) > 0, "{v}");
+        // Traffic is attributed to the sandbox (counters are read at most a second old).
+        let counted = hutch_testkit::wait_until(Duration::from_secs(5), async || {
+            let (st, v) = s
+                .request(Method::GET, &format!("/v1/sandboxes/{a}"), None)
+                .await;
+            assert_eq!(st, 200);
+            let seen = v["network"]["connections_out"].as_u64().unwrap_or(0) >= 2
+                && v["network"]["bytes_out"].as_u64().unwrap_or(0) > 0;
+            seen.then_some(v)
+        })
+        .await;
+        assert!(counted.is_some(), "no traffic counted for {a}");
         let (_, _) = s.request(Method::GET, "/healthz", None).await;
         let metrics = s.metrics_text().await;
         assert!(

@@ -74,6 +74,18 @@ pub struct SnapshotTaken {
     pub files: u64,
 }
 
+/// What a `hibernated` record is on the host ([`Backend::recover_hibernated`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hibernation {
+    /// Its state is kept (`ns`: its files; `vm`: its memory too): a wake starts it again.
+    Kept,
+    /// It never stopped: the hibernation saved nothing and its processes are alive, so it
+    /// is `running` again.
+    StillRunning,
+    /// What a wake needs is gone: the sandbox is `failed` with this reason.
+    Lost(String),
+}
+
 /// How a sandbox's volumes reach it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VolumeAccess {
@@ -186,9 +198,27 @@ pub trait Backend: Send + Sync {
     fn idle_cpu_ns_per_sec(&self) -> u64 {
         0
     }
-    /// Take back a sandbox whose init survived a server restart (`vm`: drain its console
-    /// again). Called on the runtime, before its init is watched.
-    fn adopt(&self, _record: &SandboxRecord) {}
+    /// Finish or undo what operations a crash of an earlier server interrupted left on the
+    /// host outside any sandbox (`vm`: the shared memory of snapshots never taken). Called
+    /// once at start, before sandboxes are re-adopted and before any request.
+    async fn recover(&self) {}
+    /// Take back a sandbox whose init survived a server restart, in the state its record
+    /// says: a `running` one runs (a snapshot or a pause the crash interrupted may have left
+    /// it frozen: `ns` thaws its cgroup, `vm` continues its guest), a `paused` one is frozen
+    /// (`vm` also drains its console again). Called before its init is watched.
+    async fn adopt(&self, _record: &SandboxRecord) -> CoreResult<()> {
+        Ok(())
+    }
+    /// What a `hibernated` record is on the host after a server restart or a hibernation
+    /// that failed, once whatever an interrupted hibernation or wake left is cleaned up
+    /// ([`Backend::hibernate`]): still hibernated with its state, still running (its
+    /// hibernation saved nothing and its processes live on: `vm`), or lost for good.
+    async fn recover_hibernated(&self, record: &SandboxRecord) -> Hibernation {
+        if let Err(e) = self.hibernate(record).await {
+            tracing::error!(id = %record.id, error = %e, "cleaning up a hibernated sandbox");
+        }
+        Hibernation::Kept
+    }
     /// The logs the backend keeps about the sandbox (`GET /v1/sandboxes/{id}/logs`).
     fn log_files(&self, _record: &SandboxRecord) -> Vec<crate::logs::LogFile> {
         Vec::new()

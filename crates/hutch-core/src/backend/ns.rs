@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex};
 
 use hutch_jail::{JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
 
-use super::{blocking, Backend, Capabilities, SnapshotTaken, Started, Usage, VolumeAccess};
+use super::{
+    blocking, Backend, Capabilities, Hibernation, SnapshotTaken, Started, Usage, VolumeAccess,
+};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
 use crate::model::{Isolation, SandboxRecord, SandboxState};
@@ -122,29 +124,48 @@ impl NsJails {
 
     fn setup_pool(&self) -> DiskQuota {
         let image = self.cfg.disk_pool_image();
+        let off = |why: String| {
+            tracing::warn!(%why, "no ns disk pool: disk_mib is not enforced on ns sandboxes");
+            DiskQuota::Off { why }
+        };
         let size = match self.cfg.ns_disk_pool_bytes {
             Some(0) => {
                 let why = "the ns disk pool is disabled (--ns-disk-pool-gib 0)".to_string();
                 tracing::info!("{why}: disk_mib is not enforced on ns");
                 return DiskQuota::Off { why };
             }
-            Some(n) => n,
-            None => hutch_jail::btrfs::fs_size(&self.cfg.state_dir).unwrap_or(64 << 30),
+            asked => {
+                // A new pool is allocated on the state disk: it must leave the reserve.
+                let Some((free, total)) = crate::state_disk::space(&self.cfg.state_dir) else {
+                    return off(format!(
+                        "cannot read the free space of {}",
+                        self.cfg.state_dir.display()
+                    ));
+                };
+                let size =
+                    asked.unwrap_or_else(|| crate::state_disk::default_pool_bytes(free, total));
+                if !image.exists() {
+                    if let Some(why) = crate::state_disk::pool_does_not_fit(size, free, total) {
+                        return off(why);
+                    }
+                }
+                size
+            }
         };
         let dir = self.cfg.disk_pool_dir();
         match hutch_jail::btrfs::setup_pool(&image, &dir, size) {
-            Ok(()) => {
+            Ok(not_allocated) => {
+                if let Some(e) = not_allocated {
+                    tracing::error!(image = %image.display(), error = %e, "the ns disk pool (made sparse by an earlier version) could not be allocated: if the state disk fills, sandboxes' writes can be lost; free disk space and restart the server");
+                }
                 // An image an earlier server made keeps its size: ask the filesystem.
                 let bytes = hutch_jail::btrfs::fs_size(&dir).unwrap_or(size);
-                tracing::info!(image = %image.display(), size = bytes, "ns disk pool ready (btrfs qgroups)");
+                tracing::info!(image = %image.display(), size = bytes, "ns disk pool ready (btrfs qgroups, allocated)");
                 DiskQuota::Enforced {
                     pool_mib: bytes >> 20,
                 }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "no ns disk pool: disk_mib is not enforced on ns sandboxes");
-                DiskQuota::Off { why: e.to_string() }
-            }
+            Err(e) => off(e.to_string()),
         }
     }
 
@@ -390,7 +411,42 @@ impl NsJails {
     fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         // Whatever an interrupted wake left (a process, mounts) goes first; the upper stays.
         self.hibernate(r)?;
+        // Never a wake onto an empty layer: its files must be where it left them.
+        self.kept_files(r)?;
         self.create(r, rootfs)
+    }
+
+    /// `Ok` when the upper layer `r` ran with is there to run on again (its sandbox
+    /// directory's, or its subvolume of the disk pool). `FilesLost` when it is gone; a
+    /// `SandboxFailed` that keeps the sandbox hibernated when the pool holding it cannot be
+    /// used now (its files may well be in the image).
+    fn kept_files(&self, r: &SandboxRecord) -> CoreResult<()> {
+        let own = self.cfg.sandbox_dir(&r.id).join("upper");
+        if own.is_dir() {
+            return Ok(());
+        }
+        let image = self.cfg.disk_pool_image();
+        match self.disk_quota() {
+            DiskQuota::Enforced { .. } => {
+                let subvolume = self.cfg.disk_pool_dir().join(r.id.as_str());
+                if subvolume.join("upper").is_dir() {
+                    return Ok(());
+                }
+                Err(CoreError::FilesLost(format!(
+                    "its files are gone: the ns disk pool holds no layer for it ({} is missing)",
+                    subvolume.display()
+                )))
+            }
+            DiskQuota::Off { why } if image.exists() => Err(CoreError::SandboxFailed(format!(
+                "cannot wake sandbox {}: its files are in the ns disk pool {}, which cannot be used ({why}); it stays hibernated: fix the pool and restart the server",
+                r.id,
+                image.display()
+            ))),
+            DiskQuota::Off { .. } => Err(CoreError::FilesLost(format!(
+                "its files are gone: there is neither {} nor an ns disk pool",
+                own.display()
+            ))),
+        }
     }
 
     fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
@@ -531,6 +587,44 @@ impl Backend for NsBackend {
     async fn wake(&self, r: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
         let rootfs = rootfs.to_path_buf();
         self.run(r, move |jails, r| jails.wake(r, &rootfs)).await
+    }
+
+    async fn recover_hibernated(&self, r: &SandboxRecord) -> Hibernation {
+        let checked = self
+            .run(r, |jails, r| {
+                if let Err(e) = jails.hibernate(r) {
+                    tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
+                }
+                jails.kept_files(r)
+            })
+            .await;
+        match checked {
+            Err(CoreError::FilesLost(reason)) => Hibernation::Lost(reason),
+            Err(e) => {
+                tracing::warn!(id = %r.id, error = %e, "a hibernated sandbox cannot wake for now");
+                Hibernation::Kept
+            }
+            Ok(()) => Hibernation::Kept,
+        }
+    }
+
+    async fn adopt(&self, r: &SandboxRecord) -> CoreResult<()> {
+        // A snapshot freezes a running sandbox while it reads its files, a pause freezes it
+        // before its record says so: a crash in between leaves the cgroup out of step.
+        let paused = r.state == SandboxState::Paused;
+        self.run(r, move |_, r| {
+            let cgroups = cgroup_paths(r);
+            if cgroups.is_empty() {
+                return Ok(());
+            }
+            let done = if paused {
+                hutch_jail::freeze(&cgroups)
+            } else {
+                hutch_jail::thaw(&cgroups)
+            };
+            done.map_err(CoreError::from)
+        })
+        .await
     }
 
     async fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {

@@ -40,10 +40,12 @@ mod volumes;
 mod warm;
 
 use super::ns::UID_RANGE;
-use super::{blocking, Backend, Capabilities, SnapshotTaken, Started, Usage, VolumeAccess};
+use super::{
+    blocking, Backend, Capabilities, Hibernation, SnapshotTaken, Started, Usage, VolumeAccess,
+};
 use crate::config::Config;
 use crate::error::{CoreError, CoreResult};
-use crate::model::{Isolation, SandboxRecord};
+use crate::model::{Isolation, SandboxRecord, SandboxState};
 
 /// How long a restored guest's agent may take to answer.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -479,8 +481,81 @@ impl Backend for VmBackend {
         .await
     }
 
-    fn adopt(&self, r: &SandboxRecord) {
+    async fn recover(&self) {
+        let this = self.clone();
+        let _ = blocking(move || {
+            this.sweep_interrupted_shared();
+            Ok(())
+        })
+        .await;
+    }
+
+    async fn adopt(&self, r: &SandboxRecord) -> CoreResult<()> {
         self.adopt_console(r);
+        // A snapshot stops a running guest while it copies its memory, a pause stops it
+        // before its record says so: a crash in between leaves the guest out of step.
+        let paused = r.state == SandboxState::Paused;
+        let (id, agent) = (r.id.clone(), self.agent_socket(&r.id));
+        self.qmp_within(r, QUIESCE_TIMEOUT, async |q| {
+            let status = q.status().await?;
+            match (paused, status.as_str()) {
+                (true, "running") => q.stop().await,
+                (false, "running") | (true, _) => Ok(()),
+                (false, _) => {
+                    q.cont().await?;
+                    // The server that died hung up while the guest was stopped, and the
+                    // guest never hears of it: its agent would keep that session and the
+                    // next host would talk into it, never answered. A connection opened and
+                    // closed at once makes the agent end it; wait until it has.
+                    q.clear_events().await?;
+                    let since = std::time::SystemTime::now();
+                    drop(tokio::net::UnixStream::connect(&agent).await);
+                    let port = hutch_vm::qemu::AGENT_PORT_ID;
+                    if !q
+                        .wait_port_closed(port, "agent", since, QUIESCE_TIMEOUT)
+                        .await?
+                    {
+                        tracing::warn!(%id, "the agent of a continued guest kept its old session");
+                    }
+                    Ok(())
+                }
+            }
+        })
+        .await
+    }
+
+    async fn recover_hibernated(&self, r: &SandboxRecord) -> Hibernation {
+        let saved = self.dir(&r.id).join(HIBERNATED);
+        if saved.is_file() {
+            // Its memory is saved: only what an interrupted wake started goes.
+            if let Err(e) = self.hibernate(r).await {
+                tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
+            }
+            return Hibernation::Kept;
+        }
+        if !self.alive(r) {
+            return Hibernation::Lost(
+                "its memory was never saved: the VM stopped while it was being hibernated".into(),
+            );
+        }
+        // The hibernation stopped before its memory was saved (a crash, a failed save): the
+        // guest is still there, stopped or saving. It runs on.
+        let resumed = self
+            .qmp_within(r, SAVE_TIMEOUT, async |q| {
+                q.cancel_migration(SAVE_TIMEOUT).await?;
+                q.cont().await
+            })
+            .await;
+        let _ = std::fs::remove_file(saved.with_extension("tmp"));
+        match resumed {
+            Ok(()) => Hibernation::StillRunning,
+            Err(e) => {
+                tracing::error!(id = %r.id, error = %e, "continuing a VM whose hibernation was interrupted");
+                Hibernation::Lost(format!(
+                    "its hibernation was interrupted before its memory was saved, and its VM could not run again: {e}"
+                ))
+            }
+        }
     }
 
     fn log_files(&self, r: &SandboxRecord) -> Vec<crate::logs::LogFile> {
@@ -559,9 +634,9 @@ impl Backend for VmBackend {
         self.check()?;
         let saved = self.dir(&r.id).join(HIBERNATED);
         if !saved.is_file() {
-            return Err(CoreError::SandboxFailed(format!(
-                "sandbox {} has no saved memory to wake from",
-                r.id
+            return Err(CoreError::FilesLost(format!(
+                "its saved memory is gone ({} is missing)",
+                saved.display()
             )));
         }
         // Whatever an interrupted wake left running goes first.

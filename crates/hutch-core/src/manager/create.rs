@@ -51,6 +51,7 @@ impl Manager {
         hidden_ok: bool,
     ) -> CoreResult<SandboxView> {
         let t0 = Instant::now();
+        self.check_state_disk("create a sandbox")?;
         let source = match &cmd.snapshot {
             Some(sid) => Some(
                 self.snapshot_record(&sid.parse()?, &TenantScope::All, hidden_ok)

@@ -54,6 +54,7 @@ impl Manager {
             if !parent.state.can_snapshot() {
                 return Err(wrong_state(&parent, Some("fork")));
             }
+            self.check_state_disk("fork a sandbox")?;
             self.take_snapshot(&parent, Some(&format!("fork-of-{id}")), true)
                 .await?
         };

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{wrong_state, Manager};
-use crate::backend::Backend;
+use crate::backend::{Backend, Hibernation};
 use crate::error::{CoreError, CoreResult};
 use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
@@ -119,9 +119,23 @@ impl Manager {
         let backend = self.backend(r.isolation)?;
         self.hang_up_agent(backend.clone(), &r).await;
         if let Err(e) = backend.hibernate(&r).await {
-            // The files are intact; the next wake cleans up whatever is left and retries.
             tracing::error!(id = %r.id, error = %e, "hibernating");
-            return Err(e);
+            // Never a hibernated sandbox without its state: what the failed step left is
+            // hibernated with its state (the next wake cleans up and retries), still running
+            // (nothing was saved: `vm`), or lost.
+            match backend.recover_hibernated(&r).await {
+                Hibernation::Kept => {}
+                Hibernation::StillRunning => {
+                    self.store
+                        .modify(&r.id, |r| {
+                            r.state = SandboxState::Running;
+                            Ok(())
+                        })
+                        .await?;
+                }
+                Hibernation::Lost(reason) => self.mark_failed(r, reason).await,
+            }
+            return Err(self.blame_full_disk(e, "hibernate the sandbox"));
         }
         let r = self
             .store
@@ -179,7 +193,18 @@ impl Manager {
         let rootfs = self.template_rootfs(&r);
         let (started, net_slot, network) = {
             let rec = self.attach_and_mount(r.clone()).await?;
-            let s = backend.wake(&rec, &rootfs).await?;
+            let s = match backend.wake(&rec, &rootfs).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.detach_network_blocking(&rec).await;
+                    if let CoreError::FilesLost(reason) = &e {
+                        // Never woken empty: what it kept is gone, so it can never run.
+                        self.mark_failed(r, reason.clone()).await;
+                        return Err(e);
+                    }
+                    return Err(self.blame_full_disk(e, "wake the sandbox"));
+                }
+            };
             (s, rec.net_slot, rec.network)
         };
         let r = self
@@ -254,7 +279,9 @@ impl Manager {
             return;
         };
         let now = now_ms();
-        for r in all {
+        for mut r in all {
+            // Its last use may not be written yet.
+            self.refreshes.apply(&mut r);
             let Some(idle) = r.idle_hibernate_seconds else {
                 continue;
             };

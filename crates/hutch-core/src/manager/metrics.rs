@@ -1,5 +1,6 @@
 //! The Prometheus text of `/metrics`: the counters of [`crate::metrics`], sandboxes by state,
-//! the warm pool, the exec output budget, each backend's own lines and network traffic.
+//! the warm pool, the exec output budget, the state disk, pending TTL refreshes, each
+//! backend's own lines and network traffic.
 
 use super::Manager;
 use crate::error::CoreResult;
@@ -42,6 +43,18 @@ impl Manager {
                 budget.used(),
                 budget.peak(),
                 budget.waits()
+            );
+            if let Some((free, total)) = crate::state_disk::space(&self.cfg.state_dir) {
+                let _ = writeln!(
+                    text,
+                    "# HELP hutch_state_disk_free_bytes Free bytes on the state disk (the filesystem of the state directory).\n# TYPE hutch_state_disk_free_bytes gauge\nhutch_state_disk_free_bytes {free}\n# HELP hutch_state_disk_reserve_bytes Free bytes the server keeps for itself: below them a create, snapshot, fork or volume is 507 no_space.\n# TYPE hutch_state_disk_reserve_bytes gauge\nhutch_state_disk_reserve_bytes {}",
+                    crate::state_disk::reserve_bytes(total)
+                );
+            }
+            let _ = writeln!(
+                text,
+                "# HELP hutch_ttl_refreshes_pending Sandboxes whose TTL refresh is kept in memory, not yet written to the store.\n# TYPE hutch_ttl_refreshes_pending gauge\nhutch_ttl_refreshes_pending {}",
+                self.refreshes.len()
             );
         }
         for backend in self.backends.all() {

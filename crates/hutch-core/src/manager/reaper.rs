@@ -5,29 +5,38 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::Manager;
+use crate::backend::{Backend, Hibernation};
 use crate::error::CoreResult;
 use crate::model::{SandboxRecord, SandboxState};
 use crate::time::now_ms;
 
 impl Manager {
     /// Re-adopt sandboxes that survived a server restart; mark the dead ones failed. Paused
-    /// sandboxes stay paused; hibernated ones stay hibernated (after removing whatever a wake
-    /// interrupted by the restart left running).
+    /// sandboxes stay paused and running ones run (a snapshot or pause the restart
+    /// interrupted may have left them frozen: [`Backend::adopt`]); hibernated ones stay
+    /// hibernated after removing whatever a wake interrupted by the restart left running,
+    /// unless what a wake needs is gone (`failed`, with the reason) or their hibernation
+    /// never saved anything and they still run (`running` again).
     pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
         self.drain_warm().await;
         for r in self.store.all_sandboxes().await? {
-            if r.state == SandboxState::Hibernated {
-                let backend = self.backend(r.isolation)?;
-                if let Err(e) = backend.hibernate(&r).await {
-                    tracing::error!(id = %r.id, error = %e, "cleaning up a hibernated sandbox");
-                }
-                continue;
-            }
-            if !r.state.holds_resources() {
+            if r.state != SandboxState::Hibernated && !r.state.holds_resources() {
                 continue;
             }
             let backend = self.backend(r.isolation)?;
-            if r.state != SandboxState::Starting && backend.alive(&r) {
+            let r = if r.state == SandboxState::Hibernated {
+                match self.recover_hibernated(&backend, r).await {
+                    Some(running) => running,
+                    None => continue,
+                }
+            } else {
+                r
+            };
+            if r.state == SandboxState::Starting {
+                self.forget_interrupted_create(r).await;
+                continue;
+            }
+            if backend.alive(&r) {
                 if r.net_slot.is_some() && self.readopt_network(&r, true).is_none() {
                     let _ = self
                         .store
@@ -37,8 +46,10 @@ impl Manager {
                         })
                         .await;
                 }
-                tracing::info!(id = %r.id, "re-adopted running sandbox");
-                backend.adopt(&r);
+                tracing::info!(id = %r.id, state = r.state.as_str(), "re-adopted sandbox");
+                if let Err(e) = backend.adopt(&r).await {
+                    tracing::error!(id = %r.id, error = %e, "bringing a re-adopted sandbox back to its recorded state");
+                }
                 self.watch_init(&r);
             } else {
                 self.mark_failed(r, "the sandbox stopped while the server was down".into())
@@ -46,6 +57,43 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// What to do with hibernated record `r` at start ([`Backend::recover_hibernated`]):
+    /// `None` when it stays hibernated or is failed now, its record back in state `running`
+    /// when it never stopped.
+    async fn recover_hibernated(
+        &self,
+        backend: &Arc<dyn Backend>,
+        r: SandboxRecord,
+    ) -> Option<SandboxRecord> {
+        match backend.recover_hibernated(&r).await {
+            Hibernation::Kept => None,
+            Hibernation::Lost(reason) => {
+                self.mark_failed(r, reason).await;
+                None
+            }
+            Hibernation::StillRunning => {
+                tracing::warn!(id = %r.id, "its hibernation was interrupted before anything was saved: running again");
+                self.store
+                    .modify(&r.id, |rec| {
+                        rec.state = SandboxState::Running;
+                        Ok(())
+                    })
+                    .await
+                    .map_err(|e| tracing::error!(id = %r.id, error = %e, "saving a sandbox running again"))
+                    .ok()
+            }
+        }
+    }
+
+    /// A create the server never answered (its record still `starting` at start): no client
+    /// has its id, so whatever it made goes and so does its record.
+    async fn forget_interrupted_create(&self, r: SandboxRecord) {
+        tracing::info!(id = %r.id, "removing a create interrupted by the restart");
+        if let Err(e) = self.remove(r, None).await {
+            tracing::error!(error = %e, "removing an interrupted create");
+        }
     }
 
     /// Record a death: state `failed` with a reason, host resources released.
@@ -133,7 +181,7 @@ impl Manager {
                 if r.persistent || r.expires_at_ms > now {
                     continue;
                 }
-                match self.remove(r, "sandbox.expired").await {
+                match self.remove(r, Some("sandbox.expired")).await {
                     Ok(()) => {
                         self.metrics.expired.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(%id, "sandbox expired");

@@ -55,6 +55,7 @@ impl Manager {
         if !r.state.can_snapshot() {
             return Err(wrong_state(&r, Some("snapshot")));
         }
+        self.check_state_disk("take a snapshot")?;
         let s = self.take_snapshot(&r, name, false).await?;
         Ok(s.view(Vec::new()))
     }
@@ -319,7 +320,16 @@ impl Manager {
             }
             let path = entry.path();
             tracing::warn!(dir = %path.display(), "removing an unfinished or unrecorded snapshot");
-            let Ok(backend) = self.backend(crate::model::Isolation::Ns) else {
+            // A finished one says whose it is (a vm snapshot has shared memory elsewhere).
+            let isolation = std::fs::read(path.join("snapshot.json"))
+                .ok()
+                .and_then(|m| serde_json::from_slice::<serde_json::Value>(&m).ok())
+                .and_then(|m| m["isolation"].as_str().map(String::from));
+            let isolation = match isolation.as_deref() {
+                Some("vm") => crate::model::Isolation::Vm,
+                _ => crate::model::Isolation::Ns,
+            };
+            let Ok(backend) = self.backend(isolation) else {
                 continue;
             };
             if let Err(e) = backend.remove_snapshot(&path).await {

@@ -370,3 +370,64 @@ async fn capabilities_come_from_the_backend() {
         other => panic!("expected 422, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_call_refreshes_the_ttl_in_memory_and_the_flush_writes_it_in_one_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mgr, _fake) = start_manager(dir.path()).await.expect("manager");
+    let id = create(&mgr).await;
+    // Its TTL runs out in 1.5 s as far as the store knows.
+    let soon = crate::time::now_ms() + 1500;
+    mgr.store
+        .modify(&id, |r| {
+            r.expires_at_ms = soon;
+            Ok(())
+        })
+        .await
+        .expect("set the expiry");
+    mgr.get(&id).await.expect("get");
+    let stored = |mgr: Arc<Manager>, id: SandboxId| async move {
+        mgr.store
+            .get_sandbox(&id)
+            .await
+            .expect("read the store")
+            .expect("the record")
+            .expires_at_ms
+    };
+    // What the manager answers has the refreshed TTL; the store does not yet.
+    let refreshed = mgr.load(&id).await.expect("load").expires_at_ms;
+    assert!(refreshed > soon + 60_000, "{refreshed}");
+    assert_eq!(stored(mgr.clone(), id.clone()).await, soon);
+    // Past the stored expiry the reaper keeps it: what counts is the refresh.
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    mgr.reap_expired().await;
+    assert_eq!(
+        mgr.load(&id).await.expect("still there").state,
+        SandboxState::Running
+    );
+    mgr.flush_refreshes().await;
+    assert_eq!(stored(mgr.clone(), id.clone()).await, refreshed);
+}
+
+#[tokio::test]
+async fn a_create_the_server_never_answered_is_removed_at_start_not_kept_as_failed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mgr, _fake) = start_manager(dir.path()).await.expect("manager");
+    let id = create(&mgr).await;
+    // As a server killed between inserting the record and answering leaves it.
+    mgr.store
+        .modify(&id, |r| {
+            r.state = SandboxState::Starting;
+            Ok(())
+        })
+        .await
+        .expect("back to starting");
+    drop(mgr);
+    let (mgr, fake) = start_manager(dir.path()).await.expect("restarted");
+    assert!(mgr.store.get_sandbox(&id).await.expect("store").is_none());
+    assert!(
+        fake.operations_on(&id).contains(&Operation::Destroy),
+        "{:?}",
+        fake.calls()
+    );
+}

@@ -139,6 +139,7 @@ impl Manager {
                 "size_mib must be between {MIN_VOLUME_MIB} and {MAX_VOLUME_MIB}, got {size_mib}"
             )));
         }
+        self.check_state_disk("create a volume")?;
         let _guard = self.lock_snapshots().await;
         if self.store.volume_name_taken(name, tenant.as_ref()).await? {
             return Err(CoreError::Conflict(format!(

@@ -110,6 +110,36 @@ pub struct SandboxQuery {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// A refresh of one sandbox's TTL and idle clock made by calls on it, written in batches
+/// ([`Store::refresh_sandboxes`]): each time only moves later, never back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxRefresh {
+    /// When its TTL runs out now (ignored for a persistent sandbox).
+    pub expires_at_ms: Option<i64>,
+    /// When it was last used (exec, file and PTY calls).
+    pub last_used_ms: Option<i64>,
+}
+
+impl SandboxRefresh {
+    /// Both refreshes in one: the later of each time.
+    pub fn merge(self, other: Self) -> Self {
+        Self {
+            expires_at_ms: self.expires_at_ms.max(other.expires_at_ms),
+            last_used_ms: self.last_used_ms.max(other.last_used_ms),
+        }
+    }
+
+    /// Apply it to `r`: times only move later; a persistent sandbox has no expiry to move.
+    pub fn apply(&self, r: &mut SandboxRecord) {
+        if let Some(at) = self.expires_at_ms.filter(|_| !r.persistent) {
+            r.expires_at_ms = r.expires_at_ms.max(at);
+        }
+        if let Some(at) = self.last_used_ms {
+            r.last_used_ms = r.last_used_ms.max(at);
+        }
+    }
+}
+
 /// A change to one sandbox record, applied by [`Store::modify_sandbox`] under the store's
 /// lock; an error leaves the record as it was.
 pub type SandboxChange<'a> = Box<dyn FnOnce(&mut SandboxRecord) -> CoreResult<()> + Send + 'a>;
@@ -130,6 +160,27 @@ pub trait Store: Send + Sync {
         id: &SandboxId,
         change: SandboxChange<'_>,
     ) -> CoreResult<SandboxRecord>;
+    /// Apply a batch of refreshes ([`SandboxRefresh::apply`]); records deleted meanwhile
+    /// are skipped. The default applies them one by one; a store may write them at once.
+    async fn refresh_sandboxes(&self, batch: &[(SandboxId, SandboxRefresh)]) -> CoreResult<()> {
+        for (id, refresh) in batch {
+            let refresh = *refresh;
+            match self
+                .modify_sandbox(
+                    id,
+                    Box::new(move |r| {
+                        refresh.apply(r);
+                        Ok(())
+                    }),
+                )
+                .await
+            {
+                Ok(_) | Err(CoreError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
     /// One record by id (a warm guest's too).
     async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>>;
     /// One record by id if `scope` may see it (warm guests never): one indexed lookup.

@@ -36,7 +36,9 @@ use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
-use super::{Cursor, KeyOwner, Page, PageRequest, SandboxChange, SandboxQuery, Store};
+use super::{
+    Cursor, KeyOwner, Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store,
+};
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
@@ -470,6 +472,29 @@ impl Store for SqliteStore {
         change(&mut record)?;
         write_sandbox(&conn, &record)?;
         Ok(record)
+    }
+
+    async fn refresh_sandboxes(&self, batch: &[(SandboxId, SandboxRefresh)]) -> CoreResult<()> {
+        let conn = self.lock();
+        let tx = conn.unchecked_transaction()?;
+        for (id, refresh) in batch {
+            let row: Option<(String, Option<String>)> = tx
+                .query_row(
+                    "SELECT record, tenant FROM sandboxes WHERE id = ?1",
+                    [id.as_str()],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            // Deleted meanwhile, or a record this batch cannot decode (one bad row must not
+            // keep every other refresh from being written).
+            let Some(Ok(mut record)) = row.map(|(json, tenant)| sandbox_row(json, tenant)) else {
+                continue;
+            };
+            refresh.apply(&mut record);
+            write_sandbox(&tx, &record)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>> {

@@ -54,6 +54,9 @@ impl BenchServer {
             .arg("--vm-dir")
             .arg(vm_dir)
             .args(["--vm-warm", &vm_warm.to_string()])
+            // The ns disk pool is allocated on the host when made; the bench's sandboxes
+            // write little, so not the default share of the free space.
+            .args(["--ns-disk-pool-gib", "4"])
             // `HUTCH_BENCH_LOG` (e.g. `hutch_core=debug`) shows the server's own timings.
             .env(
                 "HUTCH_LOG",

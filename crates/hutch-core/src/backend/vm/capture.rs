@@ -105,9 +105,13 @@ impl VmBackend {
         let mirror = self.bake_mirror(&original);
         let shared = self.new_shared_dir(in_memory)?;
         let socket = self.dir(&r.id).join("qmp.sock");
-        let mut qmp = hutch_vm::qmp::Qmp::connect(&socket, QMP_TIMEOUT)
-            .await
-            .map_err(CoreError::qmp("QMP"))?;
+        let mut qmp = match hutch_vm::qmp::Qmp::connect(&socket, QMP_TIMEOUT).await {
+            Ok(qmp) => qmp,
+            Err(e) => {
+                self.discard_shared(&shared);
+                return Err(CoreError::qmp("QMP")(e));
+            }
+        };
         let t0 = Instant::now();
         let captured = match qmp.stop().await {
             Err(e) => Err(CoreError::from(hutch_vm::VmError::from(e))),

@@ -4,6 +4,14 @@
 //! file root:[`MEMORY_GID`] 0660 like a bake's, since the snapshot directory itself is
 //! root-only), and children map it copy-on-write. The snapshot directory names that
 //! directory in its `shared` file; deleting the snapshot deletes it.
+//!
+//! A shared memory directory is as large as the guest's RAM, and the cache it lives in may
+//! be shared by several servers, so one left by a crash is never guessed at: before making
+//! it, the server records its intent in its own state directory
+//! (`<state>/vm-shared-intents/<name>`, holding the directory's path), and drops the record
+//! once the directory is named by its snapshot or removed. At start, every directory an
+//! intent names that no finished snapshot of this server names is removed
+//! ([`VmBackend::sweep_interrupted_shared`]).
 
 use std::path::{Path, PathBuf};
 
@@ -149,12 +157,85 @@ impl VmBackend {
         getrandom::fill(&mut name)?;
         let name: String = name.iter().map(|b| format!("{b:02x}")).collect();
         let shared = match in_memory {
-            true => self.fork_memory_dir().join(name),
-            false => self.cfg.vm_dir.join("shared").join(name),
+            true => self.fork_memory_dir().join(&name),
+            false => self.cfg.vm_dir.join("shared").join(&name),
         };
-        std::fs::create_dir_all(&shared).map_err(CoreError::io("create", &shared))?;
-        give_to(&shared, 0, 0o700)?;
+        let intents = self.shared_intents_dir();
+        std::fs::create_dir_all(&intents).map_err(CoreError::io("create", &intents))?;
+        let intent = intents.join(&name);
+        std::fs::write(&intent, shared.display().to_string())
+            .map_err(CoreError::io("write", &intent))?;
+        let made = std::fs::create_dir_all(&shared)
+            .map_err(CoreError::io("create", &shared))
+            .and_then(|()| give_to(&shared, 0, 0o700));
+        if let Err(e) = made {
+            self.discard_shared(&shared);
+            return Err(e);
+        }
         Ok(shared)
+    }
+
+    /// Where the intents to make shared memory directories are recorded (see the module
+    /// docs).
+    fn shared_intents_dir(&self) -> PathBuf {
+        self.cfg.state_dir.join("vm-shared-intents")
+    }
+
+    /// Drop the intent recorded for `shared` (it is named by its snapshot, or gone).
+    fn forget_shared_intent(&self, shared: &Path) {
+        if let Some(name) = shared.file_name() {
+            let _ = std::fs::remove_file(self.shared_intents_dir().join(name));
+        }
+    }
+
+    /// Remove the shared memory directory `shared` made for a snapshot that failed, and
+    /// its intent.
+    pub(super) fn discard_shared(&self, shared: &Path) {
+        match std::fs::remove_dir_all(shared) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(dir = %shared.display(), error = %e, "removing the shared memory of a failed snapshot");
+            }
+            _ => self.forget_shared_intent(shared),
+        }
+    }
+
+    /// Whether `shared` is a shared memory directory this backend makes (in the cache's
+    /// `shared/` or a fork memory directory), the only kind it ever deletes.
+    fn is_shared_memory_dir(&self, shared: &Path) -> bool {
+        let [forks, fallback] = self.fork_memory_dirs();
+        let ours = [self.cfg.vm_dir.join("shared"), forks, fallback];
+        shared.parent().is_some_and(|p| ours.iter().any(|o| o == p))
+    }
+
+    /// At start: remove the shared memory directories of snapshots a crash interrupted
+    /// (recorded intents that no finished snapshot of this server names).
+    pub(super) fn sweep_interrupted_shared(&self) {
+        let Ok(intents) = std::fs::read_dir(self.shared_intents_dir()) else {
+            return;
+        };
+        let named: std::collections::HashSet<PathBuf> = std::fs::read_dir(self.cfg.snapshots_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| crate::ids::is_snapshot_id(&e.file_name().to_string_lossy()))
+            .filter_map(|e| hutch_vm::share::shared_dir(&e.path()))
+            .collect();
+        for intent in intents.flatten() {
+            let shared = std::fs::read_to_string(intent.path())
+                .map(|t| PathBuf::from(t.trim()))
+                .ok();
+            match shared {
+                Some(shared) if !named.contains(&shared) && self.is_shared_memory_dir(&shared) => {
+                    if shared.exists() {
+                        tracing::warn!(dir = %shared.display(), "removing the shared memory of a snapshot a restart interrupted");
+                    }
+                    self.discard_shared(&shared);
+                }
+                _ => {
+                    let _ = std::fs::remove_file(intent.path());
+                }
+            }
+        }
     }
 
     /// A new directory `<vm-dir>/shared/<random>` for a loading QEMU (jailed as the bake
@@ -181,7 +262,7 @@ impl VmBackend {
         let scratch = match prepared {
             Ok(scratch) => scratch,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&shared);
+                self.discard_shared(&shared);
                 return Err(e);
             }
         };
@@ -228,8 +309,9 @@ impl VmBackend {
             };
             Ok(used(&memory) + used(&shared.join("state")))
         });
-        if published.is_err() {
-            let _ = std::fs::remove_dir_all(shared);
+        match &published {
+            Ok(_) => self.forget_shared_intent(shared),
+            Err(_) => self.discard_shared(shared),
         }
         published
     }
@@ -240,9 +322,7 @@ impl VmBackend {
             return Ok(());
         };
         // Only ever a directory this backend made.
-        let [forks, fallback] = self.fork_memory_dirs();
-        let ours = [self.cfg.vm_dir.join("shared"), forks, fallback];
-        if !shared.parent().is_some_and(|p| ours.iter().any(|o| o == p)) {
+        if !self.is_shared_memory_dir(&shared) {
             return Err(CoreError::Internal(format!(
                 "snapshot {} names {} as its shared memory",
                 dir.display(),
@@ -255,5 +335,55 @@ impl VmBackend {
             }
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_removes_shared_memory_only_of_snapshots_never_finished() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut cfg = crate::Config::new(
+            tmp.path().join("state"),
+            PathBuf::from("/nonexistent/hutch"),
+            PathBuf::new(),
+        );
+        cfg.vm_dir = tmp.path().join("vm");
+        let vm = VmBackend::new(cfg.clone(), None, None);
+        // A snapshot that was finished, one a crash interrupted, and a path outside the
+        // cache that an intent names (never deleted).
+        let finished = vm.new_shared_dir(false).expect("shared dir");
+        let snapshot = cfg.snapshot_dir(&crate::ids::new_snapshot_id());
+        std::fs::create_dir_all(&snapshot).expect("snapshot dir");
+        hutch_vm::share::link_shared(&snapshot, &finished).expect("link");
+        let interrupted = vm.new_shared_dir(false).expect("shared dir");
+        std::fs::write(interrupted.join("memory"), b"ram").expect("memory");
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("mkdir");
+        std::fs::write(
+            vm.shared_intents_dir().join("bogus"),
+            elsewhere.display().to_string(),
+        )
+        .expect("intent");
+
+        vm.sweep_interrupted_shared();
+        assert!(
+            finished.is_dir(),
+            "a finished snapshot's memory was removed"
+        );
+        assert!(
+            !interrupted.exists(),
+            "an interrupted snapshot's memory is left"
+        );
+        assert!(
+            elsewhere.is_dir(),
+            "a directory outside the cache was removed"
+        );
+        let left = std::fs::read_dir(vm.shared_intents_dir())
+            .expect("intents")
+            .count();
+        assert_eq!(left, 0, "intents are dropped once settled");
     }
 }

@@ -525,3 +525,36 @@ async fn the_lookups_of_requests_and_of_the_reaper_use_an_index() {
         "{scan:?}"
     );
 }
+
+#[tokio::test]
+async fn a_batch_of_refreshes_moves_times_only_later_and_skips_deleted_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = open(&dir);
+    let mut kept = record("sbx_a", 16);
+    kept.expires_at_ms = 1_000;
+    kept.last_used_ms = 500;
+    let mut persistent = record("sbx_b", 17);
+    persistent.persistent = true;
+    s.insert_sandbox(&kept).await.expect("insert");
+    s.insert_sandbox(&persistent).await.expect("insert");
+    let refresh = |expires, used| SandboxRefresh {
+        expires_at_ms: Some(expires),
+        last_used_ms: Some(used),
+    };
+    s.refresh_sandboxes(&[
+        (sid("sbx_a"), refresh(5_000, 100)),
+        (sid("sbx_b"), refresh(5_000, 900)),
+        (sid("sbx_gone"), refresh(5_000, 900)),
+    ])
+    .await
+    .expect("refresh");
+    let a = s.get_sandbox(&sid("sbx_a")).await.expect("get").expect("a");
+    // The expiry moved later, the older use did not move the idle clock back.
+    assert_eq!((a.expires_at_ms, a.last_used_ms), (5_000, 500));
+    let b = s.get_sandbox(&sid("sbx_b")).await.expect("get").expect("b");
+    // A persistent sandbox has no expiry to move; its idle clock moves.
+    assert_eq!((b.expires_at_ms, b.last_used_ms), (2, 900));
+    // The reaper's column follows the record.
+    let due = s.expired_sandboxes(4_999).await.expect("due");
+    assert!(due.is_empty(), "{due:?}");
+}
