@@ -10,7 +10,7 @@ async fn it_has_a_jupyter_kernel_the_data_libraries_and_node() {
     hutch_testkit::ensure_template("code-interpreter");
     let s = TestServer::start().await;
     let id = s
-        .create_id(json!({"template": "code-interpreter", "isolation": "ns"}))
+        .create_id(json!({"template": "code-interpreter", "isolation": "ns", "disk_mib": 2048}))
         .await;
     let script = r#"
 import io, json
