@@ -310,7 +310,7 @@ impl Manager {
             volumes: self
                 .resolve_volume_mounts(&cmd.volumes, &volume_scope, isolation)
                 .await?,
-            start: info.start.clone(),
+            start: super::service::start_spec(&info),
             // Old records (and templates built before revisions, rev 0) follow the current one.
             template_rev: (info.rev > 0).then_some(info.rev),
         })

@@ -10,6 +10,17 @@ use super::Manager;
 use crate::error::{CoreError, CoreResult};
 use crate::model::SandboxRecord;
 
+/// The start command a sandbox of template `info` runs: the template's, with the template's
+/// environment under its own (a `vm` bake starts it before any sandbox's environment is
+/// set, so both backends give it the same: the template's, never a create's).
+pub(super) fn start_spec(info: &hutch_template::TemplateInfo) -> Option<hutch_proto::ServiceSpec> {
+    let mut spec = info.start.clone()?;
+    let mut env = info.defaults.env.clone();
+    env.extend(std::mem::take(&mut spec.env));
+    spec.env = env;
+    Some(spec)
+}
+
 impl Manager {
     /// Start `record`'s start command unless its agent runs it already (a `vm` guest restored
     /// from a bake or snapshot taken with it up), then wait for its ready check.

@@ -295,7 +295,7 @@ impl Manager {
             last_used_ms: now,
             net_slot: None,
             volumes: vec![],
-            start: info.start.clone(),
+            start: super::service::start_spec(&info),
             template_rev: (info.rev > 0).then_some(info.rev),
         };
         self.insert_with_free_slot(&mut record).await?;
