@@ -185,12 +185,7 @@ async fn copy_context(
     );
     let (c, chmod) = (ctx.clone(), copy.chmod);
     let tar = blocking(move || make_tar(&c, &targets, owner, chmod)).await?;
-    let body = futures_util::stream::iter(
-        tar.chunks(64 << 10)
-            .map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c)))
-            .collect::<Vec<_>>(),
-    );
-    client.write_archive_as("/", true, body).await?;
+    client.write_archive_as("/", true, body_of(&tar)).await?;
     Ok(())
 }
 
@@ -250,14 +245,21 @@ async fn unpack_archive(
         Ok(out)
     })
     .await?;
-    let body = futures_util::stream::iter(
-        bytes
-            .chunks(64 << 10)
-            .map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c)))
-            .collect::<Vec<_>>(),
-    );
-    client.write_archive_as(&copy.dest, true, body).await?;
+    client
+        .write_archive_as(&copy.dest, true, body_of(&bytes))
+        .await?;
     Ok(())
+}
+
+/// `bytes` as an upload body of 64 KiB chunks.
+fn body_of(
+    bytes: &[u8],
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let chunks: Vec<_> = bytes
+        .chunks(64 << 10)
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    futures_util::stream::iter(chunks)
 }
 
 /// Most bytes an `ADD` archive may unpack to (held in memory while sent).

@@ -131,11 +131,7 @@ impl TemplateStore {
         options: &BuildOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> std::result::Result<TemplateInfo, TemplateError> {
-        validate_name(name)?;
-        if Recipe::from_name(name).is_some() {
-            return Err(TemplateError::BuiltinName(name.to_owned()));
-        }
-        self.build_from(name, Source::Image(source), options, progress)
+        self.build_custom(name, Source::Image(source), options, progress)
     }
 
     /// Builds template `name` from another template's root with a layer applied (see
@@ -148,11 +144,22 @@ impl TemplateStore {
         options: &BuildOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> std::result::Result<TemplateInfo, TemplateError> {
+        self.build_custom(name, Source::Layered(source), options, progress)
+    }
+
+    /// A build of a name that is not a built-in recipe's.
+    fn build_custom(
+        &self,
+        name: &str,
+        source: Source<'_>,
+        options: &BuildOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<TemplateInfo> {
         validate_name(name)?;
         if Recipe::from_name(name).is_some() {
             return Err(TemplateError::BuiltinName(name.to_owned()));
         }
-        self.build_from(name, Source::Layered(source), options, progress)
+        self.build_from(name, source, options, progress)
     }
 
     /// The shared blob directory of image templates.

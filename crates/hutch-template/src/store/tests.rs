@@ -370,7 +370,7 @@ fn unknown_and_invalid_names() {
          starting with a letter or digit"
     );
     assert!(!store.remove("absent").expect("nothing to remove"));
-    assert_eq!(builtin_names(), ["minimal", "base"]);
+    assert_eq!(builtin_names(), ["minimal", "base", "code-interpreter"]);
 }
 
 #[test]
