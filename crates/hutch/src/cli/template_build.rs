@@ -164,14 +164,13 @@ fn outside_entry(bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
     Ok(std::mem::take(builder.get_mut()))
 }
 
-/// Make the context's tar stream on a thread of its own as the upload reads it; the
-/// thread's result is (entries, file bytes).
-fn spawn_archive(
-    plan: ContextPlan,
-) -> anyhow::Result<(
-    tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
-    std::thread::JoinHandle<Result<(u64, u64), String>>,
-)> {
+/// The chunks of a tar stream being made.
+type ArchiveChunks = tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>;
+/// The thread making it: (entries, file bytes), or why it failed.
+type ArchiveMaker = std::thread::JoinHandle<Result<(u64, u64), String>>;
+
+/// Make the context's tar stream on a thread of its own as the upload reads it.
+fn spawn_archive(plan: ContextPlan) -> anyhow::Result<(ArchiveChunks, ArchiveMaker)> {
     let first = plan.outside.as_deref().map(outside_entry).transpose()?;
     let rules = ContextPlanRules {
         dockerfile: plan.dockerfile.clone(),
@@ -239,7 +238,7 @@ fn build_query(build: &DockerfileBuild, dockerfile: &str) -> anyhow::Result<Stri
     }
     for arg in &build.build_args {
         let pair = match arg.split_once('=') {
-            Some((k, _)) if k.is_empty() => bail!("--build-arg {arg:?} has no name"),
+            Some(("", _)) => bail!("--build-arg {arg:?} has no name"),
             Some(_) => arg.clone(),
             // `--build-arg NAME` passes this environment's value, as docker does.
             None => match std::env::var(arg) {
