@@ -570,3 +570,38 @@ async fn the_cli_builds_a_dockerfile_through_the_api_and_a_sandbox_runs_on_it() 
     let o = hutch(&s, &["template", "inspect", &name]);
     assert!(!o.status.success(), "{o:?}");
 }
+
+#[tokio::test]
+async fn openapi_documents_the_template_routes() {
+    let s = TestServer::start().await;
+    let (status, doc) = s.request(Method::GET, "/v1/openapi.json", None).await;
+    assert_eq!(status, 200);
+    for (path, methods) in [
+        ("/v1/templates", &["get", "post"][..]),
+        ("/v1/templates/{name}", &["get", "delete"][..]),
+        ("/v1/templates/{name}/builds", &["get"][..]),
+        ("/v1/templates/{name}/builds/{id}", &["get", "delete"][..]),
+        ("/v1/templates/{name}/builds/{id}/logs", &["get"][..]),
+    ] {
+        for method in methods {
+            assert!(
+                doc["paths"][path][method].is_object(),
+                "openapi lacks {method} {path}"
+            );
+        }
+    }
+    assert!(doc["paths"]["/v1/templates"]["post"]["responses"]["202"].is_object());
+    for schema in [
+        "Build",
+        "BuildStep",
+        "BuildList",
+        "BuildLogLine",
+        "BuildLogLines",
+        "BuildEnd",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "openapi lacks {schema}"
+        );
+    }
+}
