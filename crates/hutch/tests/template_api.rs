@@ -173,10 +173,16 @@ async fn a_build_is_accepted_followed_and_read_back() {
     let name = guard.0.clone();
     let s = TestServer::start().await;
     let dockerfile = "FROM minimal\nRUN echo step-output && echo step-error >&2\nCOPY a.txt /a\n";
+    // Over the server's JSON body limit (1 MiB): a context is streamed, not limited by it.
+    let big = "b".repeat(3 << 20);
     let (status, location, v) = post_context(
         &s,
         &format!("name={name}"),
-        tar_of(&[("Dockerfile", dockerfile), ("a.txt", "alpha\n")]),
+        tar_of(&[
+            ("Dockerfile", dockerfile),
+            ("a.txt", "alpha\n"),
+            ("big.bin", &big),
+        ]),
     )
     .await;
     assert_eq!(status, 202, "{v}");
