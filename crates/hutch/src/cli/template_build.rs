@@ -8,11 +8,8 @@
 //! server applies the same rules again. A Dockerfile outside the context is sent as an
 //! extra entry, [`OUTSIDE_DOCKERFILE`]. Ctrl-C cancels the build.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use futures_util::StreamExt;
@@ -22,6 +19,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::output::print_json;
+use super::progress::UploadProgress;
 use super::stream::SseParser;
 use crate::client::{encode, Api};
 
@@ -207,22 +205,6 @@ fn spawn_archive(plan: ContextPlan) -> anyhow::Result<(ArchiveChunks, ArchiveMak
     Ok((rx, maker))
 }
 
-/// `1536` → `1.5 KiB`.
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 /// The query of `POST /v1/templates`.
 fn build_query(build: &DockerfileBuild, dockerfile: &str) -> anyhow::Result<String> {
     let mut query = format!(
@@ -256,21 +238,14 @@ async fn start(api: &Api, build: &DockerfileBuild) -> anyhow::Result<Value> {
     let plan = plan_context(build)?;
     let query = build_query(build, &plan.dockerfile)?;
     let (rx, maker) = spawn_archive(plan)?;
-    let sent = Arc::new(AtomicU64::new(0));
-    let counter = sent.clone();
-    let terminal = std::io::stderr().is_terminal();
-    let mut shown = Instant::now();
+    let progress = Arc::new(UploadProgress::new("the build context"));
+    let counted = progress.clone();
     let stream = futures_util::stream::unfold(rx, |mut rx| async {
         rx.recv().await.map(|item| (item, rx))
     })
     .map(move |item| {
         if let Ok(chunk) = &item {
-            let total =
-                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed) + chunk.len() as u64;
-            if terminal && shown.elapsed() >= Duration::from_millis(100) {
-                shown = Instant::now();
-                eprint!("\rsending the build context: {}   ", human_bytes(total));
-            }
+            counted.sent(chunk.len() as u64);
         }
         item
     });
@@ -282,20 +257,19 @@ async fn start(api: &Api, build: &DockerfileBuild) -> anyhow::Result<Value> {
             reqwest::Body::wrap_stream(stream),
         )
         .await;
+    // An archive that could not be made explains a refused upload better than the answer.
     let made = maker
         .join()
-        .map_err(|_| anyhow::anyhow!("the archive of the build context could not be made"))?;
-    if terminal {
-        eprint!("\r\x1b[K");
-    }
-    let (entries, _) = made.map_err(|e| anyhow::anyhow!("archiving the build context: {e}"))?;
-    let resp = answer?;
-    if terminal {
-        eprintln!(
-            "sent the build context: {} in {entries} entries",
-            human_bytes(sent.load(Ordering::Relaxed))
-        );
-    }
+        .map_err(|_| anyhow::anyhow!("the archive of the build context could not be made"))
+        .and_then(|r| r.map_err(|e| anyhow::anyhow!("archiving the build context: {e}")));
+    let (entries, resp) = match made.and_then(|(entries, _)| answer.map(|resp| (entries, resp))) {
+        Ok(done) => done,
+        Err(e) => {
+            progress.finish(None);
+            return Err(e);
+        }
+    };
+    progress.finish(Some(&format!(" in {entries} entries")));
     resp.json().await.context("reading the server's answer")
 }
 
