@@ -156,7 +156,8 @@ impl Build {
             st.log.push(None, LogStream::Status, &line);
             st.status
         };
-        let _ = self.done.send(status);
+        // Stored even when nobody follows yet (`send` would drop it without receivers).
+        self.done.send_replace(status);
     }
 }
 
@@ -302,7 +303,8 @@ impl Builder {
             .find(template, id)
             .ok_or_else(|| not_found(template, id))?;
         if !build.lock().status.is_done() {
-            let _ = build.cancel.send(true);
+            // Stored even between steps, when no exec is watching it.
+            build.cancel.send_replace(true);
         }
         Ok(build.view())
     }

@@ -464,6 +464,11 @@ pub(crate) async fn stream_exec(
     let mut session = client.exec(request).await?;
     let mut partial = [Vec::new(), Vec::new()];
     let mut cancel = build.cancel.subscribe();
+    // A cancel sent before this exec subscribed (while its sandbox was made) counts too.
+    if *cancel.borrow_and_update() {
+        let _ = session.input.signal(libc_sigkill()).await;
+        return Err(BuildError::Cancelled);
+    }
     loop {
         let event = tokio::select! {
             e = session.events.next() => e,

@@ -163,6 +163,27 @@ impl Api {
         self.check(resp).await
     }
 
+    /// A call with a body of `content_type` (a stream: a build context's tar), returning the
+    /// raw response.
+    pub async fn send_body(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: reqwest::Body,
+    ) -> anyhow::Result<reqwest::Response> {
+        let resp = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(&self.key)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        self.check(resp).await
+    }
+
     /// A `GET` whose answer is read as it comes (logs, events), asking for `accept`.
     pub async fn get_streamed(
         &self,

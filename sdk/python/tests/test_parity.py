@@ -116,6 +116,11 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("client", "volumes", (), {}),
     ("client", "get_volume", ("my vol",), {}),
     ("client", "delete_volume", ("vol_1",), {}),
+    ("templates", "list", (), {}),
+    ("templates", "get", ("web/x",), {}),
+    ("templates", "delete", ("web",), {}),
+    ("templates", "builds", ("web",), {}),
+    ("templates", "get_build", ("web", "bld_1"), {}),
     ("sandbox", "refresh", (), {}),
     ("sandbox", "update", (), {"ttl_seconds": 5, "metadata": {"k": "v"}}),
     ("sandbox", "set_ttl", (9,), {}),
@@ -151,6 +156,8 @@ def comparable(value: Any) -> Any:
     """Results as plain data (sandboxes by id and state)."""
     if isinstance(value, (hutch.Sandbox, hutch.AsyncSandbox)):
         return ("sandbox", value.id, value.state)
+    if isinstance(value, (hutch.Build, hutch.AsyncBuild)):
+        return ("build", value.id, value.status)
     if isinstance(value, list):
         return [comparable(v) for v in value]
     return value
@@ -164,7 +171,7 @@ def run_sync(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
     results.append(comparable(sb))
     results.append(comparable(hutch.Sandbox.connect("sbx_1", client=client)))
     results.append(comparable(hutch.Sandbox.list(metadata={"k": "v"}, client=client)))
-    targets = {"client": client, "sandbox": sb, "files": sb.files}
+    targets = {"client": client, "sandbox": sb, "files": sb.files, "templates": client.templates}
     for target, name, args, kwargs in STEPS:
         results.append(comparable(getattr(targets[target], name)(*args, **kwargs)))
         results.append(comparable(sb.info))
@@ -186,7 +193,7 @@ async def run_async(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
     results.append(comparable(sb))
     results.append(comparable(await hutch.AsyncSandbox.connect("sbx_1", client=client)))
     results.append(comparable(await hutch.AsyncSandbox.list(metadata={"k": "v"}, client=client)))
-    targets = {"client": client, "sandbox": sb, "files": sb.files}
+    targets = {"client": client, "sandbox": sb, "files": sb.files, "templates": client.templates}
     for target, name, args, kwargs in STEPS:
         out = getattr(targets[target], name)(*args, **kwargs)
         results.append(comparable(await out if inspect.isawaitable(out) else out))
@@ -224,6 +231,8 @@ def test_sync_and_async_send_the_same_requests() -> None:
         None,
     )
     assert ("GET", "/v1/snapshots/snap%2F1", [], b"", 30.0) in sync_seen
+    assert ("GET", "/v1/templates/web%2Fx", [], b"", 30.0) in sync_seen
+    assert ("GET", "/v1/templates/web/builds/bld_1", [], b"", 30.0) in sync_seen
     assert (
         "POST",
         "/v1/sandboxes/sbx_1/exec",

@@ -11,15 +11,14 @@ import {
   lifecycleEvent,
   logLine,
   snapshot,
-  template,
   volume,
   type LifecycleEvent,
   type LogLine,
   type Snapshot,
-  type Template,
   type Volume,
 } from "./models.js";
 import { sseEvents } from "./sse.js";
+import { templatesOf, type Templates } from "./templates.js";
 import { VERSION } from "./version.js";
 
 /** How to reach the server. Every field is optional. */
@@ -45,8 +44,10 @@ export interface RequestOptions {
   query?: Query;
   /** JSON body. */
   json?: unknown;
-  /** Raw body. */
-  body?: Uint8Array | string;
+  /** Raw body (a stream for an upload made as it is sent). */
+  body?: Uint8Array | string | ReadableStream<Uint8Array>;
+  /** The `Content-Type` of a raw body. */
+  contentType?: string;
   /** Overall timeout in milliseconds; `null` waits forever; default the client's. */
   timeoutMs?: number | null;
   /** Error-mapping hint: `"files"` when a 404 may mean a missing file. */
@@ -135,7 +136,8 @@ export class Client {
     }
     const headers = this.headers();
     if (opts.accept) headers.accept = opts.accept;
-    let body: string | Uint8Array | undefined = opts.body;
+    let body: string | Uint8Array | ReadableStream<Uint8Array> | undefined = opts.body;
+    if (opts.contentType) headers["content-type"] = opts.contentType;
     if (opts.json !== undefined) {
       headers["content-type"] = "application/json";
       body = JSON.stringify(opts.json);
@@ -148,7 +150,9 @@ export class Client {
         headers,
         body,
         signal: signalFor(timeoutMs, opts.signal),
-      });
+        // A streamed body is sent as it is read (Node's fetch asks to be told).
+        ...(body instanceof ReadableStream ? { duplex: "half" } : {}),
+      } as RequestInit);
     } catch (e) {
       throw mapFetchError(e, this.url);
     }
@@ -207,10 +211,16 @@ export class Client {
     return this.requestJson("GET", "/healthz");
   }
 
-  /** The templates sandboxes can be created from. */
-  async templates(): Promise<Template[]> {
-    const doc = await this.requestJson<{ templates?: Record<string, unknown>[] }>("GET", "/v1/templates");
-    return (doc.templates ?? []).map((t) => template(t));
+  private templatesApi: Templates | undefined;
+
+  /**
+   * The server's templates: `await client.templates()` lists them;
+   * `client.templates.build(name, contextDir)` builds one from a Dockerfile, `.get(name)` and
+   * `.delete(name)` read and delete one.
+   */
+  get templates(): Templates {
+    this.templatesApi ??= templatesOf(this);
+    return this.templatesApi;
   }
 
   /**

@@ -1,3 +1,5 @@
+import type { BuildInfo } from "./models.js";
+
 /** Options carried by every {@link HutchError}. */
 export interface HutchErrorOptions {
   /** HTTP status of the answer, if the error came from one. */
@@ -63,6 +65,19 @@ export class PortUnreachable extends HutchError {}
 export class TimeoutError extends HutchError {}
 /** The server could not be reached. */
 export class ConnectionError extends HutchError {}
+
+/**
+ * A template build ended without a template (`Build.wait`): a step failed, or it was
+ * cancelled. `build` is how it ended; its `error` the reason.
+ */
+export class BuildFailed extends HutchError {
+  readonly build: BuildInfo;
+
+  constructor(message: string, build: BuildInfo) {
+    super(message, { code: build.status });
+    this.build = build;
+  }
+}
 
 type ErrorClass = new (message: string, opts?: HutchErrorOptions) => HutchError;
 

@@ -16,6 +16,7 @@ export { Client, EventStream, LogStream, PAGE_LIMIT, SseStream, type ClientOptio
 export { DEFAULT_URL, defaultStateDir, resolveConfig, type ResolvedConfig } from "./config.js";
 export {
   AuthError,
+  BuildFailed,
   ConflictError,
   ConnectionError,
   FileNotFound,
@@ -34,6 +35,9 @@ export {
   type HutchErrorOptions,
 } from "./errors.js";
 export type {
+  BuildInfo,
+  BuildLogLine,
+  BuildStep,
   ExecResult,
   ExploreOutcome,
   ExploreResult,
@@ -64,4 +68,6 @@ export {
   type VolumeMount,
 } from "./sandbox.js";
 export { sseEvents, type SseEvent } from "./sse.js";
+export { DockerIgnore, OUTSIDE_DOCKERFILE, packContext, type PackedContext } from "./context.js";
+export { Build, type BuildLogOptions, type BuildOptions, type Templates } from "./templates.js";
 export { VERSION } from "./version.js";

@@ -106,6 +106,52 @@ export interface Template {
   raw: Record<string, unknown>;
 }
 
+/** One step of a template build (an entry of {@link BuildInfo.steps}). */
+export interface BuildStep {
+  /** 1-based over every step the build runs (log lines carry it as `step`). */
+  number: number;
+  /** The stage it belongs to (its `AS` name, or `stage N`). */
+  stage: string;
+  /** Its Dockerfile line. */
+  line: number;
+  /** The instruction as written. */
+  instruction: string;
+  /** `pending`, `running`, `cached`, `done` or `failed`. */
+  status: string;
+  durationMs: number | undefined;
+}
+
+/** A template build as the server last described it (`GET /v1/templates/{name}/builds/{id}`). */
+export interface BuildInfo {
+  /** `bld_…`. */
+  id: string;
+  template: string;
+  /** `queued`, `running`, `succeeded`, `failed` or `cancelled`. */
+  status: string;
+  steps: BuildStep[];
+  warnings: string[];
+  createdAt: string | undefined;
+  finishedAt: string | undefined;
+  durationMs: number | undefined;
+  /** Why it failed, or that it was cancelled. */
+  error: string | undefined;
+  /** Whether it has ended. */
+  done: boolean;
+  raw: Record<string, unknown>;
+}
+
+/** One line of a build's log (`Build.logs`). */
+export interface BuildLogLine {
+  /** Its number in the build's log, from 1. */
+  seq: number;
+  /** `status` (the builder's own account), `stdout` or `stderr` (what a step printed). */
+  stream: string;
+  text: string;
+  /** The step that printed it (undefined: the build itself). */
+  step: number | undefined;
+  timeMs: number | undefined;
+}
+
 /** One event from `GET /v1/events`. */
 export interface LifecycleEvent {
   /** `sandbox.created`, `sandbox.killed`, `sandbox.expired`, `sandbox.failed`, `sandbox.oom`, … */
@@ -339,6 +385,47 @@ export function template(d: Json): Template {
     createdAt: optStr(d.created_at),
     defaults: obj(d.defaults),
     raw: d,
+  };
+}
+
+/** @internal */
+export function buildInfo(d: Json): BuildInfo {
+  const status = str(d.status);
+  return {
+    id: str(d.id),
+    template: str(d.template),
+    status,
+    steps: Array.isArray(d.steps)
+      ? d.steps.map((s) => {
+          const step = obj(s);
+          return {
+            number: num(step.number),
+            stage: str(step.stage),
+            line: num(step.line),
+            instruction: str(step.instruction),
+            status: str(step.status),
+            durationMs: optNum(step.duration_ms),
+          };
+        })
+      : [],
+    warnings: Array.isArray(d.warnings) ? d.warnings.map(String) : [],
+    createdAt: optStr(d.created_at),
+    finishedAt: optStr(d.finished_at),
+    durationMs: optNum(d.duration_ms),
+    error: optStr(d.error),
+    done: status === "succeeded" || status === "failed" || status === "cancelled",
+    raw: d,
+  };
+}
+
+/** @internal */
+export function buildLogLine(d: Json): BuildLogLine {
+  return {
+    seq: num(d.seq),
+    stream: str(d.stream),
+    text: str(d.text),
+    step: optNum(d.step),
+    timeMs: optNum(d.time_ms),
   };
 }
 

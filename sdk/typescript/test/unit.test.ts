@@ -120,3 +120,69 @@ test("lifecycle models: explore outcomes, snapshots, wake", () => {
   assert.equal(info.forkedFrom, "sbx_p");
   assert.equal(info.snapshot, undefined);
 });
+
+test("context: .dockerignore matches as docker's does", async () => {
+  const { DockerIgnore } = await import("../src/index.js");
+  const ig = DockerIgnore.parse("# c\n*.log\n/build/\nnode_modules\n!node_modules/keep\n**/*.env\ndocs/*/draft?.md\n");
+  assert.ok(ig.excludes("a.log") && !ig.excludes("sub/a.log"));
+  assert.ok(ig.excludes("build") && ig.excludes("build/out/x.o"));
+  assert.ok(ig.excludes("node_modules/x") && !ig.excludes("node_modules/keep"));
+  assert.ok(ig.excludes("deep/er/secret.env") && ig.excludes("top.env"));
+  assert.ok(ig.excludes("docs/a/draft1.md") && !ig.excludes("docs/a/b/draft1.md"));
+  assert.ok(!ig.excludes("src/main.py") && !ig.excludes("."));
+  assert.ok(ig.mayIncludeBelow("node_modules") && !ig.mayIncludeBelow("build"));
+  assert.throws(() => DockerIgnore.parse("!\n"), InvalidRequest);
+});
+
+test("context: the tar stream leaves out ignored and special files, links stay links", async () => {
+  const { packContext, OUTSIDE_DOCKERFILE } = await import("../src/index.js");
+  const { TarParserForTests } = await import("./tar.js");
+  const fs = await import("node:fs");
+  const { join } = await import("node:path");
+  const ctx = fs.mkdtempSync("/tmp/hutch-ts-pack-");
+  try {
+    fs.mkdirSync(join(ctx, "node_modules", "keep"), { recursive: true });
+    fs.writeFileSync(join(ctx, "Dockerfile"), "FROM minimal\n");
+    fs.writeFileSync(join(ctx, "secret.env"), "TOKEN=x\n");
+    fs.writeFileSync(join(ctx, "node_modules", "big.js"), "x");
+    fs.writeFileSync(join(ctx, "node_modules", "keep", "k.js"), "k");
+    const long = "n".repeat(150);
+    fs.writeFileSync(join(ctx, long), "long\n");
+    fs.writeFileSync(join(ctx, ".dockerignore"), "*.env\nnode_modules\n!node_modules/keep\nDockerfile\n");
+    fs.symlinkSync("/etc/passwd", join(ctx, "passwd-link"));
+    const packed = await packContext(ctx);
+    assert.equal(packed.dockerfile, "Dockerfile");
+    const chunks: Uint8Array[] = [];
+    for await (const c of packed.stream()) chunks.push(c);
+    const entries = TarParserForTests.parse(Buffer.concat(chunks));
+    const names = entries.map((e) => e.name);
+    for (const n of ["Dockerfile", ".dockerignore", "node_modules/keep/k.js", long]) assert.ok(names.includes(n), `${n} in ${names}`);
+    for (const n of ["secret.env", "node_modules/big.js", "node_modules/"]) assert.ok(!names.includes(n), `${n} not in ${names}`);
+    const link = entries.find((e) => e.name === "passwd-link");
+    assert.deepEqual([link?.type, link?.link], ["2", "/etc/passwd"]);
+    assert.equal(entries.find((e) => e.name === long)?.data, "long\n");
+    // A Dockerfile from outside the context is one extra entry.
+    const outside = join(fs.mkdtempSync("/tmp/hutch-ts-df-"), "x.Dockerfile");
+    fs.writeFileSync(outside, "FROM minimal\n");
+    const other = await packContext(ctx, outside);
+    assert.equal(other.dockerfile, OUTSIDE_DOCKERFILE);
+    const all: Uint8Array[] = [];
+    for await (const c of other.stream()) all.push(c);
+    assert.equal(TarParserForTests.parse(Buffer.concat(all))[0]?.data, "FROM minimal\n");
+    fs.rmSync(join(outside, ".."), { recursive: true, force: true });
+  } finally {
+    fs.rmSync(ctx, { recursive: true, force: true });
+  }
+});
+
+test("context: the build query", async () => {
+  const { buildQuery } = await import("../src/templates.js");
+  assert.deepEqual(buildQuery("web", "Dockerfile", { target: "run", noCache: true, buildArgs: { A: "1 2" } }), [
+    ["name", "web"],
+    ["dockerfile", "Dockerfile"],
+    ["target", "run"],
+    ["no_cache", "true"],
+    ["build_arg", "A=1 2"],
+  ]);
+  assert.throws(() => buildQuery("web", "Dockerfile", { buildArgs: { "A=B": "x" } }), InvalidRequest);
+});

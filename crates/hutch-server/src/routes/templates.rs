@@ -195,13 +195,15 @@ pub async fn create(
     }
     let q = parse_build_query(raw.as_deref())?;
     let limits = state.context_limits;
-    check_declared_length(&headers, &limits)?;
+    if let Err(e) = check_declared_length(&headers, &limits) {
+        return Ok(closing(e));
+    }
     let build_dir = new_build_dir(&state).await?;
     let context_dir = build_dir.join("context");
     let gzip = build_context::gzip_declared(&headers);
     if let Err(e) = build_context::receive(body, context_dir.clone(), gzip, limits).await {
         remove_dir(build_dir).await;
-        return Err(e.into());
+        return Ok(closing(e.into()));
     }
     let tenant = (!caller.admin).then(|| caller.tenant.clone());
     let request = BuildRequest {
@@ -231,8 +233,20 @@ pub async fn create(
         .into_response())
 }
 
+/// An error answered before the whole body was read: the connection is closed after it
+/// (`Connection: close`), so a client does not send its next request on a connection
+/// whose unread body the server drops.
+fn closing(e: ApiError) -> Response {
+    let mut response = e.into_response();
+    response.headers_mut().insert(
+        header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// 413 before reading anything when `Content-Length` is already over the limit.
-fn check_declared_length(headers: &HeaderMap, limits: &ContextLimits) -> ApiResult<()> {
+fn check_declared_length(headers: &HeaderMap, limits: &ContextLimits) -> Result<(), ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -12,6 +12,7 @@ mod sandbox;
 mod shell;
 mod stream;
 mod template;
+mod template_build;
 mod template_start;
 mod volume;
 

@@ -1,6 +1,13 @@
-//! What a create is waiting for: while `hutch create` or `hutch run` waits for a sandbox, the
-//! server's `sandbox.preparing` events (a vm create building the guest kernel, a template's
-//! disk image or its baked snapshot on first use) are printed to stderr.
+//! Progress on stderr. What a create is waiting for: while `hutch create` or `hutch run`
+//! waits for a sandbox, the server's `sandbox.preparing` events (a vm create building the
+//! guest kernel, a template's disk image or its baked snapshot on first use) are printed.
+//! And the bytes of an upload sent so far ([`UploadProgress`], a build context), on a
+//! terminal only.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use reqwest::Method;
@@ -36,9 +43,90 @@ fn preparing_detail(line: &str) -> Option<String> {
         .flatten()
 }
 
+/// How often the upload line is rewritten.
+const UPLOAD_REFRESH: Duration = Duration::from_millis(100);
+
+/// The bytes of an upload sent so far, as one stderr line rewritten in place (`sending the
+/// build context: 12.5 MiB`) when stderr is a terminal; nothing otherwise.
+pub struct UploadProgress {
+    what: &'static str,
+    terminal: bool,
+    sent: AtomicU64,
+    shown: Mutex<Instant>,
+}
+
+impl UploadProgress {
+    /// Progress of sending `what`.
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            terminal: std::io::stderr().is_terminal(),
+            sent: AtomicU64::new(0),
+            shown: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// `n` more bytes went out.
+    pub fn sent(&self, n: u64) {
+        let total = self.sent.fetch_add(n, Ordering::Relaxed) + n;
+        if !self.terminal {
+            return;
+        }
+        let mut shown = self.shown.lock().unwrap_or_else(|p| p.into_inner());
+        if shown.elapsed() >= UPLOAD_REFRESH {
+            *shown = Instant::now();
+            eprint!("\rsending {}: {}   ", self.what, human_bytes(total));
+        }
+    }
+
+    /// Bytes sent in all.
+    pub fn total(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// The upload ended: the line is replaced by `sent {what}: {bytes}{detail}` (on a
+    /// terminal), or cleared when it failed (`detail` `None`).
+    pub fn finish(&self, detail: Option<&str>) {
+        if !self.terminal {
+            return;
+        }
+        eprint!("\r\x1b[K");
+        if let Some(detail) = detail {
+            eprintln!("sent {}: {}{detail}", self.what, human_bytes(self.total()));
+        }
+    }
+}
+
+/// `1536` → `1.5 KiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::preparing_detail;
+    use super::{human_bytes, preparing_detail, UploadProgress};
+
+    #[test]
+    fn uploads_count_their_bytes_and_sizes_read_as_people_write_them() {
+        let p = UploadProgress::new("the build context");
+        p.sent(1000);
+        p.sent(536);
+        assert_eq!(p.total(), 1536);
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
 
     #[test]
     fn only_preparing_events_are_shown() {

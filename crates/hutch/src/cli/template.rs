@@ -1,10 +1,12 @@
-//! `hutch template ls|inspect` (asked of the server, like every command with an API) and
-//! `hutch template build|set-isolation` (on this host's templates directory: there is no
-//! API for them yet). `build --from-image` pulls an OCI image into a template.
+//! `hutch template ls|inspect|rm` and Dockerfile builds (`build NAME -f Dockerfile
+//! [CONTEXT]`, `template_build.rs`) go through the server's API at HUTCH_URL, like every
+//! command with an API. Built-in templates, `build --from-image` (an OCI image pulled into
+//! a template) and `set-start`/`set-isolation` work on this host's templates directory:
+//! the API does not offer them yet.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use hutch_template::{
     BuildOptions, Credentials, ImageSource, Progress, PullOptions, TemplateStore,
 };
@@ -12,23 +14,48 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::output::{print_json, table};
+use super::template_build::DockerfileBuild;
 use super::template_start::{describe, StartArgs};
 use crate::client::Api;
 
 /// Template subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum TemplateCommand {
-    /// Build a built-in template (`minimal`, `base`), or any other name from an OCI image
-    /// (`--from-image`), into this host's templates directory. It runs here, not through
-    /// HUTCH_URL (the API cannot build templates yet): run it on the server's host, with the
-    /// server's state dir.
+    /// Build a template. From a Dockerfile (`-f`, default `CONTEXT/Dockerfile`) and a build
+    /// context directory (default `.`): sent to the server at HUTCH_URL, which runs each
+    /// step in a build sandbox; its log is printed as it comes (Ctrl-C cancels it). A
+    /// built-in template (`minimal`, `base`) or one from an OCI image (`--from-image`) is
+    /// built here instead, into this host's templates directory: run those on the server's
+    /// host, with the server's state dir.
     Build {
         /// Template name.
         name: String,
+        /// The build context: a directory whose files `COPY` and `ADD` read (`.dockerignore`
+        /// leaves files out); default `.`.
+        #[arg(conflicts_with = "from_image")]
+        context: Option<PathBuf>,
+        /// The Dockerfile (default `CONTEXT/Dockerfile`); it may be outside the context.
+        #[arg(
+            short = 'f',
+            long = "file",
+            value_name = "DOCKERFILE",
+            conflicts_with = "from_image"
+        )]
+        dockerfile: Option<PathBuf>,
+        /// A Dockerfile `ARG`'s value, `NAME=VALUE` (or `NAME`: this environment's value);
+        /// repeatable.
+        #[arg(long, value_name = "NAME=VALUE", conflicts_with = "from_image")]
+        build_arg: Vec<String>,
+        /// The stage to build (default: the last).
+        #[arg(long, value_name = "STAGE", conflicts_with = "from_image")]
+        target: Option<String>,
+        /// Run every step of the Dockerfile, ignoring cached results.
+        #[arg(long, conflicts_with = "from_image")]
+        no_cache: bool,
         /// Templates directory (default `<state-dir>/templates`).
         #[arg(long)]
         templates_dir: Option<PathBuf>,
-        /// Rebuild even if it is ready.
+        /// Rebuild even if it is ready (built-in templates and --from-image).
         #[arg(long)]
         force: bool,
         /// Build from this OCI image (`registry:5000/team/tools:1`, `debian:12`; its
@@ -85,10 +112,17 @@ pub enum TemplateCommand {
     },
     /// List the server's templates (`GET /v1/templates` at HUTCH_URL).
     Ls,
-    /// Show one of the server's templates as JSON.
+    /// Show one of the server's templates as JSON (`GET /v1/templates/{name}`).
     Inspect {
         /// Template name.
         name: String,
+    },
+    /// Delete one of the server's templates (`DELETE /v1/templates/{name}`; refused while
+    /// sandboxes or snapshots use it, or a build of it runs; admin keys only).
+    Rm {
+        /// Template names.
+        #[arg(required = true)]
+        names: Vec<String>,
     },
 }
 
@@ -125,6 +159,11 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
     match cmd {
         TemplateCommand::Build {
             name,
+            context,
+            dockerfile,
+            build_arg,
+            target,
+            no_cache,
             templates_dir,
             force,
             from_image,
@@ -133,6 +172,32 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             registry_ca,
             start,
         } => {
+            let builtin = hutch_template::builtin_names().contains(&name.as_str());
+            if from_image.is_none()
+                && (dockerfile.is_some() || context.is_some() || target.is_some() || !builtin)
+            {
+                if templates_dir.is_some() || force || start.start_cmd.is_some() {
+                    bail!(
+                        "a Dockerfile build runs on the server at HUTCH_URL: --templates-dir, \
+                         --force and --start-cmd are for built-in templates and --from-image \
+                         (use --no-cache to run every step; CMD, ENTRYPOINT and HEALTHCHECK \
+                         give the start command)"
+                    );
+                }
+                let api = Api::from_env(state_dir)?;
+                let build = DockerfileBuild {
+                    name,
+                    dockerfile,
+                    context: context.unwrap_or_else(|| PathBuf::from(".")),
+                    build_args: build_arg,
+                    target,
+                    no_cache,
+                };
+                return super::template_build::run(&api, build, json_out).await;
+            }
+            if !build_arg.is_empty() || no_cache {
+                bail!("--build-arg and --no-cache are for Dockerfile builds (-f)");
+            }
             let options = BuildOptions {
                 force,
                 start: start.spec()?,
@@ -251,13 +316,45 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             Ok(())
         }
         TemplateCommand::Inspect { name } => {
-            let list = server_templates(state_dir).await?;
-            let Some(t) = list.into_iter().find(|t| t["name"] == name.as_str()) else {
-                anyhow::bail!(
-                    "the server has no template {name:?} (`hutch template ls` lists its templates)"
-                );
+            let api = Api::from_env(state_dir)?;
+            let asked = api
+                .call(
+                    Method::GET,
+                    &format!("/v1/templates/{}", crate::client::encode(&name)),
+                    None,
+                )
+                .await;
+            let t = match asked {
+                Err(e)
+                    if e.downcast_ref::<crate::client::ApiFailure>()
+                        .is_some_and(|f| f.status == reqwest::StatusCode::NOT_FOUND) =>
+                {
+                    bail!(
+                        "the server has no template {name:?} (`hutch template ls` lists its templates)"
+                    )
+                }
+                other => other?,
             };
             print_json(&t);
+            Ok(())
+        }
+        TemplateCommand::Rm { names } => {
+            let api = Api::from_env(state_dir)?;
+            for name in &names {
+                api.call(
+                    Method::DELETE,
+                    &format!("/v1/templates/{}", crate::client::encode(name)),
+                    None,
+                )
+                .await
+                .with_context(|| format!("deleting template {name}"))?;
+                if !json_out {
+                    println!("{name}");
+                }
+            }
+            if json_out {
+                print_json(&serde_json::json!({ "deleted": names }));
+            }
             Ok(())
         }
     }

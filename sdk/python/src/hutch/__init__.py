@@ -14,9 +14,11 @@ asyncio flavour (:class:`AsyncSandbox`), also exported here.
 from ._config import DEFAULT_URL, Config, default_state_dir, resolve
 from ._version import __version__
 from ._events import AsyncLogStream, LogStream
+from ._templates import AsyncBuild, AsyncTemplates, Build, Templates
 from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
 from .errors import (
     AuthError,
+    BuildFailed,
     ConflictError,
     ConnectionError,
     FileNotFound,
@@ -33,6 +35,9 @@ from .errors import (
     Unsupported,
 )
 from .models import (
+    BuildInfo,
+    BuildLogLine,
+    BuildStep,
     ExecResult,
     ExploreOutcome,
     ExploreResult,
@@ -67,6 +72,14 @@ __all__ = [
     "AsyncPtySession",
     "AsyncEventStream",
     "AsyncLogStream",
+    "Templates",
+    "AsyncTemplates",
+    "Build",
+    "AsyncBuild",
+    "BuildInfo",
+    "BuildStep",
+    "BuildLogLine",
+    "BuildFailed",
     "ExecResult",
     "ExploreOutcome",
     "ExploreResult",

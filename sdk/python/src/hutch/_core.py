@@ -80,7 +80,7 @@ class ClientBase:
             json=req.json,
             content=req.content,
             timeout=timeout,
-            headers={"accept": req.accept} if req.accept else None,
+            headers=p.drop_none({"accept": req.accept, "content-type": req.content_type}) or None,
         )
 
     def _check_open(self) -> None:

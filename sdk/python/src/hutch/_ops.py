@@ -30,6 +30,8 @@ import httpx
 from ._protocol import (
     Command,
     Request,
+    build_params,
+    build_path,
     check_port,
     drop_none,
     exec_read_timeout,
@@ -45,10 +47,13 @@ from ._protocol import (
     parse_sandboxes,
     sandbox_path,
     snapshot_path,
+    template_path,
     to_bytes,
     volume_path,
 )
 from .models import (
+    BuildInfo,
+    BuildLogLine,
     ExecResult,
     ExploreResult,
     FileEntry,
@@ -128,6 +133,72 @@ def health() -> Call[Dict[str, Any]]:
 
 def templates() -> Call[List[Template]]:
     return Call(Request("GET", "/v1/templates"), _listed("templates", Template.from_json))
+
+
+def get_template(name: str) -> Call[Template]:
+    return Call(Request("GET", template_path(name)), _one(Template.from_json))
+
+
+def delete_template(name: str) -> Call[None]:
+    return Call(Request("DELETE", template_path(name), timeout=None), _nothing)
+
+
+def build_template(
+    name: str,
+    content: Any,
+    *,
+    dockerfile: str,
+    build_args: Optional[Mapping[str, Any]],
+    target: Optional[str],
+    no_cache: bool,
+) -> Call[BuildInfo]:
+    """``POST /v1/templates`` with a packed build context (``content``: its bytes as an
+    iterator, sync or async, for the client that sends it)."""
+    params = build_params(name, dockerfile, build_args, target, no_cache)
+    request = Request(
+        "POST",
+        "/v1/templates",
+        params=params,
+        content=content,
+        content_type="application/x-tar",
+        timeout=None,
+    )
+    return Call(request, _one(BuildInfo.from_json))
+
+
+def get_build(name: str, build_id: str) -> Call[BuildInfo]:
+    return Call(Request("GET", build_path(name, build_id)), _one(BuildInfo.from_json))
+
+
+def list_builds(name: str) -> Call[List[BuildInfo]]:
+    request = Request("GET", template_path(name, "/builds"))
+    return Call(request, _listed("builds", BuildInfo.from_json))
+
+
+def cancel_build(name: str, build_id: str) -> Call[BuildInfo]:
+    return Call(Request("DELETE", build_path(name, build_id)), _one(BuildInfo.from_json))
+
+
+def follow_build_logs(name: str, build_id: str, timeout: Optional[float]) -> Request:
+    """``GET …/builds/{id}/logs?follow=true``, read as server-sent events until ``end``."""
+    return Request(
+        "GET",
+        build_path(name, build_id, "/logs"),
+        params=[("follow", "true")],
+        timeout=timeout,
+        accept="text/event-stream",
+    )
+
+
+def build_log_event(event: str, doc: Any) -> Optional[Union[BuildLogLine, Dict[str, Any]]]:
+    """A ``log`` event as a :class:`BuildLogLine`; the ``end`` event as its data (a dict)."""
+    if not isinstance(doc, dict):
+        return None
+    if event == "log":
+        return BuildLogLine.from_json(doc)
+    if event == "end":
+        return dict(doc)
+    return None
 
 
 def events(timeout: Optional[float]) -> Request:

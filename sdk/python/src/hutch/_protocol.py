@@ -32,7 +32,10 @@ class Request:
     path: str
     params: Optional[List[Tuple[str, str]]] = None
     json: Any = None
-    content: Optional[bytes] = None
+    content: Any = None
+    """The raw body: bytes, or an (async) iterator of bytes for a streamed upload."""
+    content_type: Optional[str] = None
+    """The ``Content-Type`` of a raw body."""
     timeout: Any = _UNSET
     """Read timeout in seconds; ``None`` waits forever; unset uses the client's default."""
     kind: str = ""
@@ -43,6 +46,36 @@ class Request:
 
 def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
     return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{suffix}"
+
+
+def template_path(name: str, suffix: str = "") -> str:
+    return f"/v1/templates/{quote(name, safe='')}{suffix}"
+
+
+def build_path(name: str, build_id: str, suffix: str = "") -> str:
+    return template_path(name, f"/builds/{quote(build_id, safe='')}{suffix}")
+
+
+def build_params(
+    name: str,
+    dockerfile: str,
+    build_args: Optional[Mapping[str, Any]],
+    target: Optional[str],
+    no_cache: bool,
+) -> List[Tuple[str, str]]:
+    """The query of ``POST /v1/templates`` with a build context."""
+    params = [("name", name), ("dockerfile", dockerfile)]
+    if target is not None:
+        params.append(("target", target))
+    if no_cache:
+        params.append(("no_cache", "true"))
+    for key, value in (build_args or {}).items():
+        if not key or "=" in key:
+            raise errors.InvalidRequest(
+                f"build arg names must be non-empty without '=', got {key!r}"
+            )
+        params.append(("build_arg", f"{key}={value}"))
+    return params
 
 
 def drop_none(d: Dict[str, Any]) -> Dict[str, Any]:

@@ -31,6 +31,7 @@ from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import AsyncEventStream, AsyncLogStream
 from ._files import AsyncFiles
 from ._pty import AsyncPtySession
+from ._templates import AsyncTemplates
 from .models import (
     ExecResult,
     ExploreResult,
@@ -142,9 +143,11 @@ class AsyncClient(ClientBase):
         """``GET /healthz``."""
         return await self._call(ops.health())
 
-    async def templates(self) -> List[Template]:
-        """The templates sandboxes can be created from."""
-        return await self._call(ops.templates())
+    @property
+    def templates(self) -> AsyncTemplates:
+        """The server's templates (see :attr:`hutch.Client.templates`): ``await
+        client.templates()`` lists them; ``await client.templates.build(…)`` builds one."""
+        return AsyncTemplates(self)
 
     def events(self, *, timeout: Optional[float] = None) -> AsyncEventStream:
         """Subscribe to lifecycle events; use with ``async with`` then ``async for``."""

@@ -106,6 +106,18 @@ class PortUnreachable(HutchError):
     (``bad_gateway``)."""
 
 
+class BuildFailed(HutchError):
+    """A template build ended without a template: a step failed, or it was cancelled.
+
+    Attributes:
+        build: The build as it ended (:class:`~hutch.BuildInfo`), its ``error`` the reason.
+    """
+
+    def __init__(self, message: str, *, build: Any = None) -> None:
+        super().__init__(message, code=getattr(build, "status", None))
+        self.build = build
+
+
 _BY_CODE: Dict[str, Type[HutchError]] = {
     "sandbox_failed": SandboxFailed,
     "connection_refused": PortUnreachable,

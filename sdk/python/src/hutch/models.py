@@ -247,6 +247,99 @@ class Template:
 
 
 @dataclass
+class BuildStep:
+    """One step of a template build (an entry of :attr:`BuildInfo.steps`)."""
+
+    number: int
+    """1-based over every step the build runs (log lines carry it as ``step``)."""
+    stage: str
+    """The stage it belongs to (its ``AS`` name, or ``stage N``)."""
+    line: int
+    """Its Dockerfile line."""
+    instruction: str
+    """The instruction as written."""
+    status: str
+    """``pending``, ``running``, ``cached``, ``done`` or ``failed``."""
+    duration_ms: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> BuildStep:
+        return cls(
+            number=int(d.get("number") or 0),
+            stage=str(d.get("stage") or ""),
+            line=int(d.get("line") or 0),
+            instruction=str(d.get("instruction") or ""),
+            status=str(d.get("status") or ""),
+            duration_ms=_opt_int(d.get("duration_ms")),
+        )
+
+
+@dataclass
+class BuildInfo:
+    """A template build as the server last described it
+    (``GET /v1/templates/{name}/builds/{id}``)."""
+
+    id: str
+    """``bld_…``."""
+    template: str
+    status: str
+    """``queued``, ``running``, ``succeeded``, ``failed`` or ``cancelled``."""
+    steps: List[BuildStep]
+    warnings: List[str] = field(default_factory=list)
+    created_at: Optional[str] = None
+    finished_at: Optional[str] = None
+    duration_ms: Optional[int] = None
+    error: Optional[str] = None
+    """Why it failed, or that it was cancelled."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def done(self) -> bool:
+        """Whether the build has ended."""
+        return self.status in ("succeeded", "failed", "cancelled")
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> BuildInfo:
+        return cls(
+            id=str(d.get("id", "")),
+            template=str(d.get("template", "")),
+            status=str(d.get("status", "")),
+            steps=[BuildStep.from_json(s) for s in d.get("steps") or [] if isinstance(s, dict)],
+            warnings=[str(w) for w in d.get("warnings") or []],
+            created_at=d.get("created_at"),
+            finished_at=d.get("finished_at"),
+            duration_ms=_opt_int(d.get("duration_ms")),
+            error=d.get("error"),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class BuildLogLine:
+    """One line of a build's log (:meth:`hutch.Build.logs`)."""
+
+    seq: int
+    """Its number in the build's log, from 1."""
+    stream: str
+    """``status`` (the builder's own account: ``step 2/5 : RUN make``, `` ---> CACHED``),
+    ``stdout`` or ``stderr`` (what a step printed)."""
+    text: str
+    step: Optional[int] = None
+    """The step that printed it (``None``: the build itself)."""
+    time_ms: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> BuildLogLine:
+        return cls(
+            seq=int(d.get("seq") or 0),
+            stream=str(d.get("stream") or ""),
+            text=str(d.get("text") or ""),
+            step=_opt_int(d.get("step")),
+            time_ms=_opt_int(d.get("time_ms")),
+        )
+
+
+@dataclass
 class LifecycleEvent:
     """One event from ``GET /v1/events`` (``sandbox.created``, ``sandbox.killed``, …)."""
 

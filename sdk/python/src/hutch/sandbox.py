@@ -28,6 +28,7 @@ from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import EventStream, LogStream
 from ._files import Files
 from ._pty import PtySession
+from ._templates import Templates
 from .models import (
     ExecResult,
     ExploreResult,
@@ -150,9 +151,12 @@ class Client(ClientBase):
         """``GET /healthz``: ``{"status": "ok", "version": …}``. Needs no key."""
         return self._call(ops.health())
 
-    def templates(self) -> List[Template]:
-        """The templates sandboxes can be created from."""
-        return self._call(ops.templates())
+    @property
+    def templates(self) -> Templates:
+        """The server's templates: ``client.templates()`` lists them;
+        ``client.templates.build(name, context_dir)`` builds one from a Dockerfile,
+        ``.get(name)`` and ``.delete(name)`` read and delete one."""
+        return Templates(self)
 
     def events(self, *, timeout: Optional[float] = None) -> EventStream:
         """Subscribe to lifecycle events (``sandbox.created``, ``sandbox.killed``, …).

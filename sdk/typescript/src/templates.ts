@@ -1,0 +1,227 @@
+/**
+ * Templates and their Dockerfile builds: `client.templates` ({@link Templates}) and the
+ * handle of one build ({@link Build}).
+ *
+ * ```ts
+ * const build = await client.templates.build("web", "./app", { buildArgs: { VERSION: "3" } });
+ * for await (const line of build.logs()) console.log(line.text); // until the build ends
+ * await build.wait();  // throws BuildFailed unless the template is ready
+ * ```
+ *
+ * The context directory is packed here (`context.ts`: `.dockerignore` applied, symlinks
+ * sent as links) and streamed to `POST /v1/templates`; the server runs the build.
+ */
+import type { Client } from "./client.js";
+import { packContext } from "./context.js";
+import { BuildFailed, HutchError, InvalidRequest } from "./errors.js";
+import { buildInfo, buildLogLine, template, type BuildInfo, type BuildLogLine, type Template } from "./models.js";
+import { sseEvents } from "./sse.js";
+
+/** Options of {@link Templates.build}. */
+export interface BuildOptions {
+  /** A path in the context (default `Dockerfile`), or an absolute path anywhere. */
+  dockerfile?: string;
+  /** Values of the Dockerfile's `ARG`s. */
+  buildArgs?: Record<string, string>;
+  /** The stage to build (default: the last). */
+  target?: string;
+  /** Run every step, ignoring cached results. */
+  noCache?: boolean;
+}
+
+/** Options of {@link Build.logs} and {@link Build.wait}. */
+export interface BuildLogOptions {
+  /** Longest wait for the next log line, milliseconds (default: forever). */
+  idleTimeoutMs?: number;
+  /** Stop following. */
+  signal?: AbortSignal;
+}
+
+const templatePath = (name: string, suffix = ""): string => `/v1/templates/${encodeURIComponent(name)}${suffix}`;
+const buildPath = (name: string, id: string, suffix = ""): string =>
+  templatePath(name, `/builds/${encodeURIComponent(id)}${suffix}`);
+
+/** @internal The query of `POST /v1/templates`. */
+export function buildQuery(name: string, dockerfile: string, opts: BuildOptions): Array<[string, string]> {
+  const q: Array<[string, string]> = [
+    ["name", name],
+    ["dockerfile", dockerfile],
+  ];
+  if (opts.target !== undefined) q.push(["target", opts.target]);
+  if (opts.noCache) q.push(["no_cache", "true"]);
+  for (const [k, v] of Object.entries(opts.buildArgs ?? {})) {
+    if (!k || k.includes("=")) throw new InvalidRequest(`build arg names must be non-empty without '=', got ${JSON.stringify(k)}`);
+    q.push(["build_arg", `${k}=${v}`]);
+  }
+  return q;
+}
+
+/** A template build running on the server (from {@link Templates.build}). */
+export class Build {
+  /** The build as last seen: steps, timings, error. */
+  info: BuildInfo;
+
+  /** @internal */
+  constructor(
+    info: BuildInfo,
+    private readonly client: Client,
+  ) {
+    this.info = info;
+  }
+
+  /** `bld_…`. */
+  get id(): string {
+    return this.info.id;
+  }
+
+  /** The template it builds. */
+  get template(): string {
+    return this.info.template;
+  }
+
+  /** As last seen ({@link refresh}): `queued`, `running`, `succeeded`, `failed` or `cancelled`. */
+  get status(): string {
+    return this.info.status;
+  }
+
+  /** Ask the server how the build is. */
+  async refresh(): Promise<BuildInfo> {
+    this.info = buildInfo(await this.client.requestJson("GET", buildPath(this.template, this.id)));
+    return this.info;
+  }
+
+  /**
+   * Cancel it: its running step is killed and the template stays as it was. The build ends
+   * `cancelled` a moment later ({@link wait} throws {@link BuildFailed}).
+   */
+  async cancel(): Promise<BuildInfo> {
+    this.info = buildInfo(await this.client.requestJson("DELETE", buildPath(this.template, this.id)));
+    return this.info;
+  }
+
+  /** The build's log from its first line, followed until the build ends: `for await` it. */
+  async *logs(opts: BuildLogOptions = {}): AsyncGenerator<BuildLogLine> {
+    const resp = await this.client.request("GET", buildPath(this.template, this.id, "/logs"), {
+      query: [["follow", "true"]],
+      accept: "text/event-stream",
+      timeoutMs: null,
+      signal: opts.signal,
+    });
+    if (!resp.body) throw new HutchError("the build log answer has no body");
+    for await (const ev of sseEvents(resp.body, opts.idleTimeoutMs)) {
+      if (ev.event === "end") return;
+      if (ev.event !== "log") continue;
+      try {
+        yield buildLogLine(JSON.parse(ev.data) as Record<string, unknown>);
+      } catch (e) {
+        if (e instanceof SyntaxError) continue;
+        throw e;
+      }
+    }
+  }
+
+  /**
+   * Follow the log until the build ends; the build once it succeeded.
+   * @param opts.onLine Called with each log line as it comes.
+   * @throws {@link BuildFailed} when the build failed (a step's error) or was cancelled.
+   */
+  async wait(opts: BuildLogOptions & { onLine?: (line: BuildLogLine) => unknown } = {}): Promise<BuildInfo> {
+    for await (const line of this.logs(opts)) {
+      if (opts.onLine) await opts.onLine(line);
+    }
+    const info = await this.refresh();
+    if (info.status !== "succeeded") {
+      throw new BuildFailed(
+        `build ${info.id} of template ${info.template} ${info.status}: ${info.error ?? "no reason given"}`,
+        info,
+      );
+    }
+    return info;
+  }
+}
+
+/**
+ * `client.templates`: the server's templates, and building them from Dockerfiles. Calling it
+ * (`await client.templates()`) lists them.
+ */
+export interface Templates {
+  (): Promise<Template[]>;
+  /** The templates sandboxes can be created from. */
+  list(): Promise<Template[]>;
+  /** One template. @throws {@link NotFoundError} when there is none. */
+  get(name: string): Promise<Template>;
+  /**
+   * Delete a template (admin keys only).
+   * @throws {@link ConflictError} while sandboxes or snapshots use it (named in the message)
+   *   or a build of it runs; {@link NotFoundError} when there is none.
+   */
+  delete(name: string): Promise<void>;
+  /**
+   * Start building template `name` from a Dockerfile and the build context `contextDir`
+   * (default `.`; its `.dockerignore` leaves files out). The server plans the Dockerfile
+   * before it answers ({@link InvalidRequest} naming the line), then runs the build.
+   */
+  build(name: string, contextDir?: string, opts?: BuildOptions): Promise<Build>;
+  /** The builds of `name` the server remembers, oldest first. */
+  builds(name: string): Promise<Build[]>;
+  /** Build `id` of template `name`. */
+  getBuild(name: string, id: string): Promise<Build>;
+}
+
+/** Batch small pieces of a stream into chunks of about `size` bytes. */
+async function* batched(pieces: AsyncIterable<Uint8Array>, size = 64 * 1024): AsyncGenerator<Uint8Array> {
+  let parts: Uint8Array[] = [];
+  let held = 0;
+  for await (const p of pieces) {
+    parts.push(p);
+    held += p.length;
+    if (held >= size) {
+      yield Buffer.concat(parts);
+      parts = [];
+      held = 0;
+    }
+  }
+  if (held > 0) yield Buffer.concat(parts);
+}
+
+/** @internal */
+export function templatesOf(client: Client): Templates {
+  const list = async (): Promise<Template[]> => {
+    const doc = await client.requestJson<{ templates?: Record<string, unknown>[] }>("GET", "/v1/templates");
+    return (doc.templates ?? []).map((t) => template(t));
+  };
+  const api = (() => list()) as Templates;
+  api.list = list;
+  api.get = async (name) => template(await client.requestJson("GET", templatePath(name)));
+  api.delete = async (name) => {
+    await client.request("DELETE", templatePath(name), { timeoutMs: null });
+  };
+  api.build = async (name, contextDir = ".", opts = {}) => {
+    const packed = await packContext(contextDir, opts.dockerfile);
+    const query = buildQuery(name, packed.dockerfile, opts);
+    const pieces = batched(packed.stream());
+    const body = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        const { value, done } = await pieces.next();
+        if (done) controller.close();
+        else controller.enqueue(value);
+      },
+      async cancel() {
+        await pieces.return(undefined);
+      },
+    });
+    const doc = await client.requestJson("POST", "/v1/templates", {
+      query,
+      body,
+      contentType: "application/x-tar",
+      timeoutMs: null,
+    });
+    return new Build(buildInfo(doc), client);
+  };
+  api.builds = async (name) => {
+    const doc = await client.requestJson<{ builds?: Record<string, unknown>[] }>("GET", templatePath(name, "/builds"));
+    return (doc.builds ?? []).map((b) => new Build(buildInfo(b), client));
+  };
+  api.getBuild = async (name, id) => new Build(buildInfo(await client.requestJson("GET", buildPath(name, id))), client);
+  return api;
+}
