@@ -185,7 +185,14 @@ pub(crate) async fn run(
         build.log(
             None,
             LogStream::Status,
-            &format!("stage {} : {}", stage.display_name(), stage.text),
+            &format!(
+                "stage {} : {}",
+                stage
+                    .name
+                    .clone()
+                    .unwrap_or_else(|| stage.index.to_string()),
+                stage.text
+            ),
         );
         let mut sandbox: Option<(SandboxId, AgentClient)> = None;
         let ran = run_stage(
