@@ -13,6 +13,8 @@
 //! - [`sandbox_network`]: a sandbox's egress policy and address, typed from the create on.
 //! - [`error`]: [`CoreError`], with the typed cause of every failure.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
+//! - [`interp`]: the code interpreter (stateful kernels inside a sandbox, driven by the
+//!   kernel driver).
 //! - [`events`], [`metrics`], [`logs`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
@@ -24,6 +26,7 @@ pub mod exec;
 pub mod fork;
 pub mod host;
 pub mod ids;
+pub mod interp;
 pub mod logs;
 pub mod manager;
 pub mod metrics;

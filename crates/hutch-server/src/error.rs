@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hutch_core::error::{self, AgentErrorCode};
 use hutch_core::net::NetError;
+use hutch_core::interp::InterpError;
 use hutch_core::CoreError;
 use hutch_proto::client::service::ServiceError;
 
@@ -101,6 +102,16 @@ fn agent_status(code: AgentErrorCode) -> (StatusCode, &'static str) {
     }
 }
 
+/// Status and code of a code interpreter's error.
+fn interp_status(e: &InterpError) -> (StatusCode, &'static str) {
+    match e {
+        InterpError::Unavailable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "no_interpreter"),
+        InterpError::UnknownContext(_) => (StatusCode::NOT_FOUND, "not_found"),
+        InterpError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_argument"),
+        InterpError::Driver(_) => (StatusCode::BAD_GATEWAY, "interpreter_failed"),
+    }
+}
+
 /// Status and code of a core error, by its variant (and its cause's, where the cause decides).
 fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
     const INVALID: (StatusCode, &str) = (StatusCode::UNPROCESSABLE_ENTITY, "invalid_argument");
@@ -132,6 +143,7 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::Volume(cause) if error::volume_damaged(cause) => CONFLICT,
         CoreError::Net(NetError::Invalid(_)) => INVALID,
         CoreError::Net(NetError::PoolExhausted(_)) => QUOTA,
+        CoreError::Interp(cause) => interp_status(cause),
         CoreError::Vm(_)
         | CoreError::Volume(_)
         | CoreError::Net(_)

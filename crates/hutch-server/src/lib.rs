@@ -101,7 +101,7 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, volumes};
+    use routes::{code, exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, volumes};
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/metrics", get(misc::metrics_per_sandbox))
@@ -141,6 +141,19 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))
+        .route("/v1/sandboxes/{id}/code", post(code::run_code))
+        .route(
+            "/v1/sandboxes/{id}/contexts",
+            post(code::create_context).get(code::list_contexts),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{cid}",
+            axum::routing::delete(code::delete_context),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{cid}/restart",
+            post(code::restart_context),
+        )
         .route(
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::remove),

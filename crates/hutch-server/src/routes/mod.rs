@@ -1,6 +1,7 @@
 //! Route handlers, one module per resource.
 
 mod access;
+pub mod code;
 pub mod exec;
 mod exec_json;
 pub mod files;
