@@ -4,8 +4,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hutch_core::error::{self, AgentErrorCode};
-use hutch_core::net::NetError;
 use hutch_core::interp::InterpError;
+use hutch_core::net::NetError;
 use hutch_core::CoreError;
 use hutch_proto::client::service::ServiceError;
 

@@ -101,7 +101,9 @@ impl AppState {
 
 /// The whole API.
 pub fn app(state: AppState) -> Router {
-    use routes::{code, exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, volumes};
+    use routes::{
+        code, exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, volumes,
+    };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
         .route("/v1/metrics", get(misc::metrics_per_sandbox))

@@ -72,8 +72,9 @@ pub async fn start(client: &AgentClient) -> Result<(), StartFailure> {
         background: true,
     };
     let session = client.exec(request).await.map_err(StartFailure::Client)?;
-    let mut events =
-        session.pipe_stdin(StdinSource::from(Some(Bytes::from_static(DRIVER_SOURCE.as_bytes()))));
+    let mut events = session.pipe_stdin(StdinSource::from(Some(Bytes::from_static(
+        DRIVER_SOURCE.as_bytes(),
+    ))));
     let mut output = Vec::new();
     let wait = async {
         while let Some(event) = events.next().await {
@@ -188,9 +189,10 @@ impl DriverLines {
 
     /// The one answer of a non-`execute` op.
     pub async fn answer(mut self) -> Result<Result<Value, Refusal>, InterpError> {
-        let value = self.next_value().await?.ok_or_else(|| {
-            InterpError::Driver("it hung up without answering".into())
-        })?;
+        let value = self
+            .next_value()
+            .await?
+            .ok_or_else(|| InterpError::Driver("it hung up without answering".into()))?;
         match value.get("type").and_then(Value::as_str) {
             Some("ok") => Ok(Ok(value)),
             Some("failed") => Ok(Err(refusal(&value))),
@@ -227,8 +229,11 @@ pub fn event_from(value: Value) -> Result<CodeEvent, InterpError> {
         });
     }
     let shown = excerpt(&value);
-    serde_json::from_value(value)
-        .map_err(|e| InterpError::Driver(format!("it sent an event this server does not know ({e}): {shown}")))
+    serde_json::from_value(value).map_err(|e| {
+        InterpError::Driver(format!(
+            "it sent an event this server does not know ({e}): {shown}"
+        ))
+    })
 }
 
 fn excerpt(value: &Value) -> String {

@@ -38,10 +38,7 @@ impl DriverStarts {
 
     /// Forget sandbox `id` (it is gone).
     pub(crate) fn forget(&self, id: &SandboxId) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
     }
 }
 
@@ -59,7 +56,9 @@ impl Manager {
             "cwd": spec.cwd,
             "env": spec.env,
         });
-        let answer = self.driver_answer(id, &request, spec.language, None).await?;
+        let answer = self
+            .driver_answer(id, &request, spec.language, None)
+            .await?;
         context_of(&answer)
     }
 
@@ -114,9 +113,7 @@ impl Manager {
             "output_cap": cap,
         });
         let active = self.session_guard(id);
-        let mut lines = self
-            .driver_lines(id, &request, code.language)
-            .await?;
+        let mut lines = self.driver_lines(id, &request, code.language).await?;
         // The first line says whether the cell runs (a refusal is an error of the call, not
         // an event of a run).
         let first = lines.next_value().await.map_err(CoreError::from)?;
@@ -133,9 +130,7 @@ impl Manager {
                 .into());
             }
             Some(v) => v,
-            None => {
-                return Err(InterpError::Driver("it hung up without answering".into()).into())
-            }
+            None => return Err(InterpError::Driver("it hung up without answering".into()).into()),
         };
         let deadline = code.timeout.map(|t| Instant::now() + t + END_GRACE);
         Ok(CodeRun::starting_with(first, lines, deadline, cap, active))
@@ -221,10 +216,9 @@ fn context_of(answer: &Value) -> CoreResult<ContextInfo> {
 
 fn validate_cwd(cwd: Option<&str>) -> CoreResult<()> {
     match cwd {
-        Some(c) if !c.starts_with('/') => Err(InterpError::Invalid(format!(
-            "cwd must be an absolute path, got {c:?}"
-        ))
-        .into()),
+        Some(c) if !c.starts_with('/') => {
+            Err(InterpError::Invalid(format!("cwd must be an absolute path, got {c:?}")).into())
+        }
         _ => Ok(()),
     }
 }
@@ -238,9 +232,9 @@ fn refusal_error(
     context: Option<&ContextId>,
 ) -> InterpError {
     match refused.code.as_str() {
-        "not_found" => InterpError::UnknownContext(
-            context.map_or_else(|| "?".into(), |c| c.to_string()),
-        ),
+        "not_found" => {
+            InterpError::UnknownContext(context.map_or_else(|| "?".into(), |c| c.to_string()))
+        }
         "invalid" => InterpError::Invalid(refused.message),
         "unavailable" => InterpError::Unavailable {
             sandbox: id.to_string(),

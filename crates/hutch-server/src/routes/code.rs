@@ -81,11 +81,9 @@ impl CodeBody {
             Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => {
                 Some(Duration::from_secs_f64(t))
             }
-            Some(t) => {
-                return Err(ApiError::invalid(format!(
-                    "timeout_seconds must be between 0 (no limit) and {MAX_TIMEOUT_SECONDS}, got {t}"
-                )))
-            }
+            Some(t) => return Err(ApiError::invalid(format!(
+                "timeout_seconds must be between 0 (no limit) and {MAX_TIMEOUT_SECONDS}, got {t}"
+            ))),
         };
         Ok(CodeRequest {
             code: self.code,
@@ -202,9 +200,9 @@ fn events(run: CodeRun) -> impl Stream<Item = Result<Event, Infallible>> {
                 .data(serde_json::to_string(&event).expect("events always serialize")),
             Err(e) => {
                 let e = ApiError::from(CoreError::from(e));
-                Event::default().event("failed").data(
-                    serde_json::json!({ "code": e.code, "message": e.message }).to_string(),
-                )
+                Event::default()
+                    .event("failed")
+                    .data(serde_json::json!({ "code": e.code, "message": e.message }).to_string())
             }
         };
         Some((Ok(event), Some(run)))
