@@ -415,3 +415,45 @@ async fn a_template_without_the_interpreter_is_refused_naming_code_interpreter()
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn output_is_cut_at_the_servers_cap_and_flagged() {
+    let s = TestServer::start_with(&["--exec-output-cap", "64KiB"]).await;
+    let id = sandbox(&s).await;
+    let big = run(&s, &id, json!({"code": "print('x' * 200_000)\n'after'"})).await;
+    assert_eq!(big["truncated"], true, "flagged");
+    let printed = stdout(&big).len();
+    assert!(printed <= 64 << 10, "cut at 64 KiB: {printed}");
+    assert!(printed >= 60 << 10, "up to the cap kept: {printed}");
+    let small = run(&s, &id, json!({"code": "print('ok')"})).await;
+    assert_eq!(small["truncated"], false);
+    assert_eq!(stdout(&small), "ok\n");
+}
+
+#[tokio::test]
+async fn closing_the_stream_interrupts_the_cell() {
+    let s = TestServer::start().await;
+    let id = sandbox(&s).await;
+    run(&s, &id, json!({"code": "import time\nkept = 7"})).await;
+    let mut resp = s
+        .http
+        .post(format!("{}/v1/sandboxes/{id}/code", s.url))
+        .bearer_auth(&s.key)
+        .header("Accept", "text/event-stream")
+        .json(&json!({"code": "print('sleeping', flush=True)\ntime.sleep(120)"}))
+        .send()
+        .await
+        .expect("request");
+    let first = resp.chunk().await.expect("chunk").expect("an event");
+    assert!(String::from_utf8_lossy(&first).contains("sleeping"));
+    drop(resp);
+    // The kernel runs one cell at a time: this one answers only once the sleep stopped.
+    let started = std::time::Instant::now();
+    let next = run(&s, &id, json!({"code": "kept"})).await;
+    assert_eq!(main_text(&next), "7", "{next}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the abandoned cell was interrupted ({:?})",
+        started.elapsed()
+    );
+}

@@ -81,9 +81,11 @@ impl CodeBody {
             Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => {
                 Some(Duration::from_secs_f64(t))
             }
-            Some(t) => return Err(ApiError::invalid(format!(
+            Some(t) => {
+                return Err(ApiError::invalid(format!(
                 "timeout_seconds must be between 0 (no limit) and {MAX_TIMEOUT_SECONDS}, got {t}"
-            ))),
+            )))
+            }
         };
         Ok(CodeRequest {
             code: self.code,
