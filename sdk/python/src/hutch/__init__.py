@@ -15,13 +15,17 @@ from ._config import DEFAULT_URL, Config, default_state_dir, resolve
 from ._version import __version__
 from ._events import AsyncLogStream, LogStream
 from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
+from ._code import CodeContext, Execution, ExecutionError, Logs, Result
 from .errors import (
     AuthError,
     ConflictError,
     ConnectionError,
+    ContextNotFound,
     FileNotFound,
     HutchError,
+    InterpreterFailed,
     InvalidRequest,
+    NoInterpreter,
     NotFoundError,
     PermissionDenied,
     PortUnreachable,
@@ -68,6 +72,11 @@ __all__ = [
     "AsyncEventStream",
     "AsyncLogStream",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
+    "Logs",
+    "Result",
+    "CodeContext",
     "ExploreOutcome",
     "ExploreResult",
     "FileEntry",
@@ -86,6 +95,9 @@ __all__ = [
     "NotFoundError",
     "SandboxNotFound",
     "FileNotFound",
+    "ContextNotFound",
+    "NoInterpreter",
+    "InterpreterFailed",
     "Unsupported",
     "InvalidRequest",
     "ConflictError",
