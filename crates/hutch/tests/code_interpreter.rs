@@ -457,3 +457,76 @@ async fn closing_the_stream_interrupts_the_cell() {
         started.elapsed()
     );
 }
+
+fn hutch_cli(
+    s: &TestServer,
+    args: &[&str],
+    stdin: &str,
+    dir: &std::path::Path,
+) -> std::process::Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new(hutch_testkit::hutch_bin())
+        .args(args)
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_API_KEY", &s.key)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("hutch runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("hutch ends")
+}
+
+#[tokio::test]
+async fn the_cli_runs_code_prints_results_and_saves_charts() {
+    let s = TestServer::start().await;
+    let id = sandbox(&s).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let o = hutch_cli(&s, &["run-code", &id, "n = 20"], "", dir.path());
+    assert!(o.status.success(), "{o:?}");
+    let o = hutch_cli(
+        &s,
+        &["run-code", &id, "-"],
+        "print('sum:')\nn + 22\n",
+        dir.path(),
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "sum:\n42\n");
+    let chart = "import matplotlib.pyplot as plt\nplt.plot([1, 2], [2, 1])\nplt.show()";
+    let o = hutch_cli(&s, &["run-code", &id, chart], "", dir.path());
+    assert!(o.status.success(), "{o:?}");
+    let png = std::fs::read(dir.path().join("result-1.png")).expect("the chart was saved");
+    png_size(&png);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("saved ./result-1.png"),
+        "{o:?}"
+    );
+    let o = hutch_cli(
+        &s,
+        &["run-code", &id, "-l", "bash", "echo $((6 * 7))"],
+        "",
+        dir.path(),
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "42\n", "{o:?}");
+    let o = hutch_cli(
+        &s,
+        &["run-code", &id, "raise ValueError('nope')"],
+        "",
+        dir.path(),
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ValueError: nope"),
+        "{o:?}"
+    );
+    let o = hutch_cli(&s, &["--json", "run-code", &id, "n"], "", dir.path());
+    let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(main_text(&v), "20");
+}
