@@ -414,6 +414,22 @@ async fn a_template_without_the_interpreter_is_refused_naming_code_interpreter()
         message.contains("\"minimal\"") && message.contains("\"code-interpreter\" template"),
         "{message}"
     );
+
+    // `base` has python3 but no Jupyter: the driver runs (so bash does), Python is refused.
+    hutch_testkit::ensure_template("base");
+    let id = s.create_id(json!({"template": "base", "isolation": "ns"})).await;
+    let (status, v) = s
+        .post(&format!("/v1/sandboxes/{id}/code"), json!({"code": "1"}))
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["code"], "no_interpreter");
+    let message = v["error"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("\"base\"") && message.contains("jupyter_client"),
+        "{message}"
+    );
+    let bash = run(&s, &id, json!({"code": "echo in-base", "language": "bash"})).await;
+    assert_eq!(stdout(&bash), "in-base\n", "{bash}");
 }
 
 #[tokio::test]
