@@ -467,6 +467,32 @@ mod tests {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
             ),
+            (
+                InterpError::Unavailable {
+                    sandbox: "sbx_a".into(),
+                    template: "minimal".into(),
+                    what: "python".into(),
+                    detail: "python3 is not installed".into(),
+                }
+                .into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_interpreter",
+            ),
+            (
+                InterpError::UnknownContext("ctx_a".into()).into(),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                InterpError::Invalid("cwd".into()).into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_argument",
+            ),
+            (
+                InterpError::Driver("it hung up".into()).into(),
+                StatusCode::BAD_GATEWAY,
+                "interpreter_failed",
+            ),
         ]
     }
 

@@ -417,7 +417,9 @@ async fn a_template_without_the_interpreter_is_refused_naming_code_interpreter()
 
     // `base` has python3 but no Jupyter: the driver runs (so bash does), Python is refused.
     hutch_testkit::ensure_template("base");
-    let id = s.create_id(json!({"template": "base", "isolation": "ns"})).await;
+    let id = s
+        .create_id(json!({"template": "base", "isolation": "ns"}))
+        .await;
     let (status, v) = s
         .post(&format!("/v1/sandboxes/{id}/code"), json!({"code": "1"}))
         .await;

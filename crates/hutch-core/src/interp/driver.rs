@@ -17,7 +17,7 @@ use bytes::Bytes;
 use hutch_proto::client::{AgentClient, ClientError, ExecEvent, StdinSource, TcpTunnel};
 use hutch_proto::{Command, ExecRequest};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::{CodeEvent, InterpError, DRIVER_PORT, DRIVER_SOURCE, DRIVER_STATE_DIR};
 
@@ -139,20 +139,25 @@ pub struct Refusal {
     pub message: String,
 }
 
+/// A byte stream to the driver: the agent's tunnel, or a pipe in tests.
+pub trait DriverStream: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> DriverStream for T {}
+
 /// The driver's answer lines on one connection.
 pub struct DriverLines {
-    reader: BufReader<TcpTunnel>,
+    reader: BufReader<Box<dyn DriverStream>>,
     max_line: usize,
 }
 
 impl DriverLines {
     /// Send `request` (one line) and read what comes back.
     pub async fn send(
-        tunnel: TcpTunnel,
+        stream: impl DriverStream + 'static,
         request: &Value,
         max_line: usize,
     ) -> Result<Self, InterpError> {
-        let mut reader = BufReader::new(tunnel);
+        let mut reader = BufReader::new(Box::new(stream) as Box<dyn DriverStream>);
         let mut line = serde_json::to_vec(request).expect("a JSON value always serializes");
         line.push(b'\n');
         reader
@@ -241,5 +246,109 @@ fn excerpt(value: &Value) -> String {
     match text.char_indices().nth(200) {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// Lines the "driver" end of a pipe sends, read by the host end.
+    async fn lines_from(sent: &[u8], max_line: usize) -> DriverLines {
+        let (host, mut driver) = tokio::io::duplex(1 << 20);
+        driver.write_all(sent).await.expect("write");
+        driver.shutdown().await.expect("end of answer");
+        // The driver's end stays open (reading the request) while the host writes.
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut driver, &mut request).await;
+        });
+        DriverLines::send(host, &serde_json::json!({"op": "list"}), max_line)
+            .await
+            .expect("send")
+    }
+
+    #[tokio::test]
+    async fn lines_longer_than_the_limit_are_refused() {
+        let mut lines = lines_from(&[b'x'; 100], 64).await;
+        let e = lines.next_value().await.expect_err("too long");
+        assert_eq!(
+            e.to_string(),
+            "the code interpreter inside the sandbox failed: it sent a line longer than 64 bytes"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_line_and_a_line_that_is_not_json_are_errors() {
+        let mut lines = lines_from(b"{\"type\": \"ok\"", 64).await;
+        let e = lines.next_value().await.expect_err("cut");
+        assert!(
+            e.to_string()
+                .ends_with("it hung up in the middle of a line"),
+            "{e}"
+        );
+        let mut lines = lines_from(b"hello\n", 64).await;
+        let e = lines.next_value().await.expect_err("not JSON");
+        assert!(
+            e.to_string().contains("it sent a line that is not JSON"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn answers_are_ok_or_refusals() {
+        let lines = lines_from(b"{\"type\": \"ok\", \"contexts\": []}\n", 1 << 10).await;
+        let ok = lines.answer().await.expect("read").expect("ok");
+        assert_eq!(ok["contexts"], serde_json::json!([]));
+        let lines = lines_from(
+            b"{\"type\": \"failed\", \"code\": \"not_found\", \"message\": \"context x does not exist\"}\n",
+            1 << 10,
+        )
+        .await;
+        let refused = lines.answer().await.expect("read").expect_err("refused");
+        assert_eq!(refused.code, "not_found");
+        let lines = lines_from(b"{\"type\": \"stdout\", \"text\": \"hi\"}\n", 1 << 10).await;
+        let e = lines.answer().await.expect_err("not an answer");
+        assert!(e.to_string().contains("instead of ok or failed"), "{e}");
+        let lines = lines_from(b"", 1 << 10).await;
+        assert!(lines.answer().await.is_err(), "silence is an error");
+    }
+
+    #[test]
+    fn events_parse_by_type_and_unknown_ones_are_errors() {
+        let event = |v: Value| event_from(v);
+        assert_eq!(
+            event(serde_json::json!({"type": "stdout", "text": "a"})).expect("stdout"),
+            CodeEvent::Stdout { text: "a".into() }
+        );
+        let result = event(serde_json::json!({"type": "result", "data": {"text/plain": "2"}, "is_main_result": true}))
+            .expect("result");
+        let CodeEvent::Result(r) = result else {
+            panic!("{result:?}")
+        };
+        assert!(r.is_main_result);
+        assert_eq!(r.data["text/plain"], "2");
+        let error = event(serde_json::json!({"type": "error", "name": "TimeoutError", "value": "v", "traceback": [], "timed_out": true}))
+            .expect("error");
+        assert!(
+            matches!(error, CodeEvent::Error(ref e) if e.timed_out),
+            "{error:?}"
+        );
+        let e = event(serde_json::json!({"type": "failed", "code": "invalid", "message": "bad"}))
+            .expect_err("failed");
+        assert!(
+            matches!(e, InterpError::Invalid(ref m) if m == "bad"),
+            "{e:?}"
+        );
+        let e = event(serde_json::json!({"type": "mystery", "x": "y".repeat(500)}))
+            .expect_err("unknown");
+        let text = e.to_string();
+        assert!(
+            text.contains("an event this server does not know"),
+            "{text}"
+        );
+        assert!(text.len() < 500, "quoted in part: {text}");
     }
 }

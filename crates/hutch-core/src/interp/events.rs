@@ -166,7 +166,7 @@ pub struct CodeRun {
     /// Bytes of output the host keeps when collecting (the server's output cap).
     cap: usize,
     finished: bool,
-    _active: ActiveGuard,
+    _active: Option<ActiveGuard>,
 }
 
 impl std::fmt::Debug for CodeRun {
@@ -202,7 +202,7 @@ impl CodeRun {
         lines: DriverLines,
         deadline: Option<Instant>,
         cap: usize,
-        active: ActiveGuard,
+        active: Option<ActiveGuard>,
     ) -> Self {
         Self {
             first: Some(first),
@@ -287,5 +287,74 @@ impl CodeRun {
         Err(InterpError::Driver(
             "the kernel driver hung up before the cell ended".into(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    async fn run_of(sent: &str, cap: usize) -> CodeRun {
+        let (host, mut driver) = tokio::io::duplex(1 << 20);
+        driver.write_all(sent.as_bytes()).await.expect("write");
+        driver.shutdown().await.expect("end of answer");
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut driver, &mut request).await;
+        });
+        let mut lines = DriverLines::send(host, &serde_json::json!({"op": "execute"}), 1 << 16)
+            .await
+            .expect("send");
+        let first = lines.next_value().await.expect("read").expect("a line");
+        CodeRun::starting_with(first, lines, None, cap, None)
+    }
+
+    const END: &str = r#"{"type": "end", "execution_count": 3, "duration_ms": 5, "context_id": "default-python", "context_restarted": false, "truncated": false}"#;
+
+    #[tokio::test]
+    async fn collecting_keeps_the_order_and_the_parts() {
+        let sent = format!(
+            "{}\n{}\n{}\n{}\n{END}\n",
+            r#"{"type": "stdout", "text": "a"}"#,
+            r#"{"type": "display", "data": {"image/png": "iVBO"}, "metadata": {}}"#,
+            r#"{"type": "result", "data": {"text/plain": "2"}, "is_main_result": true}"#,
+            r#"{"type": "error", "name": "E", "value": "v", "traceback": ["t"]}"#,
+        );
+        let done = run_of(&sent, 1 << 10)
+            .await
+            .collect()
+            .await
+            .expect("collect");
+        assert_eq!(done.logs.stdout, ["a"]);
+        assert_eq!(done.results.len(), 2);
+        assert!(!done.results[0].is_main_result && done.results[1].is_main_result);
+        assert_eq!(done.error.as_ref().map(|e| e.name.as_str()), Some("E"));
+        assert_eq!(done.execution_count, Some(3));
+        assert!(!done.truncated);
+    }
+
+    #[tokio::test]
+    async fn collecting_keeps_no_more_than_the_cap_whatever_the_driver_claims() {
+        let chunk = format!(r#"{{"type": "stdout", "text": "{}"}}"#, "x".repeat(600));
+        let sent = format!("{chunk}\n{chunk}\n{chunk}\n{END}\n");
+        let done = run_of(&sent, 1_000).await.collect().await.expect("collect");
+        assert_eq!(done.logs.stdout.len(), 1, "one 600-byte chunk fits in 1000");
+        assert!(done.truncated, "the driver said false; the host cut");
+    }
+
+    #[tokio::test]
+    async fn a_run_without_an_end_is_an_error() {
+        let sent = r#"{"type": "stdout", "text": "a"}"#.to_string() + "\n";
+        let e = run_of(&sent, 1 << 10)
+            .await
+            .collect()
+            .await
+            .expect_err("no end");
+        assert!(
+            e.to_string().contains("hung up before the cell ended"),
+            "{e}"
+        );
     }
 }

@@ -184,3 +184,63 @@ pub enum InterpError {
     #[error("the code interpreter inside the sandbox failed: {0}")]
     Driver(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn languages_parse_with_their_aliases() {
+        for (raw, lang) in [
+            ("python", Language::Python),
+            ("Python3", Language::Python),
+            ("bash", Language::Bash),
+            ("sh", Language::Bash),
+            ("js", Language::Javascript),
+            ("node", Language::Javascript),
+        ] {
+            assert_eq!(raw.parse::<Language>().ok(), Some(lang), "{raw}");
+        }
+        let e = "cobol".parse::<Language>().expect_err("unknown");
+        assert_eq!(
+            e.to_string(),
+            "unknown language \"cobol\": expected python, bash or javascript"
+        );
+    }
+
+    #[test]
+    fn context_ids_are_short_plain_words_and_others_are_unknown_contexts() {
+        for ok in ["ctx_0123abcd", "default-python", "a"] {
+            assert_eq!(
+                ok.parse::<ContextId>()
+                    .map(|c| c.to_string())
+                    .ok()
+                    .as_deref(),
+                Some(ok)
+            );
+        }
+        for bad in ["", "../x", "a b", "ctx/1", &"x".repeat(65)] {
+            let e = bad.parse::<ContextId>().expect_err(bad);
+            assert!(matches!(e, InterpError::UnknownContext(_)), "{bad}: {e:?}");
+        }
+        assert_eq!(
+            "../x".parse::<ContextId>().expect_err("bad").to_string(),
+            "context ../x does not exist"
+        );
+    }
+
+    #[test]
+    fn the_unavailable_message_names_the_template_to_use() {
+        let e = InterpError::Unavailable {
+            sandbox: "sbx_a".into(),
+            template: "minimal".into(),
+            what: "python".into(),
+            detail: "python3 is not installed".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "sandbox sbx_a runs template \"minimal\", which cannot run python code (python3 is \
+             not installed); create the sandbox from the \"code-interpreter\" template"
+        );
+    }
+}

@@ -133,7 +133,13 @@ impl Manager {
             None => return Err(InterpError::Driver("it hung up without answering".into()).into()),
         };
         let deadline = code.timeout.map(|t| Instant::now() + t + END_GRACE);
-        Ok(CodeRun::starting_with(first, lines, deadline, cap, active))
+        Ok(CodeRun::starting_with(
+            first,
+            lines,
+            deadline,
+            cap,
+            Some(active),
+        ))
     }
 
     /// Send `request` and read its one answer, a refusal mapped to its error.

@@ -210,3 +210,81 @@ fn events(run: CodeRun) -> impl Stream<Item = Result<Event, Infallible>> {
         Some((Ok(event), Some(run)))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: serde_json::Value) -> CodeBody {
+        serde_json::from_value(v).expect("a code body")
+    }
+
+    fn refused(v: serde_json::Value) -> String {
+        body(v)
+            .into_request(Duration::from_secs(60))
+            .expect_err("refused")
+            .message
+    }
+
+    #[test]
+    fn a_cell_defaults_to_python_and_the_servers_timeout() {
+        let r = body(serde_json::json!({"code": "1"}))
+            .into_request(Duration::from_secs(60))
+            .expect("valid");
+        assert_eq!(r.language, Language::Python);
+        assert_eq!(r.timeout, Some(Duration::from_secs(60)));
+        assert!(r.context.is_none());
+        let r = body(serde_json::json!({"code": "1", "timeout_seconds": 0, "language": "js"}))
+            .into_request(Duration::from_secs(60))
+            .expect("valid");
+        assert_eq!((r.language, r.timeout), (Language::Javascript, None));
+    }
+
+    #[test]
+    fn bad_cells_are_refused_with_words_a_user_reads() {
+        assert_eq!(
+            refused(serde_json::json!({"code": "1", "language": "python", "context_id": "ctx_a"})),
+            "give language or context_id, not both (a context has its language)"
+        );
+        assert_eq!(
+            refused(serde_json::json!({"code": "1", "timeout_seconds": -1})),
+            "timeout_seconds must be between 0 (no limit) and 86400, got -1"
+        );
+        assert_eq!(
+            refused(serde_json::json!({"code": "1", "language": "cobol"})),
+            "unknown language \"cobol\": expected python, bash or javascript"
+        );
+        assert_eq!(
+            refused(serde_json::json!({"code": "1", "env": {"A=B": "c"}})),
+            "invalid environment variable name \"A=B\""
+        );
+        let big = "x".repeat(MAX_CODE_BYTES + 1);
+        assert!(refused(serde_json::json!({"code": big})).starts_with("code is 524289 bytes"));
+        assert_eq!(
+            refused(serde_json::json!({"code": "1", "context_id": "../x"})),
+            "context ../x does not exist"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = serde_json::from_value::<CodeBody>(serde_json::json!({"code": "1", "cmd": "x"}))
+            .expect_err("unknown field");
+        assert!(e.to_string().contains("unknown field `cmd`"), "{e}");
+    }
+
+    #[test]
+    fn the_event_stream_is_chosen_by_the_accept_header() {
+        let mut h = HeaderMap::new();
+        assert!(!wants_events(&h));
+        h.insert(header::ACCEPT, "application/json".parse().expect("header"));
+        assert!(!wants_events(&h));
+        h.insert(
+            header::ACCEPT,
+            "application/json, text/event-stream;q=0.9"
+                .parse()
+                .expect("header"),
+        );
+        assert!(wants_events(&h));
+    }
+}
