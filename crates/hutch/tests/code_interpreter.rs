@@ -375,30 +375,6 @@ async fn bash_and_javascript_contexts_keep_state() {
 }
 
 #[tokio::test]
-async fn an_ns_wake_restarts_contexts_and_says_so() {
-    let s = TestServer::start().await;
-    let id = sandbox(&s).await;
-    let (status, ctx) = s
-        .post(&format!("/v1/sandboxes/{id}/contexts"), json!({}))
-        .await;
-    assert_eq!(status, 201, "{ctx}");
-    let cid = ctx["id"].as_str().expect("id");
-    run(&s, &id, json!({"code": "z = 1", "context_id": cid})).await;
-    s.act(&id, "hibernate").await;
-    s.act(&id, "wake").await;
-    let after = run(
-        &s,
-        &id,
-        json!({"code": "'z' in globals()", "context_id": cid}),
-    )
-    .await;
-    assert_eq!(after["context_restarted"], true, "{after}");
-    assert_eq!(main_text(&after), "False", "state is gone on ns");
-    let next = run(&s, &id, json!({"code": "1", "context_id": cid})).await;
-    assert_eq!(next["context_restarted"], false);
-}
-
-#[tokio::test]
 async fn a_template_without_the_interpreter_is_refused_naming_code_interpreter() {
     let s = TestServer::start().await;
     let id = s

@@ -32,8 +32,9 @@ READY_LINE = "hutch-interp ready"
 MAX_REQUEST_BYTES = 8 << 20
 # How long an interrupted execution may take to stop before its kernel is restarted.
 INTERRUPT_GRACE_S = 5.0
-# How long a kernel may take to start.
-KERNEL_START_TIMEOUT_S = 60.0
+# How long a kernel may take to start (ipykernel takes ~1 s on `ns`, ~45 s in a `vm` guest
+# under TCG).
+KERNEL_START_TIMEOUT_S = 180.0
 # How often a waiting execution checks that its kernel still lives.
 POLL_S = 0.2
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")

@@ -23,8 +23,9 @@ use super::{CodeEvent, InterpError, DRIVER_PORT, DRIVER_SOURCE, DRIVER_STATE_DIR
 
 /// What the driver prints once it listens.
 const READY_LINE: &str = "hutch-interp ready";
-/// How long the driver may take to listen.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the driver may take to listen (well under a second on `ns`, seconds in a `vm`
+/// guest under TCG).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Output of a driver that failed to start, kept for the message.
 const START_OUTPUT_CAP: usize = 16 << 10;
 /// Exit status of `python3` when the agent cannot find it.
