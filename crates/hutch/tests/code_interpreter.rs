@@ -524,3 +524,31 @@ async fn the_cli_runs_code_prints_results_and_saves_charts() {
     let v: Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(main_text(&v), "20");
 }
+
+#[tokio::test]
+async fn concurrent_first_calls_start_one_driver_and_one_default_context() {
+    let s = TestServer::start().await;
+    let id = sandbox(&s).await;
+    let (a, b) = tokio::join!(
+        run(&s, &id, json!({"code": "a = 1"})),
+        run(&s, &id, json!({"code": "b = 2"})),
+    );
+    assert_eq!(a["context_id"], b["context_id"], "{a} {b}");
+    let sum = run(&s, &id, json!({"code": "a + b"})).await;
+    assert_eq!(main_text(&sum), "3", "both ran in the one default context");
+    let (_, listed) = s
+        .request(Method::GET, &format!("/v1/sandboxes/{id}/contexts"), None)
+        .await;
+    assert_eq!(
+        listed["contexts"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let drivers = s
+        .sh_ok(
+            &id,
+            "grep -l -- '--port 49999' /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
+        )
+        .await;
+    assert_eq!(drivers.trim(), "1", "one kernel driver");
+}

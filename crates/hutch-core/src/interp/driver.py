@@ -583,6 +583,8 @@ class Driver:
     def __init__(self, state_dir):
         self.registry = os.path.join(state_dir, "contexts.json")
         self.contexts = {}
+        # Held while a default context is made, so concurrent first calls make one.
+        self.making_default = asyncio.Lock()
         try:
             with open(self.registry) as f:
                 records = json.load(f).get("contexts", [])
@@ -670,9 +672,10 @@ class Driver:
             if language not in KERNELS:
                 raise Refused("invalid", f"unknown language {language!r}")
             default_id = "default-" + language
-            ctx = self.contexts.get(default_id)
-            if ctx is None:
-                ctx = await self.create(language, None, {}, context_id=default_id)
+            async with self.making_default:
+                ctx = self.contexts.get(default_id)
+                if ctx is None:
+                    ctx = await self.create(language, None, {}, context_id=default_id)
         out = Output(writer, int(request.get("output_cap") or (16 << 20)))
         timeout_s = (request.get("timeout_ms") or 0) / 1000
         async with ctx.lock:
