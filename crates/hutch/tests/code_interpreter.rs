@@ -171,6 +171,17 @@ async fn events_stream_in_order_and_errors_carry_a_traceback() {
     assert_eq!(events[3].1["is_main_result"], true);
     assert_eq!(events[4].1["context_id"], "default-python");
 
+    // An error comes after what the cell printed before raising, then the end.
+    let raised = run_events(
+        &s,
+        &id,
+        json!({"code": "print('before', flush=True)\nraise KeyError('k')"}),
+    )
+    .await;
+    let names: Vec<&str> = raised.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["stdout", "error", "end"], "{raised:?}");
+    assert_eq!(raised[1].1["name"], "KeyError");
+
     let failed = run(&s, &id, json!({"code": "y = 5\n1 / 0"})).await;
     let error = &failed["error"];
     assert_eq!(error["name"], "ZeroDivisionError", "{failed}");
@@ -547,7 +558,8 @@ async fn concurrent_first_calls_start_one_driver_and_one_default_context() {
     let drivers = s
         .sh_ok(
             &id,
-            "grep -l -- '--port 49999' /proc/[0-9]*/cmdline 2>/dev/null | wc -l",
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done \
+             | grep -c '^python3 -u - [-]-port 49999'",
         )
         .await;
     assert_eq!(drivers.trim(), "1", "one kernel driver");

@@ -190,6 +190,23 @@ class PythonKernel:
                 f"__hutch_env = {{k: __hutch_os.environ.get(k) for k in {list(env)!r}}}\n"
                 f"__hutch_os.environ.update({env!r})\n"
             )
+        try:
+            return await self._run(code, timeout_s, out)
+        finally:
+            if env:
+                # Queued behind the cell (the kernel runs requests in order), even when the
+                # host left mid-cell; its reply is not waited for.
+                kc.execute(
+                    "for __hutch_k, __hutch_v in __hutch_env.items():\n"
+                    "    if __hutch_v is None: __hutch_os.environ.pop(__hutch_k, None)\n"
+                    "    else: __hutch_os.environ[__hutch_k] = __hutch_v\n"
+                    "del __hutch_env, __hutch_os\n",
+                    silent=True,
+                    store_history=False,
+                )
+
+    async def _run(self, code, timeout_s, out):
+        kc = self.kc
         msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
         start = time.monotonic()
         deadline = start + timeout_s if timeout_s else None
@@ -247,13 +264,19 @@ class PythonKernel:
                 break
         if interrupted_at is not None and not out.error_sent:
             await out.error("TimeoutError", timeout_value(timeout_s), timed_out=True)
-        if env:
-            await self._silent(
-                "for __hutch_k, __hutch_v in __hutch_env.items():\n"
-                "    if __hutch_v is None: __hutch_os.environ.pop(__hutch_k, None)\n"
-                "    else: __hutch_os.environ[__hutch_k] = __hutch_v\n"
-                "del __hutch_env, __hutch_os\n"
-            )
+        return await self._reply_count(msg_id, count)
+
+    async def _reply_count(self, msg_id, count):
+        """Read the cell's reply off the shell channel (it comes before the kernel goes
+        idle), so replies never pile up there; its execution count is the kernel's own."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                msg = await self.kc.get_shell_msg(timeout=POLL_S)
+            except queue.Empty:
+                break
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg["content"].get("execution_count", count)
         return count
 
 
