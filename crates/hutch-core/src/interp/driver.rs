@@ -13,13 +13,12 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use hutch_proto::client::{AgentClient, ClientError, ExecEvent, StdinSource, TcpTunnel};
 use hutch_proto::{Command, ExecRequest};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
-use super::{CodeEvent, InterpError, DRIVER_PORT, DRIVER_SOURCE, DRIVER_STATE_DIR};
+use super::{CodeEvent, InterpError, DRIVER_PORT, DRIVER_STATE_DIR};
 
 /// What the driver prints once it listens.
 const READY_LINE: &str = "hutch-interp ready";
@@ -73,9 +72,7 @@ pub async fn start(client: &AgentClient) -> Result<(), StartFailure> {
         background: true,
     };
     let session = client.exec(request).await.map_err(StartFailure::Client)?;
-    let mut events = session.pipe_stdin(StdinSource::from(Some(Bytes::from_static(
-        DRIVER_SOURCE.as_bytes(),
-    ))));
+    let mut events = session.pipe_stdin(StdinSource::from(Some(super::driver_program())));
     let mut output = Vec::new();
     let wait = async {
         while let Some(event) = events.next().await {

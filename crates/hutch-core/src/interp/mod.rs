@@ -37,8 +37,23 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// The driver's source, written to the sandbox's `python3` as stdin.
+/// The driver's Python source.
 pub const DRIVER_SOURCE: &str = include_str!("driver.py");
+/// The Node.js side of its `javascript` contexts.
+pub const NODE_BOOT_SOURCE: &str = include_str!("node_boot.js");
+
+/// The program the sandbox's `python3` reads on stdin: `NODE_BOOT = "<node_boot.js>"`, then
+/// the driver.
+pub fn driver_program() -> bytes::Bytes {
+    static PROGRAM: std::sync::OnceLock<bytes::Bytes> = std::sync::OnceLock::new();
+    PROGRAM
+        .get_or_init(|| {
+            // A JSON string is a valid Python string literal.
+            let js = serde_json::to_string(NODE_BOOT_SOURCE).expect("a string serializes");
+            bytes::Bytes::from(format!("NODE_BOOT = {js}\n{DRIVER_SOURCE}"))
+        })
+        .clone()
+}
 /// TCP port of the sandbox's loopback the driver listens on (E2B's code interpreter uses
 /// the same one).
 pub const DRIVER_PORT: u16 = 49999;
@@ -188,6 +203,22 @@ pub enum InterpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_program_defines_the_node_side_before_the_driver() {
+        let program = driver_program();
+        let text = std::str::from_utf8(&program).expect("UTF-8");
+        let (first, rest) = text.split_once('\n').expect("lines");
+        assert!(
+            first.starts_with("NODE_BOOT = \"// The Node.js side"),
+            "{first:.80}"
+        );
+        assert!(first.contains("vm.runInThisContext"));
+        assert!(
+            rest.starts_with("\"\"\"Hutch's kernel driver"),
+            "{rest:.80}"
+        );
+    }
 
     #[test]
     fn languages_parse_with_their_aliases() {

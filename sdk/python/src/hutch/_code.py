@@ -9,9 +9,10 @@ callback calls and an :class:`Execution`, shared by the sync and async clients.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import errors
 from ._ops import Call, _listed, _nothing, _one
@@ -351,3 +352,149 @@ class CodeRun:
     def ended() -> errors.HutchError:
         """The error for a stream that ended before its ``end`` event."""
         return errors.HutchError("the code stream ended before the cell finished")
+
+
+# -- the Sandbox methods ---------------------------------------------------------------------
+
+
+async def _maybe_await(value: Any) -> None:
+    if inspect.isawaitable(value):
+        await value
+
+
+class CodeMethods:
+    """The code interpreter's methods of :class:`hutch.Sandbox` (a mixin: it uses the
+    sandbox's ``id`` and ``_client``)."""
+
+    id: str
+    _client: Any
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: Optional[str] = None,
+        context: Optional[Union[CodeContext, str]] = None,
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        on_result: Optional[Callable[[Result], Any]] = None,
+        on_error: Optional[Callable[[ExecutionError], Any]] = None,
+    ) -> Execution:
+        """Run a cell in a stateful context (variables, imports and state stay between
+        calls), calling back with its output as it comes.
+
+        Needs a sandbox of the ``code-interpreter`` template. Without ``context`` the cell
+        runs in the default context of ``language`` (``python``, ``bash`` or
+        ``javascript``; default ``python``), made on first use.
+
+        Args:
+            code: The cell.
+            language: The default context's language (not with ``context``).
+            context: A :class:`CodeContext` (or its id) from :meth:`create_code_context`.
+            timeout: Seconds before the cell is interrupted (its context keeps its state;
+                ``error.name`` is ``TimeoutError``); ``0`` no limit; default the server's.
+            env: Environment variables for this cell only.
+            on_stdout, on_stderr: Called with each chunk printed.
+            on_result: Called with each :class:`Result` (the cell's value, charts, tables).
+            on_error: Called with the :class:`ExecutionError`, if any.
+
+        Returns:
+            The :class:`Execution`: ``results`` (``.text``, ``.html``, ``.png`` bytes, ...),
+            ``logs``, ``error`` (an exception in the code is not raised), ``execution_count``
+            and ``context_restarted`` (the kernel was started afresh: state lost).
+
+        Raises:
+            NoInterpreter: The sandbox's template cannot run code (use ``code-interpreter``).
+            ContextNotFound: No such context.
+        """
+        req = run_code(
+            self.id, code, language=language, context=context, timeout=timeout, env=env
+        )
+        run = CodeRun(on_stdout, on_stderr, on_result, on_error)
+        with self._client.stream(req) as resp, self._client._transport_errors():
+            for line in resp.iter_lines():
+                for cb, value in run.feed(line):
+                    cb(value)
+                if run.execution is not None:
+                    return run.execution
+        raise run.ended()
+
+    def create_code_context(
+        self,
+        language: Optional[str] = None,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> CodeContext:
+        """A new stateful context (its own kernel) of ``language`` (default ``python``)."""
+        return self._client._call(create_context(self.id, language, cwd, env))
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        """The sandbox's contexts (defaults included once used)."""
+        return self._client._call(list_contexts(self.id))
+
+    def restart_code_context(self, context: Union[CodeContext, str]) -> CodeContext:
+        """Start the context's kernel afresh (its state is gone)."""
+        return self._client._call(restart_context(self.id, context))
+
+    def delete_code_context(self, context: Union[CodeContext, str]) -> None:
+        """Stop the context's kernel and forget it."""
+        self._client._call(delete_context(self.id, context))
+
+
+class AsyncCodeMethods:
+    """The code interpreter's methods of :class:`hutch.AsyncSandbox`."""
+
+    id: str
+    _client: Any
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        language: Optional[str] = None,
+        context: Optional[Union[CodeContext, str]] = None,
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        on_result: Optional[Callable[[Result], Any]] = None,
+        on_error: Optional[Callable[[ExecutionError], Any]] = None,
+    ) -> Execution:
+        """Run a cell in a stateful context (see :meth:`hutch.Sandbox.run_code`). Callbacks
+        may be plain functions or coroutine functions (awaited in order)."""
+        req = run_code(
+            self.id, code, language=language, context=context, timeout=timeout, env=env
+        )
+        run = CodeRun(on_stdout, on_stderr, on_result, on_error)
+        async with self._client.stream(req) as resp:
+            async for line in self._client._lines(resp):
+                for cb, value in run.feed(line):
+                    await _maybe_await(cb(value))
+                if run.execution is not None:
+                    return run.execution
+        raise run.ended()
+
+    async def create_code_context(
+        self,
+        language: Optional[str] = None,
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> CodeContext:
+        """See :meth:`hutch.Sandbox.create_code_context`."""
+        return await self._client._call(create_context(self.id, language, cwd, env))
+
+    async def list_code_contexts(self) -> List[CodeContext]:
+        """See :meth:`hutch.Sandbox.list_code_contexts`."""
+        return await self._client._call(list_contexts(self.id))
+
+    async def restart_code_context(self, context: Union[CodeContext, str]) -> CodeContext:
+        """See :meth:`hutch.Sandbox.restart_code_context`."""
+        return await self._client._call(restart_context(self.id, context))
+
+    async def delete_code_context(self, context: Union[CodeContext, str]) -> None:
+        """See :meth:`hutch.Sandbox.delete_code_context`."""
+        await self._client._call(delete_context(self.id, context))

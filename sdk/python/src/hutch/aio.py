@@ -24,11 +24,10 @@ from typing import (
 
 import httpx
 
-from . import _code as code_api
 from . import _ops as ops
 from . import _protocol as p
 from . import errors
-from ._code import CodeContext, Execution, ExecutionError, Result
+from ._code import AsyncCodeMethods
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import AsyncEventStream, AsyncLogStream
 from ._files import AsyncFiles
@@ -241,7 +240,7 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
-class AsyncSandbox(SandboxBase[AsyncClient]):
+class AsyncSandbox(AsyncCodeMethods, SandboxBase[AsyncClient]):
     """A sandbox, driven from asyncio. The methods mirror :class:`hutch.Sandbox`::
 
     async with AsyncSandbox.create(template="base") as sb:
@@ -451,57 +450,6 @@ class AsyncSandbox(SandboxBase[AsyncClient]):
                 if run.exit_code is not None:
                     return run.exit_code
         raise run.ended()
-
-    # -- code interpreter -----------------------------------------------------------------
-
-    async def run_code(
-        self,
-        code: str,
-        *,
-        language: Optional[str] = None,
-        context: Optional[Union[CodeContext, str]] = None,
-        timeout: Optional[float] = None,
-        env: Optional[Mapping[str, str]] = None,
-        on_stdout: Optional[Callable[[str], Any]] = None,
-        on_stderr: Optional[Callable[[str], Any]] = None,
-        on_result: Optional[Callable[[Result], Any]] = None,
-        on_error: Optional[Callable[[ExecutionError], Any]] = None,
-    ) -> Execution:
-        """Run a cell in a stateful context (see :meth:`hutch.Sandbox.run_code`). Callbacks
-        may be plain functions or coroutine functions (awaited in order)."""
-        req = code_api.run_code(
-            self.id, code, language=language, context=context, timeout=timeout, env=env
-        )
-        run = code_api.CodeRun(on_stdout, on_stderr, on_result, on_error)
-        async with self._client.stream(req) as resp:
-            async for line in self._client._lines(resp):
-                for cb, value in run.feed(line):
-                    await _maybe_await(cb(value))
-                if run.execution is not None:
-                    return run.execution
-        raise run.ended()
-
-    async def create_code_context(
-        self,
-        language: Optional[str] = None,
-        *,
-        cwd: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None,
-    ) -> CodeContext:
-        """See :meth:`hutch.Sandbox.create_code_context`."""
-        return await self._client._call(code_api.create_context(self.id, language, cwd, env))
-
-    async def list_code_contexts(self) -> List[CodeContext]:
-        """See :meth:`hutch.Sandbox.list_code_contexts`."""
-        return await self._client._call(code_api.list_contexts(self.id))
-
-    async def restart_code_context(self, context: Union[CodeContext, str]) -> CodeContext:
-        """See :meth:`hutch.Sandbox.restart_code_context`."""
-        return await self._client._call(code_api.restart_context(self.id, context))
-
-    async def delete_code_context(self, context: Union[CodeContext, str]) -> None:
-        """See :meth:`hutch.Sandbox.delete_code_context`."""
-        await self._client._call(code_api.delete_context(self.id, context))
 
     async def port_request(
         self,

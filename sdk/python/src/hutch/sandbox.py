@@ -21,11 +21,10 @@ from typing import (
 
 import httpx
 
-from . import _code as code_api
 from . import _ops as ops
 from . import _protocol as p
 from . import errors
-from ._code import CodeContext, Execution, ExecutionError, Result
+from ._code import CodeMethods
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import EventStream, LogStream
 from ._files import Files
@@ -264,7 +263,7 @@ def _first_call(c: Client, call: ops.Call[T]) -> T:
         raise
 
 
-class Sandbox(SandboxBase[Client]):
+class Sandbox(CodeMethods, SandboxBase[Client]):
     """A sandbox on a Hutch server.
 
     Create one with :meth:`create` (best as a context manager, which kills it when the block
@@ -567,82 +566,6 @@ class Sandbox(SandboxBase[Client]):
                 if run.exit_code is not None:
                     return run.exit_code
         raise run.ended()
-
-    # -- code interpreter -----------------------------------------------------------------
-
-    def run_code(
-        self,
-        code: str,
-        *,
-        language: Optional[str] = None,
-        context: Optional[Union[CodeContext, str]] = None,
-        timeout: Optional[float] = None,
-        env: Optional[Mapping[str, str]] = None,
-        on_stdout: Optional[Callable[[str], Any]] = None,
-        on_stderr: Optional[Callable[[str], Any]] = None,
-        on_result: Optional[Callable[[Result], Any]] = None,
-        on_error: Optional[Callable[[ExecutionError], Any]] = None,
-    ) -> Execution:
-        """Run a cell in a stateful context (variables, imports and state stay between
-        calls), calling back with its output as it comes.
-
-        Needs a sandbox of the ``code-interpreter`` template. Without ``context`` the cell
-        runs in the default context of ``language`` (``python``, ``bash`` or
-        ``javascript``; default ``python``), made on first use.
-
-        Args:
-            code: The cell.
-            language: The default context's language (not with ``context``).
-            context: A :class:`CodeContext` (or its id) from :meth:`create_code_context`.
-            timeout: Seconds before the cell is interrupted (its context keeps its state;
-                ``error.name`` is ``TimeoutError``); ``0`` no limit; default the server's.
-            env: Environment variables for this cell only.
-            on_stdout, on_stderr: Called with each chunk printed.
-            on_result: Called with each :class:`Result` (the cell's value, charts, tables).
-            on_error: Called with the :class:`ExecutionError`, if any.
-
-        Returns:
-            The :class:`Execution`: ``results`` (``.text``, ``.html``, ``.png`` bytes, ...),
-            ``logs``, ``error`` (an exception in the code is not raised), ``execution_count``
-            and ``context_restarted`` (the kernel was started afresh: state lost).
-
-        Raises:
-            NoInterpreter: The sandbox's template cannot run code (use ``code-interpreter``).
-            ContextNotFound: No such context.
-        """
-        req = code_api.run_code(
-            self.id, code, language=language, context=context, timeout=timeout, env=env
-        )
-        run = code_api.CodeRun(on_stdout, on_stderr, on_result, on_error)
-        with self._client.stream(req) as resp, self._client._transport_errors():
-            for line in resp.iter_lines():
-                for cb, value in run.feed(line):
-                    cb(value)
-                if run.execution is not None:
-                    return run.execution
-        raise run.ended()
-
-    def create_code_context(
-        self,
-        language: Optional[str] = None,
-        *,
-        cwd: Optional[str] = None,
-        env: Optional[Mapping[str, str]] = None,
-    ) -> CodeContext:
-        """A new stateful context (its own kernel) of ``language`` (default ``python``)."""
-        return self._client._call(code_api.create_context(self.id, language, cwd, env))
-
-    def list_code_contexts(self) -> List[CodeContext]:
-        """The sandbox's contexts (defaults included once used)."""
-        return self._client._call(code_api.list_contexts(self.id))
-
-    def restart_code_context(self, context: Union[CodeContext, str]) -> CodeContext:
-        """Start the context's kernel afresh (its state is gone)."""
-        return self._client._call(code_api.restart_context(self.id, context))
-
-    def delete_code_context(self, context: Union[CodeContext, str]) -> None:
-        """Stop the context's kernel and forget it."""
-        self._client._call(code_api.delete_context(self.id, context))
 
     def pty(
         self,
