@@ -564,3 +564,39 @@ async fn concurrent_first_calls_start_one_driver_and_one_default_context() {
         .await;
     assert_eq!(drivers.trim(), "1", "one kernel driver");
 }
+
+#[tokio::test]
+async fn a_running_cell_counts_against_the_sandboxs_cap_of_execs() {
+    let s = TestServer::start_with(&["--max-execs-per-sandbox", "1"]).await;
+    let id = sandbox(&s).await;
+    run(&s, &id, json!({"code": "import time"})).await;
+    let mut resp = s
+        .http
+        .post(format!("{}/v1/sandboxes/{id}/code", s.url))
+        .bearer_auth(&s.key)
+        .header("Accept", "text/event-stream")
+        .json(&json!({"code": "print('busy', flush=True)\ntime.sleep(120)"}))
+        .send()
+        .await
+        .expect("request");
+    let first = resp.chunk().await.expect("chunk").expect("an event");
+    assert!(String::from_utf8_lossy(&first).contains("busy"));
+    let (status, v) = s
+        .post(&format!("/v1/sandboxes/{id}/code"), json!({"code": "1"}))
+        .await;
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "too_many_execs");
+    drop(resp);
+    let freed = hutch_testkit::wait_until(Duration::from_secs(20), async || {
+        let (status, v) = s
+            .post(
+                &format!("/v1/sandboxes/{id}/code"),
+                json!({"code": "2 + 2"}),
+            )
+            .await;
+        (status == 200).then_some(v)
+    })
+    .await
+    .expect("the slot is given back when the stream closes");
+    assert_eq!(main_text(&freed), "4");
+}

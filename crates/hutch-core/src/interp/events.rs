@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::driver::DriverLines;
 use super::InterpError;
-use crate::manager::ActiveGuard;
+use crate::manager::{ActiveGuard, ExecSlot};
 
 /// A context as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,7 +166,8 @@ pub struct CodeRun {
     /// Bytes of output the host keeps when collecting (the server's output cap).
     cap: usize,
     finished: bool,
-    _active: Option<ActiveGuard>,
+    /// Keeps the sandbox from idle hibernation and counts against its cap of execs.
+    _held: Option<(ActiveGuard, ExecSlot)>,
 }
 
 impl std::fmt::Debug for CodeRun {
@@ -202,7 +203,7 @@ impl CodeRun {
         lines: DriverLines,
         deadline: Option<Instant>,
         cap: usize,
-        active: Option<ActiveGuard>,
+        held: Option<(ActiveGuard, ExecSlot)>,
     ) -> Self {
         Self {
             first: Some(first),
@@ -210,7 +211,7 @@ impl CodeRun {
             deadline,
             cap,
             finished: false,
-            _active: active,
+            _held: held,
         }
     }
 

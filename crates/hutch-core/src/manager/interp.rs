@@ -1,7 +1,8 @@
 //! Code contexts and runs (`crate::interp`): every call reaches the sandbox's kernel driver
 //! through the agent's TCP tunnel, starting the driver first when nothing listens on its
 //! port (once at a time per sandbox). Like exec, a call refreshes the TTL, wakes a
-//! hibernated sandbox and refuses a paused one.
+//! hibernated sandbox and refuses a paused one; a running cell counts against the sandbox's
+//! cap of concurrent execs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -112,6 +113,8 @@ impl Manager {
             "env": code.env,
             "output_cap": cap,
         });
+        // A running cell counts as an exec of the sandbox (its cap, idle hibernation).
+        let slot = self.exec_slot(id)?;
         let active = self.session_guard(id);
         let mut lines = self.driver_lines(id, &request, code.language).await?;
         // The first line says whether the cell runs (a refusal is an error of the call, not
@@ -138,7 +141,7 @@ impl Manager {
             lines,
             deadline,
             cap,
-            Some(active),
+            Some((active, slot)),
         ))
     }
 
