@@ -100,10 +100,17 @@ async fn python_keeps_state_and_returns_rich_results() {
     assert!(first["error"].is_null(), "{first}");
     let second = run(&s, &id, json!({"code": "x + 1"})).await;
     assert_eq!(main_text(&second), "42");
+    // IPython's own history of the session: the last value and the inputs.
+    let history = run(&s, &id, json!({"code": "(_ * 2, In[-2])"})).await;
+    assert_eq!(main_text(&history), "(84, 'x + 1')");
     assert_eq!(second["context_restarted"], false);
     assert!(
         second["execution_count"].as_u64() > first["execution_count"].as_u64(),
         "{first} then {second}"
+    );
+    assert_eq!(
+        history["execution_count"].as_u64(),
+        second["execution_count"].as_u64().map(|n| n + 1)
     );
 
     // A chart: the inline backend sends it as display data with a PNG.

@@ -146,7 +146,13 @@ class PythonKernel:
             environment["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         km = AsyncKernelManager(kernel_name="python3")
         try:
-            await km.start_kernel(cwd=cwd or None, env=environment)
+            # No history database: `In`, `Out` and `_` stay (in memory), and a cell costs ~25%
+            # less without its SQLite write.
+            await km.start_kernel(
+                cwd=cwd or None,
+                env=environment,
+                extra_arguments=["--HistoryManager.enabled=False"],
+            )
         except Exception as e:
             raise Refused("unavailable", f"the python3 Jupyter kernel did not start: {e}")
         kc = km.client()
