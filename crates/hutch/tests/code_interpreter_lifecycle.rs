@@ -73,7 +73,7 @@ async fn an_ns_fork_child_restarts_the_parents_contexts_and_the_parent_keeps_its
 }
 
 #[tokio::test]
-async fn vm_hibernate_wake_and_a_live_fork_keep_the_kernels_state() {
+async fn a_vm_sandbox_keeps_kernel_state_across_hibernate_wake_and_live_forks() {
     if hutch_testkit::skip_without_vm(module_path!()) {
         return;
     }
