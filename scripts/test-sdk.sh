@@ -26,6 +26,8 @@ if [ ! -x "$HUTCH_BIN" ]; then
     cargo build -p hutch
 fi
 "$HUTCH_BIN" template build minimal --templates-dir "$HUTCH_TEST_TEMPLATES"
+# run_code's tests need real kernels (a no-op when it is built and current).
+"$HUTCH_BIN" template build code-interpreter --templates-dir "$HUTCH_TEST_TEMPLATES"
 
 echo "== sdk: python"
 # The tests' own virtual environment (never the system interpreter: PEP 668).

@@ -198,6 +198,10 @@ pub enum CoreError {
     /// The state database cannot be used (its files, its schema) (500).
     #[error("state database: {0}")]
     Database(String),
+    /// The code interpreter refused or failed (an unknown context is 404, a template that
+    /// cannot run code or a bad value 422, a failed driver 502).
+    #[error("{0}")]
+    Interp(#[from] crate::interp::InterpError),
     /// A bug: an invariant with no cause to carry (500).
     #[error("internal error: {0}")]
     Internal(String),

@@ -15,6 +15,8 @@
 //! - [`state_disk`]: the state disk's reserve and the `ns` disk pool's size: a full disk is
 //!   an error (507), never data loss.
 //! - [`output`]: collected exec output and the server-wide budget bounding it.
+//! - [`interp`]: the code interpreter (stateful kernels inside a sandbox, driven by the
+//!   kernel driver).
 //! - [`events`], [`metrics`], [`logs`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
@@ -26,6 +28,7 @@ pub mod exec;
 pub mod fork;
 pub mod host;
 pub mod ids;
+pub mod interp;
 pub mod logs;
 pub mod manager;
 pub mod metrics;

@@ -8,7 +8,8 @@
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
 //! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
-//! (connections to TCP ports inside a sandbox, through its agent), `exec` (execs and the
+//! (connections to TCP ports inside a sandbox, through its agent), `interp` (code contexts
+//! and runs, through the sandbox's kernel driver), `exec` (execs and the
 //! agent connection), `reaper` (TTL expiry, deaths, re-adoption after a restart), `metrics`
 //! (the Prometheus text), `templates` (deleting a template nothing uses). State
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
@@ -18,6 +19,7 @@ mod builds;
 mod create;
 mod exec;
 mod fork;
+mod interp;
 mod lifecycle;
 mod logs;
 mod metrics;
@@ -99,6 +101,8 @@ pub struct Manager {
     uid_slots: UidSlots,
     /// TTL and idle-clock refreshes not written to the store yet (`refresh.rs`).
     refreshes: refresh::Refreshes,
+    /// Per sandbox: held while its kernel driver starts.
+    driver_starts: interp::DriverStarts,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -245,6 +249,7 @@ impl Manager {
             collecting: Mutex::new(HashMap::new()),
             uid_slots,
             refreshes: refresh::Refreshes::default(),
+            driver_starts: interp::DriverStarts::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).
@@ -518,6 +523,7 @@ impl Manager {
         if let Some(client) = client {
             self.sync_volumes(&r, &client).await;
         }
+        self.driver_starts.forget(&r.id);
         self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())

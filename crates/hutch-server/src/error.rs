@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hutch_build::BuildError;
 use hutch_core::error::{self, AgentErrorCode};
+use hutch_core::interp::InterpError;
 use hutch_core::net::NetError;
 use hutch_core::CoreError;
 use hutch_dockerfile::ContextError as DockerContextError;
@@ -124,6 +125,16 @@ fn agent_status(code: AgentErrorCode) -> (StatusCode, &'static str) {
     }
 }
 
+/// Status and code of a code interpreter's error.
+fn interp_status(e: &InterpError) -> (StatusCode, &'static str) {
+    match e {
+        InterpError::Unavailable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "no_interpreter"),
+        InterpError::UnknownContext(_) => (StatusCode::NOT_FOUND, "not_found"),
+        InterpError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_argument"),
+        InterpError::Driver(_) => (StatusCode::BAD_GATEWAY, "interpreter_failed"),
+    }
+}
+
 /// Status and code of a core error, by its variant (and its cause's, where the cause decides).
 fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
     const INVALID: (StatusCode, &str) = (StatusCode::UNPROCESSABLE_ENTITY, "invalid_argument");
@@ -157,6 +168,7 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::Volume(cause) if error::volume_damaged(cause) => CONFLICT,
         CoreError::Net(NetError::Invalid(_)) => INVALID,
         CoreError::Net(NetError::PoolExhausted(_)) => QUOTA,
+        CoreError::Interp(cause) => interp_status(cause),
         CoreError::Vm(_)
         | CoreError::Volume(_)
         | CoreError::Net(_)
@@ -608,6 +620,32 @@ mod tests {
                 CoreError::Internal("bug".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
+            ),
+            (
+                InterpError::Unavailable {
+                    sandbox: "sbx_a".into(),
+                    template: "minimal".into(),
+                    what: "python".into(),
+                    detail: "python3 is not installed".into(),
+                }
+                .into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "no_interpreter",
+            ),
+            (
+                InterpError::UnknownContext("ctx_a".into()).into(),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                InterpError::Invalid("cwd".into()).into(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_argument",
+            ),
+            (
+                InterpError::Driver("it hung up".into()).into(),
+                StatusCode::BAD_GATEWAY,
+                "interpreter_failed",
             ),
         ]
     }

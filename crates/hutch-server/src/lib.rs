@@ -141,8 +141,8 @@ pub fn default_build_settings(manager: &Manager) -> BuildSettings {
 /// The whole API.
 pub fn app(state: AppState) -> Router {
     use routes::{
-        build_logs, exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes, templates,
-        volumes,
+        build_logs, code, exec, files, lifecycle, logs, misc, network, ports, pty, sandboxes,
+        templates, volumes,
     };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
@@ -199,6 +199,19 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))
+        .route("/v1/sandboxes/{id}/code", post(code::run_code))
+        .route(
+            "/v1/sandboxes/{id}/contexts",
+            post(code::create_context).get(code::list_contexts),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{cid}",
+            axum::routing::delete(code::delete_context),
+        )
+        .route(
+            "/v1/sandboxes/{id}/contexts/{cid}/restart",
+            post(code::restart_context),
+        )
         .route(
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::remove),

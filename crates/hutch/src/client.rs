@@ -201,6 +201,25 @@ impl Api {
         self.check(resp).await
     }
 
+    /// A `POST` of `json` whose answer is read as it comes, asking for `accept`.
+    pub async fn post_streamed(
+        &self,
+        path: &str,
+        json: &Value,
+        accept: &str,
+    ) -> anyhow::Result<reqwest::Response> {
+        let resp = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(&self.key)
+            .header(reqwest::header::ACCEPT, accept)
+            .json(json)
+            .send()
+            .await
+            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        self.check(resp).await
+    }
+
     /// `ws://` URL for a path.
     pub fn ws_url(&self, path: &str) -> String {
         let base = self

@@ -87,7 +87,17 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
             "1",
         ])
         .args(["--api-scale-records", "20", "--api-scale-samples", "3"])
-        .args(["--execs", "3", "--vm", "0", "--json-out"])
+        .args([
+            "--execs",
+            "3",
+            "--vm",
+            "0",
+            "--code",
+            "3",
+            "--code-first",
+            "1",
+        ])
+        .arg("--json-out")
         .arg(&json_out)
         .output()
         .expect("run hutch bench");
@@ -135,6 +145,26 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
     assert!(series
         .iter()
         .any(|s| s["name"] == "ns_create_to_first_exec"));
+    // The code interpreter's series, measured when its template is built, else skipped.
+    let code = series
+        .iter()
+        .find(|s| s["name"] == "ns_run_code_warm_python");
+    match code {
+        Some(s) => {
+            assert_eq!(s["n"], 3, "{s}");
+            for name in [
+                "ns_run_code_first_after_create",
+                "ns_run_code_png_1mib",
+                "ns_exec_python3_c_1",
+            ] {
+                assert!(series.iter().any(|s| s["name"] == name), "{name}: {doc}");
+            }
+        }
+        None => assert!(
+            skipped.iter().any(|s| s["name"] == "ns_run_code_*"),
+            "neither measured nor skipped: {doc}"
+        ),
+    }
     // api_scale: both record counts measured in the same run, with their ratio.
     let scale = &doc["api_scale"];
     assert_eq!(scale["records"], 20, "{scale}");

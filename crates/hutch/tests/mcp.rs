@@ -72,6 +72,7 @@ async fn a_real_mcp_client_lists_tools_runs_commands_and_moves_files() {
         "read_file",
         "run_command",
         "run_python",
+        "run_code",
         "snapshot_sandbox",
         "write_file",
     ] {
@@ -293,7 +294,7 @@ async fn mcp_over_streamable_http_needs_a_hutch_key() {
     assert_eq!(seen["bad_key_status"], 401, "{seen}");
     assert_eq!(seen["server_name"], "hutch");
     assert!(
-        seen["tools"].as_array().is_some_and(|t| t.len() == 10),
+        seen["tools"].as_array().is_some_and(|t| t.len() == 11),
         "{seen}"
     );
     assert_eq!(seen["run"]["stdout"], "over-http\n", "{seen}");
@@ -308,5 +309,28 @@ async fn mcp_over_streamable_http_needs_a_hutch_key() {
     assert!(
         gone.is_some(),
         "the HTTP session's sandbox outlived the session"
+    );
+}
+
+#[tokio::test]
+async fn run_code_keeps_state_and_returns_charts_as_image_content() {
+    hutch_testkit::ensure_template("code-interpreter");
+    let s = TestServer::start().await;
+    let seen = client(&s, &["code"]).await;
+    assert_eq!(seen["first_is_error"], false, "{seen}");
+    assert!(seen["first_error"].is_null(), "{seen}");
+    assert_eq!(
+        seen["template"], "code-interpreter",
+        "the sandbox run_code made: {seen}"
+    );
+    assert_eq!(seen["second_results"][0]["text"], "42", "{seen}");
+    assert_eq!(seen["images"], json!(["image/png"]), "{seen}");
+    assert_eq!(seen["image_head"], "89504e470d0a1a0a", "a PNG: {seen}");
+    let len = seen["big_len"].as_u64().expect("len");
+    assert!(len <= 20_000, "cut to the default cap: {len}");
+    assert_eq!(seen["big_cut"], true, "{seen}");
+    assert_eq!(
+        seen["bash_stdout"], "1\n",
+        "bash has its own session: {seen}"
     );
 }

@@ -26,6 +26,13 @@ EXEC_SSE = (
     'event: stderr\ndata: {"data": "e"}\n\n'
     'event: exit\ndata: {"exit_code": 3}\n\n'
 )
+CODE_SSE = (
+    'event: stdout\ndata: {"type": "stdout", "text": "hi\\n"}\n\n'
+    'event: result\ndata: {"type": "result", "data": {"text/plain": "2"}, "is_main_result": true}\n\n'
+    'event: end\ndata: {"type": "end", "execution_count": 1, "duration_ms": 3, '
+    '"context_id": "default-python", "context_restarted": false, "truncated": false}\n\n'
+)
+CONTEXT = {"id": "ctx_1", "language": "python", "cwd": None}
 EVENTS_SSE = 'event: sandbox.created\ndata: {"sandbox_id": "sbx_1", "at": "t"}\n\n'
 
 Recorded = Tuple[str, str, List[Tuple[str, str]], Any, Any]
@@ -38,6 +45,12 @@ def answer(req: httpx.Request) -> httpx.Response:
         if path.endswith("/network"):
             return httpx.Response(200, json=dict(SANDBOX, network={"egress": "deny"}))
         return httpx.Response(204)
+    if path.endswith("/code"):
+        return httpx.Response(200, text=CODE_SSE, headers={"content-type": "text/event-stream"})
+    if path.endswith("/contexts") and method == "GET":
+        return httpx.Response(200, json={"contexts": [CONTEXT]})
+    if path.endswith(("/contexts", "/restart")):
+        return httpx.Response(200 if path.endswith("/restart") else 201, json=CONTEXT)
     if path == "/v1/events" or path.endswith("/exec/stream"):
         body = EVENTS_SSE if path == "/v1/events" else EXEC_SSE
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
@@ -138,6 +151,12 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("sandbox", "explore", (["a", ["b", "c"]],), {"timeout": 10, "score_regex": "(\\d+)"}),
     ("sandbox", "update_network", ("deny",), {"allow": ("*.x.org",)}),
     ("sandbox", "port_url", (8080, "a?b=1"), {}),
+    ("sandbox", "create_code_context", ("bash",), {"cwd": "/tmp", "env": {"A": "1"}}),
+    ("sandbox", "list_code_contexts", (), {}),
+    ("sandbox", "restart_code_context", ("ctx_1",), {}),
+    ("sandbox", "run_code", ("1 + 1",), {"context": "ctx_1", "timeout": 5}),
+    ("sandbox", "run_code", ("echo",), {"language": "bash", "env": {"A": "1"}}),
+    ("sandbox", "delete_code_context", ("ctx_1",), {}),
     ("files", "read_bytes", ("/a",), {}),
     ("files", "read", ("/a",), {"errors": "replace"}),
     ("files", "write", ("/a", "text"), {"mode": 0o755}),
@@ -233,6 +252,13 @@ def test_sync_and_async_send_the_same_requests() -> None:
     assert ("GET", "/v1/snapshots/snap%2F1", [], b"", 30.0) in sync_seen
     assert ("GET", "/v1/templates/web%2Fx", [], b"", 30.0) in sync_seen
     assert ("GET", "/v1/templates/web/builds/bld_1", [], b"", 30.0) in sync_seen
+    assert (
+        "POST",
+        "/v1/sandboxes/sbx_1/code",
+        [],
+        {"code": "1 + 1", "context_id": "ctx_1", "timeout_seconds": 5},
+        65.0,
+    ) in sync_seen
     assert (
         "POST",
         "/v1/sandboxes/sbx_1/exec",

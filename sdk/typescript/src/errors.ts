@@ -78,16 +78,25 @@ export class BuildFailed extends HutchError {
     this.build = build;
   }
 }
+/** 404: no such code context in the sandbox. */
+export class ContextNotFound extends NotFoundError {}
+/** 422 `no_interpreter`: the template cannot run code; use the `code-interpreter` template. */
+export class NoInterpreter extends InvalidRequest {}
+/** 502 `interpreter_failed`: the code interpreter inside the sandbox failed. */
+export class InterpreterFailed extends ServerError {}
 
 type ErrorClass = new (message: string, opts?: HutchErrorOptions) => HutchError;
 
 function classFor(status: number, code: string | undefined, message: string, kind: string): ErrorClass {
   if (code === "sandbox_failed") return SandboxFailed;
+  if (code === "no_interpreter") return NoInterpreter;
+  if (code === "interpreter_failed") return InterpreterFailed;
   if (code === "connection_refused" || code === "bad_gateway") return PortUnreachable;
   if (status === 401) return AuthError;
   if (status === 403) return PermissionDenied;
   if (status === 404) {
     if (message.startsWith("sandbox ")) return SandboxNotFound;
+    if (message.startsWith("context ")) return ContextNotFound;
     if (message.startsWith("no such route")) return Unsupported;
     if (kind === "files") return FileNotFound;
     return NotFoundError;
@@ -125,5 +134,7 @@ export function errorFromEvent(payload: { code?: unknown; message?: unknown }): 
   const code = typeof payload.code === "string" ? payload.code : undefined;
   const message =
     typeof payload.message === "string" ? payload.message : "the command could not be run to completion";
-  return code === "sandbox_failed" ? new SandboxFailed(message, { code }) : new HutchError(message, { code });
+  if (code === "sandbox_failed") return new SandboxFailed(message, { code });
+  if (code === "interpreter_failed") return new InterpreterFailed(message, { code });
+  return new HutchError(message, { code });
 }

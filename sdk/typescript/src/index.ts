@@ -13,15 +13,26 @@
 import "./polyfill.js";
 
 export { Client, EventStream, LogStream, PAGE_LIMIT, SseStream, type ClientOptions, type Query, type RequestOptions } from "./client.js";
+export {
+  Result,
+  type CodeContext,
+  type CodeContextOptions,
+  type Execution,
+  type ExecutionError,
+  type RunCodeOptions,
+} from "./code.js";
 export { DEFAULT_URL, defaultStateDir, resolveConfig, type ResolvedConfig } from "./config.js";
 export {
   AuthError,
   BuildFailed,
   ConflictError,
   ConnectionError,
+  ContextNotFound,
   FileNotFound,
   HutchError,
+  InterpreterFailed,
   InvalidRequest,
+  NoInterpreter,
   NotFoundError,
   PermissionDenied,
   PortUnreachable,

@@ -24,6 +24,17 @@ import {
   type Snapshot,
   type Usage,
 } from "./models.js";
+import {
+  createCodeContext,
+  deleteCodeContext,
+  listCodeContexts,
+  restartCodeContext,
+  runCode,
+  type CodeContext,
+  type CodeContextOptions,
+  type Execution,
+  type RunCodeOptions,
+} from "./code.js";
 import { PtySession, type PtyOptions } from "./pty.js";
 import { sseEvents } from "./sse.js";
 
@@ -405,6 +416,37 @@ export class Sandbox implements AsyncDisposable {
       signal: opts.signal,
     });
     return execResult(doc);
+  }
+
+  /**
+   * Run a cell in a stateful context of the code interpreter (`code-interpreter` template):
+   * variables stay between calls; charts come back as `Result.png` bytes. Without `context`
+   * it runs in the default context of `language` (default `python`). An exception in the code
+   * is `execution.error`, not a throw. See docs/code-interpreter.md.
+   * @throws {@link NoInterpreter} when the template cannot run code.
+   */
+  runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    return runCode(this.client, this.id, code, opts);
+  }
+
+  /** A new stateful context (its own kernel), default language `python`. */
+  createCodeContext(opts: CodeContextOptions = {}): Promise<CodeContext> {
+    return createCodeContext(this.client, this.id, opts);
+  }
+
+  /** The sandbox's code contexts. */
+  listCodeContexts(): Promise<CodeContext[]> {
+    return listCodeContexts(this.client, this.id);
+  }
+
+  /** Start a context's kernel afresh (its state is gone). */
+  restartCodeContext(context: CodeContext | string): Promise<CodeContext> {
+    return restartCodeContext(this.client, this.id, context);
+  }
+
+  /** Stop a context's kernel and forget it. */
+  deleteCodeContext(context: CodeContext | string): Promise<void> {
+    return deleteCodeContext(this.client, this.id, context);
   }
 
   /**

@@ -2,6 +2,7 @@
 
 mod access;
 pub mod build_logs;
+pub mod code;
 pub mod exec;
 mod exec_json;
 pub mod files;

@@ -3,6 +3,7 @@
 
 mod api_scale;
 mod baselines;
+mod code;
 mod containers;
 mod density;
 mod exec_memory;
@@ -28,6 +29,9 @@ pub enum BenchSection {
     /// Request cost with 1 sandbox record versus `--api-scale-records` (`bench/api_scale.rs`).
     #[value(name = "api_scale")]
     ApiScale,
+    /// The code interpreter's series (`bench/code.rs`).
+    #[value(name = "code")]
+    Code,
     /// Dockerfile builds cold and cached, create-to-ready with a start command
     /// (`bench/templates.rs`).
     #[value(name = "templates")]
@@ -61,6 +65,13 @@ pub struct BenchArgs {
     /// Warm exec round trips.
     #[arg(long, default_value_t = 1000)]
     pub execs: usize,
+    /// Warm run_code round trips of the code interpreter series (0 skips them; they need
+    /// the `code-interpreter` template).
+    #[arg(long, default_value_t = 200)]
+    pub code: usize,
+    /// Fresh `code-interpreter` sandboxes for the first-run_code series.
+    #[arg(long, default_value_t = 5)]
+    pub code_first: usize,
     /// Concurrent execs of 16 MiB output each for the server-memory series (0 skips it).
     #[arg(long, default_value_t = 50)]
     pub memory_execs: usize,
@@ -159,6 +170,9 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     }
     if args.section == Some(BenchSection::Templates) {
         return bench_templates(&args, &templates_dir, &vm_dir).await;
+    }
+    if args.section == Some(BenchSection::Code) {
+        return bench_code(&args, &templates_dir, &vm_dir).await;
     }
     let net = if args.vm_only {
         network::NetSeries {
@@ -263,6 +277,39 @@ async fn bench_api_scale(
     Ok(())
 }
 
+/// `hutch bench code`: only the code interpreter's series, on its own server.
+async fn bench_code(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
+    let r = code::run_series(&srv, templates_dir, args.code_first, args.code).await;
+    if r.is_err() {
+        srv.destroy_all().await;
+    }
+    srv.stop();
+    let (series, skipped) = r?;
+    println!("{}", machine_info());
+    println!(
+        "{:<38} {:>5} {:>9} {:>9} {:>9}",
+        "series", "n", "p50 ms", "p95 ms", "p99 ms"
+    );
+    for s in &series {
+        println!("{}", row(s, None));
+    }
+    for s in &skipped {
+        println!("skipped {}: {}", s.name, s.reason);
+    }
+    let doc = json!({"machine": machine_info(), "series": series, "skipped": skipped});
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 /// `hutch bench templates`: only that section, on its own server.
 async fn bench_templates(
     args: &BenchArgs,
@@ -285,7 +332,7 @@ async fn bench_templates(
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
     }
-    let doc = json!({"machine": machine_info(), "templates": {"series": series, "skipped": skipped.iter().map(|s| json!({"name": s.name, "reason": s.reason})).collect::<Vec<_>>()}});
+    let doc = json!({"machine": machine_info(), "series": series, "skipped": skipped});
     if let Some(path) = &args.json_out {
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -438,8 +485,12 @@ async fn measure(
 
     eprintln!("lifecycle ×{}…", args.lifecycle);
     let (life, life_skipped) = lifecycle::run(srv, args.lifecycle).await?;
-    eprintln!("templates ×{}…", args.lifecycle.min(10));
+    eprintln!("templates ×{}…", args.lifecycle.clamp(1, 10));
     let (tmpl, tmpl_skipped) = templates::run(srv, args.lifecycle.clamp(1, 10)).await;
+
+    eprintln!("code interpreter ×{}…", args.code);
+    let (code_series, code_skipped) =
+        code::run_series(srv, templates_dir, args.code_first, args.code).await?;
 
     let mut series = vec![
         summarize("ns_create_to_first_exec", "ms", &c2e),
@@ -450,13 +501,19 @@ async fn measure(
     ];
     series.extend(life);
     series.extend(tmpl);
+    series.extend(code_series);
     series.extend(net.series);
     skipped.extend(life_skipped);
     skipped.extend(tmpl_skipped);
+    skipped.extend(code_skipped);
     skipped.extend(net.skipped);
     let net_off = series
         .iter()
         .find(|s| s.name == "ns_create_to_first_exec_net_off")
+        .cloned();
+    let exec_python = series
+        .iter()
+        .find(|s| s.name == "ns_exec_python3_c_1")
         .cloned();
     let bwrap = find("bwrap_unshare_all_true");
     let forkexec = find("fork_exec_true");
@@ -472,6 +529,7 @@ async fn measure(
     for s in &series {
         let baseline = match s.name.as_str() {
             "ns_exec_round_trip_warm" => forkexec,
+            "ns_run_code_warm_python" | "ns_run_code_warm_bash" => exec_python.as_ref(),
             "ns_create_to_first_exec"
             | "ns_create"
             | "ns_kill"

@@ -1,5 +1,6 @@
 //! Command-line interface: argument definitions and dispatch.
 
+mod code;
 mod doctor;
 mod files;
 mod lifecycle;
@@ -49,6 +50,10 @@ enum Command {
     Create(sandbox::CreateArgs),
     /// Run a command in an existing sandbox.
     Exec(sandbox::ExecArgs),
+    /// Run code in a stateful context of a `code-interpreter` sandbox (variables stay between
+    /// calls): `run-code ID 'x = 1'`, `run-code ID -l bash -`, `run-code ID -f cell.py`.
+    /// Images the code shows are saved to files.
+    RunCode(code::RunCodeArgs),
     /// Open an interactive terminal in a sandbox.
     Shell(shell::ShellArgs),
     /// List sandboxes.
@@ -115,6 +120,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Run(args) => sandbox::run(args, &state_dir, json).await,
         Command::Create(args) => sandbox::create(args, &state_dir, json).await.map(|()| 0),
         Command::Exec(args) => sandbox::exec(args, &state_dir, json).await,
+        Command::RunCode(args) => code::run_code(args, &state_dir, json).await,
         Command::Shell(args) => shell::shell(args, &state_dir).await,
         Command::Ls(args) => sandbox::ls(args, &state_dir, json).await.map(|()| 0),
         Command::Logs(args) => logs::logs(args, &state_dir, json).await.map(|()| 0),

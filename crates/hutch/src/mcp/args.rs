@@ -100,6 +100,20 @@ pub struct PythonArgs {
     pub timeout_seconds: Option<f64>,
 }
 
+/// `run_code` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodeArgs {
+    /// The sandbox to use (null: the last one used; a `code-interpreter` sandbox is created if none).
+    pub sandbox_id: Option<String>,
+    /// The code: a notebook cell. Variables, imports and loaded data stay for the next call; the value of the last expression is returned.
+    pub code: String,
+    /// `python` (null), `bash` or `javascript`: each language has its own persistent session.
+    pub language: Option<String>,
+    /// Interrupt the cell after this many seconds; its variables are kept (null: 60).
+    pub timeout_seconds: Option<f64>,
+}
+
 /// `read_file` arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

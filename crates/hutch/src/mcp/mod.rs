@@ -11,6 +11,7 @@
 //! when the session ends.
 
 mod args;
+mod code;
 mod http;
 mod output;
 mod policy;

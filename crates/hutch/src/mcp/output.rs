@@ -106,6 +106,14 @@ pub fn answer_marker(omitted: usize, _head: usize, _tail_start: usize) -> String
     )
 }
 
+/// The marker for cut output of a code cell (which the interpreter does not save).
+pub fn code_marker(omitted: usize, _head: usize, _tail_start: usize) -> String {
+    format!(
+        "\n[… hutch cut {omitted} bytes of this output here; print less, or write it to a \
+         file and read parts of it …]\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

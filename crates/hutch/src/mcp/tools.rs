@@ -13,7 +13,7 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, ServerHandler
 use serde_json::{json, Value};
 
 use super::args::{
-    CreateArgs, ForkArgs, ListArgs, NoArgs, PythonArgs, ReadArgs, RunArgs, SandboxArg,
+    CodeArgs, CreateArgs, ForkArgs, ListArgs, NoArgs, PythonArgs, ReadArgs, RunArgs, SandboxArg,
     SnapshotArgs, WriteArgs,
 };
 use super::output::{self, SAVED_OUTPUT_DIR};
@@ -22,7 +22,13 @@ use super::{HutchMcp, McpConfig, Owned, Session};
 use crate::client::{encode, Api, ApiFailure};
 
 /// Tools that create a sandbox when none exists yet, whose descriptions say what network it gets.
-const CREATING_TOOLS: [&str; 4] = ["create_sandbox", "run_command", "run_python", "write_file"];
+const CREATING_TOOLS: [&str; 5] = [
+    "create_sandbox",
+    "run_command",
+    "run_python",
+    "run_code",
+    "write_file",
+];
 
 fn fail(e: impl std::fmt::Display) -> Result<CallToolResult, McpError> {
     Ok(CallToolResult::error(vec![ContentBlock::text(format!(
@@ -69,7 +75,7 @@ impl HutchMcp {
         let _ = self.session.api.set(api);
     }
 
-    fn api(&self) -> anyhow::Result<&Api> {
+    pub(super) fn api(&self) -> anyhow::Result<&Api> {
         self.session
             .api
             .get()
@@ -84,7 +90,7 @@ impl HutchMcp {
         Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
     }
 
-    async fn create(&self, args: CreateArgs) -> anyhow::Result<Value> {
+    pub(super) async fn create(&self, args: CreateArgs) -> anyhow::Result<Value> {
         let request = NetworkRequest {
             egress: args.egress,
             allow: args.allow,
@@ -314,6 +320,24 @@ return stdout, stderr and exit code. Print what you want to see. Needs a templat
         };
         match run.await {
             Ok(v) => self.answer(&v),
+            Err(e) => fail(e),
+        }
+    }
+
+    #[tool(
+        description = "Run code in a persistent session, like a notebook cell: variables, \
+imports and loaded data stay for your next call (Python through a Jupyter kernel, or bash, or \
+javascript). Returns the value of the last expression, stdout, stderr and the error with its \
+traceback; charts you show (matplotlib `plt.show()`) come back as images you can see. Needs the \
+`code-interpreter` template (numpy, pandas, matplotlib), which a new sandbox of this tool gets. \
+Long output is cut in the middle."
+    )]
+    async fn run_code(
+        &self,
+        Parameters(args): Parameters<CodeArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        match self.code_cell(args).await {
+            Ok(answer) => Ok(answer),
             Err(e) => fail(e),
         }
     }

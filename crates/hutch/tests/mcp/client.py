@@ -209,9 +209,52 @@ async def http_main(url, key):
     return seen
 
 
+async def code_main(flags):
+    """The `run_code` tool: state across calls, a chart as image content, cut output."""
+    params = StdioServerParameters(
+        command=os.environ["HUTCH_BIN"],
+        args=["mcp", *flags],
+        env={k: os.environ[k] for k in ("HUTCH_URL", "HUTCH_STATE_DIR", "PATH") if k in os.environ},
+    )
+    seen = {}
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            first = await session.call_tool("run_code", nulls(tools["run_code"], {"code": "x = 20"}))
+            seen["first_is_error"] = is_error(first)
+            first = json.loads(text_of(first))
+            seen["first_error"] = first["error"]
+            seen["sandbox_id"] = first["sandbox_id"]
+            mine = json.loads(text_of(await session.call_tool("list_sandboxes", {})))["sandboxes"]
+            seen["template"] = next(
+                (sb["template"] for sb in mine if sb["id"] == first["sandbox_id"]), None)
+            second = json.loads(text_of(await session.call_tool("run_code", {"code": "x + 22"})))
+            seen["second_results"] = second["results"]
+            chart = await session.call_tool(
+                "run_code",
+                {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [2, 3, 1])\nplt.show()"},
+            )
+            images = [c for c in chart.content if getattr(c, "type", "") == "image"]
+            seen["images"] = [attr(c, "mime_type", "mimeType") for c in images]
+            if images:
+                import base64
+                seen["image_head"] = base64.b64decode(images[0].data)[:8].hex()
+            big = await session.call_tool("run_code", {"code": "print('y' * 100000)"})
+            big_text = text_of(big)
+            seen["big_len"] = len(big_text.encode())
+            seen["big_cut"] = "hutch cut" in json.loads(big_text)["stdout"]
+            bash = json.loads(text_of(await session.call_tool(
+                "run_code", {"code": "echo $((x + 1))", "language": "bash"})))
+            seen["bash_stdout"] = bash["stdout"]
+    return seen
+
+
 async def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
-    if mode == "http":
+    if mode == "code":
+        seen = await code_main(sys.argv[2:])
+    elif mode == "http":
         seen = await http_main(sys.argv[2], sys.argv[3])
     elif mode == "network":
         seen = await network_main(sys.argv[2:])

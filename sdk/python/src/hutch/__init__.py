@@ -16,14 +16,18 @@ from ._version import __version__
 from ._events import AsyncLogStream, LogStream
 from ._templates import AsyncBuild, AsyncTemplates, Build, Templates
 from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
+from ._code import CodeContext, Execution, ExecutionError, Logs, Result
 from .errors import (
     AuthError,
     BuildFailed,
     ConflictError,
     ConnectionError,
+    ContextNotFound,
     FileNotFound,
     HutchError,
+    InterpreterFailed,
     InvalidRequest,
+    NoInterpreter,
     NotFoundError,
     PermissionDenied,
     PortUnreachable,
@@ -81,6 +85,11 @@ __all__ = [
     "BuildLogLine",
     "BuildFailed",
     "ExecResult",
+    "Execution",
+    "ExecutionError",
+    "Logs",
+    "Result",
+    "CodeContext",
     "ExploreOutcome",
     "ExploreResult",
     "FileEntry",
@@ -99,6 +108,9 @@ __all__ = [
     "NotFoundError",
     "SandboxNotFound",
     "FileNotFound",
+    "ContextNotFound",
+    "NoInterpreter",
+    "InterpreterFailed",
     "Unsupported",
     "InvalidRequest",
     "ConflictError",

@@ -27,6 +27,7 @@ import httpx
 from . import _ops as ops
 from . import _protocol as p
 from . import errors
+from ._code import AsyncCodeMethods
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import AsyncEventStream, AsyncLogStream
 from ._files import AsyncFiles
@@ -242,7 +243,7 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
-class AsyncSandbox(SandboxBase[AsyncClient]):
+class AsyncSandbox(AsyncCodeMethods, SandboxBase[AsyncClient]):
     """A sandbox, driven from asyncio. The methods mirror :class:`hutch.Sandbox`::
 
     async with AsyncSandbox.create(template="base") as sb:

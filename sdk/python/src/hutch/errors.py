@@ -118,8 +118,23 @@ class BuildFailed(HutchError):
         self.build = build
 
 
+class ContextNotFound(NotFoundError):
+    """404: no such code context in the sandbox."""
+
+
+class NoInterpreter(InvalidRequest):
+    """422 ``no_interpreter``: the sandbox's template cannot run code contexts; create the
+    sandbox from the ``code-interpreter`` template."""
+
+
+class InterpreterFailed(ServerError):
+    """502 ``interpreter_failed``: the code interpreter inside the sandbox failed."""
+
+
 _BY_CODE: Dict[str, Type[HutchError]] = {
     "sandbox_failed": SandboxFailed,
+    "no_interpreter": NoInterpreter,
+    "interpreter_failed": InterpreterFailed,
     "connection_refused": PortUnreachable,
     "bad_gateway": PortUnreachable,
 }
@@ -135,6 +150,8 @@ def _class_for(status: int, code: Optional[str], message: str, kind: str) -> Typ
     if status == 404:
         if message.startswith("sandbox "):
             return SandboxNotFound
+        if message.startswith("context "):
+            return ContextNotFound
         if message.startswith("no such route"):
             return Unsupported
         if kind == "files":

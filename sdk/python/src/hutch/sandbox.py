@@ -24,6 +24,7 @@ import httpx
 from . import _ops as ops
 from . import _protocol as p
 from . import errors
+from ._code import CodeMethods
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import EventStream, LogStream
 from ._files import Files
@@ -266,7 +267,7 @@ def _first_call(c: Client, call: ops.Call[T]) -> T:
         raise
 
 
-class Sandbox(SandboxBase[Client]):
+class Sandbox(CodeMethods, SandboxBase[Client]):
     """A sandbox on a Hutch server.
 
     Create one with :meth:`create` (best as a context manager, which kills it when the block
