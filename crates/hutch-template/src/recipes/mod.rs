@@ -97,7 +97,7 @@ impl Recipe {
             Self::Base | Self::CodeInterpreter => ResourceDefaults {
                 cpus: 1.0,
                 memory_mib: if self == Self::Base { 512 } else { 1024 },
-                disk_mib: if self == Self::Base { 2048 } else { 4096 },
+                disk_mib: 2048,
                 pids_max: 1024,
                 env: env(&[
                     (
