@@ -36,12 +36,17 @@ fn template(templates: &Path, args: &[&str]) -> String {
 /// like the shared one, so its vm image and bake are reused).
 fn templates_with_start(dir: &str, start: &[&str]) -> PathBuf {
     let templates = hutch_testkit::templates_dir().with_file_name(dir);
-    template(&templates, &["build", "minimal"]);
+    minimal_with_start(&templates, start);
+    templates
+}
+
+/// Build `minimal` in `templates` and give it the start command `start`.
+fn minimal_with_start(templates: &Path, start: &[&str]) {
+    template(templates, &["build", "minimal"]);
     let mut args = vec!["set-start", "minimal"];
     args.extend_from_slice(start);
-    let said = template(&templates, &args);
+    let said = template(templates, &args);
     assert!(said.contains("start command"), "{said}");
-    templates
 }
 
 both_backends!(a_create_returns_with_the_service_up_and_its_output_in_the_logs);
@@ -155,12 +160,9 @@ async fn a_woken_ns_sandbox_starts_its_service_again() {
 #[tokio::test]
 async fn a_start_command_that_dies_fails_the_create_with_its_output() {
     let dir = tempfile::tempdir().expect("tempdir");
-    template(dir.path(), &["build", "minimal"]);
-    template(
+    minimal_with_start(
         dir.path(),
         &[
-            "set-start",
-            "minimal",
             "--start-cmd",
             "echo cannot find my config >&2; exit 3",
             "--ready-port",
@@ -186,12 +188,9 @@ async fn a_start_command_that_dies_fails_the_create_with_its_output() {
 #[tokio::test]
 async fn a_ready_check_out_of_time_fails_the_create_naming_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    template(dir.path(), &["build", "minimal"]);
-    template(
+    minimal_with_start(
         dir.path(),
         &[
-            "set-start",
-            "minimal",
             "--start-cmd",
             "sleep 1000",
             "--ready-cmd",

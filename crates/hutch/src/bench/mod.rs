@@ -217,11 +217,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
                 doc["vm_lifecycle"] = json!({"series": l.series, "siblings": l.siblings});
             }
         }
-        if let Some(path) = &args.json_out {
-            std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("wrote {}", path.display());
-        }
+        write_json_out(&args, &doc)?;
         Ok::<_, anyhow::Error>(())
     }
     .await;
@@ -269,11 +265,7 @@ async fn bench_api_scale(
     }
     srv.stop();
     let doc = json!({"machine": machine_info(), "api_scale": r?});
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
+    write_json_out(args, &doc)?;
     Ok(())
 }
 
@@ -302,11 +294,7 @@ async fn bench_code(
         println!("skipped {}: {}", s.name, s.reason);
     }
     let doc = json!({"machine": machine_info(), "series": series, "skipped": skipped});
-    if let Some(path) = &args.json_out {
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
+    write_json_out(args, &doc)?;
     Ok(())
 }
 
@@ -320,21 +308,21 @@ async fn bench_templates(
     let (series, skipped) = templates::run(&srv, args.lifecycle.clamp(1, 10)).await;
     srv.destroy_all().await;
     srv.stop();
-    let find = |name: &str| series.iter().find(|s| s.name == name);
     for s in &series {
-        let baseline = match s.name.as_str() {
-            "template_build_cached" => find("template_build_cold"),
-            "ns_create_to_first_exec_start_command" => find("ns_create_to_first_exec_plain"),
-            _ => None,
-        };
-        println!("{}", row(s, baseline));
+        println!("{}", row(s, templates::baseline(&s.name, &series)));
     }
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
     }
     let doc = json!({"machine": machine_info(), "series": series, "skipped": skipped});
+    write_json_out(args, &doc)?;
+    Ok(())
+}
+
+/// Write `doc` to `--json-out`, if given.
+fn write_json_out(args: &BenchArgs, doc: &Value) -> anyhow::Result<()> {
     if let Some(path) = &args.json_out {
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+        std::fs::write(path, serde_json::to_string_pretty(doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
@@ -525,7 +513,6 @@ async fn measure(
     for b in &base {
         println!("{}", row(b, None));
     }
-    let find_series = |name: &str| series.iter().find(|s| s.name == name);
     for s in &series {
         let baseline = match s.name.as_str() {
             "ns_exec_round_trip_warm" => forkexec,
@@ -535,10 +522,9 @@ async fn measure(
             | "ns_kill"
             | "ns_concurrent_create_to_first_exec" => bwrap.or(forkexec),
             "ns_create_to_first_exec_net_on" => net_off.as_ref(),
-            "template_build_cached" => find_series("template_build_cold"),
-            "ns_create_to_first_exec_start_command" => find_series("ns_create_to_first_exec_plain"),
-            // Lifecycle operations have no counterpart among the baselines.
-            _ => None,
+            // Template series compare with one of their own; lifecycle operations have no
+            // counterpart among the baselines.
+            other => templates::baseline(other, &series),
         };
         println!("{}", row(s, baseline));
     }

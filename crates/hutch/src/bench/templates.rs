@@ -95,6 +95,17 @@ async fn create_to_exec(srv: &BenchServer, template: &str) -> anyhow::Result<f64
     Ok(ms)
 }
 
+/// The series of this section that `name` is compared with (a cached build with the cold
+/// one, a start-command create with the plain one).
+pub fn baseline<'a>(name: &str, series: &'a [Summary]) -> Option<&'a Summary> {
+    let base = match name {
+        "template_build_cached" => "template_build_cold",
+        "ns_create_to_first_exec_start_command" => "ns_create_to_first_exec_plain",
+        _ => return None,
+    };
+    series.iter().find(|s| s.name == base)
+}
+
 /// Run the series `n` times each.
 pub async fn run(srv: &BenchServer, n: usize) -> (Vec<Summary>, Vec<Skipped>) {
     match measure(srv, n).await {
