@@ -274,21 +274,16 @@ async fn chown_tree(
     uid: u32,
     gid: u32,
 ) -> Result<(), BuildError> {
-    let request = hutch_proto::ExecRequest {
-        cmd: hutch_proto::Command::Argv(vec![
+    let request = crate::engine::tool_exec(
+        vec![
             "chown".into(),
             "-R".into(),
             format!("{uid}:{gid}"),
             path.to_string(),
-        ]),
-        env: Default::default(),
-        cwd: Some("/".into()),
-        user: None,
-        timeout_ms: Some(600_000),
-        pty: None,
-        stdin: false,
-        background: false,
-    };
+        ],
+        Default::default(),
+        600_000,
+    );
     let exit = crate::engine::stream_exec(build, n, client, request).await?;
     if exit.exit_code != 0 {
         return Err(BuildError::StepFailed(format!(

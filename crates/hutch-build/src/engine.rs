@@ -433,16 +433,11 @@ async fn run_step(
             Ok(())
         }
         Instruction::Workdir { path } => {
-            let request = ExecRequest {
-                cmd: Command::Argv(vec!["mkdir".into(), "-p".into(), path.clone()]),
-                env: step.environment().into_iter().collect(),
-                cwd: Some("/".into()),
-                user: None,
-                timeout_ms: Some(60_000),
-                pty: None,
-                stdin: false,
-                background: false,
-            };
+            let request = tool_exec(
+                vec!["mkdir".into(), "-p".into(), path.clone()],
+                step.environment().into_iter().collect(),
+                60_000,
+            );
             let exit = stream_exec(build, n, client, request).await?;
             if exit.exit_code != 0 {
                 return Err(fail(format!("mkdir -p exited {}", exit.exit_code)));
@@ -473,14 +468,14 @@ pub(crate) async fn stream_exec(
     let mut cancel = build.cancel.subscribe();
     // A cancel sent before this exec subscribed (while its sandbox was made) counts too.
     if *cancel.borrow_and_update() {
-        let _ = session.input.signal(libc_sigkill()).await;
+        let _ = session.input.signal(SIGKILL).await;
         return Err(BuildError::Cancelled);
     }
     loop {
         let event = tokio::select! {
             e = session.events.next() => e,
             _ = cancel.changed() => {
-                let _ = session.input.signal(libc_sigkill()).await;
+                let _ = session.input.signal(SIGKILL).await;
                 return Err(BuildError::Cancelled);
             }
         };
@@ -509,8 +504,25 @@ pub(crate) async fn stream_exec(
     }
 }
 
-fn libc_sigkill() -> i32 {
-    9
+/// SIGKILL, sent to a cancelled step's process group.
+const SIGKILL: i32 = 9;
+
+/// A command the build runs for itself (not one of the Dockerfile's): as root in `/`.
+pub(crate) fn tool_exec(
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    timeout_ms: u64,
+) -> ExecRequest {
+    ExecRequest {
+        cmd: Command::Argv(argv),
+        env,
+        cwd: Some("/".into()),
+        user: None,
+        timeout_ms: Some(timeout_ms),
+        pty: None,
+        stdin: false,
+        background: false,
+    }
 }
 
 fn push_lines(build: &Build, n: usize, stream: LogStream, partial: &mut Vec<u8>, bytes: &[u8]) {
