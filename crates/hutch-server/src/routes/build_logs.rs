@@ -22,6 +22,7 @@ use hutch_build::{BuildLogLine, BuildStatus, LogFollow};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio::sync::{broadcast, watch};
 
+use super::logs::{format_of, Format};
 use super::templates::visible_build;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, Caller};
@@ -34,28 +35,6 @@ pub struct BuildLogsParams {
     /// Keep the answer open until the build ends.
     #[serde(default)]
     follow: bool,
-}
-
-/// How the answer is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
-    Text,
-    Json,
-    EventStream,
-}
-
-fn format_of(headers: &HeaderMap) -> Format {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if accept.contains("text/event-stream") {
-        Format::EventStream
-    } else if accept.contains("application/json") {
-        Format::Json
-    } else {
-        Format::Text
-    }
 }
 
 /// What a followed log yields.

@@ -44,15 +44,19 @@ pub struct LogsParams {
     timestamps: bool,
 }
 
-/// How the answer is written.
+/// How a log answer is written (sandbox logs here, build logs in `build_logs.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub(crate) enum Format {
+    /// One line per line.
     Text,
+    /// `{"lines": [...]}`.
     Json,
+    /// Server-sent events.
     EventStream,
 }
 
-fn format_of(headers: &HeaderMap) -> Format {
+/// The format `Accept` asks for: SSE, JSON, else text.
+pub(crate) fn format_of(headers: &HeaderMap) -> Format {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
