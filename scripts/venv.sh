@@ -25,4 +25,10 @@ fi
 if ! "$VENV/bin/python" -c 'import agents.strict_schema' 2>/dev/null; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai-agents>=0.24,<1" >&2
 fi
+# E2B's published SDKs, unmodified, that tests/e2b_python.rs drives against the E2B-compatible
+# API (the newest releases when this was written; docs/e2b.md says which versions are tested).
+if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter' 2>/dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        "e2b==2.63.0" "e2b-code-interpreter==2.11.5" >&2
+fi
 echo "$VENV/bin/python"

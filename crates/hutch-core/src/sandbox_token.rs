@@ -203,6 +203,21 @@ impl TokenSigner {
         Ok(claims)
     }
 
+    /// A secret of `subject` for one `purpose`, derived from the server's secret (hex
+    /// HMAC-SHA256 of `purpose`, a NUL and `subject`): stable across restarts, different for
+    /// every purpose and subject, and unforgeable without the server's secret. The E2B
+    /// adapter's per-sandbox access tokens are `derive("e2b-envd", sandbox id)`.
+    pub fn derive(&self, purpose: &str, subject: &str) -> String {
+        let mut mac = self.mac(purpose.as_bytes());
+        mac.update(&[0]);
+        mac.update(subject.as_bytes());
+        mac.finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     fn mac(&self, data: &[u8]) -> HmacSha256 {
         let mut mac =
             HmacSha256::new_from_slice(&self.secret).expect("HMAC takes a key of any length");
@@ -294,6 +309,20 @@ mod tests {
         assert!(is_token_shaped(&token), "{token}");
         assert_eq!(signer().verify(&token, NOW), Ok(c.clone()));
         assert_eq!(c.require_port("sbx_aaaa", TokenUse::Link, 8000), Ok(()));
+    }
+
+    #[test]
+    fn derived_secrets_differ_by_purpose_subject_and_server() {
+        let a = signer();
+        let x = a.derive("e2b-envd", "sbx_1");
+        assert_eq!(x.len(), 64);
+        assert_eq!(x, a.derive("e2b-envd", "sbx_1"));
+        assert_ne!(x, a.derive("e2b-envd", "sbx_2"));
+        assert_ne!(x, a.derive("other", "sbx_1"));
+        assert_ne!(
+            x,
+            TokenSigner::from_secret([9; SECRET_LEN]).derive("e2b-envd", "sbx_1")
+        );
     }
 
     #[test]

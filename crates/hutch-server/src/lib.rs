@@ -10,7 +10,7 @@ pub mod error;
 mod extract;
 mod key_cache;
 mod preview;
-mod proxy;
+pub mod proxy;
 mod routes;
 pub mod serve;
 
@@ -103,7 +103,10 @@ impl AppState {
         Arc::clone(&self.connections)
     }
 
-    pub(crate) async fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
+    /// The caller an API key authenticates (`None`: no such key), from a short-lived cache
+    /// in front of the store. Adapters that take keys in other headers (the E2B API's
+    /// `X-API-Key`) authenticate through this too.
+    pub async fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
         if let Some(c) = self
             .keys
             .lock()

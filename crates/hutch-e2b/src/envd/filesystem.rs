@@ -1,0 +1,130 @@
+//! `filesystem.Filesystem`: stat, list, make directories, move and remove, through Hutch's
+//! agent (paths resolve inside the sandbox's own root). Watching directories is not served
+//! yet (`unimplemented`).
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use hutch_core::ids::SandboxId;
+use serde_json::{json, Value};
+
+use super::proto::{self, entry_info};
+use super::{absolute, EnvdUser};
+use crate::connect::{self, Code, ConnectError};
+use crate::target::SandboxTarget;
+use crate::E2bState;
+
+/// `POST /filesystem.Filesystem/{method}`.
+pub async fn rpc(
+    State(state): State<E2bState>,
+    Extension(t): Extension<SandboxTarget>,
+    Path(method): Path<String>,
+    EnvdUser(user): EnvdUser,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if connect::is_streaming(&headers) {
+        return connect::stream_error(ConnectError::new(
+            Code::Unimplemented,
+            format!("filesystem.Filesystem/{method} (watching directories) is not supported yet"),
+        ));
+    }
+    let result = async {
+        let body = axum::body::to_bytes(body, connect::MAX_MESSAGE)
+            .await
+            .map_err(|e| ConnectError::new(Code::InvalidArgument, e.to_string()))?;
+        unary(&state, &t.id, user.as_deref(), &method, &body).await
+    }
+    .await;
+    match result {
+        Ok(v) => connect::unary_ok(&v),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn path_of(p: &str, user: Option<&str>) -> Result<String, ConnectError> {
+    absolute(p, user).map_err(ConnectError::from)
+}
+
+async fn unary(
+    state: &E2bState,
+    id: &SandboxId,
+    user: Option<&str>,
+    method: &str,
+    body: &[u8],
+) -> Result<Value, ConnectError> {
+    let manager = &state.app.manager;
+    let agent = manager.agent(id).await?;
+    match method {
+        "Stat" => {
+            let req: proto::PathRequest = connect::decode_unary(body)?;
+            let path = path_of(&req.path, user)?;
+            let e = manager.agent_call(id, agent.stat(&path).await).await?;
+            Ok(json!({ "entry": entry_info(&e) }))
+        }
+        "ListDir" => {
+            let req: proto::ListDirRequest = connect::decode_unary(body)?;
+            let path = path_of(&req.path, user)?;
+            let depth = req.depth.filter(|d| *d > 0).unwrap_or(1);
+            let stat = manager.agent_call(id, agent.stat(&path).await).await?;
+            if stat.file_type != hutch_proto::FileType::Dir {
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    format!("path {path} is not a directory"),
+                ));
+            }
+            let list = manager
+                .agent_call(id, agent.list(&path, Some(depth)).await)
+                .await?;
+            let entries: Vec<Value> = list.entries.iter().map(entry_info).collect();
+            Ok(json!({ "entries": entries }))
+        }
+        "MakeDir" => {
+            let req: proto::PathRequest = connect::decode_unary(body)?;
+            let path = path_of(&req.path, user)?;
+            match agent.stat(&path).await {
+                Ok(_) => {
+                    return Err(ConnectError::new(
+                        Code::AlreadyExists,
+                        format!("directory {path} already exists"),
+                    ))
+                }
+                Err(e) => {
+                    let e = crate::error::E2bError::from(manager.agent_error(id, e).await);
+                    if e.http_status() != axum::http::StatusCode::NOT_FOUND {
+                        return Err(e.into());
+                    }
+                }
+            }
+            manager.agent_call(id, agent.mkdir(&path).await).await?;
+            let e = manager.agent_call(id, agent.stat(&path).await).await?;
+            Ok(json!({ "entry": entry_info(&e) }))
+        }
+        "Move" => {
+            let req: proto::MoveRequest = connect::decode_unary(body)?;
+            let (from, to) = (
+                path_of(&req.source, user)?,
+                path_of(&req.destination, user)?,
+            );
+            manager
+                .agent_call(id, agent.rename(&from, &to).await)
+                .await?;
+            let e = manager.agent_call(id, agent.stat(&to).await).await?;
+            Ok(json!({ "entry": entry_info(&e) }))
+        }
+        "Remove" => {
+            let req: proto::PathRequest = connect::decode_unary(body)?;
+            let path = path_of(&req.path, user)?;
+            manager
+                .agent_call(id, agent.remove(&path, true).await)
+                .await?;
+            Ok(json!({}))
+        }
+        other => Err(ConnectError::new(
+            Code::Unimplemented,
+            format!("filesystem.Filesystem/{other} is not supported yet"),
+        )),
+    }
+}
