@@ -31,5 +31,8 @@ async fn e2b_js_sdk_creates_runs_commands_moves_files_and_runs_code() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success() && text.contains("ok"), "the JS scenario failed:\n{text}");
+    assert!(
+        out.status.success() && text.contains("ok"),
+        "the JS scenario failed:\n{text}"
+    );
 }
