@@ -2,6 +2,7 @@
 //! scripts/venv.sh) against Hutch's E2B-compatible API (`hutch serve --e2b-listen`): one
 //! scenario of `tests/e2b/scenarios.py` per test, each on a server of its own.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hutch_testkit::{ensure_template, repo_root, TestServer};
@@ -9,11 +10,16 @@ use hutch_testkit::{ensure_template, repo_root, TestServer};
 /// Run scenario `name` with the SDK pointed at `server`'s E2B listener, as a user would
 /// (only environment variables), and fail with its output unless it passes.
 fn scenario(server: &TestServer, name: &str) {
+    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    scenario_with(server, name, &PathBuf::from(python));
+}
+
+/// [`scenario`] with the SDK of the Python at `python`.
+fn scenario_with(server: &TestServer, name: &str, python: &Path) {
     let url = server
         .e2b_url
         .as_deref()
         .expect("the server was started with --e2b-listen");
-    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
     let script = repo_root().join("crates/hutch/tests/e2b/scenarios.py");
     let out = Command::new(python)
         .arg(&script)
@@ -94,4 +100,24 @@ async fn e2b_code_interpreter_keeps_state_and_returns_a_png_chart() {
 async fn e2b_api_refuses_wrong_tokens_and_keys_and_names_gone_sandboxes() {
     let s = server().await;
     scenario(&s, "refused");
+}
+
+#[tokio::test]
+async fn the_oldest_supported_e2b_sdk_creates_runs_commands_and_moves_files() {
+    // scripts/venv.sh makes it beside the tests' own environment: `<venv>-e2b-oldest`.
+    let python = std::env::var_os("HUTCH_TEST_PYTHON").map(PathBuf::from);
+    let oldest = python
+        .as_deref()
+        .and_then(|p| p.parent()?.parent())
+        .map(|venv| PathBuf::from(format!("{}-e2b-oldest/bin/python", venv.display())))
+        .filter(|p| p.exists())
+        .expect("the oldest e2b's environment (scripts/venv.sh makes <venv>-e2b-oldest)");
+    let s = server().await;
+    scenario_with(&s, "basics", &oldest);
+}
+
+#[tokio::test]
+async fn e2b_sdk_basics() {
+    let s = server().await;
+    scenario(&s, "basics");
 }

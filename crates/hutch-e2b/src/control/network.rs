@@ -26,7 +26,9 @@ pub fn policy_of(
         .and_then(|n| n.allow_out.clone())
         .unwrap_or_default();
     let deny_given = network.and_then(|n| n.deny_out.clone()).unwrap_or_default();
-    if allow_internet_access.is_none() && allow.is_empty() && deny_given.is_empty() {
+    // Internet access (E2B's default, which older SDKs send explicitly) with no lists is
+    // the server's default policy.
+    if allow_internet_access != Some(false) && allow.is_empty() && deny_given.is_empty() {
         return Ok(None);
     }
     let mut egress = Egress::Allow;
@@ -48,6 +50,21 @@ pub fn policy_of(
     }))
 }
 
+/// The policy to give the manager: on a server without sandbox networking
+/// (`--network off`, loopback only), a policy that only denies is already met, so none.
+pub fn for_server(state: &E2bState, spec: Option<PolicySpec>) -> Option<PolicySpec> {
+    match spec {
+        Some(p)
+            if state.app.manager.config().network.is_none()
+                && p.egress != Egress::Allow
+                && p.allow.is_empty() =>
+        {
+            None
+        }
+        other => other,
+    }
+}
+
 /// `PUT /sandboxes/{id}/network`: replaces the policy (omitted lists are cleared).
 pub async fn update(
     State(state): State<E2bState>,
@@ -58,7 +75,9 @@ pub async fn update(
     let (_, id) = sandbox_of(&state, &headers, &id).await?;
     let config: NetworkConfig = body_json(&body)?;
     let spec = policy_of(None, Some(&config))?.unwrap_or_default();
-    state.app.manager.set_network(&id, spec).await?;
+    if let Some(spec) = for_server(&state, Some(spec)) {
+        state.app.manager.set_network(&id, spec).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -96,7 +96,10 @@ pub async fn create(
     if req.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false) {
         metadata.insert(PRIVATE_TRAFFIC_KEY.to_string(), "true".to_string());
     }
-    let network = policy_of(req.allow_internet_access, req.network.as_ref())?;
+    let network = super::network::for_server(
+        &state,
+        policy_of(req.allow_internet_access, req.network.as_ref())?,
+    );
     let volumes = req
         .volume_mounts
         .unwrap_or_default()

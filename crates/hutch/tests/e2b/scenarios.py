@@ -302,6 +302,38 @@ def refused():
         assert r.status_code == 502 and "sandbox was not found" in r.text.lower(), (r.status_code, r.text)
 
 
+def basics():
+    """What every supported SDK has, down to the oldest (e2b 2.7.0, the first with
+    E2B_SANDBOX_URL): create, commands, background, files, a terminal, `get_host`."""
+    sb = Sandbox.create(template="base", timeout=120, metadata={"scenario": "basics"}, envs={"V": "1"})
+    with made(sb):
+        assert sb.get_info().metadata == {"scenario": "basics"}
+        r = sb.commands.run("echo $V; echo e >&2")
+        assert (r.stdout, r.stderr, r.exit_code) == ("1\n", "e\n", 0), r
+        try:
+            sb.commands.run("exit 5")
+            raise AssertionError("a failing command must raise")
+        except CommandExitException as e:
+            assert e.exit_code == 5
+        bg = sb.commands.run("sleep 60", background=True)
+        assert bg.pid in [p.pid for p in sb.commands.list()]
+        assert sb.commands.kill(bg.pid) is True
+        sb.files.write("/tmp/b/one.txt", "one")
+        assert sb.files.read("/tmp/b/one.txt") == "one"
+        assert [e.name for e in sb.files.list("/tmp/b")] == ["one.txt"]
+        assert sb.files.make_dir("/tmp/b/d") is True
+        sb.files.rename("/tmp/b/one.txt", "/tmp/b/d/two.txt")
+        assert sb.files.exists("/tmp/b/d/two.txt") and not sb.files.exists("/tmp/b/one.txt")
+        sb.files.remove("/tmp/b")
+        assert not sb.files.exists("/tmp/b")
+        out = []
+        h = sb.pty.create(PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(h.pid, b"echo $((6*7)); exit\n")
+        h.wait(on_pty=lambda d: out.append(bytes(d)))
+        assert b"42" in b"".join(out)
+    assert not sb.is_running()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print("ok")
