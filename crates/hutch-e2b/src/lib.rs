@@ -66,6 +66,8 @@ pub struct E2bState {
     pub cfg: Arc<E2bConfig>,
     /// Processes started through envd's `Start`, while their streams are open.
     processes: Arc<envd::Processes>,
+    /// Template builds named by `POST /v3/templates`.
+    builds: Arc<control::E2bBuilds>,
 }
 
 impl E2bState {
@@ -112,6 +114,7 @@ pub fn router(app: AppState, cfg: E2bConfig) -> Router {
         app,
         cfg: Arc::new(cfg),
         processes: Arc::default(),
+        builds: Arc::default(),
     };
     let control = control::router().with_state(state.clone());
     let envd = envd::router(state.clone()).with_state(state.clone());

@@ -121,3 +121,9 @@ async fn e2b_sdk_basics() {
     let s = server().await;
     scenario(&s, "basics");
 }
+
+#[tokio::test]
+async fn e2b_template_builder_builds_a_hutch_template_from_steps_and_files() {
+    let s = server().await;
+    scenario(&s, "template_build");
+}

@@ -12,6 +12,7 @@ mod model;
 mod network;
 mod observe;
 mod sandboxes;
+mod templates;
 
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -19,6 +20,7 @@ use axum::Router;
 use crate::E2bState;
 
 pub use sandboxes::form_pairs;
+pub use templates::E2bBuilds;
 
 /// The control plane's routes.
 pub fn router() -> Router<E2bState> {
@@ -51,6 +53,21 @@ pub fn router() -> Router<E2bState> {
             "/templates/{id}",
             axum::routing::delete(sandboxes::delete_template),
         )
+        .route("/v3/templates", post(templates::request_build))
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(templates::file_upload_link),
+        )
+        .route("/template-files/{id}/{hash}", put(templates::upload_files))
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            post(templates::start_build),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(templates::build_status),
+        )
+        .route("/templates/aliases/{alias}", get(templates::alias))
         .route("/sandboxes/{id}/metrics", get(observe::metrics))
         .route("/sandboxes/{id}/logs", get(observe::logs_v1))
         .route("/v2/sandboxes/{id}/logs", get(observe::logs_v2))

@@ -302,6 +302,49 @@ def refused():
         assert r.status_code == 502 and "sandbox was not found" in r.text.lower(), (r.status_code, r.text)
 
 
+def template_build():
+    """E2B's Template builder: a context file copied in, a RUN, ENV, a start command, built
+    by Hutch's Dockerfile builder and then used by a create."""
+    import tempfile
+
+    from e2b import Template
+
+    name = f"e2b-built-{os.getpid()}"
+    logs = []
+    with tempfile.TemporaryDirectory() as ctx:
+        os.makedirs(os.path.join(ctx, "app"))
+        with open(os.path.join(ctx, "app", "hello.txt"), "w") as f:
+            f.write("from the context")
+        t = (
+            Template(file_context_path=ctx)
+            .from_template("base")
+            .copy("app/hello.txt", "/srv/")
+            .run_cmd("echo built > /srv/built.txt")
+            .set_envs({"GREETING": "hi there"})
+            .set_start_cmd("cd /srv && python3 -m http.server 8000", "curl -sf http://127.0.0.1:8000/ >/dev/null || python3 -c 'import urllib.request; urllib.request.urlopen(\"http://127.0.0.1:8000/\")'")
+        )
+        try:
+            info = Template.build(t, name, on_build_logs=lambda entry: logs.append(entry.message))
+            assert info.template_id == name, info
+            assert any("RUN echo built" in m for m in logs), logs
+            sb = Sandbox.create(template=name, timeout=60)
+            with made(sb):
+                r = sb.commands.run("cat /srv/hello.txt; cat /srv/built.txt; echo $GREETING")
+                assert r.stdout == "from the contextbuilt\nhi there\n", repr(r.stdout)
+                page = httpx.get(API + "/hello.txt", headers={"Host": sb.get_host(8000)}, timeout=30)
+                assert page.text == "from the context", (page.status_code, page.text)
+            # A failing step fails the build with its message.
+            bad = Template().from_template("base").run_cmd("exit 3")
+            try:
+                Template.build(bad, name + "-bad")
+                raise AssertionError("a failing RUN must fail the build")
+            except Exception as e:
+                assert "Build" in type(e).__name__ or "exit" in str(e).lower(), repr(e)
+        finally:
+            for n in (name, name + "-bad"):
+                httpx.delete(f"{API}/templates/{n}", headers={"X-API-Key": KEY}, timeout=120)
+
+
 def basics():
     """What every supported SDK has, down to the oldest (e2b 2.7.0, the first with
     E2B_SANDBOX_URL): create, commands, background, files, a terminal, `get_host`."""
