@@ -345,6 +345,38 @@ def template_build():
                 httpx.delete(f"{API}/templates/{n}", headers={"X-API-Key": KEY}, timeout=120)
 
 
+def network():
+    """E2B's egress settings, inside tests/network.rs's world of namespaces (every address
+    here is a test host of ours): deny-all with an allow list, a deny list, no internet,
+    and a live update."""
+    from e2b import ALL_TRAFFIC
+
+    probe = (
+        "python3 -c \"import socket,sys\n"
+        "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close(); print('open')\n"
+        "except OSError: print('blocked')\" "
+    )
+
+    def reach(sb, host, port):
+        return sb.commands.run(probe + f"{host} {port}").stdout.strip()
+
+    only = Sandbox.create(template="base", timeout=120, network={"deny_out": [ALL_TRAFFIC], "allow_out": ["203.0.113.10"]})
+    deny = Sandbox.create(template="base", timeout=120, network={"deny_out": ["203.0.113.20"]})
+    none = Sandbox.create(template="base", timeout=120, allow_internet_access=False)
+    with made(only, deny, none):
+        assert reach(only, "203.0.113.10", 80) == "open"
+        assert reach(only, "203.0.113.20", 80) == "blocked"
+        assert reach(deny, "203.0.113.10", 80) == "open"
+        assert reach(deny, "203.0.113.20", 80) == "blocked"
+        assert reach(none, "203.0.113.10", 80) == "blocked"
+        assert none.get_info().allow_internet_access is False
+        info = only.get_info()
+        assert info.network["allow_out"] == ["203.0.113.10"], info.network
+        only.update_network({"deny_out": [ALL_TRAFFIC], "allow_out": ["203.0.113.20"]})
+        assert reach(only, "203.0.113.20", 80) == "open"
+        assert reach(only, "203.0.113.10", 80) == "blocked"
+
+
 def basics():
     """What every supported SDK has, down to the oldest (e2b 2.7.0, the first with
     E2B_SANDBOX_URL): create, commands, background, files, a terminal, `get_host`."""
