@@ -13,6 +13,7 @@ mod exec;
 mod piped;
 pub mod service;
 mod tunnel;
+mod watch;
 
 use std::error::Error as StdError;
 use std::path::Path;
@@ -32,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 pub use self::exec::{CollectedExec, ExecEvent, ExecEvents, ExecInput, ExecSession};
 pub use self::piped::{PipedExec, StdinSource};
 pub use self::tunnel::TcpTunnel;
+pub use self::watch::{FileWatchStream, WatchOptions, MAX_WATCH_LINE};
 use crate::{
     query, AgentError, AgentInfo, ExecRequest, FileEntry, IdentityRequest, ListResponse,
     MkdirRequest, MoveRequest, SignalRequest,
@@ -324,6 +326,13 @@ impl AgentClient {
     pub async fn stat(&self, path: &str) -> ClientResult<FileEntry> {
         let uri = format!("/v1/files/stat?{}", query::build(&[("path", path)]));
         self.json_call(Method::GET, &uri, None).await
+    }
+
+    /// `GET /v1/files/watch`: changes below the directory `path`, from once the watch is
+    /// armed (this returns after the agent's ready line). A missing path is
+    /// [`ClientError::Agent`] `not_found`, a file `not_a_directory`. See [`FileWatchStream`].
+    pub async fn watch(&self, path: &str, options: WatchOptions) -> ClientResult<FileWatchStream> {
+        watch::start(self, path, options).await
     }
 
     /// `POST /v1/files/mkdir` (with parents; fine if the directory exists).

@@ -1,6 +1,8 @@
 //! The file routes (`/v1/files/*`): parse the query or body, run the operation on a
 //! blocking thread, answer. Directory trees as tar streams are in [`archive`].
 //!
+//! Watches of a directory (inotify, as NDJSON) are in [`watch`].
+//!
 //! Reads and writes stream in chunks: each chunk is one short job on the blocking pool, and
 //! between chunks the transfer waits on the network without holding a thread. A 100 MiB
 //! transfer therefore never sits in memory, a slow side slows the other down (bounded
@@ -14,8 +16,10 @@
 
 mod archive;
 mod ops;
+mod watch;
 
 pub use archive::{read_archive, write_archive};
+pub use watch::watch;
 
 use std::fs::File;
 use std::io::{Read, Write};
