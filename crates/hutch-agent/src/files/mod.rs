@@ -15,6 +15,7 @@
 //! with `bad_request` naming the limit.
 
 mod archive;
+mod as_user;
 mod ops;
 mod watch;
 
@@ -47,11 +48,16 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Failure::Internal(format!("file operation did not finish: {e}")))?
 }
 
-/// `GET /v1/files/read?path=`: the file's bytes.
+/// `GET /v1/files/read?path=[&user=]`: the file's bytes (opened as `user`, if given).
 pub async fn read(query: &Query) -> Result<Response<AgentBody>> {
     let path = query.path()?;
     let open_path = path.clone();
-    let opened = blocking(move || ops::open_read(&open_path)).await?;
+    let user = query.get("user").map(str::to_string);
+    let opened = blocking(move || {
+        let account = user.as_deref().map(as_user::account).transpose()?;
+        as_user::run_as(account.as_ref(), || ops::open_read(&open_path))
+    })
+    .await?;
     let file = match opened.generated {
         None => opened.file,
         Some(filesystem) => {
@@ -102,12 +108,18 @@ fn read_chunk(mut file: File) -> (File, std::io::Result<Bytes>) {
     }
 }
 
-/// `PUT /v1/files/write?path=&mode=`: stream the body into the file.
+/// `PUT /v1/files/write?path=&mode=[&user=]`: stream the body into the file (opened, and
+/// created with its parents, as `user` if given).
 pub async fn write(query: &Query, mut body: Incoming) -> Result<()> {
     let path = query.path()?;
     let mode = query.get("mode").map(ops::parse_mode).transpose()?;
     let open_path = path.clone();
-    let mut file = blocking(move || ops::open_write(&open_path, mode)).await?;
+    let user = query.get("user").map(str::to_string);
+    let mut file = blocking(move || {
+        let account = user.as_deref().map(as_user::account).transpose()?;
+        as_user::run_as(account.as_ref(), || ops::open_write(&open_path, mode))
+    })
+    .await?;
     loop {
         let data = match body.frame().await {
             None => return Ok(()),
