@@ -84,6 +84,25 @@ export interface FileEntry {
   raw: Record<string, unknown>;
 }
 
+/** One change below a watched directory (`Files.watch`). */
+export interface FileEvent {
+  /** `create`, `write`, `remove`, `rename` or `chmod`. */
+  event: "create" | "write" | "remove" | "rename" | "chmod" | string;
+  /** The path relative to the watched directory (`sub/a.txt`). */
+  name: string;
+  /** The absolute path. */
+  path: string;
+  /** `file`, `dir`, `symlink` or `other`. */
+  type: "file" | "dir" | "symlink" | "other" | string;
+  /** For a rename: the old path relative to the watched directory. */
+  oldName: string | undefined;
+  /** For a rename: the old absolute path. */
+  oldPath: string | undefined;
+  /** The entry when the event was read (watches with `includeEntry`). */
+  entry: FileEntry | undefined;
+  raw: Record<string, unknown>;
+}
+
 /** Resource usage of a sandbox right now. */
 export interface Usage {
   memoryBytes: number;
@@ -358,6 +377,21 @@ export function fileEntry(d: Json): FileEntry {
     mode: num(d.mode),
     modifiedAt: str(d.modified_at),
     symlinkTarget: optStr(d.symlink_target),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function fileEvent(d: Json): FileEvent {
+  const entry = d.entry;
+  return {
+    event: str(d.event),
+    name: str(d.name),
+    path: str(d.path),
+    type: str(d.type),
+    oldName: optStr(d.old_name),
+    oldPath: optStr(d.old_path),
+    entry: entry && typeof entry === "object" ? fileEntry(entry as Json) : undefined,
     raw: d,
   };
 }

@@ -197,6 +197,41 @@ class FileEntry:
 
 
 @dataclass
+class FileEvent:
+    """One change below a watched directory (:meth:`hutch.Files.watch`)."""
+
+    event: str
+    """``create``, ``write``, ``remove``, ``rename`` or ``chmod``."""
+    name: str
+    """The path relative to the watched directory (``sub/a.txt``)."""
+    path: str
+    """The absolute path."""
+    type: str
+    """``file``, ``dir``, ``symlink`` or ``other``."""
+    old_name: Optional[str] = None
+    """For a rename: the old path relative to the watched directory."""
+    old_path: Optional[str] = None
+    """For a rename: the old absolute path."""
+    entry: Optional[FileEntry] = None
+    """The entry when the event was read (watches with ``include_entry=True``)."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> FileEvent:
+        entry = d.get("entry")
+        return cls(
+            event=str(d.get("event", "")),
+            name=str(d.get("name", "")),
+            path=str(d.get("path", "")),
+            type=str(d.get("type", "")),
+            old_name=d.get("old_name"),
+            old_path=d.get("old_path"),
+            entry=FileEntry.from_json(entry) if isinstance(entry, dict) else None,
+            raw=dict(d),
+        )
+
+
+@dataclass
 class Usage:
     """Resource usage of a sandbox right now."""
 
