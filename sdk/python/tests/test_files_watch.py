@@ -18,8 +18,14 @@ def test_watch_reports_changes_and_stops(server: Server) -> None:
         sb.files.mkdir("/w/old")
         with sb.files.watch("/w", recursive=True, include_entry=True) as watch:
             assert watch.ready["path"] == "/w" and watch.ready["watched_dirs"] == 2
-            sb.exec("printf 12345 > /w/old/a.txt && mv /w/old/a.txt /w/b.txt && rm /w/b.txt")
+            # Entries are read when the event is handled: the file stays until the next exec.
+            sb.exec("printf 12345 > /w/old/a.txt")
             seen: List[FileEvent] = []
+            for event in watch:
+                seen.append(event)
+                if event.event == "write":
+                    break
+            sb.exec("mv /w/old/a.txt /w/b.txt && rm /w/b.txt")
             for event in watch:
                 seen.append(event)
                 if event.event == "remove":

@@ -26,12 +26,13 @@ describe("file watches", () => {
     const watch = await sb.files.watch("/w", { recursive: true, includeEntry: true });
     assert.equal(watch.ready.path, "/w");
     assert.equal(watch.ready.watchedDirs, 2);
-    await sb.exec("printf 12345 > /w/old/a.txt && mv /w/old/a.txt /w/b.txt && rm /w/b.txt");
+    // Entries are read when the event is handled: the file stays until the next exec.
+    await sb.exec("printf 12345 > /w/old/a.txt");
     const seen: FileEvent[] = [];
-    for await (const event of watch) {
-      seen.push(event);
-      if (event.event === "remove") break;
-    }
+    const it = watch[Symbol.asyncIterator]();
+    while (seen.length < 2) seen.push((await it.next()).value as FileEvent);
+    await sb.exec("mv /w/old/a.txt /w/b.txt && rm /w/b.txt");
+    while (seen.length < 4) seen.push((await it.next()).value as FileEvent);
     await watch.close();
     assert.deepEqual(
       seen.map((e) => [e.event, e.name]),

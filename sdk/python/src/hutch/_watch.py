@@ -62,8 +62,9 @@ class _WatchEvents:
 class FileWatch:
     """A running watch of a sandbox directory; iterate it for :class:`FileEvent` s."""
 
-    def __init__(self, client: Client, sandbox_id: str, path: str, recursive: bool,
-                 include_entry: bool) -> None:
+    def __init__(
+        self, client: Client, sandbox_id: str, path: str, recursive: bool, include_entry: bool
+    ) -> None:
         self._client = client
         self._state = _WatchEvents()
         self._cm: Any = client.stream(ops.watch_files(sandbox_id, path, recursive, include_entry))
