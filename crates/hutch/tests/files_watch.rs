@@ -407,3 +407,33 @@ async fn polled_watchers_collect_events_between_calls() {
         "a removed watcher's watch is closed in the agent"
     );
 }
+
+#[tokio::test]
+async fn the_served_openapi_documents_watches_and_file_urls() {
+    let s = TestServer::start().await;
+    let (status, doc) = s.request(Method::GET, "/v1/openapi.json", None).await;
+    assert_eq!(status, 200);
+    for p in [
+        "/v1/sandboxes/{id}/files/watch",
+        "/v1/sandboxes/{id}/files/watchers",
+        "/v1/sandboxes/{id}/files/watchers/{wid}",
+        "/v1/sandboxes/{id}/files/watchers/{wid}/events",
+        "/v1/sandboxes/{id}/files/url",
+    ] {
+        assert!(doc["paths"][p].is_object(), "openapi lacks {p}");
+    }
+    for schema in [
+        "FileEvent",
+        "WatchReady",
+        "WatcherEvents",
+        "FileUrlRequest",
+        "FileUrl",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "openapi lacks {schema}"
+        );
+    }
+    let read = &doc["paths"]["/v1/sandboxes/{id}/files"]["get"];
+    assert_eq!(read["security"][1]["fileUrlSignature"], json!([]), "{read}");
+}
