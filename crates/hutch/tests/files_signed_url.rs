@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use hutch_testkit::{wait_until, TestServer};
+use hutch_testkit::{both_backends, on, wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -145,10 +145,11 @@ async fn a_read_url_returns_the_bytes_and_nothing_else() {
     assert_eq!(status, 404, "{body}");
 }
 
-#[tokio::test]
-async fn a_write_url_stores_the_body_as_its_user() {
+both_backends!(a_write_url_stores_the_body_as_its_user);
+
+async fn a_write_url_stores_the_body_as_its_user(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     let (status, made) = file_url(
         &s,
         &id,

@@ -1,4 +1,4 @@
-//! File watches through the API (`ns`): `GET …/files/watch` as SSE and NDJSON, changes made
+//! File watches through the API (`ns`; the first case on `vm` too): `GET …/files/watch` as SSE and NDJSON, changes made
 //! by execs reported in order with their names and types, recursive and not, entries, the
 //! errors for a missing path and a file, no inotify instance left in the agent once the
 //! client goes away, and the polled watchers.
@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use hutch_testkit::{wait_until, TestServer};
+use hutch_testkit::{both_backends, on, wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -129,10 +129,11 @@ fn inotify_fds(pid: i32) -> usize {
         .unwrap_or(0)
 }
 
-#[tokio::test]
-async fn changes_made_by_an_exec_arrive_in_order_as_sse() {
+both_backends!(changes_made_by_an_exec_arrive_in_order_as_sse);
+
+async fn changes_made_by_an_exec_arrive_in_order_as_sse(isolation: &str) {
     let s = TestServer::start().await;
-    let id = s.create_id(json!({})).await;
+    let id = s.create_id(on(isolation, json!({}))).await;
     s.sh_ok(&id, "mkdir /w").await;
     let mut watch = WatchReader::open(&s, &id, "path=/w", "text/event-stream").await;
     let (name, ready) = watch.next(Duration::from_secs(10)).await.expect("ready");
