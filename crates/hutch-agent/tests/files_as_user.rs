@@ -40,6 +40,18 @@ async fn a_user_reads_and_writes_with_its_own_permissions() {
         .await
         .expect("write as nobody");
     assert_eq!(std::fs::metadata(&made).expect("stat").uid(), NOBODY_UID);
+    let entry = client.stat(&made).await.expect("stat");
+    assert_eq!((entry.uid, entry.gid), (NOBODY_UID, NOBODY_UID));
+    assert_eq!(
+        entry.owner.as_deref(),
+        Some(USER),
+        "the owner's name from /etc/passwd"
+    );
+    let listed = client
+        .list(&format!("{open_dir}/sub"), None)
+        .await
+        .expect("list");
+    assert_eq!(listed.entries[0].owner.as_deref(), Some(USER));
     assert_eq!(
         std::fs::metadata(format!("{open_dir}/sub"))
             .expect("stat")

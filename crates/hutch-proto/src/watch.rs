@@ -63,8 +63,9 @@ pub struct FileEvent {
     pub old_path: Option<String>,
     /// The entry as `files/stat` gives it, read when the event is handled (only when the
     /// watch asked for `include_entry`, and the entry still exists).
+    /// (Boxed: most events carry none.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entry: Option<FileEntry>,
+    pub entry: Option<Box<FileEntry>>,
 }
 
 /// The first message: every watch is in place.

@@ -68,6 +68,8 @@ def test_signed_urls_read_and_write_without_the_key(server: Server) -> None:
         assert sb.files.read("/home/user/in.txt") == "uploaded"
         owner = sb.exec("stat -c %U /home/user/in.txt").stdout.strip()
         assert owner == "user"
+        entry = sb.files.stat("/home/user/in.txt")
+        assert (entry.owner, entry.group, entry.uid) == ("user", "user", 1000)
         with pytest.raises(ValueError):
             sb.files.download_url("/srv/data.txt", expires_in=0)
         with pytest.raises(ValueError):

@@ -81,6 +81,13 @@ export interface FileEntry {
   mode: number;
   modifiedAt: string;
   symlinkTarget: string | undefined;
+  /** Owner's user id, as the sandbox sees it. */
+  uid: number;
+  gid: number;
+  /** The owner's name in the sandbox's `/etc/passwd`, when it has one. */
+  owner: string | undefined;
+  /** The group's name in the sandbox's `/etc/group`, when it has one. */
+  group: string | undefined;
   raw: Record<string, unknown>;
 }
 
@@ -377,6 +384,10 @@ export function fileEntry(d: Json): FileEntry {
     mode: num(d.mode),
     modifiedAt: str(d.modified_at),
     symlinkTarget: optStr(d.symlink_target),
+    uid: num(d.uid),
+    gid: num(d.gid),
+    owner: optStr(d.owner),
+    group: optStr(d.group),
     raw: d,
   };
 }

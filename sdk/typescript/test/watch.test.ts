@@ -76,6 +76,8 @@ describe("signed file URLs", () => {
     assert.equal((await fetch(up, { method: "PUT", body: "uploaded" })).status, 204);
     assert.equal(await sb.files.read("/home/user/in.txt"), "uploaded");
     assert.equal((await sb.exec("stat -c %U /home/user/in.txt")).stdout.trim(), "user");
+    const entry = await sb.files.stat("/home/user/in.txt");
+    assert.deepEqual([entry.owner, entry.group, entry.uid], ["user", "user", 1000]);
     await assert.rejects(sb.files.downloadUrl("/srv/data.txt", { expiresIn: 0 }), RangeError);
   });
 });

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use super::{blocking, ops};
 use crate::error::{Failure, Result};
 use crate::http::{self, AgentBody, Query};
+use crate::passwd::Owners;
 
 /// How long a `MOVED_FROM` waits for its `MOVED_TO` (the kernel queues both in one rename,
 /// so the pair is at most a read apart).
@@ -72,14 +73,18 @@ pub async fn watch(query: &Query) -> Result<Response<AgentBody>> {
     let recursive = query.flag("recursive", false)?;
     let include_entry = query.flag("include_entry", false)?;
     let checked = root.clone();
-    blocking(move || {
+    let owners = blocking(move || {
         let meta = std::fs::metadata(&checked).map_err(|e| Failure::io("watch", &checked, e))?;
         if !meta.is_dir() {
             return Err(Failure::NotADirectory(format!(
                 "watch {checked}: not a directory (watch the directory that holds it)"
             )));
         }
-        Ok(())
+        Ok(if include_entry {
+            Owners::load()
+        } else {
+            Owners::default()
+        })
     })
     .await?;
     let inotify = Inotify::init().map_err(|e| inotify_failure(&root, e))?;
@@ -94,6 +99,7 @@ pub async fn watch(query: &Query) -> Result<Response<AgentBody>> {
         watches,
         dirs: HashMap::from([(root_wd.get_watch_descriptor_id(), (root_wd, String::new()))]),
         limit_warned: false,
+        owners,
     };
     if recursive {
         let scan = tree.scan(String::new(), false).await;
@@ -156,6 +162,8 @@ struct Tree {
     dirs: HashMap<i32, (WatchDescriptor, String)>,
     /// Whether the watch-limit warning was sent.
     limit_warned: bool,
+    /// Owner names for entries, as of the watch's start.
+    owners: Owners,
 }
 
 /// What a walk below a directory found.
@@ -223,7 +231,7 @@ impl Tree {
         let path = self.absolute(rel);
         let entry = match kind {
             FileEventKind::Remove => None,
-            _ => ops::stat(&path).ok(),
+            _ => ops::stat_with(&path, &self.owners).ok(),
         };
         let file_type = match (&entry, is_dir) {
             (_, true) => FileType::Dir,
@@ -237,7 +245,11 @@ impl Tree {
             file_type,
             old_name: None,
             old_path: None,
-            entry: if self.include_entry { entry } else { None },
+            entry: if self.include_entry {
+                entry.map(Box::new)
+            } else {
+                None
+            },
         }
     }
 

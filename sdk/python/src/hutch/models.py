@@ -172,6 +172,13 @@ class FileEntry:
     """Permission bits as a number (``0o644 == 420``)."""
     modified_at: str
     symlink_target: Optional[str] = None
+    uid: int = 0
+    """Owner's user id, as the sandbox sees it."""
+    gid: int = 0
+    owner: Optional[str] = None
+    """The owner's name in the sandbox's ``/etc/passwd``, when it has one."""
+    group: Optional[str] = None
+    """The group's name in the sandbox's ``/etc/group``, when it has one."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -192,6 +199,10 @@ class FileEntry:
             mode=int(d.get("mode") or 0),
             modified_at=str(d.get("modified_at", "")),
             symlink_target=d.get("symlink_target"),
+            uid=int(d.get("uid") or 0),
+            gid=int(d.get("gid") or 0),
+            owner=d.get("owner"),
+            group=d.get("group"),
             raw=dict(d),
         )
 
