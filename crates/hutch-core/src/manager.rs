@@ -8,7 +8,8 @@
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
 //! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
-//! (connections to TCP ports inside a sandbox, through its agent), `interp` (code contexts
+//! (connections to TCP ports inside a sandbox, through its agent), `watch` and `watchers`
+//! (file watches, streamed or polled), `interp` (code contexts
 //! and runs, through the sandbox's kernel driver), `exec` (execs and the
 //! agent connection), `reaper` (TTL expiry, deaths, re-adoption after a restart), `metrics`
 //! (the Prometheus text), `templates` (deleting a template nothing uses). State
@@ -35,6 +36,8 @@ mod templates;
 mod tests;
 mod volumes;
 mod warm;
+mod watch;
+mod watchers;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -64,6 +67,10 @@ use crate::uid_slots::UidSlots;
 pub use self::exec::{ExecSlot, ExitRecorder};
 pub use self::logs::LogFollow;
 pub use self::ports::{parse_port, PortConnection};
+pub use self::watch::{FileWatch, WatchOptions};
+pub use self::watchers::{
+    WatcherEvents, WatcherInfo, MAX_BUFFERED_EVENTS, MAX_WATCHERS_PER_SANDBOX, WATCHER_IDLE,
+};
 
 /// The manager. Cheap to share behind an `Arc`.
 pub struct Manager {
@@ -103,6 +110,8 @@ pub struct Manager {
     refreshes: refresh::Refreshes,
     /// Per sandbox: held while its kernel driver starts.
     driver_starts: interp::DriverStarts,
+    /// Polled file watchers (`watchers.rs`).
+    watchers: watchers::Watchers,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -250,6 +259,7 @@ impl Manager {
             uid_slots,
             refreshes: refresh::Refreshes::default(),
             driver_starts: interp::DriverStarts::default(),
+            watchers: watchers::Watchers::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).

@@ -154,6 +154,31 @@ impl Caller {
     }
 }
 
+/// Middleware of `GET`/`PUT /v1/sandboxes/{id}/files`: a request without an
+/// `Authorization` header that carries a `signature` query parameter goes on without a
+/// [`Caller`], for the handler to check the signed URL (`routes/files_url.rs`); every other
+/// request is [`require_auth`]'s.
+pub async fn require_auth_or_signed_url(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let signed = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::PUT
+    ) && !req
+        .headers()
+        .contains_key(axum::http::header::AUTHORIZATION)
+        && req.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|pair| pair.split('=').next() == Some("signature"))
+        });
+    if signed {
+        return next.run(req).await;
+    }
+    require_auth(State(state), req, next).await
+}
+
 /// Middleware: `Authorization: Bearer <key>` on every `/v1/` route behind it, else 401.
 /// Keys are taken only from that header: never from a URL or a cookie (the port proxy's
 /// browser tokens are checked by the proxy itself and authenticate nothing else).

@@ -127,3 +127,9 @@ async fn e2b_template_builder_builds_a_hutch_template_from_steps_and_files() {
     let s = server().await;
     scenario(&s, "template_build");
 }
+
+#[tokio::test]
+async fn e2b_sdk_watches_directories_by_polling_and_streaming() {
+    let s = server().await;
+    scenario(&s, "watch");
+}

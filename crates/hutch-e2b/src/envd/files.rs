@@ -139,7 +139,7 @@ pub async fn read(
         return Err(E2bError::bad_request(format!("path {path} is a directory")));
     }
     let stream = manager
-        .agent_call(&t.id, agent.read_file(&path).await)
+        .agent_call(&t.id, agent.read_file_as(&path, user.as_deref()).await)
         .await?;
     let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
     Ok((
@@ -247,7 +247,7 @@ fn written_entry(path: &str) -> serde_json::Value {
     serde_json::json!({"path": path, "name": name, "type": "file"})
 }
 
-/// Write `data` at `path` (parents made), owned by `user` when one is named.
+/// Write `data` at `path` (parents made) as `user` when one is named.
 async fn store(
     state: &E2bState,
     t: &SandboxTarget,
@@ -257,25 +257,11 @@ async fn store(
 ) -> E2bResult<()> {
     let manager = &state.app.manager;
     let agent = manager.agent(&t.id).await?;
-    if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-        manager.agent_call(&t.id, agent.mkdir(parent).await).await?;
-    }
+    // The agent writes as the user (its permissions apply; the file and the parents it
+    // makes are the user's).
     let stream = futures_util::stream::iter([Ok::<Bytes, std::io::Error>(data)]);
     manager
-        .agent_call(&t.id, agent.write_file(path, None, stream).await)
+        .agent_call(&t.id, agent.write_file_as(path, None, user, stream).await)
         .await?;
-    if let Some(u) = user.filter(|u| *u != "root") {
-        let cmd = super::command(
-            hutch_core::exec::Command::Argv(vec!["chown".into(), format!("{u}:"), path.into()]),
-            Some(std::time::Duration::from_secs(10)),
-        );
-        let out = manager.exec(&t.id, cmd).await?;
-        if out.exit_code != 0 {
-            return Err(E2bError::bad_request(format!(
-                "cannot give {path} to user {u}: {}",
-                String::from_utf8_lossy(&out.stderr.to_vec()).trim()
-            )));
-        }
-    }
     Ok(())
 }

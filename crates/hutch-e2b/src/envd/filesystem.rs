@@ -8,6 +8,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use hutch_core::ids::SandboxId;
+use hutch_core::manager::WatchOptions;
 use serde_json::{json, Value};
 
 use super::proto::{self, entry_info};
@@ -26,10 +27,16 @@ pub async fn rpc(
     body: Body,
 ) -> Response {
     if connect::is_streaming(&headers) {
-        return connect::stream_error(ConnectError::new(
-            Code::Unimplemented,
-            format!("filesystem.Filesystem/{method} (watching directories) is not supported yet"),
-        ));
+        if method != "WatchDir" {
+            return connect::stream_error(ConnectError::new(
+                Code::Unimplemented,
+                format!("filesystem.Filesystem/{method} is not a streaming method"),
+            ));
+        }
+        return match connect::first_message::<proto::WatchRequest>(body).await {
+            Ok(req) => watch_dir(state, t.id, user, &headers, req).await,
+            Err(e) => connect::stream_error(e),
+        };
     }
     let result = async {
         let body = axum::body::to_bytes(body, connect::MAX_MESSAGE)
@@ -122,9 +129,114 @@ async fn unary(
                 .await?;
             Ok(json!({}))
         }
+        "CreateWatcher" => {
+            let req: proto::WatchRequest = connect::decode_unary(body)?;
+            let path = watch_path(&req, user)?;
+            let w = manager
+                .create_watcher(id, &path, options(&req))
+                .await
+                .map_err(watch_error)?;
+            Ok(json!({ "watcherId": w.id }))
+        }
+        "GetWatcherEvents" => {
+            let req: proto::WatcherRequest = connect::decode_unary(body)?;
+            let got = manager.watcher_events(id, &req.watcher_id)?;
+            let events: Vec<Value> = got
+                .events
+                .iter()
+                .flat_map(proto::filesystem_events)
+                .collect();
+            Ok(json!({ "events": events }))
+        }
+        "RemoveWatcher" => {
+            let req: proto::WatcherRequest = connect::decode_unary(body)?;
+            manager.remove_watcher(id, &req.watcher_id)?;
+            Ok(json!({}))
+        }
         other => Err(ConnectError::new(
             Code::Unimplemented,
             format!("filesystem.Filesystem/{other} is not supported yet"),
         )),
     }
+}
+
+fn options(req: &proto::WatchRequest) -> WatchOptions {
+    WatchOptions {
+        recursive: req.recursive,
+        include_entry: req.include_entry,
+    }
+}
+
+fn watch_path(req: &proto::WatchRequest, user: Option<&str>) -> Result<String, ConnectError> {
+    if req.allow_network_mounts {
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            "watching through network mounts is not supported: inotify sees only the \
+             sandbox's own files",
+        ));
+    }
+    path_of(&req.path, user)
+}
+
+/// A watch refused: a path that is not a directory is `invalid_argument`, as envd says.
+fn watch_error(e: hutch_core::CoreError) -> ConnectError {
+    ConnectError::from(e)
+}
+
+/// `WatchDir`: `start` once the watch is armed, then an event per change, keepalives while
+/// nothing happens, until the client goes or the directory does.
+async fn watch_dir(
+    state: E2bState,
+    id: SandboxId,
+    user: Option<String>,
+    headers: &HeaderMap,
+    req: proto::WatchRequest,
+) -> Response {
+    let path = match watch_path(&req, user.as_deref()) {
+        Ok(p) => p,
+        Err(e) => return connect::stream_error(e),
+    };
+    let mut watch = match state
+        .app
+        .manager
+        .watch_files(&id, &path, options(&req))
+        .await
+    {
+        Ok(w) => w,
+        Err(e) => return connect::stream_error(watch_error(e)),
+    };
+    let interval = super::process::keepalive_interval(headers);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Value, ConnectError>>(16);
+    tokio::spawn(async move {
+        if tx.send(Ok(json!({"start": {}}))).await.is_err() {
+            return;
+        }
+        let mut tick = tokio::time::interval(interval);
+        tick.tick().await;
+        loop {
+            let item = tokio::select! {
+                item = futures_util::StreamExt::next(&mut watch) => item,
+                _ = tick.tick() => {
+                    if tx.send(Ok(json!({"keepalive": {}}))).await.is_err() { return; }
+                    continue;
+                }
+            };
+            match item {
+                Some(Ok(hutch_proto::WatchMessage::Event(e))) => {
+                    for ev in proto::filesystem_events(&e) {
+                        if tx.send(Ok(json!({ "filesystem": ev }))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Some(Ok(hutch_proto::WatchMessage::End(_))) | None => return,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
+                }
+            }
+        }
+    });
+    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
 }

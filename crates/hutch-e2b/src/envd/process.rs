@@ -311,7 +311,8 @@ fn exec_command(
     })
 }
 
-fn keepalive_interval(headers: &HeaderMap) -> Duration {
+/// How often a stream says it is alive (`Keepalive-Ping-Interval`, seconds).
+pub(super) fn keepalive_interval(headers: &HeaderMap) -> Duration {
     headers
         .get("keepalive-ping-interval")
         .and_then(|v| v.to_str().ok())

@@ -203,6 +203,58 @@ pub struct MoveRequest {
     pub destination: String,
 }
 
+/// `filesystem.WatchDirRequest` and `CreateWatcherRequest`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct WatchRequest {
+    /// The directory.
+    pub path: String,
+    /// Its subdirectories too.
+    pub recursive: bool,
+    /// Each event carries the entry.
+    #[serde(alias = "include_entry")]
+    pub include_entry: bool,
+    /// Watch through network mounts (not supported: inotify sees only this mount).
+    #[serde(alias = "allow_network_mounts")]
+    pub allow_network_mounts: bool,
+}
+
+/// `GetWatcherEventsRequest`, `RemoveWatcherRequest`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+pub struct WatcherRequest {
+    /// The watcher.
+    #[serde(alias = "watcher_id")]
+    pub watcher_id: String,
+}
+
+/// The `filesystem.FilesystemEvent`s of one Hutch file event: a rename is envd's (fsnotify's)
+/// `RENAME` of the old name, then `CREATE` of the new one.
+pub fn filesystem_events(e: &hutch_proto::FileEvent) -> Vec<serde_json::Value> {
+    use hutch_proto::FileEventKind as K;
+    let with_entry = |name: &str, kind: &str, entry: bool| {
+        let mut v = serde_json::json!({"name": name, "type": kind});
+        if let (true, Some(en)) = (entry, e.entry.as_deref()) {
+            v["entry"] = entry_info(en);
+        }
+        v
+    };
+    match e.event {
+        K::Create => vec![with_entry(&e.name, "EVENT_TYPE_CREATE", true)],
+        K::Write => vec![with_entry(&e.name, "EVENT_TYPE_WRITE", true)],
+        K::Remove => vec![with_entry(&e.name, "EVENT_TYPE_REMOVE", false)],
+        K::Chmod => vec![with_entry(&e.name, "EVENT_TYPE_CHMOD", true)],
+        K::Rename => {
+            let mut out = Vec::new();
+            if let Some(old) = &e.old_name {
+                out.push(with_entry(old, "EVENT_TYPE_RENAME", false));
+            }
+            out.push(with_entry(&e.name, "EVENT_TYPE_CREATE", true));
+            out
+        }
+    }
+}
+
 /// `filesystem.EntryInfo` of a Hutch file entry.
 pub fn entry_info(e: &hutch_proto::FileEntry) -> serde_json::Value {
     use hutch_proto::FileType;
@@ -220,6 +272,12 @@ pub fn entry_info(e: &hutch_proto::FileEntry) -> serde_json::Value {
         "permissions": permissions(letter, e.mode),
         "modifiedTime": e.modified_at,
     });
+    if let Some(owner) = &e.owner {
+        v["owner"] = serde_json::Value::String(owner.clone());
+    }
+    if let Some(group) = &e.group {
+        v["group"] = serde_json::Value::String(group.clone());
+    }
     if let Some(t) = &e.symlink_target {
         v["symlinkTarget"] = serde_json::Value::String(t.clone());
     }

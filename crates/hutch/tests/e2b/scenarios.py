@@ -112,6 +112,16 @@ def files():
         many = sb.files.write_files([{"path": "/tmp/m/1.txt", "data": "one"}, {"path": "/tmp/m/2.txt", "data": "two"}])
         assert sorted(w.path for w in many) == ["/tmp/m/1.txt", "/tmp/m/2.txt"], many
         assert sb.files.read("/tmp/m/2.txt") == "two"
+        # As a user: the file is theirs, and their permissions apply.
+        sb.commands.run("useradd -m bob")
+        sb.files.write("/home/bob/own.txt", "bob's", user="bob")
+        assert sb.commands.run("stat -c %U /home/bob/own.txt").stdout == "bob\n"
+        assert sb.files.get_info("/home/bob/own.txt").owner == "bob"
+        try:
+            sb.files.write("/root/not-bobs.txt", "no", user="bob")
+            raise AssertionError("bob must not write into /root")
+        except Exception as e:
+            assert "Exception" in type(e).__name__, repr(e)
         sb.files.write("relative.txt", "in home")
         assert sb.commands.run("cat /root/relative.txt").stdout == "in home"
         assert sb.files.make_dir("/tmp/t/sub/deeper") is True
@@ -343,6 +353,55 @@ def template_build():
         finally:
             for n in (name, name + "-bad"):
                 httpx.delete(f"{API}/templates/{n}", headers={"X-API-Key": KEY}, timeout=120)
+
+
+def watch():
+    """`files.watch_dir`: the sync SDK polls a watcher; the async SDK streams WatchDir."""
+    import asyncio
+
+    from e2b import AsyncSandbox, FilesystemEventType
+
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        sb.files.make_dir("/tmp/w")
+        handle = sb.files.watch_dir("/tmp/w", recursive=True)
+        sb.files.write("/tmp/w/a.txt", "one")
+        sb.commands.run("mkdir /tmp/w/sub && echo x > /tmp/w/sub/b.txt && mv /tmp/w/a.txt /tmp/w/c.txt && rm /tmp/w/c.txt")
+        seen = []
+        for _ in range(50):
+            seen += [(e.type, e.name) for e in handle.get_new_events()]
+            if (FilesystemEventType.REMOVE, "c.txt") in seen:
+                break
+            time.sleep(0.1)
+        handle.stop()
+        names = [n for _, n in seen]
+        assert (FilesystemEventType.CREATE, "a.txt") in seen, seen
+        assert (FilesystemEventType.CREATE, "sub/b.txt") in seen or (FilesystemEventType.WRITE, "sub/b.txt") in seen, seen
+        assert (FilesystemEventType.RENAME, "a.txt") in seen and (FilesystemEventType.CREATE, "c.txt") in seen, seen
+
+    async def streamed():
+        asb = await AsyncSandbox.create(template="base", timeout=120)
+        try:
+            await asb.files.make_dir("/tmp/s")
+            events = []
+            done = asyncio.Event()
+
+            def on_event(e):
+                events.append((e.type, e.name, e.entry.size if e.entry else None))
+                if e.name == "last.txt":
+                    done.set()
+
+            h = await asb.files.watch_dir("/tmp/s", on_event=on_event, include_entry=True)
+            await asb.files.write("/tmp/s/first.txt", "12345")
+            await asb.files.write("/tmp/s/last.txt", "x")
+            await asyncio.wait_for(done.wait(), 20)
+            await h.stop()
+            assert any(t == FilesystemEventType.CREATE and n == "first.txt" for t, n, _ in events), events
+            assert any(n == "first.txt" and size == 5 for _, n, size in events), events
+        finally:
+            await asb.kill()
+
+    asyncio.run(streamed())
 
 
 def network():

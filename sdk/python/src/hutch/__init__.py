@@ -46,6 +46,7 @@ from .models import (
     ExploreOutcome,
     ExploreResult,
     FileEntry,
+    FileEvent,
     LifecycleEvent,
     LogLine,
     SandboxInfo,
@@ -56,6 +57,7 @@ from .models import (
     VolumeAttachment,
     VolumeMount,
 )
+from ._watch import AsyncFileWatch, FileWatch
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
 __all__ = [
@@ -93,6 +95,9 @@ __all__ = [
     "ExploreOutcome",
     "ExploreResult",
     "FileEntry",
+    "FileEvent",
+    "FileWatch",
+    "AsyncFileWatch",
     "LifecycleEvent",
     "LogLine",
     "SandboxInfo",
