@@ -42,6 +42,7 @@ impl ExecCommand {
             pty,
             stdin: self.stdin.is_some() || pty.is_some(),
             background: self.background,
+            handle: None,
         }
     }
 }

@@ -121,6 +121,7 @@ fn agent_status(code: AgentErrorCode) -> (StatusCode, &'static str) {
         AgentErrorCode::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
         AgentErrorCode::CommandNotFound => (StatusCode::BAD_REQUEST, "command_not_found"),
         AgentErrorCode::ConnectionRefused => (StatusCode::BAD_GATEWAY, "connection_refused"),
+        AgentErrorCode::Exited => (StatusCode::CONFLICT, "process_exited"),
         AgentErrorCode::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "agent_error"),
     }
 }

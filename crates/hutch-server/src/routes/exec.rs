@@ -264,6 +264,9 @@ fn async_stream(
                     .data(serde_json::json!({ "pid": pid }).to_string()),
                 Some(Ok(ExecEvent::Stdout(b))) => data_event("stdout", &b),
                 Some(Ok(ExecEvent::Stderr(b))) => data_event("stderr", &b),
+                Some(Ok(ExecEvent::Missed(m))) => Event::default()
+                    .event("missed")
+                    .data(serde_json::json!({"stdout": m.stdout, "stderr": m.stderr}).to_string()),
                 Some(Ok(ExecEvent::Exit(exit))) => {
                     exit_recorder.record(exit.exit_code, exit.timed_out, exit.duration_ms);
                     let ev = Event::default().event("exit").data(
