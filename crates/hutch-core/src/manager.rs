@@ -25,6 +25,7 @@ mod logs;
 mod metrics;
 mod network;
 mod ports;
+mod processes;
 mod reaper;
 mod refresh;
 mod service;
