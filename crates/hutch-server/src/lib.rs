@@ -204,27 +204,27 @@ pub fn app(state: AppState) -> Router {
             post(processes::start).get(processes::list),
         )
         .route(
-            "/v1/sandboxes/{id}/processes/{sel}",
+            "/v1/sandboxes/{id}/processes/{process}",
             get(processes::get).delete(processes::kill),
         )
         .route(
-            "/v1/sandboxes/{id}/processes/{sel}/output",
+            "/v1/sandboxes/{id}/processes/{process}/output",
             get(processes::output),
         )
         .route(
-            "/v1/sandboxes/{id}/processes/{sel}/stdin",
+            "/v1/sandboxes/{id}/processes/{process}/stdin",
             post(processes::stdin),
         )
         .route(
-            "/v1/sandboxes/{id}/processes/{sel}/close-stdin",
+            "/v1/sandboxes/{id}/processes/{process}/close-stdin",
             post(processes::close_stdin),
         )
         .route(
-            "/v1/sandboxes/{id}/processes/{sel}/signal",
+            "/v1/sandboxes/{id}/processes/{process}/signal",
             post(processes::signal),
         )
         .route(
-            "/v1/sandboxes/{id}/processes/{sel}/resize",
+            "/v1/sandboxes/{id}/processes/{process}/resize",
             post(processes::resize),
         )
         .route("/v1/sandboxes/{id}/code", post(code::run_code))

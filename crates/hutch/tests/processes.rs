@@ -645,3 +645,66 @@ async fn a_vm_sandbox_keeps_a_process_handle_across_hibernate_and_wake() {
     let out = output(&s, &id, "tag:kept", "").await;
     assert_eq!(out.text(), "one\ntwo\n");
 }
+
+/// Run the `hutch` CLI against `s`.
+fn hutch(s: &TestServer, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(hutch_testkit::hutch_bin())
+        .args(args)
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_STATE_DIR", &s.state_dir)
+        .env_remove("HUTCH_API_KEY")
+        .output()
+        .expect("run hutch")
+}
+
+#[tokio::test]
+async fn the_cli_starts_lists_attaches_and_signals_processes() {
+    let s = TestServer::start().await;
+    let id = ns_sandbox(&s).await;
+    let o = hutch(
+        &s,
+        &[
+            "exec",
+            "-d",
+            "--tag",
+            "cli",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo from-cli; sleep 100",
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
+    let pid: u32 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("exec -d prints the pid");
+    let o = hutch(&s, &["ps", &id]);
+    let ps = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{o:?}");
+    let row = ps
+        .lines()
+        .find(|l| l.starts_with(&pid.to_string()))
+        .unwrap_or_else(|| panic!("{pid} not in {ps}"));
+    assert!(
+        row.contains("cli") && row.contains("running") && row.contains("sleep 100"),
+        "{row}"
+    );
+
+    let o = hutch(&s, &["process", "signal", &id, "tag:cli", "TERM"]);
+    assert!(o.status.success(), "{o:?}");
+    let o = hutch(&s, &["attach", &id, &pid.to_string()]);
+    assert_eq!(o.status.code(), Some(143), "{o:?}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "from-cli\n");
+
+    let o = hutch(&s, &["process", "kill", &id, "tag:cli"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("has exited"),
+        "{o:?}"
+    );
+    let o = hutch(&s, &["--json", "ps", &id]);
+    let v: Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["processes"][0]["exit"]["signal"], 15, "{v}");
+}

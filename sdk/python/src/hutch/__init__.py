@@ -17,6 +17,7 @@ from ._events import AsyncLogStream, LogStream
 from ._templates import AsyncBuild, AsyncTemplates, Build, Templates
 from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
 from ._code import CodeContext, Execution, ExecutionError, Logs, Result
+from ._process import AsyncProcess, AsyncProcesses, Process, ProcessEvent, Processes
 from .errors import (
     AuthError,
     BuildFailed,
@@ -31,10 +32,13 @@ from .errors import (
     NotFoundError,
     PermissionDenied,
     PortUnreachable,
+    ProcessExited,
+    ProcessNotFound,
     QuotaExceeded,
     SandboxFailed,
     SandboxNotFound,
     ServerError,
+    TagInUse,
     TimeoutError,
     Unsupported,
 )
@@ -48,6 +52,8 @@ from .models import (
     FileEntry,
     LifecycleEvent,
     LogLine,
+    ProcessExit,
+    ProcessInfo,
     SandboxInfo,
     Snapshot,
     Template,
@@ -85,6 +91,13 @@ __all__ = [
     "BuildLogLine",
     "BuildFailed",
     "ExecResult",
+    "Process",
+    "AsyncProcess",
+    "Processes",
+    "AsyncProcesses",
+    "ProcessEvent",
+    "ProcessInfo",
+    "ProcessExit",
     "Execution",
     "ExecutionError",
     "Logs",
@@ -114,6 +127,9 @@ __all__ = [
     "Unsupported",
     "InvalidRequest",
     "ConflictError",
+    "ProcessExited",
+    "ProcessNotFound",
+    "TagInUse",
     "SandboxFailed",
     "PortUnreachable",
     "QuotaExceeded",
