@@ -38,7 +38,7 @@ pub enum FrameKind {
     /// JSON [`crate::AgentError`]: the process could not be started or the exec failed.
     Error = 20,
     /// JSON [`crate::MissedOutput`]: bytes of a process handle's output its ring dropped
-    /// before what follows (attach streams only).
+    /// before what follows (the streams of a process handle: its start and its attaches).
     Missed = 21,
 }
 

@@ -36,8 +36,8 @@ pub enum ExecEvent {
     Stdout(Bytes),
     /// Bytes from stderr.
     Stderr(Bytes),
-    /// A process handle's ring dropped this much output before what follows (attaches
-    /// only: one that came late, or a reader let go for not reading).
+    /// A process handle's ring dropped this much output before what follows (a handle's
+    /// streams only: an attach that came late, or a reader let go for not reading).
     Missed(MissedOutput),
     /// The process ended. Always the last event.
     Exit(ExecExit),
