@@ -43,6 +43,9 @@ pub enum Failure {
     /// Nothing listens on the TCP port a tunnel asked for.
     #[error("{0}")]
     ConnectionRefused(String),
+    /// The process handle has exited.
+    #[error("{0}")]
+    Exited(String),
     /// A bug or an unexpected condition of the agent.
     #[error("{0}")]
     Internal(String),
@@ -71,6 +74,7 @@ impl Failure {
             Self::NotADirectory(_) => AgentErrorCode::NotADirectory,
             Self::AlreadyExists(_) => AgentErrorCode::AlreadyExists,
             Self::ConnectionRefused(_) => AgentErrorCode::ConnectionRefused,
+            Self::Exited(_) => AgentErrorCode::Exited,
             Self::Internal(_) => AgentErrorCode::Internal,
         }
     }
@@ -108,7 +112,9 @@ pub fn status_of(code: AgentErrorCode) -> StatusCode {
         AgentErrorCode::IsADirectory
         | AgentErrorCode::NotADirectory
         | AgentErrorCode::BadRequest => StatusCode::BAD_REQUEST,
-        AgentErrorCode::NotEmpty | AgentErrorCode::AlreadyExists => StatusCode::CONFLICT,
+        AgentErrorCode::NotEmpty | AgentErrorCode::AlreadyExists | AgentErrorCode::Exited => {
+            StatusCode::CONFLICT
+        }
         AgentErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
         AgentErrorCode::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         AgentErrorCode::ConnectionRefused => StatusCode::BAD_GATEWAY,

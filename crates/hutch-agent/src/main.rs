@@ -18,6 +18,7 @@ mod identity;
 mod log;
 mod netconf;
 mod passwd;
+mod process;
 mod pty;
 mod reaper;
 mod rootfs;

@@ -25,7 +25,7 @@ use crate::fdio::FdIo;
 use crate::http::{self as agent_http, AgentBody, Query};
 use crate::log::log;
 use crate::state::Agent;
-use crate::{exec, files, identity, service, sys, tunnel};
+use crate::{exec, files, identity, process, service, sys, tunnel};
 
 /// Concurrent streams (execs, transfers) per connection.
 pub const MAX_CONCURRENT_STREAMS: u32 = 4096;
@@ -240,6 +240,13 @@ const ROUTES: &[&str] = &[
     "/v1/sync",
     "/v1/tcp",
     "/v1/service",
+    "/v1/processes",
+    "/v1/processes/info",
+    "/v1/processes/attach",
+    "/v1/processes/input",
+    "/v1/processes/close-stdin",
+    "/v1/processes/signal",
+    "/v1/processes/resize",
 ];
 
 async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentBody> {
@@ -294,6 +301,29 @@ async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentB
         (&Method::POST, "/v1/sync") => sync_all().await.map(|()| done()),
         (&Method::POST, "/v1/tcp") => match Query::parse(query) {
             Ok(q) => tunnel::handle_tcp(&q, body).await,
+            Err(e) => Err(e),
+        },
+        (&Method::GET, "/v1/processes") => Ok(agent_http::json(&process::list(&agent))),
+        (&Method::GET, "/v1/processes/info") => Query::parse(query)
+            .and_then(|q| process::info(&agent, &q))
+            .map(|info| agent_http::json(&info)),
+        (&Method::POST, "/v1/processes/attach") => {
+            Query::parse(query).and_then(|q| process::attach(&agent, &q))
+        }
+        (&Method::POST, "/v1/processes/input") => match Query::parse(query) {
+            Ok(q) => process::input(&agent, &q, body).await.map(|()| done()),
+            Err(e) => Err(e),
+        },
+        (&Method::POST, "/v1/processes/close-stdin") => match Query::parse(query) {
+            Ok(q) => process::close_stdin(&agent, &q).await.map(|()| done()),
+            Err(e) => Err(e),
+        },
+        (&Method::POST, "/v1/processes/signal") => match Query::parse(query) {
+            Ok(q) => process::signal(&agent, &q, body).await.map(|()| done()),
+            Err(e) => Err(e),
+        },
+        (&Method::POST, "/v1/processes/resize") => match Query::parse(query) {
+            Ok(q) => process::resize(&agent, &q, body).await.map(|()| done()),
             Err(e) => Err(e),
         },
         (_, known) if ROUTES.contains(&known) => Err(Failure::BadRequest(format!(

@@ -111,6 +111,7 @@ pub async fn start(agent: Arc<Agent>, body: Incoming) -> Result<ServiceStatus, F
         pty: None,
         stdin: false,
         background: true,
+        handle: None,
     };
     log!("starting the sandbox's start command");
     let frames = crate::exec::spawn_detached(Arc::clone(&agent), request);
@@ -146,7 +147,7 @@ async fn follow(
         while let Ok(Some(frame)) = decoder.next_frame() {
             match frame.kind {
                 FrameKind::Started => {
-                    if let Ok(ExecStarted { pid }) = frame.json::<ExecStarted>() {
+                    if let Ok(ExecStarted { pid, .. }) = frame.json::<ExecStarted>() {
                         log!("start command running as pid {pid}");
                         service.update(|slot| slot.status.pid = Some(pid));
                     }

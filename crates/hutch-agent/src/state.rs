@@ -1,5 +1,5 @@
 //! What the agent remembers between requests: its environment, the identity the host gave
-//! it, and which execs are running (for `POST /v1/signal`).
+//! it, which execs are running (for `POST /v1/signal`) and its process handles.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -22,6 +22,8 @@ pub struct Agent {
     pub exec_cgroups: Option<ExecCgroups>,
     /// The sandbox's start command, once started.
     pub service: crate::service::ServiceSlot,
+    /// Process handles, live and recently exited.
+    pub processes: Arc<crate::process::ProcessTable>,
     identity_env: RwLock<BTreeMap<String, String>>,
     running: Mutex<HashSet<u32>>,
 }
@@ -41,6 +43,7 @@ impl Agent {
             euid,
             exec_cgroups: None,
             service: crate::service::ServiceSlot::default(),
+            processes: Arc::default(),
             identity_env: RwLock::default(),
             running: Mutex::default(),
         }

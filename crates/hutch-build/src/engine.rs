@@ -419,6 +419,7 @@ async fn run_step(
                 pty: None,
                 stdin: false,
                 background: false,
+                handle: None,
             };
             let exit = stream_exec(build, n, client, request).await?;
             if exit.timed_out {
@@ -485,7 +486,7 @@ pub(crate) async fn stream_exec(
             ));
         };
         match event? {
-            ExecEvent::Started { .. } => {}
+            ExecEvent::Started { .. } | ExecEvent::Missed(_) => {}
             ExecEvent::Stdout(b) => push_lines(build, n, LogStream::Stdout, &mut partial[0], &b),
             ExecEvent::Stderr(b) => push_lines(build, n, LogStream::Stderr, &mut partial[1], &b),
             ExecEvent::Exit(exit) => {
@@ -522,6 +523,7 @@ pub(crate) fn tool_exec(
         pty: None,
         stdin: false,
         background: false,
+        handle: None,
     }
 }
 

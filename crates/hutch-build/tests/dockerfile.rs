@@ -159,6 +159,7 @@ impl World {
                     pty: None,
                     stdin: false,
                     background: false,
+                    handle: None,
                 },
                 None,
                 1 << 20,

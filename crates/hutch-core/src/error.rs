@@ -61,6 +61,15 @@ pub enum CoreError {
     /// The sandbox already runs as many execs as it may at once (429).
     #[error("{0}")]
     TooManyExecs(String),
+    /// The sandbox has no process handle of that pid or tag (any more) (404).
+    #[error("{0}")]
+    ProcessNotFound(String),
+    /// The process handle has exited: it takes no more input, signals or resizes (409).
+    #[error("{0}")]
+    ProcessExited(String),
+    /// A running process handle of the sandbox already has this tag (409).
+    #[error("{0}")]
+    TagInUse(String),
     /// The sandbox's agent answered with an error about the request (status by its code).
     #[error("{message}")]
     Agent {

@@ -20,7 +20,9 @@ pub const REPLAY_WINDOW: usize = 4096;
 pub struct ExecInfo {
     /// The program and its arguments (`["sh", "-c", script]` for shell commands).
     pub argv: Vec<String>,
-    /// How it ran: `collected` (`/exec`), `stream` (`/exec/stream`) or `pty`.
+    /// How it ran: `collected` (`/exec`), `stream` (`/exec/stream`), `pty`, or `process`
+    /// (a process handle started: its exit is there only when the starting call streamed
+    /// it to the end).
     pub mode: &'static str,
     /// Its exit code, if it exited (`None`: killed with the sandbox, or the client left).
     pub exit_code: Option<i32>,

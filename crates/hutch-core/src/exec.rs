@@ -11,6 +11,14 @@ use crate::output::{OutputChunks, OutputLease};
 pub use hutch_proto::client::StdinSource;
 pub use hutch_proto::Command;
 
+/// The argv a command runs (a shell command as `/bin/sh -c`).
+pub fn argv_of(cmd: &Command) -> Vec<String> {
+    match cmd {
+        Command::Argv(v) => v.clone(),
+        Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
+    }
+}
+
 /// A validated exec.
 #[derive(Debug, Clone)]
 pub struct ExecCommand {
@@ -42,6 +50,7 @@ impl ExecCommand {
             pty,
             stdin: self.stdin.is_some() || pty.is_some(),
             background: self.background,
+            handle: None,
         }
     }
 }

@@ -8,6 +8,7 @@
 //!   tests (feature `testing`).
 //! - [`host`]: what this host offers the backends (`hutch doctor`, the bench).
 //! - [`model`], [`exec`], [`snapshot`], [`fork`]: typed commands and records.
+//! - [`process`]: process handles (processes that outlive the call that started them).
 //! - [`ids`]: ids and secrets; [`ids::SandboxId`], parsed once where an id comes in and
 //!   taken by the manager's and the store's methods.
 //! - [`sandbox_network`]: a sandbox's egress policy and address, typed from the create on.
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod model;
 pub mod output;
 mod pidwatch;
+pub mod process;
 pub mod sandbox_network;
 pub mod sandbox_token;
 pub mod snapshot;

@@ -26,6 +26,7 @@ mod logs;
 mod metrics;
 mod network;
 mod ports;
+mod processes;
 mod reaper;
 mod refresh;
 mod service;

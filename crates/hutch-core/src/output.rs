@@ -286,7 +286,8 @@ pub async fn collect(
     let mut stderr = Capture::new(cap);
     while let Some(event) = exec.next().await {
         let (capture, data) = match event? {
-            ExecEvent::Started { .. } => continue,
+            // A plain exec is never told of missed output (only attaches are).
+            ExecEvent::Started { .. } | ExecEvent::Missed(_) => continue,
             ExecEvent::Stdout(data) => (&mut stdout, data),
             ExecEvent::Stderr(data) => (&mut stderr, data),
             ExecEvent::Error(e) => return Err(ClientError::Agent(e)),

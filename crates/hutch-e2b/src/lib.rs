@@ -64,8 +64,6 @@ pub struct E2bState {
     pub app: AppState,
     /// How the adapter is reached.
     pub cfg: Arc<E2bConfig>,
-    /// Processes started through envd's `Start`, while their streams are open.
-    processes: Arc<envd::Processes>,
     /// Template builds named by `POST /v3/templates`.
     builds: Arc<control::E2bBuilds>,
 }
@@ -113,7 +111,6 @@ pub fn router(app: AppState, cfg: E2bConfig) -> Router {
     let state = E2bState {
         app,
         cfg: Arc::new(cfg),
-        processes: Arc::default(),
         builds: Arc::default(),
     };
     let control = control::router().with_state(state.clone());

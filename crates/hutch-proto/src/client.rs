@@ -11,6 +11,7 @@
 
 mod exec;
 mod piped;
+mod process;
 pub mod service;
 mod tunnel;
 mod watch;

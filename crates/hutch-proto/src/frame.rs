@@ -37,6 +37,9 @@ pub enum FrameKind {
     Exit = 19,
     /// JSON [`crate::AgentError`]: the process could not be started or the exec failed.
     Error = 20,
+    /// JSON [`crate::MissedOutput`]: bytes of a process handle's output its ring dropped
+    /// before what follows (the streams of a process handle: its start and its attaches).
+    Missed = 21,
 }
 
 impl FrameKind {
@@ -54,6 +57,7 @@ impl FrameKind {
             18 => Stderr,
             19 => Exit,
             20 => Error,
+            21 => Missed,
             _ => return None,
         })
     }

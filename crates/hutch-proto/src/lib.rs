@@ -32,6 +32,13 @@
 //! | POST | `/v1/sync` | — | 204 (every filesystem flushed to its disk) |
 //! | POST | `/v1/tcp?port=` | raw bytes to the port (streamed) | raw bytes from it (streamed) |
 //! | GET | `/v1/files/watch?path=&recursive=&include_entry=` | – | NDJSON [`WatchMessage`]s (streamed, [`watch`]) |
+//! | GET | `/v1/processes` | – | [`ProcessList`] JSON |
+//! | GET | `/v1/processes/info?pid=\|tag=` | – | [`ProcessInfo`] JSON |
+//! | POST | `/v1/processes/attach?pid=\|tag=&replay=` | – | frames: kept output, live output, exit |
+//! | POST | `/v1/processes/input?pid=\|tag=` | raw bytes for stdin (streamed) | 204 |
+//! | POST | `/v1/processes/close-stdin?pid=\|tag=` | – | 204 |
+//! | POST | `/v1/processes/signal?pid=\|tag=` | [`SignalFrame`] JSON | 204 |
+//! | POST | `/v1/processes/resize?pid=\|tag=` | [`PtySize`] JSON | 204 |
 //!
 //! Errors are a non-2xx status with an [`AgentError`] JSON body.
 
@@ -40,6 +47,7 @@ pub mod archive;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod frame;
+pub mod process;
 pub mod query;
 mod service;
 pub mod time;
@@ -50,6 +58,9 @@ pub use frame::{
     encode_data_frames, encode_frame, encode_json_frame, Frame, FrameDecoder, FrameError,
     FrameKind, MAX_FRAME_PAYLOAD,
 };
+pub use process::{
+    check_tag, HandleSpec, MissedOutput, ProcessInfo, ProcessList, ProcessSelector, ProcessState,
+};
 pub use service::*;
 pub use types::*;
 pub use watch::{
@@ -57,7 +68,7 @@ pub use watch::{
 };
 
 /// The protocol version this crate speaks. See the crate docs for the compatibility rule.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Where the agent binary is mounted inside every sandbox (read-only).
 pub const AGENT_PATH_IN_SANDBOX: &str = "/.hutch/hutch-agent";

@@ -67,6 +67,12 @@ pub struct ExecRequest {
     /// output is read and discarded once nobody listens; its timeout still applies.
     #[serde(default)]
     pub background: bool,
+    /// Start the process as a handle ([`crate::process`]): registered by pid and tag, its
+    /// output kept in a ring for later attaches, never killed when a call goes away (as
+    /// `background`), its input and signals reachable from any call. The `Started` frame
+    /// then says `"handle": true` (an agent that predates handles leaves it out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<crate::HandleSpec>,
 }
 
 /// `Started` frame.
@@ -74,6 +80,9 @@ pub struct ExecRequest {
 pub struct ExecStarted {
     /// The process id inside the sandbox.
     pub pid: u32,
+    /// True when the process was registered as a handle (the request asked for one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handle: bool,
 }
 
 /// `Exit` frame: always the last frame of an exec response.
@@ -266,6 +275,8 @@ pub enum AgentErrorCode {
     CommandNotFound,
     /// Nothing listens on the TCP port a tunnel asked for (`POST /v1/tcp`).
     ConnectionRefused,
+    /// The process handle has exited: it takes no more input or signals.
+    Exited,
     /// Anything else.
     Internal,
 }
@@ -293,6 +304,7 @@ impl AgentErrorCode {
             Self::NoSpace => "no_space",
             Self::CommandNotFound => "command_not_found",
             Self::ConnectionRefused => "connection_refused",
+            Self::Exited => "exited",
             Self::Internal => "internal",
         }
     }
@@ -339,6 +351,7 @@ mod tests {
             AgentErrorCode::NoSpace,
             AgentErrorCode::CommandNotFound,
             AgentErrorCode::ConnectionRefused,
+            AgentErrorCode::Exited,
             AgentErrorCode::Internal,
         ] {
             let json = serde_json::to_string(&code).expect("serializes");
@@ -354,6 +367,16 @@ mod tests {
         let r: ExecRequest =
             serde_json::from_str(r#"{"cmd": ["ls", "-l"], "background": true}"#).expect("parses");
         assert_eq!(r.cmd, Command::Argv(vec!["ls".into(), "-l".into()]));
-        assert!(r.background);
+        assert!(r.background && r.handle.is_none());
+        let r: ExecRequest =
+            serde_json::from_str(r#"{"cmd": "top", "handle": {"tag": "t"}}"#).expect("parses");
+        assert_eq!(r.handle.and_then(|h| h.tag).as_deref(), Some("t"));
+        // A plain start frame is what agents before handles sent.
+        let plain = serde_json::to_string(&ExecStarted {
+            pid: 3,
+            handle: false,
+        })
+        .expect("json");
+        assert_eq!(plain, r#"{"pid":3}"#);
     }
 }

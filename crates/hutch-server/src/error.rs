@@ -121,6 +121,7 @@ fn agent_status(code: AgentErrorCode) -> (StatusCode, &'static str) {
         AgentErrorCode::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
         AgentErrorCode::CommandNotFound => (StatusCode::BAD_REQUEST, "command_not_found"),
         AgentErrorCode::ConnectionRefused => (StatusCode::BAD_GATEWAY, "connection_refused"),
+        AgentErrorCode::Exited => (StatusCode::CONFLICT, "process_exited"),
         AgentErrorCode::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "agent_error"),
     }
 }
@@ -150,6 +151,9 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::NotSupported { .. } | CoreError::VmUnavailable(_) => NOT_SUPPORTED,
         CoreError::Quota(_) => QUOTA,
         CoreError::TooManyExecs(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_execs"),
+        CoreError::ProcessNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+        CoreError::ProcessExited(_) => (StatusCode::CONFLICT, "process_exited"),
+        CoreError::TagInUse(_) => (StatusCode::CONFLICT, "tag_in_use"),
         CoreError::Agent { code, .. } => agent_status(*code),
         CoreError::NotReady { source, .. } => match source.as_ref() {
             ServiceError::TimedOut { .. } => (StatusCode::GATEWAY_TIMEOUT, "ready_timeout"),
@@ -412,6 +416,21 @@ mod tests {
                 CoreError::TooManyExecs("8 running".into()),
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_execs",
+            ),
+            (
+                CoreError::ProcessNotFound("no process 4".into()),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                CoreError::ProcessExited("process 4 has exited".into()),
+                StatusCode::CONFLICT,
+                "process_exited",
+            ),
+            (
+                CoreError::TagInUse("the tag \"web\" is taken".into()),
+                StatusCode::CONFLICT,
+                "tag_in_use",
             ),
             (
                 CoreError::AgentConnection(ClientError::Transport("reset".into())),

@@ -145,7 +145,7 @@ pub fn default_build_settings(manager: &Manager) -> BuildSettings {
 pub fn app(state: AppState) -> Router {
     use routes::{
         build_logs, code, exec, files, files_url, files_watch, lifecycle, logs, misc, network,
-        ports, pty, sandboxes, templates, volumes,
+        ports, processes, pty, sandboxes, templates, volumes,
     };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
@@ -202,6 +202,34 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route("/v1/sandboxes/{id}/exec/stream", post(exec::exec_stream))
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))
+        .route(
+            "/v1/sandboxes/{id}/processes",
+            post(processes::start).get(processes::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}",
+            get(processes::get).delete(processes::kill),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/output",
+            get(processes::output),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/stdin",
+            post(processes::stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/close-stdin",
+            post(processes::close_stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/signal",
+            post(processes::signal),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{process}/resize",
+            post(processes::resize),
+        )
         .route("/v1/sandboxes/{id}/code", post(code::run_code))
         .route(
             "/v1/sandboxes/{id}/contexts",

@@ -328,6 +328,7 @@ pub async fn run_first_programs(client: &AgentClient) {
             pty: None,
             stdin: false,
             background: false,
+            handle: None,
         };
         if let Err(e) = client.exec_collect(request, None, 1 << 16).await {
             tracing::debug!(error = %e, "warm-up exec");

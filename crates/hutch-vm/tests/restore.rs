@@ -50,6 +50,7 @@ async fn sh(client: &hutch_proto::client::AgentClient, script: &str) -> String {
         pty: None,
         stdin: false,
         background: false,
+        handle: None,
     };
     let out = client
         .exec_collect(request, None, 1 << 20)

@@ -34,6 +34,8 @@ export class NotFoundError extends HutchError {}
 export class SandboxNotFound extends NotFoundError {}
 /** 404: no such file or directory inside the sandbox. */
 export class FileNotFound extends NotFoundError {}
+/** 404: no process handle of that pid or tag in the sandbox (or it exited too long ago). */
+export class ProcessNotFound extends NotFoundError {}
 /** 404 for a route this server does not have (a feature that has not landed yet). */
 export class Unsupported extends NotFoundError {}
 /**
@@ -49,6 +51,10 @@ export class InvalidRequest extends HutchError {}
 export class ConflictError extends HutchError {}
 /** The sandbox died or could not start (`sandbox_failed`). */
 export class SandboxFailed extends ConflictError {}
+/** 409 `process_exited`: the process handle has exited; it takes no more input, signals or resizes. */
+export class ProcessExited extends ConflictError {}
+/** 409 `tag_in_use`: a running process handle of the sandbox already has this tag. */
+export class TagInUse extends ConflictError {}
 /** 429: a quota or limit was reached. */
 export class QuotaExceeded extends HutchError {}
 /** 5xx: a bug or an unexpected failure on the server. */
@@ -89,6 +95,8 @@ type ErrorClass = new (message: string, opts?: HutchErrorOptions) => HutchError;
 
 function classFor(status: number, code: string | undefined, message: string, kind: string): ErrorClass {
   if (code === "sandbox_failed") return SandboxFailed;
+  if (code === "process_exited") return ProcessExited;
+  if (code === "tag_in_use") return TagInUse;
   if (code === "no_interpreter") return NoInterpreter;
   if (code === "interpreter_failed") return InterpreterFailed;
   if (code === "connection_refused" || code === "bad_gateway") return PortUnreachable;
@@ -97,6 +105,7 @@ function classFor(status: number, code: string | undefined, message: string, kin
   if (status === 404) {
     if (message.startsWith("sandbox ")) return SandboxNotFound;
     if (message.startsWith("context ")) return ContextNotFound;
+    if (message.startsWith("no process ")) return ProcessNotFound;
     if (message.startsWith("no such route")) return Unsupported;
     if (kind === "files") return FileNotFound;
     return NotFoundError;

@@ -36,10 +36,13 @@ export {
   NotFoundError,
   PermissionDenied,
   PortUnreachable,
+  ProcessExited,
+  ProcessNotFound,
   QuotaExceeded,
   SandboxFailed,
   SandboxNotFound,
   ServerError,
+  TagInUse,
   TimeoutError,
   Unsupported,
   errorFromResponse,
@@ -65,6 +68,15 @@ export type {
   VolumeAttachment,
   VolumeMountInfo,
 } from "./models.js";
+export {
+  Process,
+  Processes,
+  type ProcessEvent,
+  type ProcessExit,
+  type ProcessInfo,
+  type ProcessStartOptions,
+  type Signal,
+} from "./process.js";
 export { PtySession, type PtyOptions } from "./pty.js";
 export { FileWatch, type WatchOptions, type WatchReady, type WatchWarning } from "./watch.js";
 export {
@@ -73,6 +85,7 @@ export {
   type Command,
   type ConnectOptions,
   type CreateOptions,
+  type BackgroundExecOptions,
   type ExecOptions,
   type ExecStreamOptions,
   type ExploreOptions,

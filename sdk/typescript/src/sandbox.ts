@@ -3,6 +3,7 @@ import { Client, LogStream, anySignal, mapFetchError, type ClientOptions } from 
 import {
   AuthError,
   HutchError,
+  InvalidRequest,
   SandboxNotFound,
   FileNotFound,
   errorFromEvent,
@@ -35,6 +36,7 @@ import {
   type Execution,
   type RunCodeOptions,
 } from "./code.js";
+import { Process, Processes, processInfo } from "./process.js";
 import { PtySession, type PtyOptions } from "./pty.js";
 import { sseEvents } from "./sse.js";
 import { FileWatch, type WatchOptions } from "./watch.js";
@@ -173,6 +175,16 @@ export interface ExecOptions {
   signal?: AbortSignal;
 }
 
+/**
+ * Options of {@link Sandbox.exec} that start the command as a process handle: it runs on,
+ * without a time limit unless `timeoutSeconds` says otherwise.
+ */
+export interface BackgroundExecOptions extends ExecOptions {
+  background: true;
+  /** A name to find it by (`sb.processes.connect(tag)`), unique among running handles. */
+  tag?: string;
+}
+
 /** Options of {@link Sandbox.execStream}: {@link ExecOptions} plus callbacks. */
 export interface ExecStreamOptions extends ExecOptions {
   /** Called with each chunk of standard output (may return a promise, which is awaited). */
@@ -244,12 +256,15 @@ export class Sandbox implements AsyncDisposable {
   readonly client: Client;
   /** File operations inside the sandbox. */
   readonly files: Files;
+  /** The sandbox's process handles: `start`, `list`, `connect` (docs/processes.md). */
+  readonly processes: Processes;
 
   /** Wrap an existing sandbox; prefer {@link Sandbox.create}, {@link Sandbox.connect} or {@link Sandbox.list}. */
   constructor(info: SandboxInfo, client: Client) {
     this._info = info;
     this.client = client;
     this.files = new Files(this);
+    this.processes = new Processes(client, info.id);
   }
 
   /**
@@ -407,10 +422,34 @@ export class Sandbox implements AsyncDisposable {
   /**
    * Run a command to completion and collect its output. An array runs the program directly
    * without a shell, so arguments (even ones a model wrote) reach it verbatim; a string runs
-   * under `/bin/sh -c`. A non-zero exit is not an error.
-   * @throws {@link InvalidRequest} for an empty `cmd`, a relative `cwd`, bad `env` or timeout.
+   * under `/bin/sh -c`. A non-zero exit is not an error. With `{ background: true }` it is
+   * started as a process handle instead and a {@link Process} comes back at once: it runs on,
+   * keeps its output for later (`wait()`, `for await`), and takes stdin and signals.
+   * @throws {@link InvalidRequest} for an empty `cmd`, a relative `cwd`, bad `env` or timeout;
+   * with `background`, a program that cannot be found (`command_not_found`).
+   * @throws {@link TagInUse} when a running handle already has `tag`.
    */
-  async exec(cmd: Command, opts: ExecOptions = {}): Promise<ExecResult> {
+  exec(cmd: Command, opts: BackgroundExecOptions): Promise<Process>;
+  exec(cmd: Command, opts?: ExecOptions): Promise<ExecResult>;
+  async exec(cmd: Command, opts: ExecOptions | BackgroundExecOptions = {}): Promise<ExecResult | Process> {
+    const background = "background" in opts && opts.background === true;
+    const tag = background ? (opts as BackgroundExecOptions).tag : (opts as { tag?: string }).tag;
+    if (tag !== undefined && !background) {
+      throw new InvalidRequest("tag names a process handle: it needs background: true");
+    }
+    if (background) {
+      // A process left running gets no time limit unless asked (the server's 60 s suits
+      // commands awaited).
+      const body = execBody(cmd, { timeoutSeconds: 0, ...opts });
+      body.background = true;
+      if (tag !== undefined) body.tag = tag;
+      const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/exec"), {
+        json: body,
+        timeoutMs: null,
+        signal: opts.signal,
+      });
+      return new Process(this.client, this.id, processInfo(doc));
+    }
     const doc = await this.client.requestJson<Json>("POST", sandboxPath(this.id, "/exec"), {
       json: execBody(cmd, opts),
       timeoutMs: execTimeoutMs(opts.timeoutSeconds),

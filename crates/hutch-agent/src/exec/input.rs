@@ -3,8 +3,10 @@
 //! Frames are handled in order: stdin bytes are written to the process (waiting while it
 //! does not read, which in turn stops reading the body: HTTP/2 flow control pushes back on
 //! the host), `StdinEof` closes stdin (types `^D` on a PTY), `Signal` signals the process
-//! group, `Resize` resizes the PTY. A normal end of the body closes stdin; an error (the
-//! host reset the stream or the connection dropped) is reported as [`InputEnd::HostGone`].
+//! group, `Resize` resizes the PTY. A normal end of the body closes stdin (not a process
+//! handle's, whose stdin outlives the call); an error (the host reset the stream or the
+//! connection dropped) is reported as [`InputEnd::HostGone`]. The process's stdin is a
+//! [`ProcessStdin`], which a process handle shares with the calls that reach it by pid.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -96,6 +98,104 @@ pub enum StdinTarget {
     Pty(Arc<FdIo>),
 }
 
+/// Why input could not be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StdinError {
+    /// The process was started without a stdin (it reads `/dev/null`).
+    NoStdin,
+    /// Its stdin was closed (or the process closed its end).
+    Closed,
+}
+
+/// A process's input side, shared by everyone who may write to it: its exec's request body
+/// and, for a process handle, any call. Writes are serialized (one chunk at a time, in the
+/// order they come); a resize never waits behind a write the process does not read.
+#[derive(Debug)]
+pub struct ProcessStdin {
+    target: tokio::sync::Mutex<StdinTarget>,
+    terminal: std::sync::Mutex<Option<Arc<FdIo>>>,
+    had_stdin: bool,
+}
+
+impl ProcessStdin {
+    /// The input side of a process whose stdin is `target`.
+    pub fn new(target: StdinTarget) -> Self {
+        let terminal = match &target {
+            StdinTarget::Pty(fd) => Some(Arc::clone(fd)),
+            _ => None,
+        };
+        Self {
+            had_stdin: !matches!(target, StdinTarget::Closed),
+            target: tokio::sync::Mutex::new(target),
+            terminal: std::sync::Mutex::new(terminal),
+        }
+    }
+
+    /// The process has ended: let go of its stdin pipe or terminal.
+    pub async fn release(&self) {
+        *self.target.lock().await = StdinTarget::Closed;
+        *self.terminal.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Whether the process was started with a stdin (a pipe or a terminal).
+    pub fn has_stdin(&self) -> bool {
+        self.had_stdin
+    }
+
+    /// Write `data` to the process's stdin (or type it into its terminal), waiting while it
+    /// does not read.
+    pub async fn write(&self, data: &[u8]) -> Result<(), StdinError> {
+        let mut target = self.target.lock().await;
+        let fd = match &*target {
+            StdinTarget::Pipe(fd) | StdinTarget::Pty(fd) => Arc::clone(fd),
+            StdinTarget::Closed if self.had_stdin => return Err(StdinError::Closed),
+            StdinTarget::Closed => return Err(StdinError::NoStdin),
+        };
+        if fd.write_all(data).await.is_err() {
+            // The process closed its stdin (EPIPE) or the terminal is gone.
+            *target = StdinTarget::Closed;
+            return Err(StdinError::Closed);
+        }
+        Ok(())
+    }
+
+    /// End of file: closes a pipe, types `^D` into a terminal.
+    pub async fn close(&self) -> Result<(), StdinError> {
+        let mut target = self.target.lock().await;
+        match &*target {
+            StdinTarget::Pty(fd) => {
+                let fd = Arc::clone(fd);
+                fd.write_all(&[CTRL_D])
+                    .await
+                    .map_err(|_| StdinError::Closed)
+            }
+            StdinTarget::Pipe(_) => {
+                *target = StdinTarget::Closed;
+                Ok(())
+            }
+            StdinTarget::Closed if self.had_stdin => Ok(()),
+            StdinTarget::Closed => Err(StdinError::NoStdin),
+        }
+    }
+
+    /// What the end of an exec's request body does: a pipe is closed, a terminal stays.
+    async fn end_of_body(&self) {
+        let mut target = self.target.lock().await;
+        if matches!(&*target, StdinTarget::Pipe(_)) {
+            *target = StdinTarget::Closed;
+        }
+    }
+
+    /// Set the terminal's size; `Ok(false)` for a process without a terminal.
+    pub fn resize(&self, size: PtySize) -> std::io::Result<bool> {
+        let terminal = self.terminal.lock().unwrap_or_else(|p| p.into_inner());
+        match terminal.as_ref() {
+            Some(fd) => pty::resize(fd.as_raw_fd(), size).map(|()| true),
+            None => Ok(false),
+        }
+    }
+}
+
 /// How the input ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputEnd {
@@ -105,8 +205,23 @@ pub enum InputEnd {
     HostGone,
 }
 
-/// Apply input frames to the process whose group is `pgid` until the body ends.
-pub async fn feed(mut input: InputFrames, mut stdin: StdinTarget, pgid: u32) -> InputEnd {
+/// Apply input frames to the process whose group is `pgid` until the body ends. Unless
+/// `keep_stdin` (a process handle, whose stdin outlives the call that started it), the end
+/// of the body closes a stdin pipe.
+pub async fn feed(
+    mut input: InputFrames,
+    stdin: Arc<ProcessStdin>,
+    pgid: u32,
+    keep_stdin: bool,
+) -> InputEnd {
+    let end = apply(&mut input, &stdin, pgid).await;
+    if !keep_stdin {
+        stdin.end_of_body().await;
+    }
+    end
+}
+
+async fn apply(input: &mut InputFrames, stdin: &ProcessStdin, pgid: u32) -> InputEnd {
     loop {
         let frame = match input.next().await {
             Ok(Some(frame)) => frame,
@@ -118,21 +233,13 @@ pub async fn feed(mut input: InputFrames, mut stdin: StdinTarget, pgid: u32) -> 
             }
         };
         match frame.kind {
-            FrameKind::Stdin => match &stdin {
-                StdinTarget::Pipe(fd) | StdinTarget::Pty(fd) => {
-                    if fd.write_all(&frame.payload).await.is_err() {
-                        // The process closed its stdin (EPIPE) or the PTY is gone.
-                        stdin = StdinTarget::Closed;
-                    }
-                }
-                StdinTarget::Closed => {}
-            },
-            FrameKind::StdinEof => match &stdin {
-                StdinTarget::Pty(fd) => {
-                    let _ = fd.write_all(&[CTRL_D]).await;
-                }
-                _ => stdin = StdinTarget::Closed,
-            },
+            // Input to a process without stdin, or whose stdin is closed, is dropped.
+            FrameKind::Stdin => {
+                let _ = stdin.write(&frame.payload).await;
+            }
+            FrameKind::StdinEof => {
+                let _ = stdin.close().await;
+            }
             FrameKind::Signal => match frame.json::<SignalFrame>() {
                 Ok(SignalFrame { signal }) if (1..=64).contains(&signal) => {
                     let _ = sys::kill_group(pgid, signal);
@@ -140,14 +247,13 @@ pub async fn feed(mut input: InputFrames, mut stdin: StdinTarget, pgid: u32) -> 
                 Ok(SignalFrame { signal }) => log!("exec {pgid}: ignoring signal {signal}"),
                 Err(e) => log!("exec {pgid}: bad signal frame: {e}"),
             },
-            FrameKind::Resize => match (frame.json::<PtySize>(), &stdin) {
-                (Ok(size), StdinTarget::Pty(fd)) => {
-                    if let Err(e) = pty::resize(fd.as_raw_fd(), size) {
+            FrameKind::Resize => match frame.json::<PtySize>() {
+                Ok(size) => {
+                    if let Err(e) = stdin.resize(size) {
                         log!("exec {pgid}: resize failed: {e}");
                     }
                 }
-                (Ok(_), _) => {}
-                (Err(e), _) => log!("exec {pgid}: bad resize frame: {e}"),
+                Err(e) => log!("exec {pgid}: bad resize frame: {e}"),
             },
             other => log!("exec {pgid}: ignoring unexpected {other:?} frame from the host"),
         }

@@ -12,8 +12,8 @@
 //! cgroup of its own ([`crate::cgroups`]), so its `Exit` frame says how many of its
 //! processes the guest kernel's OOM killer killed.
 
-mod input;
-mod output;
+pub(crate) mod input;
+pub(crate) mod output;
 mod plan;
 mod spawn;
 
@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use self::input::{InputEnd, InputFrames, StdinTarget};
+use self::input::{InputEnd, InputFrames, ProcessStdin, StdinTarget};
 use self::output::{pump, FrameSink};
 use self::plan::{PlanError, Resolved};
 use self::spawn::{ChildStdio, SpawnError, SpawnPlan};
@@ -73,7 +73,12 @@ pub async fn handle_exec(agent: Arc<Agent>, body: Incoming) -> hyper::Response<A
         Err(e) => return http::error(&Failure::BadRequest(e.to_string())),
     };
     let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
-    tokio::spawn(run(agent, request, input, FrameSink::new(tx)));
+    let sink = FrameSink::new(tx);
+    if request.handle.is_some() {
+        tokio::spawn(crate::process::run_handle(agent, request, input, sink));
+    } else {
+        tokio::spawn(run(agent, request, input, sink));
+    }
     http::stream(http::FRAMES_CONTENT_TYPE, rx)
 }
 
@@ -104,7 +109,7 @@ pub async fn handle_signal(agent: Arc<Agent>, body: Incoming) -> Result<(), Fail
 }
 
 /// Signals the host may send (0 only checks that the group exists).
-fn check_signal(signal: i32) -> Result<(), Failure> {
+pub(crate) fn check_signal(signal: i32) -> Result<(), Failure> {
     if (0..=64).contains(&signal) {
         Ok(())
     } else {
@@ -115,22 +120,48 @@ fn check_signal(signal: i32) -> Result<(), Failure> {
 }
 
 /// The process side of a started exec.
-struct Started {
-    pid: u32,
-    status: oneshot::Receiver<ExitStatus>,
-    spawned_at: Instant,
-    outputs: Vec<(Arc<FdIo>, FrameKind)>,
-    stdin: StdinTarget,
+pub(crate) struct Started {
+    pub pid: u32,
+    pub status: oneshot::Receiver<ExitStatus>,
+    pub spawned_at: Instant,
+    pub outputs: Vec<(Arc<FdIo>, FrameKind)>,
+    pub stdin: StdinTarget,
     /// The cgroup the process joined (`vm` guests).
-    cgroup: Option<ExecCgroup>,
+    pub cgroup: Option<ExecCgroup>,
+    /// What runs, where and as whom (for a process handle's description).
+    pub argv: Vec<String>,
+    /// Its working directory.
+    pub cwd: String,
+    /// The user's name.
+    pub user: String,
 }
 
 /// Why an exec ended before its process ran.
-enum Refused {
+pub(crate) enum Refused {
     /// Answered with an `Error` frame.
     Error(AgentError),
     /// Answered like a shell: a line on stderr and this exit code.
     Shell { message: String, exit_code: i32 },
+}
+
+impl Refused {
+    /// The `Error` frame of a process handle that could not start. A handle never answers
+    /// like a shell (it would have no pid to attach to): a missing program is
+    /// `command_not_found`, one that cannot be executed `permission_denied`.
+    pub(crate) fn into_error(self) -> AgentError {
+        match self {
+            Refused::Error(error) => error,
+            Refused::Shell { message, exit_code } => {
+                let code = if exit_code == EXIT_NOT_FOUND {
+                    AgentErrorCode::CommandNotFound
+                } else {
+                    AgentErrorCode::PermissionDenied
+                };
+                let message = message.trim_end();
+                AgentError::new(code, message.strip_prefix("hutch: ").unwrap_or(message))
+            }
+        }
+    }
 }
 
 async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut sink: FrameSink) {
@@ -164,9 +195,11 @@ async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut si
         outputs,
         stdin,
         cgroup,
+        ..
     } = started;
     let running = agent.register_exec(pid);
-    sink.send(encode_json_frame(FrameKind::Started, &ExecStarted { pid }))
+    let started = ExecStarted { pid, handle: false };
+    sink.send(encode_json_frame(FrameKind::Started, &started))
         .await;
 
     let (exited_tx, exited_rx) = watch::channel(None);
@@ -177,9 +210,14 @@ async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut si
             tokio::spawn(async move { pump(&fd, kind, sink, exited).await })
         })
         .collect();
-    let mut input_task = tokio::spawn(input::feed(input, stdin, pid));
+    let stdin = Arc::new(ProcessStdin::new(stdin));
+    let mut input_task = tokio::spawn(input::feed(input, stdin, pid, false));
 
-    let supervised = supervise(pid, &request, status, &sink, &mut input_task).await;
+    let host = (!request.background).then_some(HostWatch {
+        sink: &sink,
+        input: &mut input_task,
+    });
+    let supervised = supervise(pid, request.timeout_ms, status, host).await;
     let duration = spawned_at.elapsed();
     let oom_kills = finish_cgroup(&agent, cgroup);
     let _ = exited_tx.send(Some(Instant::now()));
@@ -194,36 +232,40 @@ async fn run(agent: Arc<Agent>, request: ExecRequest, input: InputFrames, mut si
     input_task.abort();
 }
 
-struct Supervised {
-    status: Option<ExitStatus>,
-    timed_out: bool,
+/// How an exec's process ended.
+pub(crate) struct Supervised {
+    pub status: Option<ExitStatus>,
+    pub timed_out: bool,
 }
 
-/// Wait for the process to exit, enforcing the timeout and killing the group when the host
-/// goes away (unless `background`).
-async fn supervise(
+/// The host side of an exec whose process dies with the call: its response sink and its
+/// input task, either of which says when the host went away.
+pub(crate) struct HostWatch<'a> {
+    pub sink: &'a FrameSink,
+    pub input: &'a mut JoinHandle<InputEnd>,
+}
+
+/// Wait for the process to exit, enforcing the timeout (`timeout_ms`, none for 0) and,
+/// with a `host` to watch, killing the group when the host goes away.
+pub(crate) async fn supervise(
     pid: u32,
-    request: &ExecRequest,
+    timeout_ms: Option<u64>,
     mut status: oneshot::Receiver<ExitStatus>,
-    sink: &FrameSink,
-    input_task: &mut JoinHandle<InputEnd>,
+    host: Option<HostWatch<'_>>,
 ) -> Supervised {
-    let timeout = request
-        .timeout_ms
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis);
+    let timeout = timeout_ms.filter(|&ms| ms > 0).map(Duration::from_millis);
     // Far enough to never fire when there is no timeout.
     let deadline = Instant::now() + timeout.unwrap_or(Duration::from_secs(100 * 365 * 86_400));
     let sleep = tokio::time::sleep_until(deadline);
     tokio::pin!(sleep);
-    let (mut timed_out, mut host_gone, mut input_done) = (false, false, false);
-    let host_left = |host_gone: &mut bool| {
-        if !*host_gone {
-            *host_gone = true;
-            if !request.background {
-                let _ = sys::kill_group(pid, libc::SIGKILL);
-            }
-        }
+    let (sink, mut input) = match host {
+        Some(HostWatch { sink, input }) => (Some(sink), Some(input)),
+        None => (None, None),
+    };
+    let (mut timed_out, mut host_here, mut input_done) = (false, sink.is_some(), false);
+    let host_left = |host_here: &mut bool| {
+        *host_here = false;
+        let _ = sys::kill_group(pid, libc::SIGKILL);
     };
     loop {
         tokio::select! {
@@ -237,11 +279,21 @@ async fn supervise(
                 timed_out = true;
                 let _ = sys::kill_group(pid, libc::SIGKILL);
             }
-            () = sink.closed(), if !host_gone => host_left(&mut host_gone),
-            end = &mut *input_task, if !input_done => {
+            () = async {
+                match sink {
+                    Some(sink) => sink.closed().await,
+                    None => std::future::pending().await,
+                }
+            }, if host_here => host_left(&mut host_here),
+            end = async {
+                match input.as_mut() {
+                    Some(input) => (&mut **input).await,
+                    None => std::future::pending().await,
+                }
+            }, if host_here && !input_done => {
                 input_done = true;
                 if matches!(end, Ok(InputEnd::HostGone)) {
-                    host_left(&mut host_gone);
+                    host_left(&mut host_here);
                 }
             }
         }
@@ -249,12 +301,16 @@ async fn supervise(
 }
 
 /// Read the OOM kills of the exec's cgroup and give it back (see [`crate::cgroups`]).
-fn finish_cgroup(agent: &Agent, cgroup: Option<ExecCgroup>) -> Option<u64> {
+pub(crate) fn finish_cgroup(agent: &Agent, cgroup: Option<ExecCgroup>) -> Option<u64> {
     let (cgroups, cgroup) = (agent.exec_cgroups.as_ref()?, cgroup?);
     cgroups.finish(cgroup)
 }
 
-fn exit_frame(status: Option<ExitStatus>, timed_out: bool, duration: Duration) -> ExecExit {
+pub(crate) fn exit_frame(
+    status: Option<ExitStatus>,
+    timed_out: bool,
+    duration: Duration,
+) -> ExecExit {
     let (exit_code, signal) = match status {
         Some(ExitStatus::Exited(code)) => (code, None),
         Some(ExitStatus::Signaled(signal)) => (128 + signal, Some(signal)),
@@ -270,7 +326,7 @@ fn exit_frame(status: Option<ExitStatus>, timed_out: bool, duration: Duration) -
 }
 
 /// Resolve, set up stdio and spawn. The child-side fds are closed before returning.
-async fn start(agent: &Arc<Agent>, request: &ExecRequest) -> Result<Started, Refused> {
+pub(crate) async fn start(agent: &Arc<Agent>, request: &ExecRequest) -> Result<Started, Refused> {
     let resolved = resolve(agent, request).await?;
     let stdio = Stdio::new(request).map_err(|e| internal(format!("cannot create pipes: {e}")))?;
     let credentials = plan::credentials(&resolved.account, agent.euid);
@@ -322,6 +378,9 @@ async fn start(agent: &Arc<Agent>, request: &ExecRequest) -> Result<Started, Ref
     let pid = u32::try_from(pid).map_err(|_| internal("fork returned a negative pid".into()))?;
     let mut started = stdio.into_started(pid, status, spawned_at);
     started.cgroup = cgroup;
+    started.argv = resolved.argv;
+    started.cwd = resolved.cwd;
+    started.user = resolved.account.name;
     Ok(started)
 }
 
@@ -466,6 +525,9 @@ impl Stdio {
             outputs: Vec::new(),
             stdin: StdinTarget::Closed,
             cgroup: None,
+            argv: Vec::new(),
+            cwd: String::new(),
+            user: String::new(),
         };
         let register = |fd: OwnedFd| match FdIo::new(fd) {
             Ok(io) => Some(Arc::new(io)),

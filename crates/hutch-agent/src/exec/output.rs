@@ -2,7 +2,9 @@
 //!
 //! Backpressure: frames go through a bounded queue to the response body; when the host
 //! stops reading, HTTP/2 flow control stops hyper polling the body, the queue fills, and
-//! the pumps stop reading the pipes, so the process blocks on a full pipe.
+//! the pumps stop reading the pipes, so the process blocks on a full pipe. A process
+//! handle's pumps put their output into its ring instead ([`OutputTarget`],
+//! `crate::process`), which pushes back the same way while an attached reader lags.
 //!
 //! Once the host is gone the pumps keep reading and discard, so a `background` process
 //! never blocks on output nobody reads.
@@ -12,6 +14,7 @@
 //! the host to take frames does not count) and stop, so the exit is never held hostage by
 //! a grandchild.
 
+use std::future::Future;
 use std::io;
 use std::time::Duration;
 
@@ -59,12 +62,24 @@ impl FrameSink {
     }
 }
 
+/// Where a pump puts what it reads: an exec's frames, or a process handle's ring.
+pub trait OutputTarget: Send + 'static {
+    /// Take a chunk of `kind` output, waiting while there is no room for it.
+    fn put(&mut self, kind: FrameKind, data: &[u8]) -> impl Future<Output = ()> + Send;
+}
+
+impl OutputTarget for FrameSink {
+    async fn put(&mut self, kind: FrameKind, data: &[u8]) {
+        self.send(encode_frame(kind, data)).await;
+    }
+}
+
 /// Copy `fd` into `kind` frames until end of file, or until the grace period after the
 /// process's exit runs out. `exited` turns `Some(instant)` when the main process has exited.
-pub async fn pump(
+pub async fn pump<T: OutputTarget>(
     fd: &FdIo,
     kind: FrameKind,
-    mut sink: FrameSink,
+    mut sink: T,
     mut exited: watch::Receiver<Option<Instant>>,
 ) {
     let mut buf = vec![0u8; CHUNK];
@@ -100,7 +115,7 @@ pub async fn pump(
             Err(_) => return,
         };
         let started = Instant::now();
-        sink.send(encode_frame(kind, &buf[..n])).await;
+        sink.put(kind, &buf[..n]).await;
         if let Some(at) = deadline.as_mut() {
             *at += started.elapsed();
         }
@@ -113,14 +128,14 @@ pub async fn pump(
 
 /// Take what the pipe holds right now: output written before the process exited is never
 /// lost, even when this runtime was too busy to read it within the grace period.
-async fn final_sweep(fd: &FdIo, kind: FrameKind, sink: &mut FrameSink, buf: &mut [u8]) {
+async fn final_sweep<T: OutputTarget>(fd: &FdIo, kind: FrameKind, sink: &mut T, buf: &mut [u8]) {
     let mut taken = 0;
     while taken < FINAL_SWEEP {
         match fd.read_now(buf) {
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 taken += n;
-                sink.send(encode_frame(kind, &buf[..n])).await;
+                sink.put(kind, &buf[..n]).await;
             }
         }
     }

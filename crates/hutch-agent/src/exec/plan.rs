@@ -198,6 +198,7 @@ mod tests {
             pty: None,
             stdin: false,
             background: false,
+            handle: None,
         }
     }
 

@@ -198,6 +198,7 @@ pub fn request(cmd: Command) -> ExecRequest {
         pty: None,
         stdin: false,
         background: false,
+        handle: None,
     }
 }
 

@@ -70,6 +70,7 @@ pub async fn start(client: &AgentClient) -> Result<(), StartFailure> {
         pty: None,
         stdin: true,
         background: true,
+        handle: None,
     };
     let session = client.exec(request).await.map_err(StartFailure::Client)?;
     let mut events = session.pipe_stdin(StdinSource::from(Some(super::driver_program())));
@@ -100,7 +101,7 @@ pub async fn start(client: &AgentClient) -> Result<(), StartFailure> {
                     });
                 }
                 ExecEvent::Error(e) => return Err(StartFailure::Client(ClientError::Agent(e))),
-                ExecEvent::Started { .. } => {}
+                ExecEvent::Started { .. } | ExecEvent::Missed(_) => {}
             }
         }
         Err(StartFailure::Failed(

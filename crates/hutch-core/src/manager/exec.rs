@@ -23,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::events::{EventBus, ExecInfo};
-use crate::exec::{ExecCommand, ExecOutcome};
+use crate::exec::{argv_of, ExecCommand, ExecOutcome};
 use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState};
 use crate::output::OutputBudget;
@@ -77,14 +77,6 @@ impl ExecSlot {
             .as_ref()
             .map(|t| t.exit.clone())
             .unwrap_or_default()
-    }
-}
-
-/// The argv an exec runs (a shell command as `sh -c`).
-fn argv_of(cmd: &hutch_proto::Command) -> Vec<String> {
-    match cmd {
-        hutch_proto::Command::Argv(v) => v.clone(),
-        hutch_proto::Command::Shell(s) => vec!["/bin/sh".into(), "-c".into(), s.clone()],
     }
 }
 
@@ -148,12 +140,22 @@ impl Manager {
         cmd: &ExecCommand,
         mode: &'static str,
     ) -> CoreResult<ExecSlot> {
+        self.tracked_slot_for(id, argv_of(&cmd.cmd), mode).await
+    }
+
+    /// [`Manager::exec_slot`] publishing a `sandbox.exec` event for `argv` run as `mode`.
+    pub(super) async fn tracked_slot_for(
+        &self,
+        id: &SandboxId,
+        argv: Vec<String>,
+        mode: &'static str,
+    ) -> CoreResult<ExecSlot> {
         let tenant = self.load(id).await?.tenant();
         let mut slot = self.exec_slot(id)?;
         slot.tracked = Some(TrackedExec {
             events: Arc::clone(&self.events),
             tenant,
-            argv: argv_of(&cmd.cmd),
+            argv,
             mode,
             started: Instant::now(),
             exit: ExitRecorder::default(),

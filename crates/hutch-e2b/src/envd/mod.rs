@@ -29,7 +29,6 @@ use crate::target::{self, SandboxTarget};
 use crate::E2bState;
 
 pub use files::FileQuery;
-pub use process::Processes;
 
 /// envd's routes.
 pub fn router(state: E2bState) -> Router<E2bState> {

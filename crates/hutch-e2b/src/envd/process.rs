@@ -1,13 +1,9 @@
-//! `process.Process`: start processes and stream their output, list them, send them input
-//! and signals, resize their terminals.
-//!
-//! Processes are Hutch execs. While a process's `Start` stream is open the adapter keeps its
-//! input handle, so `SendInput`, `StreamInput`, `CloseStdin`, `Update` and `List` reach it;
-//! the process keeps running when the stream closes (as envd's do), and signals reach it by
-//! pid through the agent at any time.
+//! `process.Process`: start processes and stream their output, re-attach to them, list
+//! them, send them input and signals, resize their terminals — onto Hutch's process handles
+//! (`docs/processes.md`): every process envd starts outlives the stream that started it, as
+//! envd's do, keeps what it writes while nobody is attached (a 1 MiB ring per stream) and
+//! its exit code for late `Connect`s.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -17,12 +13,15 @@ use axum::response::Response;
 use axum::Extension;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use hutch_core::exec::{Command, ExecCommand};
+use hutch_core::exec::Command;
 use hutch_core::ids::SandboxId;
-use hutch_proto::client::{ExecEvent, ExecInput};
+use hutch_core::process::{
+    ProcessEvent, ProcessInfo, ProcessSelector, ProcessStart, ProcessState, ProcessStream,
+};
+use hutch_core::CoreError;
 use serde_json::{json, Value};
 
-use super::proto::{self, b64, ProcessSelector};
+use super::proto::{self, b64};
 use super::EnvdUser;
 use crate::connect::{self, Code, ConnectError};
 use crate::target::SandboxTarget;
@@ -31,58 +30,6 @@ use crate::E2bState;
 /// How often a stream says it is alive when nothing else happens, unless the client asks
 /// otherwise (`Keepalive-Ping-Interval`, seconds).
 const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
-
-/// The processes whose `Start` stream is open, per sandbox.
-#[derive(Default)]
-pub struct Processes {
-    by_sandbox: Mutex<HashMap<SandboxId, HashMap<u32, Running>>>,
-}
-
-struct Running {
-    input: ExecInput,
-    info: Value,
-    tag: Option<String>,
-    pty: bool,
-}
-
-impl Processes {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, HashMap<u32, Running>>> {
-        self.by_sandbox.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn insert(&self, id: &SandboxId, pid: u32, r: Running) {
-        self.lock().entry(id.clone()).or_default().insert(pid, r);
-    }
-
-    fn remove(&self, id: &SandboxId, pid: u32) {
-        let mut all = self.lock();
-        if let Some(m) = all.get_mut(id) {
-            m.remove(&pid);
-            if m.is_empty() {
-                all.remove(id);
-            }
-        }
-    }
-
-    fn find(&self, id: &SandboxId, sel: &ProcessSelector) -> Option<(u32, ExecInput, bool)> {
-        let all = self.lock();
-        let m = all.get(id)?;
-        m.iter()
-            .find(|(pid, r)| match (&sel.pid, &sel.tag) {
-                (Some(p), _) => *p == **pid,
-                (None, Some(t)) => r.tag.as_deref() == Some(t.as_str()),
-                _ => false,
-            })
-            .map(|(pid, r)| (*pid, r.input.clone(), r.pty))
-    }
-
-    fn list(&self, id: &SandboxId) -> Vec<Value> {
-        self.lock()
-            .get(id)
-            .map(|m| m.values().map(|r| r.info.clone()).collect())
-            .unwrap_or_default()
-    }
-}
 
 /// `POST /process.Process/{method}`.
 pub async fn rpc(
@@ -99,10 +46,10 @@ pub async fn rpc(
             Ok(req) => start(state, t.id, user, &headers, req).await,
             Err(e) => connect::stream_error(e),
         },
-        "Connect" => connect::stream_error(ConnectError::new(
-            Code::Unimplemented,
-            "re-attaching to a process is not supported yet: keep the handle Start returned",
-        )),
+        "Connect" => match connect::first_message::<proto::Selected>(body).await {
+            Ok(req) => attach(state, t.id, &headers, req).await,
+            Err(e) => connect::stream_error(e),
+        },
         "StreamInput" => stream_input(&state, &t.id, body).await,
         _ if streaming => connect::stream_error(ConnectError::new(
             Code::Unimplemented,
@@ -121,9 +68,10 @@ async fn read_body(body: Body) -> Result<Bytes, ConnectError> {
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("reading the request: {e}")))
 }
 
-fn selector(sel: Option<ProcessSelector>) -> Result<ProcessSelector, ConnectError> {
+fn selector(sel: Option<proto::ProcessSelector>) -> Result<ProcessSelector, ConnectError> {
     match sel {
-        Some(s) if s.pid.is_some() || s.tag.is_some() => Ok(s),
+        Some(proto::ProcessSelector { pid: Some(p), .. }) => Ok(ProcessSelector::Pid(p)),
+        Some(proto::ProcessSelector { tag: Some(t), .. }) => Ok(ProcessSelector::Tag(t)),
         _ => Err(ConnectError::new(
             Code::InvalidArgument,
             "process (pid or tag) is required",
@@ -131,17 +79,38 @@ fn selector(sel: Option<ProcessSelector>) -> Result<ProcessSelector, ConnectErro
     }
 }
 
-fn not_found(sel: &ProcessSelector) -> ConnectError {
-    let what = match (&sel.pid, &sel.tag) {
-        (Some(p), _) => format!("pid {p}"),
-        (None, Some(t)) => format!("tag {t:?}"),
-        _ => "the process".to_string(),
+/// A Hutch error about a process, in envd's codes: an unknown one is `not_found` (the SDKs'
+/// `kill` then answers `False`), one that has exited too.
+fn process_error(e: CoreError, sel: &ProcessSelector) -> ConnectError {
+    let what = match sel {
+        ProcessSelector::Pid(p) => format!("pid {p}"),
+        ProcessSelector::Tag(t) => format!("tag {t:?}"),
     };
-    ConnectError::new(Code::NotFound, format!("process with {what} not found"))
+    match e {
+        CoreError::ProcessNotFound(_) => {
+            ConnectError::new(Code::NotFound, format!("process with {what} not found"))
+        }
+        CoreError::ProcessExited(_) => {
+            ConnectError::new(Code::NotFound, format!("process with {what} has exited"))
+        }
+        other => other.into(),
+    }
 }
 
-fn client_error(e: hutch_proto::client::ClientError) -> ConnectError {
-    ConnectError::new(Code::Unavailable, format!("the sandbox's agent: {e}"))
+/// envd's `ProcessInfo` of a Hutch handle.
+fn process_info(p: &ProcessInfo) -> Value {
+    let (cmd, args) = match p.cmd.split_first() {
+        Some((c, rest)) => (c.clone(), rest.to_vec()),
+        None => (String::new(), Vec::new()),
+    };
+    let mut v = json!({
+        "config": {"cmd": cmd, "args": args, "envs": p.env, "cwd": p.cwd},
+        "pid": p.pid,
+    });
+    if let Some(tag) = &p.tag {
+        v["tag"] = json!(tag);
+    }
+    v
 }
 
 async fn unary(
@@ -151,48 +120,54 @@ async fn unary(
     body: Body,
 ) -> Result<Value, ConnectError> {
     let body = read_body(body).await?;
-    let procs = &state.processes;
+    let manager = &state.app.manager;
     match method {
-        "List" => Ok(json!({ "processes": procs.list(id) })),
+        "List" => {
+            let all = manager.list_processes(id).await?;
+            let running: Vec<Value> = all
+                .iter()
+                .filter(|p| p.state == ProcessState::Running)
+                .map(process_info)
+                .collect();
+            Ok(json!({ "processes": running }))
+        }
         "SendInput" => {
             let req: proto::SendInputRequest = connect::decode_unary(&body)?;
             let sel = selector(req.process)?;
-            let (_, input, _) = procs.find(id, &sel).ok_or_else(|| not_found(&sel))?;
             let data = req.input.map(|i| i.bytes()).unwrap_or_default();
-            input
-                .send_stdin(Bytes::from(data))
+            manager
+                .process_input(id, &sel, Bytes::from(data))
                 .await
-                .map_err(client_error)?;
+                .map_err(|e| process_error(e, &sel))?;
             Ok(json!({}))
         }
         "CloseStdin" => {
             let req: proto::Selected = connect::decode_unary(&body)?;
             let sel = selector(req.process)?;
-            let (_, input, pty) = procs.find(id, &sel).ok_or_else(|| not_found(&sel))?;
-            if pty {
-                return Err(ConnectError::new(
-                    Code::FailedPrecondition,
-                    "a terminal has no stdin to close: send Ctrl-D (\\x04) instead",
-                ));
-            }
-            input.close_stdin().await.map_err(client_error)?;
+            manager
+                .close_process_stdin(id, &sel)
+                .await
+                .map_err(|e| process_error(e, &sel))?;
             Ok(json!({}))
         }
         "Update" => {
             let req: proto::UpdateRequest = connect::decode_unary(&body)?;
             let sel = selector(req.process)?;
-            let (_, input, _) = procs.find(id, &sel).ok_or_else(|| not_found(&sel))?;
             let size = req
                 .pty
                 .and_then(|p| p.size)
                 .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "pty.size is required"))?;
-            input
-                .resize(hutch_proto::PtySize {
-                    cols: size.cols,
-                    rows: size.rows,
-                })
+            manager
+                .resize_process(
+                    id,
+                    &sel,
+                    hutch_proto::PtySize {
+                        cols: size.cols,
+                        rows: size.rows,
+                    },
+                )
                 .await
-                .map_err(client_error)?;
+                .map_err(|e| process_error(e, &sel))?;
             Ok(json!({}))
         }
         "SendSignal" => {
@@ -201,24 +176,11 @@ async fn unary(
                 .number()
                 .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "signal is required"))?;
             let sel = selector(req.process)?;
-            let pid = match (procs.find(id, &sel), sel.pid) {
-                (Some((pid, _, _)), _) => pid,
-                (None, Some(pid)) => pid,
-                (None, None) => return Err(not_found(&sel)),
-            };
-            let agent = state.app.manager.agent(id).await?;
-            match agent.signal(pid, signal).await {
-                Ok(()) => Ok(json!({})),
-                Err(e) => {
-                    let e =
-                        crate::error::E2bError::from(state.app.manager.agent_error(id, e).await);
-                    if e.http_status() == axum::http::StatusCode::NOT_FOUND {
-                        Err(not_found(&sel))
-                    } else {
-                        Err(e.into())
-                    }
-                }
-            }
+            manager
+                .signal_process(id, &sel, signal)
+                .await
+                .map_err(|e| process_error(e, &sel))?;
+            Ok(json!({}))
         }
         other => Err(ConnectError::new(
             Code::Unimplemented,
@@ -232,26 +194,30 @@ async fn stream_input(state: &E2bState, id: &SandboxId, body: Body) -> Response 
     let result = async {
         let mut reader = connect::EnvelopeReader::default();
         let mut chunks = body.into_data_stream();
-        let mut target: Option<ExecInput> = None;
+        let mut target: Option<ProcessSelector> = None;
         loop {
             while let Some(m) = reader.next_message()? {
                 let req: proto::StreamInputRequest = connect::decode_unary(&m)?;
                 if let Some(start) = req.start {
                     let sel = selector(start.process)?;
-                    let (_, input, _) = state
-                        .processes
-                        .find(id, &sel)
-                        .ok_or_else(|| not_found(&sel))?;
-                    target = Some(input);
+                    state
+                        .app
+                        .manager
+                        .process_info(id, &sel)
+                        .await
+                        .map_err(|e| process_error(e, &sel))?;
+                    target = Some(sel);
                 } else if let Some(data) = req.data {
-                    let input = target.as_ref().ok_or_else(|| {
+                    let sel = target.as_ref().ok_or_else(|| {
                         ConnectError::new(Code::InvalidArgument, "the first message must be start")
                     })?;
                     let bytes = data.input.map(|i| i.bytes()).unwrap_or_default();
-                    input
-                        .send_stdin(Bytes::from(bytes))
+                    state
+                        .app
+                        .manager
+                        .process_input(id, sel, Bytes::from(bytes))
                         .await
-                        .map_err(client_error)?;
+                        .map_err(|e| process_error(e, sel))?;
                 }
             }
             match chunks.next().await {
@@ -270,12 +236,12 @@ async fn stream_input(state: &E2bState, id: &SandboxId, body: Body) -> Response 
     }
 }
 
-/// The exec a `StartRequest` asks for.
-fn exec_command(
+/// The handle a `StartRequest` asks for.
+fn process_start(
     req: &proto::StartRequest,
     user: Option<String>,
     headers: &HeaderMap,
-) -> Result<ExecCommand, ConnectError> {
+) -> Result<ProcessStart, ConnectError> {
     let process = req
         .process
         .as_ref()
@@ -288,27 +254,38 @@ fn exec_command(
     }
     let mut argv = vec![process.cmd.clone()];
     argv.extend(process.args.iter().cloned());
+    let mut start = ProcessStart::new(Command::Argv(argv));
     // `Connect-Timeout-Ms`: the process's lifetime, as envd kills it at that deadline.
-    let timeout = headers
+    start.timeout = headers
         .get("connect-timeout-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis);
-    let cwd = match process.cwd.as_deref().filter(|c| !c.is_empty()) {
+    start.cwd = match process.cwd.as_deref().filter(|c| !c.is_empty()) {
         Some(c) => Some(super::absolute(c, user.as_deref()).map_err(ConnectError::from)?),
         None => None,
     };
-    Ok(ExecCommand {
-        cmd: Command::Argv(argv),
-        env: process.envs.clone(),
-        cwd,
-        user,
-        stdin: (req.stdin == Some(true)).then(Bytes::new),
-        timeout,
-        // envd's processes outlive the stream that started them.
-        background: true,
-    })
+    start.env = process.envs.clone();
+    start.tag = req.tag.clone().filter(|t| !t.is_empty());
+    start.stdin = req.stdin == Some(true);
+    if let Some(pty) = &req.pty {
+        let s = pty.size.unwrap_or(proto::PtySize { cols: 80, rows: 24 });
+        start.pty = Some(hutch_proto::PtySize {
+            cols: s.cols.max(1),
+            rows: s.rows.max(1),
+        });
+        start.stdin = true;
+        for (k, v) in [
+            ("TERM", "xterm-256color"),
+            ("LANG", "C.UTF-8"),
+            ("LC_ALL", "C.UTF-8"),
+        ] {
+            start.env.entry(k.into()).or_insert_with(|| v.into());
+        }
+    }
+    start.user = user;
+    Ok(start)
 }
 
 /// How often a stream says it is alive (`Keepalive-Ping-Interval`, seconds).
@@ -329,122 +306,117 @@ async fn start(
     headers: &HeaderMap,
     req: proto::StartRequest,
 ) -> Response {
-    let cmd = match exec_command(&req, user, headers) {
-        Ok(c) => c,
+    let start = match process_start(&req, user, headers) {
+        Ok(s) => s,
         Err(e) => return connect::stream_error(e),
     };
-    let pty = req.pty.as_ref().map(|p| {
-        let s = p.size.unwrap_or(proto::PtySize { cols: 80, rows: 24 });
-        hutch_proto::PtySize {
-            cols: s.cols.max(1),
-            rows: s.rows.max(1),
-        }
-    });
-    let mut cmd = cmd;
-    if pty.is_some() {
-        cmd.env
-            .entry("TERM".into())
-            .or_insert_with(|| "xterm-256color".into());
-        cmd.env
-            .entry("LANG".into())
-            .or_insert_with(|| "C.UTF-8".into());
-        cmd.env
-            .entry("LC_ALL".into())
-            .or_insert_with(|| "C.UTF-8".into());
+    match state.app.manager.start_process_streaming(&id, start).await {
+        Ok((info, events)) => events_response(info, events, keepalive_interval(headers)),
+        Err(CoreError::TagInUse(_)) => connect::stream_error(ConnectError::new(
+            Code::AlreadyExists,
+            format!(
+                "a process with tag {:?} is running",
+                req.tag.unwrap_or_default()
+            ),
+        )),
+        Err(e) => connect::stream_error(start_error(e)),
     }
-    let (session, slot) = match state.app.manager.exec_session(&id, &cmd, pty).await {
+}
+
+/// A start refused: a program that is not there, or a `cwd` that is not, is envd's
+/// `invalid_argument`.
+fn start_error(e: CoreError) -> ConnectError {
+    let e = crate::error::E2bError::from(e);
+    match e.hutch_code() {
+        Some("command_not_found" | "not_found" | "not_a_directory" | "bad_request") => {
+            ConnectError::new(Code::InvalidArgument, e.message())
+        }
+        _ => e.into(),
+    }
+}
+
+/// `Connect`: re-attach to a handle: its new output, then its end (at once for one that
+/// has exited: its exit code is kept).
+async fn attach(
+    state: E2bState,
+    id: SandboxId,
+    headers: &HeaderMap,
+    req: proto::Selected,
+) -> Response {
+    let sel = match selector(req.process) {
         Ok(s) => s,
-        Err(e) => return connect::stream_error(e.into()),
+        Err(e) => return connect::stream_error(e),
     };
-    let process = req.process.as_ref();
-    let info = json!({
-        "config": {
-            "cmd": process.map(|p| p.cmd.clone()).unwrap_or_default(),
-            "args": process.map(|p| p.args.clone()).unwrap_or_default(),
-            "envs": process.map(|p| p.envs.clone()).unwrap_or_default(),
-            "cwd": cmd.cwd,
-        },
-        "tag": req.tag,
-    });
-    let interval = keepalive_interval(headers);
-    let (input, mut events) = session.into_parts();
-    let procs = Arc::clone(&state.processes);
-    let tag = req.tag.clone();
-    let is_pty = pty.is_some();
-    let stream = async_stream(move |tx| async move {
-        let _slot = slot;
-        let mut pid = None;
+    let manager = &state.app.manager;
+    let info = match manager.process_info(&id, &sel).await {
+        Ok(i) => i,
+        Err(e) => return connect::stream_error(process_error(e, &sel)),
+    };
+    match manager.attach_process(&id, &sel, false).await {
+        Ok(events) => events_response(info, events, keepalive_interval(headers)),
+        Err(e) => connect::stream_error(process_error(e, &sel)),
+    }
+}
+
+/// A handle's events as envd's stream: `start`, `data`…, `end`, with keepalives.
+fn events_response(info: ProcessInfo, mut events: ProcessStream, interval: Duration) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Value, ConnectError>>(8);
+    tokio::spawn(async move {
+        if tx
+            .send(Ok(json!({"event": {"start": {"pid": info.pid}}})))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let data_key = if info.pty.is_some() { "pty" } else { "stdout" };
         let mut tick = tokio::time::interval(interval);
         tick.tick().await;
         loop {
             let event = tokio::select! {
                 e = events.next() => e,
                 _ = tick.tick() => {
-                    if tx.send(Ok(json!({"event": {"keepalive": {}}}))).await.is_err() { break; }
+                    if tx.send(Ok(json!({"event": {"keepalive": {}}}))).await.is_err() { return; }
                     continue;
                 }
             };
             let message = match event {
-                Some(Ok(ExecEvent::Started { pid: p })) => {
-                    pid = Some(p);
-                    let mut info = info.clone();
-                    info["pid"] = json!(p);
-                    procs.insert(
-                        &id,
-                        p,
-                        Running {
-                            input: input.clone(),
-                            info,
-                            tag: tag.clone(),
-                            pty: is_pty,
-                        },
-                    );
-                    Ok(json!({"event": {"start": {"pid": p}}}))
+                Some(Ok(ProcessEvent::Stdout(b))) => {
+                    Ok(json!({"event": {"data": {data_key: b64(&b)}}}))
                 }
-                Some(Ok(ExecEvent::Stdout(b))) => {
-                    let key = if is_pty { "pty" } else { "stdout" };
-                    Ok(json!({"event": {"data": {key: b64(&b)}}}))
-                }
-                Some(Ok(ExecEvent::Stderr(b))) => {
+                Some(Ok(ProcessEvent::Stderr(b))) => {
                     Ok(json!({"event": {"data": {"stderr": b64(&b)}}}))
                 }
-                Some(Ok(ExecEvent::Exit(exit))) => {
-                    let status = match exit.signal {
-                        _ if exit.timed_out => "signal: killed (timeout)".to_string(),
-                        Some(s) => format!("signal: {}", signal_name(s)),
-                        None => format!("exit status {}", exit.exit_code),
-                    };
-                    let mut end = json!({"exitCode": exit.exit_code, "exited": exit.signal.is_none(), "status": status});
-                    if exit.exit_code == 127 || exit.exit_code == 126 {
-                        end["error"] = json!(status);
-                    }
-                    let _ = tx.send(Ok(json!({"event": {"end": end}}))).await;
-                    break;
-                }
-                Some(Ok(ExecEvent::Error(e))) => {
-                    let code = match e.code.as_str() {
-                        "not_found" | "not_a_directory" | "bad_request" => Code::InvalidArgument,
-                        "permission_denied" => Code::PermissionDenied,
-                        _ => Code::Internal,
-                    };
-                    let _ = tx.send(Err(ConnectError::new(code, e.message))).await;
-                    break;
+                // envd has no word for output a reader missed: the stream goes on.
+                Some(Ok(ProcessEvent::Missed(_))) => continue,
+                Some(Ok(ProcessEvent::Exit(exit))) => {
+                    let _ = tx
+                        .send(Ok(json!({"event": {"end": end_event(&exit)}})))
+                        .await;
+                    return;
                 }
                 Some(Err(e)) => {
-                    let _ = tx.send(Err(client_error(e))).await;
-                    break;
+                    let _ = tx.send(Err(e.into())).await;
+                    return;
                 }
-                None => break,
+                None => return,
             };
             if tx.send(message).await.is_err() {
-                break;
+                return;
             }
         }
-        if let Some(p) = pid {
-            procs.remove(&id, p);
-        }
     });
-    connect::stream_response(stream)
+    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// envd's `EndEvent` of an exit.
+fn end_event(exit: &hutch_proto::ExecExit) -> Value {
+    let status = match exit.signal {
+        _ if exit.timed_out => "signal: killed (timeout)".to_string(),
+        Some(s) => format!("signal: {}", signal_name(s)),
+        None => format!("exit status {}", exit.exit_code),
+    };
+    json!({"exitCode": exit.exit_code, "exited": exit.signal.is_none(), "status": status})
 }
 
 fn signal_name(s: i32) -> &'static str {
@@ -455,18 +427,4 @@ fn signal_name(s: i32) -> &'static str {
         1 => "hangup",
         _ => "signal",
     }
-}
-
-/// A stream fed by a task that `f` runs with the sending half (ends when the task ends or
-/// the response is dropped).
-fn async_stream<F, Fut>(
-    f: F,
-) -> impl futures_util::Stream<Item = Result<Value, ConnectError>> + Send
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<Value, ConnectError>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tokio::spawn(f(tx));
-    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

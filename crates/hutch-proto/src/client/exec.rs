@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{classify, AgentClient, BoxError, ClientError, ClientResult, StdinSource};
 use crate::frame::{encode_frame, encode_json_frame, FrameDecoder, FrameKind, MAX_FRAME_PAYLOAD};
-use crate::{AgentError, ExecExit, ExecRequest, ExecStarted, PtySize, SignalFrame};
+use crate::{AgentError, ExecExit, ExecRequest, ExecStarted, MissedOutput, PtySize, SignalFrame};
 
 /// Input frames queued towards the agent before `send_stdin` waits.
 const INPUT_QUEUE: usize = 16;
@@ -36,6 +36,9 @@ pub enum ExecEvent {
     Stdout(Bytes),
     /// Bytes from stderr.
     Stderr(Bytes),
+    /// A process handle's ring dropped this much output before what follows (a handle's
+    /// streams only: an attach that came late, or a reader let go for not reading).
+    Missed(MissedOutput),
     /// The process ended. Always the last event.
     Exit(ExecExit),
     /// The exec failed before the process ran (bad cwd, unknown user, ...). The last event.
@@ -137,14 +140,28 @@ pub struct ExecEvents {
     body: Incoming,
     decoder: FrameDecoder,
     finished: bool,
+    /// The `Started` frame said the process is a handle.
+    pub(super) started_as_handle: bool,
     // Dropped with the events: makes the request body fail, so hyper resets the stream.
-    _cancel: oneshot::Sender<()>,
+    _cancel: Option<oneshot::Sender<()>>,
 }
 
 impl ExecEvents {
     /// The next event; `None` after [`ExecEvent::Exit`] or [`ExecEvent::Error`].
     pub async fn next(&mut self) -> Option<ClientResult<ExecEvent>> {
         StreamExt::next(self).await
+    }
+
+    /// Events of a response whose request body is already complete (an attach): dropping
+    /// them resets the stream.
+    pub(super) fn of_response(body: Incoming) -> Self {
+        Self {
+            body,
+            decoder: FrameDecoder::new(),
+            finished: false,
+            started_as_handle: false,
+            _cancel: None,
+        }
     }
 
     fn decode_next(&mut self) -> Option<ClientResult<ExecEvent>> {
@@ -157,11 +174,13 @@ impl ExecEvents {
             }
         };
         let event = match frame.kind {
-            FrameKind::Started => frame
-                .json::<ExecStarted>()
-                .map(|s| ExecEvent::Started { pid: s.pid }),
+            FrameKind::Started => frame.json::<ExecStarted>().map(|s| {
+                self.started_as_handle = s.handle;
+                ExecEvent::Started { pid: s.pid }
+            }),
             FrameKind::Stdout => Ok(ExecEvent::Stdout(frame.payload)),
             FrameKind::Stderr => Ok(ExecEvent::Stderr(frame.payload)),
+            FrameKind::Missed => frame.json().map(ExecEvent::Missed),
             FrameKind::Exit => frame.json().map(ExecEvent::Exit),
             FrameKind::Error => frame.json().map(ExecEvent::Error),
             other => {
@@ -247,7 +266,8 @@ pub(super) async fn start(client: &AgentClient, request: ExecRequest) -> ClientR
             body: response.into_body(),
             decoder: FrameDecoder::new(),
             finished: false,
-            _cancel: cancel_tx,
+            started_as_handle: false,
+            _cancel: Some(cancel_tx),
         },
     })
 }
@@ -281,7 +301,7 @@ pub(super) async fn collect(
     let mut stderr = Capture::new(cap);
     while let Some(event) = exec.next().await {
         match event? {
-            ExecEvent::Started { .. } => {}
+            ExecEvent::Started { .. } | ExecEvent::Missed(_) => {}
             ExecEvent::Stdout(data) => stdout.push(&data),
             ExecEvent::Stderr(data) => stderr.push(&data),
             ExecEvent::Error(e) => return Err(ClientError::Agent(e)),

@@ -174,6 +174,7 @@ async fn probe(client: &AgentClient, spec: &ServiceSpec, check: &ReadyCheck) -> 
                 pty: None,
                 stdin: false,
                 background: false,
+                handle: None,
             };
             let done = client
                 .exec_collect(request, None::<Bytes>, PROBE_OUTPUT_CAP)

@@ -93,7 +93,7 @@ async fn bridge(
                         return;
                     }
                 }
-                Some(Ok(ExecEvent::Started { .. })) => {}
+                Some(Ok(ExecEvent::Started { .. } | ExecEvent::Missed(_))) => {}
                 Some(Ok(ExecEvent::Exit(exit))) => {
                     exit_recorder.record(exit.exit_code, exit.timed_out, exit.duration_ms);
                     let msg = serde_json::json!({"type": "exit", "exit_code": exit.exit_code});

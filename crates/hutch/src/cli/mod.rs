@@ -8,6 +8,7 @@ mod logs;
 mod network;
 mod output;
 mod ports;
+mod process;
 mod progress;
 mod sandbox;
 mod shell;
@@ -48,8 +49,15 @@ enum Command {
     Run(sandbox::RunArgs),
     /// Create a sandbox and print its id.
     Create(sandbox::CreateArgs),
-    /// Run a command in an existing sandbox.
+    /// Run a command in an existing sandbox (`-d`: start it detached, print its pid).
     Exec(sandbox::ExecArgs),
+    /// List a sandbox's process handles (what `exec -d` and background execs started).
+    Ps(process::PsArgs),
+    /// Attach to a process handle: its output (what it wrote meanwhile first) until it exits.
+    Attach(process::AttachArgs),
+    /// Reach a process handle: `process send|close-stdin|signal|kill|resize ID PID|tag:NAME …`.
+    #[command(subcommand)]
+    Process(process::ProcessCommand),
     /// Run code in a stateful context of a `code-interpreter` sandbox (variables stay between
     /// calls): `run-code ID 'x = 1'`, `run-code ID -l bash -`, `run-code ID -f cell.py`.
     /// Images the code shows are saved to files.
@@ -120,6 +128,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Run(args) => sandbox::run(args, &state_dir, json).await,
         Command::Create(args) => sandbox::create(args, &state_dir, json).await.map(|()| 0),
         Command::Exec(args) => sandbox::exec(args, &state_dir, json).await,
+        Command::Ps(args) => process::ps(args, &state_dir, json).await.map(|()| 0),
+        Command::Attach(args) => process::attach(args, &state_dir, json).await,
+        Command::Process(cmd) => process::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::RunCode(args) => code::run_code(args, &state_dir, json).await,
         Command::Shell(args) => shell::shell(args, &state_dir).await,
         Command::Ls(args) => sandbox::ls(args, &state_dir, json).await.map(|()| 0),

@@ -214,6 +214,13 @@ pub struct ExecArgs {
     /// Environment `KEY=VALUE` for this command (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     env: Vec<String>,
+    /// Start the command as a process handle and print its pid: it runs on after hutch
+    /// exits (`hutch ps`, `hutch attach`, `hutch process …`).
+    #[arg(long, short = 'd')]
+    detach: bool,
+    /// With `-d`: a tag to find the process by (`tag:NAME`).
+    #[arg(long, requires = "detach")]
+    tag: Option<String>,
     #[command(flatten)]
     command: CommandOpts,
 }
@@ -229,7 +236,8 @@ pub struct LsArgs {
     meta: Vec<String>,
 }
 
-fn decode_data(v: &Value) -> Vec<u8> {
+/// The bytes of a `stdout`/`stderr` event (`data`, or `data_b64`).
+pub(super) fn decode_data(v: &Value) -> Vec<u8> {
     if let Some(s) = v.get("data").and_then(Value::as_str) {
         return s.as_bytes().to_vec();
     }
@@ -354,6 +362,21 @@ pub async fn create(args: CreateArgs, state_dir: &Path, json_out: bool) -> anyho
 /// `hutch exec`.
 pub async fn exec(args: ExecArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<i32> {
     let api = Api::from_env(state_dir)?;
+    if args.detach {
+        let mut body = args.command.body(&args.env)?;
+        body["background"] = json!(true);
+        if let Some(tag) = &args.tag {
+            body["tag"] = json!(tag);
+        }
+        let path = format!("/v1/sandboxes/{}/exec", args.id);
+        let info = api.call(Method::POST, &path, Some(&body)).await?;
+        if json_out {
+            print_json(&info);
+        } else {
+            println!("{}", info["pid"]);
+        }
+        return Ok(0);
+    }
     exec_in(&api, &args.id, &args.command, &args.env, json_out).await
 }
 

@@ -74,6 +74,23 @@ def commands():
         sb.commands.close_stdin(h.pid)
         r = h.wait()
         assert r.stdout == "typed in\n", repr(r.stdout)
+        # background: a handle outlives its stream; connect re-attaches by pid, and a late
+        # connect still gets the exit code.
+        talker = sb.commands.run("for i in 1 2 3 4 5; do echo tick$i; sleep 0.3; done; exit 4", background=True)
+        talker.disconnect()
+        again = sb.commands.connect(talker.pid)
+        try:
+            again.wait()
+            raise AssertionError("exit 4 must raise")
+        except CommandExitException as e:
+            assert e.exit_code == 4, e.exit_code
+            assert "tick5" in e.stdout, repr(e.stdout)
+        late = sb.commands.connect(talker.pid)
+        try:
+            late.wait()
+            raise AssertionError("a late connect must see exit 4")
+        except CommandExitException as e:
+            assert e.exit_code == 4, e.exit_code
         # background: listed, killed by pid.
         bg = sb.commands.run("sleep 60", background=True)
         assert bg.pid in [p.pid for p in sb.commands.list()]

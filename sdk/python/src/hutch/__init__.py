@@ -17,6 +17,7 @@ from ._events import AsyncLogStream, LogStream
 from ._templates import AsyncBuild, AsyncTemplates, Build, Templates
 from .aio import AsyncClient, AsyncEventStream, AsyncFiles, AsyncPtySession, AsyncSandbox
 from ._code import CodeContext, Execution, ExecutionError, Logs, Result
+from ._process import AsyncProcess, AsyncProcesses, Process, ProcessEvent, Processes
 from .errors import (
     AuthError,
     BuildFailed,
@@ -31,10 +32,13 @@ from .errors import (
     NotFoundError,
     PermissionDenied,
     PortUnreachable,
+    ProcessExited,
+    ProcessNotFound,
     QuotaExceeded,
     SandboxFailed,
     SandboxNotFound,
     ServerError,
+    TagInUse,
     TimeoutError,
     Unsupported,
 )
@@ -49,6 +53,8 @@ from .models import (
     FileEvent,
     LifecycleEvent,
     LogLine,
+    ProcessExit,
+    ProcessInfo,
     SandboxInfo,
     Snapshot,
     Template,
@@ -87,6 +93,13 @@ __all__ = [
     "BuildLogLine",
     "BuildFailed",
     "ExecResult",
+    "Process",
+    "AsyncProcess",
+    "Processes",
+    "AsyncProcesses",
+    "ProcessEvent",
+    "ProcessInfo",
+    "ProcessExit",
     "Execution",
     "ExecutionError",
     "Logs",
@@ -119,6 +132,9 @@ __all__ = [
     "Unsupported",
     "InvalidRequest",
     "ConflictError",
+    "ProcessExited",
+    "ProcessNotFound",
+    "TagInUse",
     "SandboxFailed",
     "PortUnreachable",
     "QuotaExceeded",

@@ -28,13 +28,13 @@ from . import _ops as ops
 from . import _protocol as p
 from . import errors
 from ._code import AsyncCodeMethods
+from ._exec import AsyncExecMethods
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import AsyncEventStream, AsyncLogStream
 from ._files import AsyncFiles
 from ._pty import AsyncPtySession
 from ._templates import AsyncTemplates
 from .models import (
-    ExecResult,
     ExploreResult,
     LogLine,
     SandboxInfo,
@@ -243,7 +243,7 @@ async def _maybe_await(value: Any) -> None:
         await value
 
 
-class AsyncSandbox(AsyncCodeMethods, SandboxBase[AsyncClient]):
+class AsyncSandbox(AsyncExecMethods, AsyncCodeMethods, SandboxBase[AsyncClient]):
     """A sandbox, driven from asyncio. The methods mirror :class:`hutch.Sandbox`::
 
     async with AsyncSandbox.create(template="base") as sb:
@@ -409,21 +409,6 @@ class AsyncSandbox(AsyncCodeMethods, SandboxBase[AsyncClient]):
     async def usage(self) -> Optional[Usage]:
         """Memory, CPU and process counts right now."""
         return await self._client._call(ops.usage(self.id))
-
-    async def exec(
-        self,
-        cmd: p.Command,
-        *,
-        env: Optional[Mapping[str, str]] = None,
-        cwd: Optional[str] = None,
-        stdin: Union[str, bytes, None] = None,
-        timeout: Optional[float] = None,
-        user: Optional[str] = None,
-    ) -> ExecResult:
-        """Run a command to completion (see :meth:`hutch.Sandbox.exec`)."""
-        body = p.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
-        call = ops.exec_command(self.id, body)
-        return await self._client._call(call)
 
     async def exec_stream(
         self,

@@ -54,6 +54,10 @@ class FileNotFound(NotFoundError):
     """404: no such file or directory inside the sandbox."""
 
 
+class ProcessNotFound(NotFoundError):
+    """404: no process handle of that pid or tag in the sandbox (or it exited too long ago)."""
+
+
 class Unsupported(NotFoundError):
     """404 for a route this server does not have (a feature that has not landed yet)."""
 
@@ -78,6 +82,15 @@ class ConflictError(HutchError):
 
 class SandboxFailed(ConflictError):
     """The sandbox died or could not start (``sandbox_failed``)."""
+
+
+class ProcessExited(ConflictError):
+    """409 ``process_exited``: the process handle has exited; it takes no more input,
+    signals or resizes."""
+
+
+class TagInUse(ConflictError):
+    """409 ``tag_in_use``: a running process handle of the sandbox already has this tag."""
 
 
 class QuotaExceeded(HutchError):
@@ -133,6 +146,8 @@ class InterpreterFailed(ServerError):
 
 _BY_CODE: Dict[str, Type[HutchError]] = {
     "sandbox_failed": SandboxFailed,
+    "process_exited": ProcessExited,
+    "tag_in_use": TagInUse,
     "no_interpreter": NoInterpreter,
     "interpreter_failed": InterpreterFailed,
     "connection_refused": PortUnreachable,
@@ -152,6 +167,8 @@ def _class_for(status: int, code: Optional[str], message: str, kind: str) -> Typ
             return SandboxNotFound
         if message.startswith("context "):
             return ContextNotFound
+        if message.startswith("no process "):
+            return ProcessNotFound
         if message.startswith("no such route"):
             return Unsupported
         if kind == "files":

@@ -606,3 +606,78 @@ class Volume:
             ],
             raw=dict(d),
         )
+
+
+@dataclass
+class ProcessExit:
+    """How a process handle ended."""
+
+    exit_code: int
+    """Its status; ``128+N`` if killed by signal N; 124 when its timeout killed it."""
+    signal: Optional[int]
+    """The signal that ended it, if one did."""
+    timed_out: bool
+    """Its timeout killed its process group."""
+    duration_ms: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> ProcessExit:
+        return cls(
+            exit_code=int(d.get("exit_code", -1)),
+            signal=_opt_int(d.get("signal")),
+            timed_out=bool(d.get("timed_out", False)),
+            duration_ms=int(d.get("duration_ms") or 0),
+            raw={k: v for k, v in d.items() if k != "event"},
+        )
+
+
+@dataclass
+class ProcessInfo:
+    """A process handle: a process that outlives the call that started it
+    (:class:`~hutch.Process`)."""
+
+    pid: int
+    """Its pid inside the sandbox (also its process group)."""
+    cmd: List[str]
+    """The argv it runs (a shell string as ``["/bin/sh", "-c", STRING]``)."""
+    state: str
+    """``"running"`` or ``"exited"``."""
+    tag: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)
+    """The environment the request added (not the whole environment)."""
+    cwd: str = ""
+    user: str = ""
+    pty: Optional[Dict[str, int]] = None
+    """Its terminal's current size ``{"cols", "rows"}``, or ``None`` without a terminal."""
+    stdin: bool = False
+    """It has a stdin to write to."""
+    started_at: str = ""
+    exit: Optional[ProcessExit] = None
+    """How it ended, once it has."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> ProcessInfo:
+        pty = d.get("pty")
+        exit_ = d.get("exit")
+        return cls(
+            pid=int(d.get("pid") or 0),
+            cmd=[str(a) for a in d.get("cmd") or []],
+            state=str(d.get("state", "")),
+            tag=d.get("tag") if isinstance(d.get("tag"), str) else None,
+            env=_str_map(d.get("env")),
+            cwd=str(d.get("cwd") or ""),
+            user=str(d.get("user") or ""),
+            pty={"cols": int(pty.get("cols", 0)), "rows": int(pty.get("rows", 0))}
+            if isinstance(pty, dict)
+            else None,
+            stdin=bool(d.get("stdin", False)),
+            started_at=str(d.get("started_at") or ""),
+            exit=ProcessExit.from_json(exit_) if isinstance(exit_, dict) else None,
+            raw=dict(d),
+        )

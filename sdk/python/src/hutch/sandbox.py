@@ -25,13 +25,13 @@ from . import _ops as ops
 from . import _protocol as p
 from . import errors
 from ._code import CodeMethods
+from ._exec import ExecMethods
 from ._core import ClientBase, ExecStreamRun, PathLike, SandboxBase
 from ._events import EventStream, LogStream
 from ._files import Files
 from ._pty import PtySession
 from ._templates import Templates
 from .models import (
-    ExecResult,
     ExploreResult,
     LogLine,
     SandboxInfo,
@@ -267,7 +267,7 @@ def _first_call(c: Client, call: ops.Call[T]) -> T:
         raise
 
 
-class Sandbox(CodeMethods, SandboxBase[Client]):
+class Sandbox(ExecMethods, CodeMethods, SandboxBase[Client]):
     """A sandbox on a Hutch server.
 
     Create one with :meth:`create` (best as a context manager, which kills it when the block
@@ -494,40 +494,6 @@ class Sandbox(CodeMethods, SandboxBase[Client]):
         return self._client._call(ops.usage(self.id))
 
     # -- commands ---------------------------------------------------------------------------
-
-    def exec(
-        self,
-        cmd: p.Command,
-        *,
-        env: Optional[Mapping[str, str]] = None,
-        cwd: Optional[str] = None,
-        stdin: Union[str, bytes, None] = None,
-        timeout: Optional[float] = None,
-        user: Optional[str] = None,
-    ) -> ExecResult:
-        """Run a command to completion and collect its output.
-
-        Args:
-            cmd: A list runs that program directly with no shell, so arguments (even ones a
-                model wrote) reach it verbatim; a string runs under ``/bin/sh -c``.
-            env: Extra environment variables.
-            cwd: Absolute working directory (default: the user's home, else ``/``).
-            stdin: Text or bytes fed to the command's standard input.
-            timeout: Seconds before the command is killed (``exit_code`` 124 and ``timed_out``
-                set); ``0`` means no limit; default the server's (60 s).
-            user: User to run as (default ``root``).
-
-        Returns:
-            The :class:`ExecResult`. A non-zero exit is not an exception.
-
-        Raises:
-            InvalidRequest: Empty ``cmd``, relative ``cwd``, bad ``env`` or ``timeout``.
-            SandboxNotFound: The sandbox is gone.
-            ConflictError: The sandbox is not running.
-        """
-        body = p.exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout, user=user)
-        call = ops.exec_command(self.id, body)
-        return self._client._call(call)
 
     def exec_stream(
         self,

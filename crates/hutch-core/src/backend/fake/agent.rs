@@ -139,7 +139,10 @@ async fn run(body: Incoming, tx: mpsc::Sender<Bytes>) {
     let _ = tx
         .send(encode_json_frame(
             FrameKind::Started,
-            &ExecStarted { pid: 2 },
+            &ExecStarted {
+                pid: 2,
+                handle: false,
+            },
         ))
         .await;
     let send_all = |kind, data: Vec<u8>| {
