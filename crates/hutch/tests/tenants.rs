@@ -2,35 +2,20 @@
 //! sandboxes (another tenant's is 404, word for word like an unknown one), and paginated
 //! listings return every record exactly once while sandboxes are being created.
 //!
-//! Tenant keys are registered the way an operator's tooling would: in the server's state
-//! store (`SqliteStore::add_api_key`; the running server reads it on the key's first use).
+//! Tenants and their keys are made through the API (`hutch_testkit`'s `tenant_key`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hutch_core::store::{KeyOwner, SqliteStore, Store};
-use hutch_core::tenant::Tenant;
 use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-/// A new API key of `tenant` on the server `s`.
+/// A new full key of `tenant` on the server `s`.
 async fn tenant_key(s: &TestServer, tenant: &str) -> String {
-    let key = hutch_core::ids::new_api_key();
-    let store = SqliteStore::open(&s.state_dir.join("state.db")).expect("state store");
-    store
-        .add_api_key(
-            &key,
-            &KeyOwner {
-                tenant: Tenant::new(tenant),
-                admin: false,
-            },
-        )
-        .await
-        .expect("add key");
-    key
+    s.tenant_key(tenant, "full").await
 }
 
 /// A request with `key`: status and JSON.

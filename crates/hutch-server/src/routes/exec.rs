@@ -11,10 +11,9 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
-use axum::Extension;
 use base64::Engine;
 use bytes::Bytes;
 use futures_util::Stream;
@@ -22,10 +21,10 @@ use hutch_core::exec::{Command, ExecCommand, StdinSource};
 use hutch_proto::client::{ExecEvent, PipedExec};
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::sandboxes::validate_env;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, Caller};
+use crate::extract::ApiJson;
 use crate::AppState;
 
 /// Longest timeout a request may set.
@@ -115,11 +114,10 @@ impl ExecBody {
 /// output is collected.
 pub async fn exec(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     req: Request,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let (cmd, stdin) = exec_and_stdin(&state, req).await?;
     let out = state.manager.exec_piped(&id, cmd, stdin).await?;
     let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
@@ -232,11 +230,10 @@ pub fn query_exec_body(query: &str) -> ApiResult<ExecBody> {
 /// (or `error`). Dropping the connection kills the process unless `background` is set.
 pub async fn exec_stream(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     req: Request,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let (cmd, stdin) = exec_and_stdin(&state, req).await?;
     let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
     let exec = session.pipe_stdin(stdin);

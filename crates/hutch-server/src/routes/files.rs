@@ -6,16 +6,16 @@
 //! reads an entry.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::TryStreamExt;
 use serde::Deserialize;
 
-use super::access::authorize;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiQuery, Caller};
+use crate::extract::{ApiJson, ApiQuery};
 use crate::AppState;
 
 /// `?path=`.
@@ -108,11 +108,10 @@ fn upload_stream(
 /// `GET /v1/sandboxes/{id}/files?path=` → raw bytes.
 pub async fn read(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = state
@@ -125,12 +124,11 @@ pub async fn read(
 /// `PUT /v1/sandboxes/{id}/files?path=&mode=` with raw bytes → 204.
 pub async fn write(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<WriteQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let agent = state.manager.agent(&id).await?;
@@ -145,11 +143,10 @@ pub async fn write(
 /// `GET /v1/sandboxes/{id}/files/archive?path=` → a tar stream of the directory (or file).
 pub async fn read_archive(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = state
@@ -163,12 +160,11 @@ pub async fn read_archive(
 /// agent below the directory `path`.
 pub async fn write_archive(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
@@ -182,11 +178,10 @@ pub async fn write_archive(
 /// `DELETE /v1/sandboxes/{id}/files?path=&recursive=` → 204.
 pub async fn remove(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<RemoveQuery>,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     state
@@ -202,11 +197,10 @@ pub async fn remove(
 /// `GET /v1/sandboxes/{id}/files/list?path=&depth=`.
 pub async fn list(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let depth = q.depth.unwrap_or(1);
     if !(1..=32).contains(&depth) {
@@ -223,11 +217,10 @@ pub async fn list(
 /// `GET /v1/sandboxes/{id}/files/stat?path=`.
 pub async fn stat(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let entry = state
@@ -240,11 +233,10 @@ pub async fn stat(
 /// `POST /v1/sandboxes/{id}/files/mkdir {"path"}` → 204.
 pub async fn mkdir(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(b): ApiJson<MkdirBody>,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&b.path)?;
     let agent = state.manager.agent(&id).await?;
     state
@@ -257,11 +249,10 @@ pub async fn mkdir(
 /// `POST /v1/sandboxes/{id}/files/move {"from", "to"}` → 204.
 pub async fn rename(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(b): ApiJson<MoveBody>,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&b.from)?;
     check_path(&b.to)?;
     let agent = state.manager.agent(&id).await?;

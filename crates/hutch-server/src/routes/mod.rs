@@ -1,11 +1,11 @@
 //! Route handlers, one module per resource.
 
-mod access;
 pub mod build_logs;
 pub mod code;
 pub mod exec;
 mod exec_json;
 pub mod files;
+pub mod keys;
 pub mod lifecycle;
 pub mod logs;
 pub mod misc;
@@ -15,4 +15,5 @@ pub mod ports;
 pub mod pty;
 pub mod sandboxes;
 pub mod templates;
+pub mod tenants;
 pub mod volumes;
