@@ -24,6 +24,7 @@ from .errors import (
     ConnectionError,
     ContextNotFound,
     FileNotFound,
+    Forbidden,
     HutchError,
     InterpreterFailed,
     InvalidRequest,
@@ -56,6 +57,7 @@ from .models import (
     VolumeAttachment,
     VolumeMount,
 )
+from ._tenants import ApiKey, Tenant
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
 __all__ = [
@@ -80,6 +82,8 @@ __all__ = [
     "AsyncTemplates",
     "Build",
     "AsyncBuild",
+    "Tenant",
+    "ApiKey",
     "BuildInfo",
     "BuildStep",
     "BuildLogLine",
@@ -108,6 +112,7 @@ __all__ = [
     "NotFoundError",
     "SandboxNotFound",
     "FileNotFound",
+    "Forbidden",
     "ContextNotFound",
     "NoInterpreter",
     "InterpreterFailed",
