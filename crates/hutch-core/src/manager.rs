@@ -15,6 +15,7 @@
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
+mod audit;
 mod builds;
 mod create;
 mod exec;
@@ -112,6 +113,8 @@ pub struct Manager {
     quota: quota::QuotaLedger,
     /// Last uses of API keys not written yet (`keys.rs`).
     key_uses: keys::KeyUses,
+    /// Audit entries not written yet (`audit.rs`).
+    audit: audit::AuditLog,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -261,6 +264,7 @@ impl Manager {
             driver_starts: interp::DriverStarts::default(),
             quota: quota::QuotaLedger::default(),
             key_uses: keys::KeyUses::default(),
+            audit: audit::AuditLog::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).

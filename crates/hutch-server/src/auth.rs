@@ -14,6 +14,8 @@
 //!    check, whatever its handler extracts.
 //! 4. **Revocation**: the request, and the body of its answer (SSE, downloads), end when
 //!    the key is revoked or expires; WebSocket bridges wait on [`Caller::revoked`] too.
+//! 5. **Audit**: a call that changes something, or opens a terminal or tunnel, is noted in
+//!    the audit log when it ends (`audit.rs`; written in batches by the manager).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -161,7 +163,7 @@ pub fn required_permission(method: &Method, route: &str) -> Permission {
     if route == "/v1/tenants" || route.starts_with("/v1/tenants/") {
         return Permission::Admin;
     }
-    if route == "/v1/keys" || route.starts_with("/v1/keys/") {
+    if route == "/v1/keys" || route.starts_with("/v1/keys/") || route == "/v1/audit" {
         return Permission::Manage;
     }
     if USE_ANY_METHOD.contains(&route) || route.starts_with("/v1/sandboxes/{id}/ports/") {
@@ -323,14 +325,40 @@ pub async fn authorize_sandbox(
 pub async fn require_auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     match authorized(&state, req).await {
         Ok((req, caller)) => {
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let route = req
+                .extensions()
+                .get::<MatchedPath>()
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default();
+            let sandbox = req
+                .extensions()
+                .get::<AuthorizedSandbox>()
+                .map(|s| s.id.clone());
             let revoked = caller.revoked();
-            let response = tokio::select! {
-                response = next.run(req) => response,
-                () = revoked => {
-                    return ApiError::unauthorized("the API key was revoked or expired")
-                        .into_response();
-                }
+            let (response, cut) = tokio::select! {
+                response = next.run(req) => (response, false),
+                () = revoked => (
+                    ApiError::unauthorized("the API key was revoked or expired").into_response(),
+                    true,
+                ),
             };
+            if crate::audit::audited(&method, &route) {
+                let argv = response.extensions().get::<crate::audit::AuditArgv>();
+                state.manager.record_audit(crate::audit::entry(
+                    &caller,
+                    &method,
+                    &route,
+                    &path,
+                    sandbox,
+                    argv,
+                    response.status().as_u16(),
+                ));
+            }
+            if cut {
+                return response;
+            }
             until_revoked(response, caller.revocation())
         }
         Err(e) => e.into_response(),

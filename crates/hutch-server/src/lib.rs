@@ -4,6 +4,7 @@
 //! [`Manager`], and map results; statuses are chosen only in [`error::ApiError`].
 //! [`app`] builds the router apart from any socket so tests can drive it directly.
 
+pub mod audit;
 pub mod auth;
 mod browser;
 pub mod build_context;
@@ -153,6 +154,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/keys", post(keys::create).get(keys::list))
         .route("/v1/keys/{id}", get(keys::get).delete(keys::revoke))
+        .route("/v1/audit", get(routes::audit::list))
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),

@@ -243,6 +243,16 @@ async fn another_tenants_objects_are_404_on_every_route() {
                     assert_eq!(status, 403, "{method} {route}: {v}");
                 }
                 ("GET", "/v1/events") => {} // below: a stream
+                ("GET", "/v1/audit") => {
+                    let (status, v) = call(&b, Method::GET, &path, None).await;
+                    assert_eq!(status, 200, "{v}");
+                    assert!(
+                        v["entries"].as_array().is_some_and(|e| e.iter().all(|x| x["tenant"] == "team-b")),
+                        "B reads another tenant's audit entries: {v}"
+                    );
+                    let (status, v) = call(&b, Method::GET, "/v1/audit?tenant=team-a", None).await;
+                    assert_eq!(status, 403, "{v}");
+                }
                 ("GET", listing) if listings.contains_key(listing) => {
                     let (collection, field, a_id) = &listings[listing];
                     let (status, v) = call(&b, Method::GET, &path, None).await;

@@ -66,6 +66,7 @@ def answer(req: httpx.Request) -> httpx.Response:
         "/v1/sandboxes": {"sandboxes": [SANDBOX]} if method == "GET" else SANDBOX,
         "/v1/tenants": {"tenants": [TENANT]} if method == "GET" else TENANT,
         "/v1/keys": {"keys": [KEY]} if method == "GET" else dict(KEY, secret="e2b_0123"),
+        "/v1/audit": {"entries": [{"id": 1, "method": "POST", "route": "/v1/sandboxes", "status": 201}]},
     }
     if path in routes:
         return httpx.Response(200, json=routes[path])
@@ -146,6 +147,7 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("client", "keys", (), {}),
     ("client", "get_key", ("key_1",), {}),
     ("client", "revoke_key", ("key_1",), {}),
+    ("client", "audit", (), {"tenant": "acme", "since": "2025-05-20T12:00:00Z"}),
     ("templates", "list", (), {}),
     ("templates", "get", ("web/x",), {}),
     ("templates", "delete", ("web",), {}),

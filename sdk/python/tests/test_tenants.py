@@ -5,6 +5,7 @@ quota named, and a revoked key stops at once."""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 
 import pytest
@@ -62,6 +63,13 @@ def test_tenants_keys_and_quotas(server: Server) -> None:
             admin.create_tenant(name)
         admin.update_tenant(name, quotas={"max_sandboxes": 2})
         assert admin.get_tenant(name).quotas["max_sandboxes"] == 2
+        # The agent's exec is in the audit log (written in batches of a few seconds).
+        deadline = time.monotonic() + 20
+        execs: list = []
+        while time.monotonic() < deadline and not execs:
+            execs = [e for e in admin.audit(tenant=name) if e.route.endswith("/exec")]
+            time.sleep(0.5)
+        assert execs and execs[0].key_id == key.id and execs[0].argv == ["sh", "-c", "echo hi"]
         admin.delete_tenant(name)
         with pytest.raises(hutch.NotFoundError):
             admin.get_tenant(name)

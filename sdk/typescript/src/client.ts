@@ -19,7 +19,15 @@ import {
 } from "./models.js";
 import { sseEvents } from "./sse.js";
 import { templatesOf, type Templates } from "./templates.js";
-import { tenancy, type ApiKey, type CreateKeyOptions, type Tenant, type TenantSettings } from "./tenants.js";
+import {
+  tenancy,
+  type ApiKey,
+  type AuditEntry,
+  type AuditFilter,
+  type CreateKeyOptions,
+  type Tenant,
+  type TenantSettings,
+} from "./tenants.js";
 import { VERSION } from "./version.js";
 
 /** How to reach the server. Every field is optional. */
@@ -373,6 +381,14 @@ export class Client {
   /** Revoke a key: it stops working at once, and what it holds open is closed. */
   async revokeKey(id: string): Promise<void> {
     return tenancy.revokeKey(this, id);
+  }
+
+  /**
+   * The audit log (full or admin key), oldest first. Entries are written in batches: a call
+   * shows within about 5 s.
+   */
+  async audit(filter: AuditFilter = {}): Promise<AuditEntry[]> {
+    return tenancy.audit(this, filter);
   }
 }
 

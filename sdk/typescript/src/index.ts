@@ -83,5 +83,15 @@ export {
 export { sseEvents, type SseEvent } from "./sse.js";
 export { DockerIgnore, OUTSIDE_DOCKERFILE, packContext, type PackedContext } from "./context.js";
 export { Build, type BuildLogOptions, type BuildOptions, type Templates } from "./templates.js";
-export type { ApiKey, CreateKeyOptions, KeyScope, Quotas, SandboxDefaults, Tenant, TenantSettings } from "./tenants.js";
+export type {
+  ApiKey,
+  AuditEntry,
+  AuditFilter,
+  CreateKeyOptions,
+  KeyScope,
+  Quotas,
+  SandboxDefaults,
+  Tenant,
+  TenantSettings,
+} from "./tenants.js";
 export { VERSION } from "./version.js";

@@ -1,5 +1,5 @@
 /**
- * Tenants and API keys (docs/teams.md): the records the server shows, and the calls behind
+ * Tenants, API keys and the audit log (docs/teams.md): the records the server shows, and the calls behind
  * {@link Client.createTenant}, {@link Client.createKey} and their siblings.
  *
  * ```ts
@@ -73,6 +73,48 @@ export interface ApiKey {
   /** The key itself (`hk_…` or `e2b_…`), shown only when it is made. */
   secret?: string;
   raw: Record<string, unknown>;
+}
+
+/** One audited call ({@link Client.audit}); never output or file contents. */
+export interface AuditEntry {
+  id: number;
+  at: string;
+  keyId: string | null;
+  tenant: string | null;
+  method: string;
+  route: string;
+  path: string;
+  sandboxId: string | null;
+  /** The command of an exec or terminal (a shell string is `["sh", "-c", …]`). */
+  argv: string[] | null;
+  status: number;
+  raw: Record<string, unknown>;
+}
+
+/** Filters of {@link Client.audit}; times are RFC 3339 or milliseconds since the epoch. */
+export interface AuditFilter {
+  tenant?: string;
+  keyId?: string;
+  sandboxId?: string;
+  since?: string;
+  until?: string;
+}
+
+/** An audit entry from its JSON. */
+export function auditEntry(d: Record<string, unknown>): AuditEntry {
+  return {
+    id: Number(d.id ?? 0),
+    at: str(d.at),
+    keyId: optStr(d.key_id),
+    tenant: optStr(d.tenant),
+    method: str(d.method),
+    route: str(d.route),
+    path: str(d.path),
+    sandboxId: optStr(d.sandbox_id),
+    argv: Array.isArray(d.argv) ? d.argv.map(String) : null,
+    status: Number(d.status ?? 0),
+    raw: d,
+  };
 }
 
 /** Options of {@link Client.createKey}. */
@@ -202,5 +244,18 @@ export const tenancy = {
   },
   async revokeKey(client: Client, id: string): Promise<void> {
     await client.request("DELETE", keyPath(id));
+  },
+  async audit(client: Client, f: AuditFilter): Promise<AuditEntry[]> {
+    const q: Array<[string, string]> = [];
+    for (const [k, v] of [
+      ["tenant", f.tenant],
+      ["key_id", f.keyId],
+      ["sandbox_id", f.sandboxId],
+      ["since", f.since],
+      ["until", f.until],
+    ] as const) {
+      if (v !== undefined) q.push([k, v]);
+    }
+    return (await client.listAll<Record<string, unknown>>("/v1/audit", "entries", q)).map(auditEntry);
   },
 };

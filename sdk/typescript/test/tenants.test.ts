@@ -54,6 +54,14 @@ describe("tenants and keys", () => {
     await assert.rejects(admin.createTenant(name), (e: unknown) => e instanceof ConflictError);
     const changed = await admin.updateTenant(name, { quotas: { max_sandboxes: 2 }, allowedTemplates: ["minimal"] });
     assert.deepEqual(changed.allowedTemplates, ["minimal"]);
+    // The agent's exec is in the audit log (written in batches of a few seconds).
+    let execs: Awaited<ReturnType<Client["audit"]>> = [];
+    for (let i = 0; i < 40 && execs.length === 0; i++) {
+      execs = (await admin.audit({ tenant: name })).filter((e) => e.route.endsWith("/exec"));
+      if (execs.length === 0) await new Promise((r) => setTimeout(r, 500));
+    }
+    assert.equal(execs[0]?.keyId, key.id);
+    assert.deepEqual(execs[0]?.argv, ["echo", "hi"]);
     await admin.deleteTenant(name);
     await assert.rejects(admin.getTenant(name), (e: unknown) => e instanceof NotFoundError);
   });

@@ -5,7 +5,8 @@
 //! implementation is [`SqliteStore`] (one embedded database per host, `store/sqlite.rs`); a
 //! store shared by many hosts (PostgreSQL) implements the same trait. Its tenancy half
 //! (tenants, keys, the create log, template owners) is [`TenancyStore`], a supertrait in
-//! `store/tenancy.rs`, so callers keep talking to one trait object.
+//! `store/tenancy.rs`, and the audit log [`AuditStore`] (`store/audit.rs`) another, so callers
+//! keep talking to one trait object.
 //!
 //! Every method is one short transaction. What a request needs is answered by lookups the
 //! store can index: a sandbox by id (and tenant), the rows whose TTL ran out, the running
@@ -17,6 +18,7 @@
 //! (the order they were inserted), so walking the cursors returns every row that existed
 //! throughout exactly once, whatever is inserted or deleted meanwhile.
 
+pub mod audit;
 mod sqlite;
 pub mod tenancy;
 
@@ -24,6 +26,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
+pub use self::audit::AuditStore;
 pub use self::sqlite::SqliteStore;
 pub use self::tenancy::TenancyStore;
 use crate::error::{CoreError, CoreResult};
@@ -140,7 +143,7 @@ pub type SandboxChange<'a> = Box<dyn FnOnce(&mut SandboxRecord) -> CoreResult<()
 
 /// The state store (see the module docs).
 #[async_trait]
-pub trait Store: TenancyStore + Send + Sync {
+pub trait Store: TenancyStore + AuditStore + Send + Sync {
     // Sandboxes.
 
     /// Insert a new record. `Conflict` when its uid slot is taken.

@@ -1,6 +1,6 @@
 //! [`SqliteStore`]: the state database of one host (embedded SQLite).
 //!
-//! Schema version 5 (`PRAGMA user_version`; `sqlite/schema.rs`):
+//! Schema version 6 (`PRAGMA user_version`; `sqlite/schema.rs`):
 //! - `sandboxes(id PRIMARY KEY, state, uid_slot UNIQUE, record JSON, tenant, expires_at_ms,
 //!   idle_hibernate_seconds, layer)`: one row per sandbox; `record` is a serialized
 //!   [`SandboxRecord`] without its tenant. `tenant` is the source of truth for who owns it;
@@ -13,6 +13,8 @@
 //! - `tenants(name PRIMARY KEY, settings JSON, created_at_ms)`: quotas, defaults, allowed
 //!   templates; `tenant_creates(tenant, at_ms)`: the creates of the last hour;
 //!   `template_owners(name PRIMARY KEY, tenant)`: tenant-private templates.
+//! - `audit_log(id PRIMARY KEY, at_ms, key_id, tenant, method, route, path, sandbox, argv,
+//!   status)`: the audit log (`sqlite/audit.rs`).
 //! - `snapshots(id PRIMARY KEY, record JSON, tenant, name, hidden)`: one row per snapshot.
 //! - `volumes(id PRIMARY KEY, record JSON, tenant, name)`: one row per volume.
 //!
@@ -20,7 +22,8 @@
 //! the first two tables, 1 → 2 adds `snapshots`, 2 → 3 adds `volumes`, 3 → 4 adds the
 //! columns above and their indexes, moving each sandbox's `metadata.tenant_id` into its
 //! `tenant` column, 4 → 5 adds the tenancy tables and key columns (a tenant row for every
-//! tenant a record names; old admin keys become `admin` keys, others `full`). A database
+//! tenant a record names; old admin keys become `admin` keys, others `full`), 5 → 6 adds
+//! `audit_log`. A database
 //! newer than this binary is refused.
 //!
 //! Listings are ordered by `rowid` (insertion order); a cursor is the last row's `rowid`, so
@@ -692,6 +695,7 @@ impl Store for SqliteStore {
     }
 }
 
+mod audit;
 mod schema;
 mod tenancy;
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{FromRequest, Request, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
 use futures_util::Stream;
@@ -22,6 +22,7 @@ use hutch_proto::client::{ExecEvent, PipedExec};
 use serde::Deserialize;
 
 use super::sandboxes::validate_env;
+use crate::audit::AuditArgv;
 use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
@@ -119,12 +120,26 @@ pub async fn exec(
 ) -> ApiResult<impl IntoResponse> {
     let id = sandbox.id;
     let (cmd, stdin) = exec_and_stdin(&state, req).await?;
-    let out = state.manager.exec_piped(&id, cmd, stdin).await?;
-    let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(futures_util::stream::iter(pieces)),
-    ))
+    let argv = AuditArgv::of(&cmd.cmd);
+    let answer = async {
+        let out = state.manager.exec_piped(&id, cmd, stdin).await?;
+        let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
+        Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            Body::from_stream(futures_util::stream::iter(pieces)),
+        ))
+    };
+    Ok(with_argv(answer.await, argv))
+}
+
+/// The answer (or the error) of an exec, carrying its argv for the audit log.
+pub(crate) fn with_argv(answer: ApiResult<impl IntoResponse>, argv: AuditArgv) -> Response {
+    let mut response = match answer {
+        Ok(a) => a.into_response(),
+        Err(e) => e.into_response(),
+    };
+    response.extensions_mut().insert(argv);
+    response
 }
 
 /// The command of an exec request and where its stdin comes from: the JSON body (stdin
@@ -232,19 +247,24 @@ pub async fn exec_stream(
     State(state): State<AppState>,
     sandbox: AuthorizedSandbox,
     req: Request,
-) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+) -> ApiResult<Response> {
     let id = sandbox.id;
     let (cmd, stdin) = exec_and_stdin(&state, req).await?;
-    let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
-    let exec = session.pipe_stdin(stdin);
-    // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
-    let guard = state.manager.session_guard(&id);
-    let exit = slot.exit_recorder();
-    let stream = futures_util::StreamExt::map(async_stream(exec, exit), move |event| {
-        let _ = (&guard, &slot);
-        event
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    let argv = AuditArgv::of(&cmd.cmd);
+    let answer = async {
+        let (session, slot) = state.manager.exec_session(&id, &cmd, None).await?;
+        let exec = session.pipe_stdin(stdin);
+        // Holding the guard in the stream keeps an idle-hibernating sandbox up while it
+        // streams.
+        let guard = state.manager.session_guard(&id);
+        let exit = slot.exit_recorder();
+        let stream = futures_util::StreamExt::map(async_stream(exec, exit), move |event| {
+            let _ = (&guard, &slot);
+            event
+        });
+        Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    };
+    Ok(with_argv(answer.await, argv))
 }
 
 fn async_stream(

@@ -1,5 +1,6 @@
 //! Route handlers, one module per resource.
 
+pub mod audit;
 pub mod build_logs;
 pub mod code;
 pub mod exec;

@@ -68,20 +68,26 @@ pub async fn pty(
         timeout: None,
         background: false,
     };
+    let argv = crate::audit::AuditArgv::of(&cmd.cmd);
     // Start the process before upgrading so errors are ordinary HTTP errors.
-    let (session, slot) = state.manager.exec_session(&id, &cmd, Some(size)).await?;
+    let (session, slot) = match state.manager.exec_session(&id, &cmd, Some(size)).await {
+        Ok(started) => started,
+        Err(e) => return Ok(super::exec::with_argv(Err::<(), _>(e.into()), argv)),
+    };
     // An open terminal keeps an idle-hibernating sandbox up.
     let guard = state.manager.session_guard(&id);
     let exit = slot.exit_recorder();
     let revoked = caller.revoked();
-    Ok(ws.on_upgrade(move |socket| async move {
+    let mut response = ws.on_upgrade(move |socket| async move {
         // A revoked key's terminal closes at once; dropping the session ends its process.
         tokio::select! {
             () = bridge(socket, session, exit) => {}
             () = revoked => {}
         }
         drop((guard, slot));
-    }))
+    });
+    response.extensions_mut().insert(argv);
+    Ok(response)
 }
 
 async fn bridge(

@@ -1,5 +1,6 @@
 //! Command-line interface: argument definitions and dispatch.
 
+mod audit;
 mod code;
 mod doctor;
 mod files;
@@ -95,6 +96,9 @@ enum Command {
     /// `key revoke key_…`.
     #[command(subcommand)]
     Key(key::KeyCommand),
+    /// Read the audit log: who changed what, which commands ran (`--tenant`, `--key`,
+    /// `--sandbox`, `--since`, `--limit`).
+    Audit(audit::AuditArgs),
     /// Explain what isolation this host supports and why.
     Doctor,
     /// Serve the Model Context Protocol on stdio, or Streamable HTTP with `--http`
@@ -145,6 +149,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Tenant(cmd) => tenant::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Key(cmd) => key::run(cmd, &state_dir, json).await.map(|()| 0),
+        Command::Audit(args) => audit::audit(args, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp(args) => crate::mcp::serve(args, &state_dir).await.map(|()| 0),
         Command::Pause(a) => lifecycle::action("pause", &a, &state_dir, json)

@@ -57,7 +57,7 @@ from .models import (
     VolumeAttachment,
     VolumeMount,
 )
-from ._tenants import ApiKey, Tenant
+from ._tenants import ApiKey, AuditEntry, Tenant
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
 __all__ = [
@@ -84,6 +84,7 @@ __all__ = [
     "AsyncBuild",
     "Tenant",
     "ApiKey",
+    "AuditEntry",
     "BuildInfo",
     "BuildStep",
     "BuildLogLine",

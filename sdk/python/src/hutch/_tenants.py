@@ -1,5 +1,5 @@
-"""Tenants and API keys (``docs/teams.md``): the models, the calls, and the methods they add
-to :class:`hutch.Client` and :class:`hutch.AsyncClient` (mixins that use the client's
+"""Tenants, API keys and the audit log (``docs/teams.md``): the models, the calls, and the
+methods they add to :class:`hutch.Client` and :class:`hutch.AsyncClient` (mixins that use the client's
 ``_call`` and ``_all``).
 
     with Client() as admin:                         # the admin key
@@ -96,6 +96,41 @@ class ApiKey:
         )
 
 
+@dataclass
+class AuditEntry:
+    """One audited call (:meth:`~hutch.Client.audit`): who, with which key, for which tenant,
+    the route, the sandbox, an exec's argv, the status; never output or file contents."""
+
+    id: int
+    at: str
+    key_id: Optional[str]
+    tenant: Optional[str]
+    method: str
+    route: str
+    path: str
+    sandbox_id: Optional[str]
+    argv: Optional[List[str]]
+    status: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> AuditEntry:
+        argv = d.get("argv")
+        return cls(
+            id=int(d.get("id") or 0),
+            at=str(d.get("at", "")),
+            key_id=d.get("key_id"),
+            tenant=d.get("tenant"),
+            method=str(d.get("method", "")),
+            route=str(d.get("route", "")),
+            path=str(d.get("path", "")),
+            sandbox_id=d.get("sandbox_id"),
+            argv=[str(a) for a in argv] if isinstance(argv, list) else None,
+            status=int(d.get("status") or 0),
+            raw=d,
+        )
+
+
 def _settings(
     quotas: Optional[Mapping[str, Any]],
     defaults: Optional[Mapping[str, Any]],
@@ -181,6 +216,27 @@ def get_key(key_id: str) -> ops.Call[ApiKey]:
 
 def revoke_key(key_id: str) -> ops.Call[None]:
     return ops.Call(Request("DELETE", _key_path(key_id)), ops._nothing)
+
+
+def audit(
+    tenant: Optional[str],
+    key_id: Optional[str],
+    sandbox_id: Optional[str],
+    since: Optional[str],
+    until: Optional[str],
+) -> ops.Listing[AuditEntry]:
+    params = tuple(
+        (k, v)
+        for k, v in (
+            ("tenant", tenant),
+            ("key_id", key_id),
+            ("sandbox_id", sandbox_id),
+            ("since", since),
+            ("until", until),
+        )
+        if v is not None
+    )
+    return ops.Listing("/v1/audit", "entries", AuditEntry.from_json, params)
 
 
 class TenantMethods:
@@ -269,6 +325,19 @@ class TenantMethods:
         """Revoke a key: it stops working at once, and what it holds open is closed."""
         self._call(revoke_key(key_id))
 
+    def audit(
+        self,
+        *,
+        tenant: Optional[str] = None,
+        key_id: Optional[str] = None,
+        sandbox_id: Optional[str] = None,
+        since: Optional[str] = None,
+        until: Optional[str] = None,
+    ) -> List[AuditEntry]:
+        """The audit log (full or admin key), oldest first; ``since``/``until`` are RFC 3339
+        or milliseconds. Entries are written in batches: a call shows within about 5 s."""
+        return self._all(audit(tenant, key_id, sandbox_id, since, until))  # type: ignore[no-any-return]
+
 
 class AsyncTenantMethods:
     """Tenants and keys on :class:`hutch.AsyncClient` (see :class:`TenantMethods`)."""
@@ -342,3 +411,15 @@ class AsyncTenantMethods:
     async def revoke_key(self, key_id: str) -> None:
         """Revoke a key at once."""
         await self._call(revoke_key(key_id))
+
+    async def audit(
+        self,
+        *,
+        tenant: Optional[str] = None,
+        key_id: Optional[str] = None,
+        sandbox_id: Optional[str] = None,
+        since: Optional[str] = None,
+        until: Optional[str] = None,
+    ) -> List[AuditEntry]:
+        """The audit log, oldest first (see :meth:`TenantMethods.audit`)."""
+        return await self._all(audit(tenant, key_id, sandbox_id, since, until))  # type: ignore[no-any-return]

@@ -2,10 +2,10 @@
 //! the module docs of `store/sqlite.rs` for what each table holds).
 
 /// The schema this binary reads and writes (`PRAGMA user_version`).
-pub(super) const SCHEMA_VERSION: i64 = 5;
+pub(super) const SCHEMA_VERSION: i64 = 6;
 
 /// The statements that bring a database from version `i` to `i + 1`.
-pub(super) const MIGRATIONS: [&str; 5] = [
+pub(super) const MIGRATIONS: [&str; 6] = [
     "CREATE TABLE IF NOT EXISTS sandboxes (
         id TEXT PRIMARY KEY,
         state TEXT NOT NULL,
@@ -89,4 +89,20 @@ pub(super) const MIGRATIONS: [&str; 5] = [
     CREATE INDEX tenant_creates_at ON tenant_creates(tenant, at_ms);
     CREATE TABLE template_owners (name TEXT PRIMARY KEY, tenant TEXT NOT NULL);
     CREATE INDEX template_owners_tenant ON template_owners(tenant);",
+    // The audit log (`crate::audit`).
+    "CREATE TABLE audit_log (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at_ms INTEGER NOT NULL,
+        key_id TEXT,
+        tenant TEXT,
+        method TEXT NOT NULL,
+        route TEXT NOT NULL,
+        path TEXT NOT NULL,
+        sandbox TEXT,
+        argv TEXT,
+        status INTEGER NOT NULL
+    );
+    CREATE INDEX audit_tenant ON audit_log(tenant, id);
+    CREATE INDEX audit_key ON audit_log(key_id, id);
+    CREATE INDEX audit_sandbox ON audit_log(sandbox, id);",
 ];
