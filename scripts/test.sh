@@ -17,6 +17,9 @@ echo "== python (the tests' own virtual environment)"
 HUTCH_TEST_PYTHON=$(scripts/venv.sh)
 export HUTCH_TEST_PYTHON
 
+echo "== e2b's JavaScript SDKs (npm)"
+scripts/e2b-js.sh
+
 echo "== build"
 scripts/build-agent.sh
 cargo build --workspace --all-targets

@@ -25,4 +25,19 @@ fi
 if ! "$VENV/bin/python" -c 'import agents.strict_schema' 2>/dev/null; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai-agents>=0.24,<1" >&2
 fi
+# E2B's published SDKs, unmodified, that tests/e2b_python.rs drives against the E2B-compatible
+# API (the newest releases when this was written; docs/e2b.md says which versions are tested).
+if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter' 2>/dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        "e2b==2.63.0" "e2b-code-interpreter==2.11.5" >&2
+fi
+# The oldest e2b the E2B API supports (2.7.0, the first release that reads E2B_SANDBOX_URL),
+# in a virtual environment of its own beside this one: tests/e2b_python.rs runs its
+# `basics` scenario with it.
+OLDEST="$VENV-e2b-oldest"
+if ! [ -x "$OLDEST/bin/python" ] || ! "$OLDEST/bin/python" -c 'import e2b' 2>/dev/null; then
+    rm -rf "$OLDEST"
+    python3 -m venv "$OLDEST" >&2
+    "$OLDEST/bin/python" -m pip install --quiet --disable-pip-version-check "e2b==2.7.0" >&2
+fi
 echo "$VENV/bin/python"

@@ -56,6 +56,66 @@ fn passwd_entries(text: &str) -> impl Iterator<Item = PasswdEntry<'_>> {
     })
 }
 
+/// `(name, gid, members)` of every well-formed line of `/etc/group`.
+fn named_group_entries(text: &str) -> impl Iterator<Item = (&str, u32, Vec<&str>)> {
+    text.lines().filter_map(|line| {
+        let line = line.trim_end();
+        if line.starts_with('#') {
+            return None;
+        }
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.len() < 4 || fields[0].is_empty() {
+            return None;
+        }
+        let gid = fields[2].parse().ok()?;
+        let members = fields[3].split(',').filter(|m| !m.is_empty()).collect();
+        Some((fields[0], gid, members))
+    })
+}
+
+/// Names of user and group ids, for file entries (`owner`, `group`).
+#[derive(Debug, Clone, Default)]
+pub struct Owners {
+    users: std::collections::HashMap<u32, String>,
+    groups: std::collections::HashMap<u32, String>,
+}
+
+impl Owners {
+    /// The names in the contents of `/etc/passwd` and `/etc/group` (the first line of an id
+    /// wins).
+    pub fn parse(passwd: &str, group: &str) -> Self {
+        let mut owners = Self::default();
+        for e in passwd_entries(passwd) {
+            owners
+                .users
+                .entry(e.uid)
+                .or_insert_with(|| e.name.to_string());
+        }
+        for (name, gid, _) in named_group_entries(group) {
+            owners.groups.entry(gid).or_insert_with(|| name.to_string());
+        }
+        owners
+    }
+
+    /// The names in the sandbox's own `/etc/passwd` and `/etc/group` (none when missing).
+    /// Blocking.
+    pub fn load() -> Self {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+        Self::parse(&passwd, &group)
+    }
+
+    /// The name of user `uid`, if it has one.
+    pub fn user(&self, uid: u32) -> Option<&str> {
+        self.users.get(&uid).map(String::as_str)
+    }
+
+    /// The name of group `gid`, if it has one.
+    pub fn group(&self, gid: u32) -> Option<&str> {
+        self.groups.get(&gid).map(String::as_str)
+    }
+}
+
 /// `(gid, members)` of every well-formed line of `/etc/group`.
 fn group_entries(text: &str) -> impl Iterator<Item = (u32, Vec<&str>)> {
     text.lines().filter_map(|line| {
@@ -127,6 +187,15 @@ adm:x:4:syslog,alice
 alice:x:1000:
 docker:x:999:bob,alice
 ";
+
+    #[test]
+    fn ids_have_names() {
+        let owners = Owners::parse(PASSWD, GROUP);
+        assert_eq!(owners.user(1000), Some("alice"));
+        assert_eq!(owners.user(4242), None);
+        assert_eq!(owners.group(999), Some("docker"));
+        assert_eq!(owners.group(4), Some("adm"));
+    }
 
     #[test]
     fn resolves_names_with_groups() {

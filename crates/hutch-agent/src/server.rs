@@ -235,6 +235,7 @@ const ROUTES: &[&str] = &[
     "/v1/files/mkdir",
     "/v1/files/move",
     "/v1/files/archive",
+    "/v1/files/watch",
     "/v1/identity",
     "/v1/sync",
     "/v1/tcp",
@@ -269,6 +270,10 @@ async fn route(agent: Arc<Agent>, request: Request<Incoming>) -> Response<AgentB
         },
         (&Method::GET, "/v1/files/stat") => match Query::parse(query) {
             Ok(q) => files::stat(&q).await.map(|entry| agent_http::json(&entry)),
+            Err(e) => Err(e),
+        },
+        (&Method::GET, "/v1/files/watch") => match Query::parse(query) {
+            Ok(q) => files::watch(&q).await,
             Err(e) => Err(e),
         },
         (&Method::GET, "/v1/files/archive") => match Query::parse(query) {

@@ -271,3 +271,64 @@ mod tests {
         assert_eq!(error_text(&e), "No such file or directory");
     }
 }
+
+/// The calling thread's filesystem ids and supplementary groups, as the kernel checks
+/// file access with them ([`set_thread_fs_identity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FsIdentity {
+    /// Filesystem user id.
+    pub uid: u32,
+    /// Filesystem group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// The calling thread's current [`FsIdentity`].
+pub fn thread_fs_identity() -> io::Result<FsIdentity> {
+    // SAFETY: setfsuid/setfsgid with -1 (an invalid id) change nothing and return the
+    // current id; they cannot fail.
+    let uid = unsafe { libc::syscall(libc::SYS_setfsuid, u32::MAX) } as u32;
+    // SAFETY: as above.
+    let gid = unsafe { libc::syscall(libc::SYS_setfsgid, u32::MAX) } as u32;
+    // SAFETY: getgroups with size 0 only returns the count.
+    let count = cvt(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
+    let mut groups = vec![0 as libc::gid_t; count as usize];
+    // SAFETY: `groups` has room for `count` ids.
+    let count = cvt(unsafe { libc::getgroups(count, groups.as_mut_ptr()) })?;
+    groups.truncate(count as usize);
+    Ok(FsIdentity { uid, gid, groups })
+}
+
+/// Set the calling thread's (only this thread's) filesystem ids and supplementary groups
+/// through the raw syscalls: libc's `setgroups` would change every thread of the process.
+/// Checked afterwards: `setfsuid` reports no error of its own.
+pub fn set_thread_fs_identity(identity: &FsIdentity) -> io::Result<()> {
+    // SAFETY: the pointer and count describe `identity.groups`, which outlives the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_setgroups,
+            identity.groups.len(),
+            identity.groups.as_ptr(),
+        )
+    };
+    if ret == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setfsgid/setfsuid take plain ids and change only this thread's credentials.
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, identity.gid);
+        libc::syscall(libc::SYS_setfsuid, identity.uid);
+    }
+    let now = thread_fs_identity()?;
+    if now.uid != identity.uid || now.gid != identity.gid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "could not switch file access to uid {} gid {} (have {} {})",
+                identity.uid, identity.gid, now.uid, now.gid
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -8,7 +8,8 @@
 //! Operations live in submodules by concern: `create` (from a template, a snapshot, or as a
 //! fork child), `lifecycle` (pause, resume, hibernate, wake, idle hibernation), `snapshots`
 //! (named snapshots and their reference counting), `fork` (fork and explore), `ports`
-//! (connections to TCP ports inside a sandbox, through its agent), `interp` (code contexts
+//! (connections to TCP ports inside a sandbox, through its agent), `watch` and `watchers`
+//! (file watches, streamed or polled), `interp` (code contexts
 //! and runs, through the sandbox's kernel driver), `exec` (execs and the
 //! agent connection), `reaper` (TTL expiry, deaths, re-adoption after a restart), `metrics`
 //! (the Prometheus text), `templates` (deleting a template nothing uses). State
@@ -39,6 +40,8 @@ mod tenants;
 mod tests;
 mod volumes;
 mod warm;
+mod watch;
+mod watchers;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -70,6 +73,10 @@ pub use self::keys::CreatedKey;
 pub use self::logs::LogFollow;
 pub use self::ports::{parse_port, PortConnection};
 pub use self::templates::VisibleTemplate;
+pub use self::watch::{FileWatch, WatchOptions};
+pub use self::watchers::{
+    WatcherEvents, WatcherInfo, MAX_BUFFERED_EVENTS, MAX_WATCHERS_PER_SANDBOX, WATCHER_IDLE,
+};
 
 /// The manager. Cheap to share behind an `Arc`.
 pub struct Manager {
@@ -115,6 +122,8 @@ pub struct Manager {
     key_uses: keys::KeyUses,
     /// Audit entries not written yet (`audit.rs`).
     audit: audit::AuditLog,
+    /// Polled file watchers (`watchers.rs`).
+    watchers: watchers::Watchers,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -265,6 +274,7 @@ impl Manager {
             quota: quota::QuotaLedger::default(),
             key_uses: keys::KeyUses::default(),
             audit: audit::AuditLog::default(),
+            watchers: watchers::Watchers::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).

@@ -2,7 +2,8 @@
 //! by the server and verified without a database lookup.
 //!
 //! A browser cannot send `Authorization: Bearer`, so links that open a sandbox's web app
-//! carry a sandbox token instead of the API key. A token grants only what its [`TokenScope`]
+//! carry a sandbox token instead of the API key, and signed file URLs ([`FileGrant`]) carry
+//! a signature made the same way. A token grants only what its [`TokenScope`]
 //! says, on the one sandbox it names, until it expires; it never authenticates an API call.
 //!
 //! # Format (version 1)
@@ -13,6 +14,15 @@
 //! in `<state-dir>/token.secret`, mode 0600, created on first start; deleting it (and
 //! restarting) revokes every token. A token is at most [`MAX_TOKEN_LEN`] bytes and uses only
 //! base64url characters and `.`, so it is safe in a query string and a cookie value.
+//!
+//! # Signed file URLs
+//!
+//! `…/files?path=P&user=U&expires=E&signature=S` reads (GET) or writes (PUT) one file without
+//! the API key. `S` is the `<mac>` a token with the claims [`FileGrant`] `{sbx, scope: "file",
+//! path: P, op, user: U, use: "file_url", exp: E}` would carry (E in Unix seconds): the claims
+//! travel as the URL's own parameters instead of inside the token, and the server rebuilds
+//! them from the request (the sandbox from the URL's path, `op` from its method) before it
+//! checks the MAC. Changing any of them, the expiry included, breaks the signature.
 
 use std::path::Path;
 
@@ -127,6 +137,84 @@ pub struct TokenClaims {
     pub exp: i64,
 }
 
+/// What a signed file URL lets its holder do with its one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileOp {
+    /// `GET …/files?path=`: read the file's bytes.
+    Read,
+    /// `PUT …/files?path=`: write (create or replace) the file.
+    Write,
+}
+
+impl FileOp {
+    /// The wire name (`read`, `write`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+        }
+    }
+}
+
+/// What a signed file URL grants: one operation on one path of one sandbox, as one user,
+/// until a time. The URL carries every field in its query; the signature covers them all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileGrant {
+    /// The sandbox id.
+    pub sbx: String,
+    /// Always `file` (a port token's claims say `port`: the two never sign the same bytes).
+    scope: FileScope,
+    /// The absolute path inside the sandbox.
+    pub path: String,
+    /// Read or write.
+    pub op: FileOp,
+    /// The user the file is read or written as (`None`: the default, root).
+    pub user: Option<String>,
+    /// Always `file_url`.
+    #[serde(rename = "use")]
+    token_use: FileUse,
+    /// Expiry, Unix seconds (the URL's `expires`).
+    pub exp: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FileScope {
+    File,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FileUse {
+    FileUrl,
+}
+
+impl FileGrant {
+    /// A grant of `op` on `path` of sandbox `sbx` as `user`, until `exp` (Unix seconds).
+    pub fn new(sbx: &str, path: &str, op: FileOp, user: Option<&str>, exp: i64) -> Self {
+        Self {
+            sbx: sbx.to_string(),
+            scope: FileScope::File,
+            path: path.to_string(),
+            op,
+            user: user.map(str::to_string),
+            token_use: FileUse::FileUrl,
+            exp,
+        }
+    }
+
+    /// The bytes the signature is computed over: a version-1 token's signed part with the
+    /// grant as its claims (`hst1.<base64url of the grant's JSON>`).
+    fn signed_bytes(&self) -> String {
+        let json = serde_json::to_vec(self).expect("file grants always serialize");
+        format!("{TOKEN_PREFIX}{}", URL_SAFE_NO_PAD.encode(json))
+    }
+}
+
+/// Longest file URL signature accepted (a base64url HMAC-SHA256 is 43 characters).
+const MAX_SIGNATURE_LEN: usize = 64;
+
 /// Signs and verifies sandbox tokens with the server's secret.
 #[derive(Clone)]
 pub struct TokenSigner {
@@ -201,6 +289,55 @@ impl TokenSigner {
             return Err(TokenError::Expired);
         }
         Ok(claims)
+    }
+
+    /// A secret of `subject` for one `purpose`, derived from the server's secret (hex
+    /// HMAC-SHA256 of `purpose`, a NUL and `subject`): stable across restarts, different for
+    /// every purpose and subject, and unforgeable without the server's secret. The E2B
+    /// adapter's per-sandbox access tokens are `derive("e2b-envd", sandbox id)`.
+    pub fn derive(&self, purpose: &str, subject: &str) -> String {
+        let mut mac = self.mac(purpose.as_bytes());
+        mac.update(&[0]);
+        mac.update(subject.as_bytes());
+        mac.finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// The signature of a file URL (`signature=`): the unpadded base64url HMAC-SHA256, with
+    /// the tokens' secret, of [`FileGrant`] encoded as a token's claims. File URLs and
+    /// sandbox tokens are one scheme: one secret, one claims encoding, one MAC.
+    pub fn sign_file_url(&self, grant: &FileGrant) -> String {
+        let mac = self.mac(grant.signed_bytes().as_bytes()).finalize();
+        URL_SAFE_NO_PAD.encode(mac.into_bytes())
+    }
+
+    /// Check a file URL's `signature` for `grant` (rebuilt from the request: its sandbox,
+    /// `path`, method, `user` and `expires`) at time `now_ms`. The comparison is
+    /// constant-time; a grant that differs in any field, a changed expiry included, is
+    /// [`TokenError::BadSignature`]; a valid signature past its expiry is
+    /// [`TokenError::Expired`].
+    pub fn verify_file_url(
+        &self,
+        grant: &FileGrant,
+        signature: &str,
+        now_ms: i64,
+    ) -> Result<(), TokenError> {
+        if signature.len() > MAX_SIGNATURE_LEN {
+            return Err(TokenError::Malformed);
+        }
+        let mac = URL_SAFE_NO_PAD
+            .decode(signature)
+            .map_err(|_| TokenError::Malformed)?;
+        self.mac(grant.signed_bytes().as_bytes())
+            .verify_slice(&mac)
+            .map_err(|_| TokenError::BadSignature)?;
+        if grant.exp.saturating_mul(1000) <= now_ms {
+            return Err(TokenError::Expired);
+        }
+        Ok(())
     }
 
     fn mac(&self, data: &[u8]) -> HmacSha256 {
@@ -297,6 +434,20 @@ mod tests {
     }
 
     #[test]
+    fn derived_secrets_differ_by_purpose_subject_and_server() {
+        let a = signer();
+        let x = a.derive("e2b-envd", "sbx_1");
+        assert_eq!(x.len(), 64);
+        assert_eq!(x, a.derive("e2b-envd", "sbx_1"));
+        assert_ne!(x, a.derive("e2b-envd", "sbx_2"));
+        assert_ne!(x, a.derive("other", "sbx_1"));
+        assert_ne!(
+            x,
+            TokenSigner::from_secret([9; SECRET_LEN]).derive("e2b-envd", "sbx_1")
+        );
+    }
+
+    #[test]
     fn an_expired_token_is_refused() {
         let token = signer().issue(&claims(Some(8000), TokenUse::Link, NOW));
         assert_eq!(signer().verify(&token, NOW), Err(TokenError::Expired));
@@ -364,6 +515,49 @@ mod tests {
             signer().verify(&"hst1.a".repeat(400), NOW),
             Err(TokenError::Malformed)
         );
+    }
+
+    #[test]
+    fn a_file_url_signature_covers_every_field_of_its_grant() {
+        let exp = NOW / 1000 + 60;
+        let grant = FileGrant::new("sbx_aaaa", "/w/a.txt", FileOp::Read, Some("user"), exp);
+        let signature = signer().sign_file_url(&grant);
+        assert_eq!(signature.len(), 43, "{signature}");
+        assert_eq!(signer().verify_file_url(&grant, &signature, NOW), Ok(()));
+        let others = [
+            FileGrant::new("sbx_bbbb", "/w/a.txt", FileOp::Read, Some("user"), exp),
+            FileGrant::new("sbx_aaaa", "/w/b.txt", FileOp::Read, Some("user"), exp),
+            FileGrant::new("sbx_aaaa", "/w/a.txt", FileOp::Write, Some("user"), exp),
+            FileGrant::new("sbx_aaaa", "/w/a.txt", FileOp::Read, Some("root"), exp),
+            FileGrant::new("sbx_aaaa", "/w/a.txt", FileOp::Read, None, exp),
+            FileGrant::new("sbx_aaaa", "/w/a.txt", FileOp::Read, Some("user"), exp + 1),
+        ];
+        for other in others {
+            assert_eq!(
+                signer().verify_file_url(&other, &signature, NOW),
+                Err(TokenError::BadSignature),
+                "{other:?}"
+            );
+        }
+        assert_eq!(
+            signer().verify_file_url(&grant, &signature, exp * 1000),
+            Err(TokenError::Expired)
+        );
+        let other_secret = TokenSigner::from_secret([8; SECRET_LEN]);
+        assert_eq!(
+            other_secret.verify_file_url(&grant, &signature, NOW),
+            Err(TokenError::BadSignature)
+        );
+        for junk in ["", "!!", &"A".repeat(100)] {
+            assert!(
+                signer().verify_file_url(&grant, junk, NOW).is_err(),
+                "{junk}"
+            );
+        }
+        // A port token's signature never passes as a file URL's, nor the reverse.
+        let token = signer().issue(&claims(None, TokenUse::Link, NOW + 60_000));
+        let (_, port_mac) = token.rsplit_once('.').expect("two parts");
+        assert!(signer().verify_file_url(&grant, port_mac, NOW).is_err());
     }
 
     #[test]

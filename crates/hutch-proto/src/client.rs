@@ -13,6 +13,7 @@ mod exec;
 mod piped;
 pub mod service;
 mod tunnel;
+mod watch;
 
 use std::error::Error as StdError;
 use std::path::Path;
@@ -32,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 pub use self::exec::{CollectedExec, ExecEvent, ExecEvents, ExecInput, ExecSession};
 pub use self::piped::{PipedExec, StdinSource};
 pub use self::tunnel::TcpTunnel;
+pub use self::watch::{FileWatchStream, WatchOptions, MAX_WATCH_LINE};
 use crate::{
     query, AgentError, AgentInfo, ExecRequest, FileEntry, IdentityRequest, ListResponse,
     MkdirRequest, MoveRequest, SignalRequest,
@@ -207,7 +209,17 @@ impl AgentClient {
 
     /// `GET /v1/files/read`: the file's bytes as a stream, so large files never sit in memory.
     pub async fn read_file(&self, path: &str) -> ClientResult<ByteStream> {
-        let uri = format!("/v1/files/read?{}", query::build(&[("path", path)]));
+        self.read_file_as(path, None).await
+    }
+
+    /// [`Self::read_file`] with the file opened as `user` of the sandbox (its permissions
+    /// apply); `None` reads as the agent (root).
+    pub async fn read_file_as(&self, path: &str, user: Option<&str>) -> ClientResult<ByteStream> {
+        let mut pairs = vec![("path", path)];
+        if let Some(user) = user {
+            pairs.push(("user", user));
+        }
+        let uri = format!("/v1/files/read?{}", query::build(&pairs));
         let response = self.call(Method::GET, &uri, empty_body()).await?;
         Ok(ByteStream {
             body: response.into_body(),
@@ -221,11 +233,26 @@ impl AgentClient {
     where
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
     {
+        self.write_file_as(path, mode, None, body).await
+    }
+
+    /// [`Self::write_file`] with the file opened, and created with its missing parents, as
+    /// `user` of the sandbox: its permissions apply and what is created is its own.
+    pub async fn write_file_as<S>(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        user: Option<&str>,
+        body: S,
+    ) -> ClientResult<()>
+    where
+        S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+    {
         let body = StreamBody::new(
             body.map_ok(Frame::data)
                 .map_err(|e| Box::new(e) as BoxError),
         );
-        self.write_file_body(path, mode, UnsyncBoxBody::new(body))
+        self.write_file_body(path, mode, user, UnsyncBoxBody::new(body))
             .await
     }
 
@@ -236,13 +263,15 @@ impl AgentClient {
         mode: Option<u32>,
         data: Bytes,
     ) -> ClientResult<()> {
-        self.write_file_body(path, mode, full_body(data)).await
+        self.write_file_body(path, mode, None, full_body(data))
+            .await
     }
 
     async fn write_file_body(
         &self,
         path: &str,
         mode: Option<u32>,
+        user: Option<&str>,
         body: RequestBody,
     ) -> ClientResult<()> {
         // Without a mode the agent gives new files 0644 and leaves an existing file's mode.
@@ -250,6 +279,9 @@ impl AgentClient {
         let mut pairs = vec![("path", path)];
         if let Some(mode) = &mode {
             pairs.push(("mode", mode.as_str()));
+        }
+        if let Some(user) = user {
+            pairs.push(("user", user));
         }
         let uri = format!("/v1/files/write?{}", query::build(&pairs));
         self.call(Method::PUT, &uri, body).await.map(drop)
@@ -324,6 +356,13 @@ impl AgentClient {
     pub async fn stat(&self, path: &str) -> ClientResult<FileEntry> {
         let uri = format!("/v1/files/stat?{}", query::build(&[("path", path)]));
         self.json_call(Method::GET, &uri, None).await
+    }
+
+    /// `GET /v1/files/watch`: changes below the directory `path`, from once the watch is
+    /// armed (this returns after the agent's ready line). A missing path is
+    /// [`ClientError::Agent`] `not_found`, a file `not_a_directory`. See [`FileWatchStream`].
+    pub async fn watch(&self, path: &str, options: WatchOptions) -> ClientResult<FileWatchStream> {
+        watch::start(self, path, options).await
     }
 
     /// `POST /v1/files/mkdir` (with parents; fine if the directory exists).

@@ -31,6 +31,7 @@
 //! | POST | `/v1/identity` | [`IdentityRequest`] JSON | 204 |
 //! | POST | `/v1/sync` | — | 204 (every filesystem flushed to its disk) |
 //! | POST | `/v1/tcp?port=` | raw bytes to the port (streamed) | raw bytes from it (streamed) |
+//! | GET | `/v1/files/watch?path=&recursive=&include_entry=` | – | NDJSON [`WatchMessage`]s (streamed, [`watch`]) |
 //!
 //! Errors are a non-2xx status with an [`AgentError`] JSON body.
 
@@ -43,6 +44,7 @@ pub mod query;
 mod service;
 pub mod time;
 mod types;
+pub mod watch;
 
 pub use frame::{
     encode_data_frames, encode_frame, encode_json_frame, Frame, FrameDecoder, FrameError,
@@ -50,6 +52,9 @@ pub use frame::{
 };
 pub use service::*;
 pub use types::*;
+pub use watch::{
+    FileEvent, FileEventKind, WatchEnd, WatchMessage, WatchReady, WatchWarning, WatchWarningCode,
+};
 
 /// The protocol version this crate speaks. See the crate docs for the compatibility rule.
 pub const PROTOCOL_VERSION: u32 = 1;

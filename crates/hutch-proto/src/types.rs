@@ -142,6 +142,18 @@ pub struct FileEntry {
     pub mode: u32,
     /// Modification time, RFC 3339 UTC.
     pub modified_at: String,
+    /// Owner's user id (as the sandbox sees it).
+    #[serde(default)]
+    pub uid: u32,
+    /// Group id.
+    #[serde(default)]
+    pub gid: u32,
+    /// The owner's name in the sandbox's `/etc/passwd`, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The group's name in the sandbox's `/etc/group`, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Link target, for symlinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,

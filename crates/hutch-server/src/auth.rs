@@ -143,7 +143,10 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthorizedSandbox {
 /// reading is `Read`; exec, terminals, file writes, code and ports on existing sandboxes
 /// are `Use`; tenants are `Admin`; everything else that is not a `GET` is `Manage`.
 pub fn required_permission(method: &Method, route: &str) -> Permission {
-    const USE: [&str; 10] = [
+    const USE: [&str; 13] = [
+        "/v1/sandboxes/{id}/files/watchers",
+        "/v1/sandboxes/{id}/files/watchers/{wid}",
+        "/v1/sandboxes/{id}/files/url",
         "/v1/sandboxes/{id}/exec",
         "/v1/sandboxes/{id}/exec/stream",
         "/v1/sandboxes/{id}/code",
@@ -378,6 +381,31 @@ pub(crate) fn until_revoked(response: Response, revocation: Revocation) -> Respo
     )
 }
 
+/// Middleware of `GET`/`PUT /v1/sandboxes/{id}/files`: a request without an
+/// `Authorization` header that carries a `signature` query parameter goes on without a
+/// [`Caller`], for the handler to check the signed URL (`routes/files_url.rs`); every other
+/// request is [`require_auth`]'s.
+pub async fn require_auth_or_signed_url(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let signed = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::PUT
+    ) && !req
+        .headers()
+        .contains_key(axum::http::header::AUTHORIZATION)
+        && req.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|pair| pair.split('=').next() == Some("signature"))
+        });
+    if signed {
+        return next.run(req).await;
+    }
+    require_auth(State(state), req, next).await
+}
+
 /// Steps 1–3 of the module docs; the request with the caller (and the checked sandbox) in
 /// its extensions.
 async fn authorized(state: &AppState, req: Request) -> ApiResult<(Request, Caller)> {
@@ -466,6 +494,14 @@ mod tests {
             (Method::PUT, "/v1/sandboxes/{id}/files", Use),
             (Method::DELETE, "/v1/sandboxes/{id}/files", Use),
             (Method::POST, "/v1/sandboxes/{id}/exec", Use),
+            (Method::GET, "/v1/sandboxes/{id}/files/watch", Read),
+            (Method::POST, "/v1/sandboxes/{id}/files/watchers", Use),
+            (
+                Method::DELETE,
+                "/v1/sandboxes/{id}/files/watchers/{wid}",
+                Use,
+            ),
+            (Method::POST, "/v1/sandboxes/{id}/files/url", Use),
             (Method::GET, "/v1/sandboxes/{id}/pty", Use),
             (Method::GET, "/v1/sandboxes/{id}/tunnel/{port}", Use),
             (Method::GET, "/v1/sandboxes/{id}/ports/{port}/{*path}", Use),

@@ -12,7 +12,7 @@ pub mod error;
 mod extract;
 mod key_cache;
 mod preview;
-mod proxy;
+pub mod proxy;
 mod routes;
 pub mod serve;
 
@@ -121,8 +121,8 @@ pub fn default_build_settings(manager: &Manager) -> BuildSettings {
 /// The whole API.
 pub fn app(state: AppState) -> Router {
     use routes::{
-        build_logs, code, exec, files, keys, lifecycle, logs, misc, network, ports, pty, sandboxes,
-        templates, tenants, volumes,
+        build_logs, code, exec, files, files_url, files_watch, keys, lifecycle, logs, misc,
+        network, ports, pty, sandboxes, templates, tenants, volumes,
     };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
@@ -202,10 +202,20 @@ pub fn app(state: AppState) -> Router {
             "/v1/sandboxes/{id}/contexts/{cid}/restart",
             post(code::restart_context),
         )
+        .route("/v1/sandboxes/{id}/files/watch", get(files_watch::watch))
         .route(
-            "/v1/sandboxes/{id}/files",
-            get(files::read).put(files::write).delete(files::remove),
+            "/v1/sandboxes/{id}/files/watchers",
+            post(files_watch::create_watcher),
         )
+        .route(
+            "/v1/sandboxes/{id}/files/watchers/{wid}",
+            axum::routing::delete(files_watch::remove_watcher),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files/watchers/{wid}/events",
+            get(files_watch::watcher_events),
+        )
+        .route("/v1/sandboxes/{id}/files/url", post(files_url::file_url))
         .route(
             "/v1/sandboxes/{id}/files/archive",
             get(files::read_archive).put(files::write_archive),
@@ -222,6 +232,16 @@ pub fn app(state: AppState) -> Router {
             state.clone(),
             auth::require_auth,
         ));
+    // File reads and writes take the key, or a signed URL in place of it (`files_url`).
+    let files_route = Router::new()
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(files::read).put(files::write).delete(files::remove),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_auth_or_signed_url,
+        ));
     // The port proxy authenticates itself: the key from the header, or a browser's sandbox
     // token (`browser`), which no other route takes.
     let port_proxy = Router::new()
@@ -232,6 +252,7 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(misc::healthz))
         .route("/metrics", get(misc::metrics))
         .merge(v1)
+        .merge(files_route)
         .merge(port_proxy)
         .fallback(misc::not_found)
         // Every buffered body (JSON) is limited; file uploads, streamed exec stdin and the

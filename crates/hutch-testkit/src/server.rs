@@ -20,6 +20,9 @@ pub struct TestServer {
     /// The preview origin's address (`http://127.0.0.1:N`), unless started with
     /// `--preview-listen off`.
     pub preview_url: Option<String>,
+    /// The E2B-compatible API's address (`http://127.0.0.1:N`), when started with
+    /// `--e2b-listen`.
+    pub e2b_url: Option<String>,
     pub key: String,
     pub state_dir: PathBuf,
     child: Option<Child>,
@@ -89,6 +92,7 @@ impl TestServer {
         let mut s = Self {
             url: String::new(),
             preview_url: None,
+            e2b_url: None,
             key: String::new(),
             state_dir,
             child: None,
@@ -192,6 +196,9 @@ impl TestServer {
         let mut url = None;
         for line in lines.by_ref() {
             let line = line.expect("read server stdout");
+            if let Some(rest) = line.strip_prefix("hutch E2B API on ") {
+                self.e2b_url = Some(rest.trim().to_string());
+            }
             if let Some(rest) = line.strip_prefix("hutch preview on ") {
                 self.preview_url = rest.split_whitespace().next().map(str::to_string);
             }

@@ -26,6 +26,16 @@ pub struct ServeArgs {
     /// wildcard DNS record pointing here).
     #[arg(long, env = "HUTCH_PREVIEW_DOMAIN", default_value = "localhost")]
     pub preview_domain: String,
+    /// Serve the E2B-compatible API (`docs/e2b.md`) on this address: set both
+    /// `E2B_API_URL` and `E2B_SANDBOX_URL` to `http://` it (port 0 picks a free port; the
+    /// chosen address is printed). Off unless given.
+    #[arg(long, env = "HUTCH_E2B_LISTEN")]
+    pub e2b_listen: Option<SocketAddr>,
+    /// Domain of the E2B API's sandbox host names, `{port}-{sandbox id}.{e2b-domain}`, as
+    /// `get_host(port)` names them (resolve them here: `*.localhost` is loopback for most
+    /// clients; elsewhere a wildcard DNS record or `/etc/hosts` entries).
+    #[arg(long, env = "HUTCH_E2B_DOMAIN", default_value = "e2b.localhost")]
+    pub e2b_domain: String,
     /// Templates directory (default `<state-dir>/templates`).
     #[arg(long)]
     pub templates_dir: Option<PathBuf>,
@@ -455,6 +465,32 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             },
         )));
     }
+    let mut e2b_server = None;
+    let (e2b_tx, e2b_rx) = tokio::sync::oneshot::channel::<()>();
+    if let Some(e2b_addr) = args.e2b_listen {
+        let e2b_listener = tokio::net::TcpListener::bind(e2b_addr)
+            .await
+            .with_context(|| format!("listening on {e2b_addr} for the E2B API"))?;
+        let bound = e2b_listener.local_addr()?;
+        let e2b = hutch_e2b::router(
+            state.clone(),
+            hutch_e2b::E2bConfig {
+                domain: args.e2b_domain.to_ascii_lowercase(),
+                port: bound.port(),
+            },
+        );
+        // Printed before the API line: tools that wait for that line have both.
+        println!("hutch E2B API on http://{bound}");
+        e2b_server = Some(tokio::spawn(hutch_server::serve::serve(
+            e2b_listener,
+            e2b,
+            limits.clone(),
+            Default::default(),
+            async {
+                let _ = e2b_rx.await;
+            },
+        )));
+    }
     println!("hutch listening on http://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
     let stats = state.connection_stats();
@@ -473,12 +509,16 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     tracing::info!("shutting down; sandboxes keep running and are re-adopted on the next start");
     let _ = tx.send(());
     let _ = preview_tx.send(());
+    let _ = e2b_tx.send(());
     // Long-lived streams (events, PTYs, WebSockets) would hold graceful shutdown forever:
     // cap it.
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
         let _ = server.await;
         if let Some(preview) = preview_server {
             let _ = preview.await;
+        }
+        if let Some(e2b) = e2b_server {
+            let _ = e2b.await;
         }
     })
     .await;

@@ -862,3 +862,30 @@ fn a_vm_sandbox_gets_a_network_under_the_same_policy() {
         assert!(!out.contains("metadata") && !out.contains("rc=139"), "metadata reached: {out}");
     });
 }
+
+/// E2B's network settings through the published SDK (`tests/e2b/scenarios.py`, scenario
+/// `network`), inside the world: the SDK's process is spawned from the world's thread, so
+/// it reaches the server on the world's loopback and nothing else.
+#[test]
+fn e2b_sdk_network_settings_allow_and_deny_test_hosts() {
+    let world = World::build();
+    world.run(|| async {
+        let s = server_with(&["--e2b-listen", "127.0.0.1:0"]).await;
+        let url = s.e2b_url.clone().expect("started with --e2b-listen");
+        let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+        let out = Command::new(python)
+            .arg(repo_root().join("crates/hutch/tests/e2b/scenarios.py"))
+            .arg("network")
+            .env("E2B_API_URL", &url)
+            .env("E2B_SANDBOX_URL", &url)
+            .env("E2B_API_KEY", &s.key)
+            .output()
+            .expect("run python (HUTCH_TEST_PYTHON, with e2b installed)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && text.contains("ok"), "{text}");
+    });
+}

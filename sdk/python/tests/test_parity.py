@@ -36,6 +36,15 @@ CONTEXT = {"id": "ctx_1", "language": "python", "cwd": None}
 TENANT = {"name": "acme", "quotas": {"max_sandboxes": 5}, "defaults": {}, "allowed_templates": None}
 KEY = {"id": "key_1", "tenant": "acme", "scope": "exec", "selector": {}, "prefix": "e2b_0123…"}
 EVENTS_SSE = 'event: sandbox.created\ndata: {"sandbox_id": "sbx_1", "at": "t"}\n\n'
+WATCH_SSE = (
+    'event: ready\ndata: {"path": "/w", "recursive": true, "watched_dirs": 1}\n\n'
+    'event: event\ndata: {"event": "create", "name": "a", "path": "/w/a", "type": "file",'
+    ' "entry": {"name": "a", "path": "/w/a", "type": "file", "size": 1}}\n\n'
+    'event: warning\ndata: {"code": "overflow", "message": "lost"}\n\n'
+    'event: event\ndata: {"event": "rename", "name": "b", "path": "/w/b", "type": "file",'
+    ' "old_name": "a", "old_path": "/w/a"}\n\n'
+    'event: end\ndata: {"reason": "the watched directory was removed"}\n\n'
+)
 
 Recorded = Tuple[str, str, List[Tuple[str, str]], Any, Any]
 
@@ -58,6 +67,11 @@ def answer(req: httpx.Request) -> httpx.Response:
         return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
     if path.endswith("/files"):
         return httpx.Response(200, content=b"\x00data")
+    if path.endswith("/files/watch"):
+        return httpx.Response(200, text=WATCH_SSE, headers={"content-type": "text/event-stream"})
+    if path.endswith("/files/url"):
+        op = json.loads(req.content)["op"]
+        return httpx.Response(201, json={"url": f"http://fake:1/signed?{op}", "method": "GET"})
     routes: Dict[str, Any] = {
         "/healthz": {"status": "ok"},
         "/v1/templates": {"templates": [{"name": "minimal", "ready": True}]},
@@ -186,6 +200,8 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("files", "mkdir", ("/d",), {}),
     ("files", "move", ("/a", "/b"), {}),
     ("files", "remove", ("/d",), {"recursive": True}),
+    ("files", "download_url", ("/a",), {"expires_in": 60}),
+    ("files", "upload_url", ("/b",), {"user": "user"}),
     ("sandbox", "kill", (), {}),
 ]
 
@@ -219,6 +235,10 @@ def run_sync(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
     results.append(code)
     with client.events() as events:
         results.append(next(iter(events)))
+    with sb.files.watch("/w", recursive=True, include_entry=True) as watch:
+        results.append(watch.ready)
+        results.append(list(watch))
+        results.append((watch.warnings, watch.end_reason))
     client.close()
     return seen, results
 
@@ -248,6 +268,10 @@ async def run_async(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
         async for ev in events:
             results.append(ev)
             break
+    async with await sb.files.watch("/w", recursive=True, include_entry=True) as watch:
+        results.append(watch.ready)
+        results.append([e async for e in watch])
+        results.append((watch.warnings, watch.end_reason))
     await client.aclose()
     return seen, results
 
@@ -292,7 +316,31 @@ def test_sync_and_async_send_the_same_requests() -> None:
         b"text",
         None,
     ) in sync_seen
-    assert sync_results[-1].type == "sandbox.created"
+    assert sync_results[-4].type == "sandbox.created"
+    assert (
+        "GET",
+        "/v1/sandboxes/sbx_1/files/watch",
+        [("path", "/w"), ("recursive", "true"), ("include_entry", "true")],
+        b"",
+        None,
+    ) in sync_seen
+    assert (
+        "POST",
+        "/v1/sandboxes/sbx_1/files/url",
+        [],
+        {"path": "/a", "op": "read", "expires_in_seconds": 60},
+        30.0,
+    ) in sync_seen
+    events = sync_results[-2]
+    assert [(e.event, e.name, e.old_name) for e in events] == [
+        ("create", "a", None),
+        ("rename", "b", "a"),
+    ]
+    assert events[0].entry is not None and events[0].entry.size == 1
+    assert sync_results[-1] == (
+        [{"code": "overflow", "message": "lost"}],
+        "the watched directory was removed",
+    )
 
 
 def _first_error(fn: Callable[[], Any]) -> Optional[BaseException]:
@@ -312,6 +360,8 @@ def _first_error(fn: Callable[[], Any]) -> Optional[BaseException]:
         lambda sb: sb.explore("true"),
         lambda sb: sb.explore([b"x"]),
         lambda sb: sb.port_url(0),
+        lambda sb: sb.files.download_url("/a", expires_in=0),
+        lambda sb: sb.files.upload_url("/a", expires_in=1.5),
     ],
 )
 def test_arguments_are_refused_alike_before_sending(call: Callable[[Any], Any]) -> None:

@@ -55,6 +55,7 @@ export type {
   ExploreOutcome,
   ExploreResult,
   FileEntry,
+  FileEvent,
   LifecycleEvent,
   LogLine,
   SandboxInfo,
@@ -67,6 +68,7 @@ export type {
   VolumeMountInfo,
 } from "./models.js";
 export { PtySession, type PtyOptions } from "./pty.js";
+export { FileWatch, type WatchOptions, type WatchReady, type WatchWarning } from "./watch.js";
 export {
   Files,
   Sandbox,

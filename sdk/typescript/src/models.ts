@@ -81,6 +81,32 @@ export interface FileEntry {
   mode: number;
   modifiedAt: string;
   symlinkTarget: string | undefined;
+  /** Owner's user id, as the sandbox sees it. */
+  uid: number;
+  gid: number;
+  /** The owner's name in the sandbox's `/etc/passwd`, when it has one. */
+  owner: string | undefined;
+  /** The group's name in the sandbox's `/etc/group`, when it has one. */
+  group: string | undefined;
+  raw: Record<string, unknown>;
+}
+
+/** One change below a watched directory (`Files.watch`). */
+export interface FileEvent {
+  /** `create`, `write`, `remove`, `rename` or `chmod`. */
+  event: "create" | "write" | "remove" | "rename" | "chmod" | string;
+  /** The path relative to the watched directory (`sub/a.txt`). */
+  name: string;
+  /** The absolute path. */
+  path: string;
+  /** `file`, `dir`, `symlink` or `other`. */
+  type: "file" | "dir" | "symlink" | "other" | string;
+  /** For a rename: the old path relative to the watched directory. */
+  oldName: string | undefined;
+  /** For a rename: the old absolute path. */
+  oldPath: string | undefined;
+  /** The entry when the event was read (watches with `includeEntry`). */
+  entry: FileEntry | undefined;
   raw: Record<string, unknown>;
 }
 
@@ -358,6 +384,25 @@ export function fileEntry(d: Json): FileEntry {
     mode: num(d.mode),
     modifiedAt: str(d.modified_at),
     symlinkTarget: optStr(d.symlink_target),
+    uid: num(d.uid),
+    gid: num(d.gid),
+    owner: optStr(d.owner),
+    group: optStr(d.group),
+    raw: d,
+  };
+}
+
+/** @internal */
+export function fileEvent(d: Json): FileEvent {
+  const entry = d.entry;
+  return {
+    event: str(d.event),
+    name: str(d.name),
+    path: str(d.path),
+    type: str(d.type),
+    oldName: optStr(d.old_name),
+    oldPath: optStr(d.old_path),
+    entry: entry && typeof entry === "object" ? fileEntry(entry as Json) : undefined,
     raw: d,
   };
 }

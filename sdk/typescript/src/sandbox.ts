@@ -37,6 +37,7 @@ import {
 } from "./code.js";
 import { PtySession, type PtyOptions } from "./pty.js";
 import { sseEvents } from "./sse.js";
+import { FileWatch, type WatchOptions } from "./watch.js";
 
 /** Which log lines {@link Sandbox.logs} and {@link Sandbox.followLogs} return. */
 export interface LogOptions {
@@ -861,4 +862,70 @@ export class Files {
       timeoutMs: null,
     });
   }
+
+  /**
+   * Watch the directory `path`: armed when the promise resolves, so every change made after
+   * it is reported (`create`, `write`, `remove`, `rename`, `chmod`).
+   *
+   * ```ts
+   * await using watch = await sb.files.watch("/work", { recursive: true });
+   * for await (const event of watch) console.log(event.event, event.name);
+   * ```
+   * @throws {@link FileNotFound}; {@link InvalidRequest} for a file or a relative path.
+   */
+  async watch(path: string, opts: WatchOptions = {}): Promise<FileWatch> {
+    const controller = new AbortController();
+    const signal = opts.signal ? anySignal([opts.signal, controller.signal]) : controller.signal;
+    const resp = await this.sb.client.request("GET", this.path("/watch"), {
+      query: {
+        path,
+        recursive: opts.recursive ? true : undefined,
+        include_entry: opts.includeEntry ? true : undefined,
+      },
+      accept: "text/event-stream",
+      kind: "files",
+      timeoutMs: null,
+      signal,
+    });
+    if (!resp.body) throw new HutchError("the watch answer has no body");
+    return FileWatch.open(resp.body, controller, this.sb.client.url, opts.onEvent);
+  }
+
+  /**
+   * A URL that reads the file `path` with a plain `GET`, without the API key, for
+   * `expiresIn` seconds (default 300, at most 7 days); as `user` of the sandbox if given.
+   * Anyone holding it can read the file until then.
+   */
+  downloadUrl(path: string, opts: { expiresIn?: number; user?: string } = {}): Promise<string> {
+    return this.fileUrl(path, "read", opts);
+  }
+
+  /**
+   * A URL that writes the file `path` with a `PUT` of its bytes, without the API key, for
+   * `expiresIn` seconds (default 300, at most 7 days); as `user` of the sandbox if given.
+   */
+  uploadUrl(path: string, opts: { expiresIn?: number; user?: string } = {}): Promise<string> {
+    return this.fileUrl(path, "write", opts);
+  }
+
+  private async fileUrl(
+    path: string,
+    op: "read" | "write",
+    opts: { expiresIn?: number; user?: string },
+  ): Promise<string> {
+    const seconds = opts.expiresIn ?? 300;
+    if (!Number.isInteger(seconds) || seconds < 1 || seconds > MAX_FILE_URL_SECONDS) {
+      throw new RangeError(
+        `expiresIn must be a whole number of seconds from 1 to ${MAX_FILE_URL_SECONDS} (7 days), got ${seconds}`,
+      );
+    }
+    const doc = await this.sb.client.requestJson<{ url?: string }>("POST", this.path("/url"), {
+      json: { path, op, expires_in_seconds: seconds, user: opts.user },
+      kind: "files",
+    });
+    return String(doc.url ?? "");
+  }
 }
+
+/** Longest life of a signed file URL, in seconds (the server's limit: 7 days). */
+export const MAX_FILE_URL_SECONDS = 7 * 24 * 3600;

@@ -1,6 +1,8 @@
 //! The file routes (`/v1/files/*`): parse the query or body, run the operation on a
 //! blocking thread, answer. Directory trees as tar streams are in [`archive`].
 //!
+//! Watches of a directory (inotify, as NDJSON) are in [`watch`].
+//!
 //! Reads and writes stream in chunks: each chunk is one short job on the blocking pool, and
 //! between chunks the transfer waits on the network without holding a thread. A 100 MiB
 //! transfer therefore never sits in memory, a slow side slows the other down (bounded
@@ -13,9 +15,12 @@
 //! with `bad_request` naming the limit.
 
 mod archive;
+mod as_user;
 mod ops;
+mod watch;
 
 pub use archive::{read_archive, write_archive};
+pub use watch::watch;
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -43,11 +48,16 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Failure::Internal(format!("file operation did not finish: {e}")))?
 }
 
-/// `GET /v1/files/read?path=`: the file's bytes.
+/// `GET /v1/files/read?path=[&user=]`: the file's bytes (opened as `user`, if given).
 pub async fn read(query: &Query) -> Result<Response<AgentBody>> {
     let path = query.path()?;
     let open_path = path.clone();
-    let opened = blocking(move || ops::open_read(&open_path)).await?;
+    let user = query.get("user").map(str::to_string);
+    let opened = blocking(move || {
+        let account = user.as_deref().map(as_user::account).transpose()?;
+        as_user::run_as(account.as_ref(), || ops::open_read(&open_path))
+    })
+    .await?;
     let file = match opened.generated {
         None => opened.file,
         Some(filesystem) => {
@@ -98,12 +108,18 @@ fn read_chunk(mut file: File) -> (File, std::io::Result<Bytes>) {
     }
 }
 
-/// `PUT /v1/files/write?path=&mode=`: stream the body into the file.
+/// `PUT /v1/files/write?path=&mode=[&user=]`: stream the body into the file (opened, and
+/// created with its parents, as `user` if given).
 pub async fn write(query: &Query, mut body: Incoming) -> Result<()> {
     let path = query.path()?;
     let mode = query.get("mode").map(ops::parse_mode).transpose()?;
     let open_path = path.clone();
-    let mut file = blocking(move || ops::open_write(&open_path, mode)).await?;
+    let user = query.get("user").map(str::to_string);
+    let mut file = blocking(move || {
+        let account = user.as_deref().map(as_user::account).transpose()?;
+        as_user::run_as(account.as_ref(), || ops::open_write(&open_path, mode))
+    })
+    .await?;
     loop {
         let data = match body.frame().await {
             None => return Ok(()),

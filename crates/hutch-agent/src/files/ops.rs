@@ -13,6 +13,7 @@ use std::path::Path;
 use hutch_proto::{FileEntry, FileType};
 
 use crate::error::{Failure, Result};
+use crate::passwd::Owners;
 use hutch_proto::time::rfc3339_utc;
 
 /// Most entries one listing returns.
@@ -67,11 +68,16 @@ pub fn parse_mode(text: &str) -> Result<u32> {
 
 /// The entry for `path` itself (lstat: a symlink is reported as one).
 pub fn stat(path: &str) -> Result<FileEntry> {
-    let meta = fs::symlink_metadata(path).map_err(|e| Failure::io("stat", path, e))?;
-    Ok(entry(Path::new(path), path.to_string(), &meta))
+    stat_with(path, &Owners::load())
 }
 
-fn entry(on_disk: &Path, path: String, meta: &Metadata) -> FileEntry {
+/// [`stat`] with owner names from `owners` (read once by the caller).
+pub fn stat_with(path: &str, owners: &Owners) -> Result<FileEntry> {
+    let meta = fs::symlink_metadata(path).map_err(|e| Failure::io("stat", path, e))?;
+    Ok(entry(Path::new(path), path.to_string(), &meta, owners))
+}
+
+fn entry(on_disk: &Path, path: String, meta: &Metadata, owners: &Owners) -> FileEntry {
     let ft = meta.file_type();
     let file_type = if ft.is_symlink() {
         FileType::Symlink
@@ -100,6 +106,10 @@ fn entry(on_disk: &Path, path: String, meta: &Metadata) -> FileEntry {
         size: meta.len(),
         mode: meta.permissions().mode() & 0o7777,
         modified_at: rfc3339_utc(meta.mtime()),
+        uid: meta.uid(),
+        gid: meta.gid(),
+        owner: owners.user(meta.uid()).map(str::to_string),
+        group: owners.group(meta.gid()).map(str::to_string),
         symlink_target,
     }
 }
@@ -120,6 +130,7 @@ pub fn list(path: &str, depth: u32) -> Result<Vec<FileEntry>> {
         "" => String::new(),
         trimmed => trimmed.to_string(),
     };
+    let owners = Owners::load();
     let mut entries = Vec::new();
     let mut pending = vec![(base, 1u32)];
     let mut first = true;
@@ -140,7 +151,7 @@ pub fn list(path: &str, depth: u32) -> Result<Vec<FileEntry>> {
             if meta.is_dir() && level < depth {
                 pending.push((child.clone(), level + 1));
             }
-            entries.push(entry(&item.path(), child, &meta));
+            entries.push(entry(&item.path(), child, &meta, &owners));
             if entries.len() > MAX_LIST_ENTRIES {
                 return Err(Failure::BadRequest(format!(
                     "{path} has more than {MAX_LIST_ENTRIES} entries within depth {depth}; list with a smaller depth"

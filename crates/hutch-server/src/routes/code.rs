@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -176,16 +176,7 @@ pub async fn run_code(
 
 /// Whether the client asked for server-sent events.
 fn wants_events(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|v| {
-            v.split(';')
-                .next()
-                .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"))
-        })
+    super::negotiate::accepts(headers, "text/event-stream")
 }
 
 /// The run's events as SSE: each event under its name with its JSON as data; a failure of
@@ -272,6 +263,7 @@ mod tests {
 
     #[test]
     fn the_event_stream_is_chosen_by_the_accept_header() {
+        use axum::http::header;
         let mut h = HeaderMap::new();
         assert!(!wants_events(&h));
         h.insert(header::ACCEPT, "application/json".parse().expect("header"));

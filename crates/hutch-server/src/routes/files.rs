@@ -2,20 +2,25 @@
 //! trees as tar streams (`files/archive`).
 //!
 //! Paths are resolved by the agent inside the sandbox's own root, so `..` cannot leave it.
+//! Reads and writes take `user` (the file is opened as that user of the sandbox) and accept
+//! a signed URL instead of the key (`files_url.rs`); watches are in `files_watch.rs`.
 //! Archives are made and unpacked by the agent too: the server relays their bytes and never
 //! reads an entry.
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use futures_util::TryStreamExt;
+use hutch_core::ids::SandboxId;
+use hutch_core::sandbox_token::FileOp;
 use serde::Deserialize;
 
-use crate::auth::AuthorizedSandbox;
+use super::files_url;
+use crate::auth::{authorize_sandbox, AuthorizedSandbox};
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, ApiQuery};
+use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;
 
 /// `?path=`.
@@ -25,12 +30,25 @@ pub struct PathQuery {
     path: String,
 }
 
-/// `?path=&mode=`.
+/// `?path=[&user=][&expires=&signature=]` of a read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    path: String,
+    user: Option<String>,
+    expires: Option<i64>,
+    signature: Option<String>,
+}
+
+/// `?path=&mode=[&user=][&expires=&signature=]` of a write.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriteQuery {
     path: String,
     mode: Option<String>,
+    user: Option<String>,
+    expires: Option<i64>,
+    signature: Option<String>,
 }
 
 /// `?path=&recursive=`.
@@ -64,7 +82,8 @@ pub struct MoveBody {
     to: String,
 }
 
-fn check_path(p: &str) -> ApiResult<()> {
+/// Check a path from a request: absolute, without NUL bytes (400 otherwise).
+pub(crate) fn check_path(p: &str) -> ApiResult<()> {
     if !p.starts_with('/') {
         return Err(ApiError::bad_request(format!(
             "path must be absolute, got {p:?}"
@@ -105,37 +124,79 @@ fn upload_stream(
         .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
-/// `GET /v1/sandboxes/{id}/files?path=` → raw bytes.
+/// Who may touch a file: the key's caller (checked against the sandbox), or, without a key,
+/// a signed URL for exactly this request ([`files_url::verify`]).
+fn access<'a>(
+    caller: Option<Caller>,
+    expires: Option<i64>,
+    signature: Option<&'a str>,
+) -> ApiResult<Result<Caller, files_url::Signed<'a>>> {
+    match (caller, signature) {
+        (Some(caller), _) => Ok(Ok(caller)),
+        (None, Some(signature)) => Ok(Err(files_url::Signed { expires, signature })),
+        // The auth layer lets a request without a key through only with a signature.
+        (None, None) => Err(ApiError::unauthorized(
+            "missing `Authorization: Bearer <key>` header",
+        )),
+    }
+}
+
+/// The sandbox of a file request, by the key's caller or by the URL's signature.
+async fn file_sandbox(
+    state: &AppState,
+    access: Result<Caller, files_url::Signed<'_>>,
+    id: &str,
+    path: &str,
+    op: FileOp,
+    user: Option<&str>,
+) -> ApiResult<SandboxId> {
+    check_path(path)?;
+    if let Some(user) = user {
+        files_url::check_user(user)?;
+    }
+    match access {
+        Ok(caller) => authorize_sandbox(state, &caller, id).await,
+        Err(signed) => files_url::verify(state, id, path, op, user, signed),
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/files?path=[&user=]` → raw bytes (read as `user`, if given). With
+/// `expires=&signature=` from `POST …/files/url`, no key is needed.
 pub async fn read(
     State(state): State<AppState>,
-    sandbox: AuthorizedSandbox,
-    ApiQuery(q): ApiQuery<PathQuery>,
+    caller: Option<Extension<Caller>>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult<Response> {
-    let id = sandbox.id;
-    check_path(&q.path)?;
+    let access = access(caller.map(|c| c.0), q.expires, q.signature.as_deref())?;
+    let user = q.user.as_deref();
+    let id = file_sandbox(&state, access, &id, &q.path, FileOp::Read, user).await?;
     let agent = state.manager.agent(&id).await?;
     let stream = state
         .manager
-        .agent_call(&id, agent.read_file(&q.path).await)
+        .agent_call(&id, agent.read_file_as(&q.path, user).await)
         .await?;
     Ok(streamed_answer(stream, "application/octet-stream"))
 }
 
-/// `PUT /v1/sandboxes/{id}/files?path=&mode=` with raw bytes → 204.
+/// `PUT /v1/sandboxes/{id}/files?path=&mode=[&user=]` with raw bytes → 204 (written as
+/// `user`, if given). With `expires=&signature=` from `POST …/files/url`, no key is needed.
 pub async fn write(
     State(state): State<AppState>,
-    sandbox: AuthorizedSandbox,
+    caller: Option<Extension<Caller>>,
+    Path(id): Path<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    let id = sandbox.id;
-    check_path(&q.path)?;
+    let access = access(caller.map(|c| c.0), q.expires, q.signature.as_deref())?;
+    let user = q.user.as_deref();
+    let id = file_sandbox(&state, access, &id, &q.path, FileOp::Write, user).await?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
     state
         .manager
-        .agent_call(&id, agent.write_file(&q.path, mode, stream).await)
+        .agent_call(&id, agent.write_file_as(&q.path, mode, user, stream).await)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

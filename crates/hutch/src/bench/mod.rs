@@ -6,6 +6,7 @@ mod baselines;
 mod code;
 mod containers;
 mod density;
+mod e2b;
 mod exec_memory;
 mod lifecycle;
 mod network;
@@ -36,6 +37,10 @@ pub enum BenchSection {
     /// (`bench/templates.rs`).
     #[value(name = "templates")]
     Templates,
+    /// E2B's published Python SDK against the E2B-compatible API versus Hutch's own
+    /// (`bench/e2b.rs`; needs `--python`).
+    #[value(name = "e2b")]
+    E2b,
 }
 
 /// Options of `hutch bench`.
@@ -101,6 +106,13 @@ pub struct BenchArgs {
     /// `<state-dir>/vm`, so repeated runs reuse the kernel and the template's snapshot.
     #[arg(long)]
     pub vm_dir: Option<PathBuf>,
+    /// A Python with `e2b`, `e2b-code-interpreter` and `hutch-sdk` installed, for `hutch
+    /// bench e2b`.
+    #[arg(long, env = "HUTCH_BENCH_PYTHON", default_value = "python3")]
+    pub python: PathBuf,
+    /// Creates of each SDK in `hutch bench e2b`.
+    #[arg(long, default_value_t = 20)]
+    pub e2b_creates: usize,
     /// Write the results as JSON here.
     #[arg(long = "json-out", value_name = "PATH")]
     pub json_out: Option<PathBuf>,
@@ -173,6 +185,9 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     }
     if args.section == Some(BenchSection::Code) {
         return bench_code(&args, &templates_dir, &vm_dir).await;
+    }
+    if args.section == Some(BenchSection::E2b) {
+        return bench_e2b(&args, &templates_dir, &vm_dir).await;
     }
     let net = if args.vm_only {
         network::NetSeries {
@@ -294,6 +309,35 @@ async fn bench_code(
         println!("skipped {}: {}", s.name, s.reason);
     }
     let doc = json!({"machine": machine_info(), "series": series, "skipped": skipped});
+    write_json_out(args, &doc)?;
+    Ok(())
+}
+
+/// `hutch bench e2b`: only that section, on its own server.
+async fn bench_e2b(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
+    let r = e2b::run(
+        &srv,
+        &args.python,
+        templates_dir,
+        args.e2b_creates.max(1),
+        args.code.min(1000),
+    );
+    srv.destroy_all().await;
+    srv.stop();
+    let series = r?;
+    println!(
+        "{:<38} {:>5} {:>9} {:>9} {:>9}",
+        "series", "n", "p50 ms", "p95 ms", "p99 ms"
+    );
+    for s in &series {
+        println!("{}", row(s, e2b::baseline(&s.name, &series)));
+    }
+    let doc = json!({"machine": machine_info(), "series": series});
     write_json_out(args, &doc)?;
     Ok(())
 }

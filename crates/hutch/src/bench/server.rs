@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 /// A `hutch serve` child with its own temporary state directory.
 pub struct BenchServer {
     url: String,
+    e2b_url: Option<String>,
     key: String,
     template: String,
     http: reqwest::Client,
@@ -57,6 +58,8 @@ impl BenchServer {
             // The ns disk pool is allocated on the host when made; the bench's sandboxes
             // write little, so not the default share of the free space.
             .args(["--ns-disk-pool-gib", "4"])
+            // The E2B-compatible API too (`hutch bench e2b`): one more listener.
+            .args(["--e2b-listen", "127.0.0.1:0"])
             // `HUTCH_BENCH_LOG` (e.g. `hutch_core=debug`) shows the server's own timings.
             .env(
                 "HUTCH_LOG",
@@ -68,9 +71,13 @@ impl BenchServer {
             .context("starting hutch serve")?;
         let stdout = child.stdout.take().context("server stdout")?;
         let mut lines = BufReader::new(stdout).lines();
-        let mut url = None;
+        let (mut url, mut e2b_url) = (None, None);
         for line in lines.by_ref() {
-            if let Some(u) = line?.strip_prefix("hutch listening on ") {
+            let line = line?;
+            if let Some(u) = line.strip_prefix("hutch E2B API on ") {
+                e2b_url = Some(u.trim().to_string());
+            }
+            if let Some(u) = line.strip_prefix("hutch listening on ") {
                 url = Some(u.trim().to_string());
                 break;
             }
@@ -87,12 +94,18 @@ impl BenchServer {
             .build()?;
         Ok(Self {
             url,
+            e2b_url,
             key,
             template: template.to_string(),
             http,
             child,
             state_dir,
         })
+    }
+
+    /// The E2B-compatible API's address (`http://127.0.0.1:N`).
+    pub fn e2b_url(&self) -> Option<&str> {
+        self.e2b_url.as_deref()
     }
 
     /// Pid of the server process (for its memory).

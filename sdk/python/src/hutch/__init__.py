@@ -47,6 +47,7 @@ from .models import (
     ExploreOutcome,
     ExploreResult,
     FileEntry,
+    FileEvent,
     LifecycleEvent,
     LogLine,
     SandboxInfo,
@@ -58,6 +59,7 @@ from .models import (
     VolumeMount,
 )
 from ._tenants import ApiKey, AuditEntry, Tenant
+from ._watch import AsyncFileWatch, FileWatch
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
 __all__ = [
@@ -98,6 +100,9 @@ __all__ = [
     "ExploreOutcome",
     "ExploreResult",
     "FileEntry",
+    "FileEvent",
+    "FileWatch",
+    "AsyncFileWatch",
     "LifecycleEvent",
     "LogLine",
     "SandboxInfo",

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, TypeVar, Union
+from typing import TYPE_CHECKING, List, Optional, TypeVar, Union
 
 from . import _ops as ops
 from . import errors
+from ._watch import AsyncFileWatch, FileWatch
 from .models import FileEntry
 
 if TYPE_CHECKING:
@@ -96,6 +97,47 @@ class Files:
         """
         self._call(ops.remove_file(self._sb.id, path, recursive))
 
+    def watch(
+        self, path: str, *, recursive: bool = False, include_entry: bool = False
+    ) -> FileWatch:
+        """Watch the directory ``path``: armed when this returns, so every change made after
+        it is reported. Iterate the watch for :class:`~hutch.models.FileEvent` s
+        (``create``, ``write``, ``remove``, ``rename``, ``chmod``); use it as a context
+        manager, or call ``stop()``, to end it::
+
+            with sb.files.watch("/work", recursive=True) as watch:
+                sb.exec("touch /work/a")
+                for event in watch:
+                    print(event.event, event.name)
+                    break
+
+        Args:
+            path: Absolute directory path.
+            recursive: Watch subdirectories too, also those made later.
+            include_entry: Give each event its :class:`~hutch.models.FileEntry`.
+
+        Raises:
+            FileNotFound: No such directory.
+            InvalidRequest: ``path`` is a file, or not absolute.
+        """
+        return FileWatch(self._sb._client, self._sb.id, path, recursive, include_entry)
+
+    def download_url(
+        self, path: str, *, expires_in: float = 300, user: Optional[str] = None
+    ) -> str:
+        """A URL that reads the file ``path`` with a plain ``GET``, without the API key,
+        for ``expires_in`` seconds (at most 7 days); as ``user`` of the sandbox if given.
+        Anyone holding the URL can read the file until then."""
+        return self._call(ops.file_url(self._sb.id, path, "read", expires_in, user))
+
+    def upload_url(
+        self, path: str, *, expires_in: float = 300, user: Optional[str] = None
+    ) -> str:
+        """A URL that writes the file ``path`` with a ``PUT`` of its bytes, without the API
+        key, for ``expires_in`` seconds (at most 7 days); as ``user`` of the sandbox if
+        given (the file is then the user's)."""
+        return self._call(ops.file_url(self._sb.id, path, "write", expires_in, user))
+
 
 class AsyncFiles:
     """File operations inside a sandbox (``sb.files``); see :class:`hutch.Files`."""
@@ -151,3 +193,24 @@ class AsyncFiles:
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """Remove a file or directory (non-empty ones need ``recursive=True``)."""
         await self._call(ops.remove_file(self._sb.id, path, recursive))
+
+    async def watch(
+        self, path: str, *, recursive: bool = False, include_entry: bool = False
+    ) -> AsyncFileWatch:
+        """Watch the directory ``path`` (armed when this returns); see
+        :meth:`hutch.Files.watch`. ``async for`` over the watch yields events; ``async
+        with`` or ``await watch.stop()`` ends it."""
+        request = ops.watch_files(self._sb.id, path, recursive, include_entry)
+        return await AsyncFileWatch(self._sb._client, request)._open()
+
+    async def download_url(
+        self, path: str, *, expires_in: float = 300, user: Optional[str] = None
+    ) -> str:
+        """A URL that reads ``path`` without the key; see :meth:`hutch.Files.download_url`."""
+        return await self._call(ops.file_url(self._sb.id, path, "read", expires_in, user))
+
+    async def upload_url(
+        self, path: str, *, expires_in: float = 300, user: Optional[str] = None
+    ) -> str:
+        """A URL that writes ``path`` without the key; see :meth:`hutch.Files.upload_url`."""
+        return await self._call(ops.file_url(self._sb.id, path, "write", expires_in, user))

@@ -450,6 +450,40 @@ def write_file(
     return Call(request, _nothing)
 
 
+def watch_files(sandbox_id: str, path: str, recursive: bool, include_entry: bool) -> Request:
+    """``GET /v1/sandboxes/{id}/files/watch``, read as server-sent events."""
+    return Request(
+        "GET",
+        _files(sandbox_id, "/watch"),
+        params=file_params(path, recursive=recursive, include_entry=include_entry),
+        kind="files",
+        timeout=None,
+        accept="text/event-stream",
+    )
+
+
+#: Longest life of a signed file URL, in seconds (the server's limit: 7 days).
+MAX_FILE_URL_SECONDS = 7 * 24 * 3600
+
+
+def file_url(
+    sandbox_id: str, path: str, op: str, expires_in: float, user: Optional[str]
+) -> Call[str]:
+    """``POST /v1/sandboxes/{id}/files/url``: a signed URL that reads (``op="read"``) or
+    writes (``op="write"``) one file without the API key, until it expires."""
+    seconds = int(expires_in)
+    if seconds != expires_in or not 1 <= seconds <= MAX_FILE_URL_SECONDS:
+        raise ValueError(
+            f"expires_in must be a whole number of seconds from 1 to {MAX_FILE_URL_SECONDS}"
+            f" (7 days), got {expires_in!r}"
+        )
+    body = drop_none(
+        {"path": path, "op": op, "expires_in_seconds": seconds, "user": user}
+    )
+    request = Request("POST", _files(sandbox_id, "/url"), json=body, kind="files")
+    return Call(request, lambda resp: str(resp.json()["url"]))
+
+
 def list_files(sandbox_id: str, path: str, depth: int) -> Call[List[FileEntry]]:
     request = Request(
         "GET", _files(sandbox_id, "/list"), params=file_params(path, depth=depth), kind="files"

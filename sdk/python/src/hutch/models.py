@@ -172,6 +172,13 @@ class FileEntry:
     """Permission bits as a number (``0o644 == 420``)."""
     modified_at: str
     symlink_target: Optional[str] = None
+    uid: int = 0
+    """Owner's user id, as the sandbox sees it."""
+    gid: int = 0
+    owner: Optional[str] = None
+    """The owner's name in the sandbox's ``/etc/passwd``, when it has one."""
+    group: Optional[str] = None
+    """The group's name in the sandbox's ``/etc/group``, when it has one."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -192,6 +199,45 @@ class FileEntry:
             mode=int(d.get("mode") or 0),
             modified_at=str(d.get("modified_at", "")),
             symlink_target=d.get("symlink_target"),
+            uid=int(d.get("uid") or 0),
+            gid=int(d.get("gid") or 0),
+            owner=d.get("owner"),
+            group=d.get("group"),
+            raw=dict(d),
+        )
+
+
+@dataclass
+class FileEvent:
+    """One change below a watched directory (:meth:`hutch.Files.watch`)."""
+
+    event: str
+    """``create``, ``write``, ``remove``, ``rename`` or ``chmod``."""
+    name: str
+    """The path relative to the watched directory (``sub/a.txt``)."""
+    path: str
+    """The absolute path."""
+    type: str
+    """``file``, ``dir``, ``symlink`` or ``other``."""
+    old_name: Optional[str] = None
+    """For a rename: the old path relative to the watched directory."""
+    old_path: Optional[str] = None
+    """For a rename: the old absolute path."""
+    entry: Optional[FileEntry] = None
+    """The entry when the event was read (watches with ``include_entry=True``)."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> FileEvent:
+        entry = d.get("entry")
+        return cls(
+            event=str(d.get("event", "")),
+            name=str(d.get("name", "")),
+            path=str(d.get("path", "")),
+            type=str(d.get("type", "")),
+            old_name=d.get("old_name"),
+            old_path=d.get("old_path"),
+            entry=FileEntry.from_json(entry) if isinstance(entry, dict) else None,
             raw=dict(d),
         )
 

@@ -1,0 +1,267 @@
+//! envd's `/files`: download (`GET`) and upload (`POST`, multipart or octet-stream, gzip)
+//! files of a sandbox. A request carries the sandbox's `X-Access-Token`, or a signature made
+//! from it (E2B's signed URLs: `signature = "v1_" + base64(sha256("path:op:user:token[:exp]"))`,
+//! `signature_expiration` in Unix seconds).
+
+use std::io::Read;
+
+use axum::body::Body;
+use axum::extract::{Multipart, Query, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{absolute, has_token, same_secret, EnvdUser};
+use crate::error::{E2bError, E2bResult};
+use crate::target::SandboxTarget;
+use crate::E2bState;
+
+/// The largest gzip upload inflated in memory.
+const MAX_GZIP_UPLOAD: u64 = 1 << 30;
+
+/// `?path=&username=&signature=&signature_expiration=`.
+#[derive(Debug, Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+    /// A signed URL's signature.
+    pub signature: Option<String>,
+    signature_expiration: Option<i64>,
+}
+
+impl FileQuery {
+    /// Parse a query string (`None`: malformed).
+    pub fn parse(query: &str) -> Option<Self> {
+        serde_urlencoded_like(query)
+    }
+
+    /// Whether the query's signature is the one sandbox `t`'s token makes for `op` of its
+    /// path and user (expiry not checked).
+    pub fn signature_matches(&self, state: &E2bState, t: &SandboxTarget, op: &str) -> bool {
+        let Some(sig) = &self.signature else {
+            return false;
+        };
+        let token = state.access_token(&t.id);
+        let user = self.username.as_deref().unwrap_or("");
+        let path = self.path.as_deref().unwrap_or("");
+        let raw = match self.signature_expiration {
+            Some(exp) => format!("{path}:{op}:{user}:{token}:{exp}"),
+            None => format!("{path}:{op}:{user}:{token}"),
+        };
+        let digest = Sha256::digest(raw.as_bytes());
+        let expected = format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+        );
+        same_secret(sig, &expected)
+    }
+}
+
+fn serde_urlencoded_like(query: &str) -> Option<FileQuery> {
+    let mut q = FileQuery {
+        path: None,
+        username: None,
+        signature: None,
+        signature_expiration: None,
+    };
+    for (k, v) in crate::control::form_pairs(query) {
+        match k.as_str() {
+            "path" => q.path = Some(v),
+            "username" => q.username = Some(v),
+            "signature" => q.signature = Some(v),
+            "signature_expiration" => q.signature_expiration = Some(v.parse().ok()?),
+            _ => {}
+        }
+    }
+    Some(q)
+}
+
+/// Who may do `op` on the query's path: the access token, or a valid signature.
+fn check_access(
+    state: &E2bState,
+    t: &SandboxTarget,
+    headers: &HeaderMap,
+    q: &FileQuery,
+    op: &str,
+) -> E2bResult<()> {
+    if has_token(state, t, headers) {
+        return Ok(());
+    }
+    if q.signature.is_none() {
+        return Err(E2bError::unauthorized(
+            "missing X-Access-Token (or a signed URL's signature)",
+        ));
+    }
+    if let Some(exp) = q.signature_expiration {
+        if exp < hutch_core::time::now_ms() / 1000 {
+            return Err(E2bError::unauthorized("the signed URL has expired"));
+        }
+    }
+    if q.signature_matches(state, t, op) {
+        Ok(())
+    } else {
+        Err(E2bError::unauthorized(format!(
+            "the signature does not allow {op} of this path"
+        )))
+    }
+}
+
+/// The user of the request: the query's `username`, else the `Authorization` header's.
+fn user_of(q: &FileQuery, header_user: Option<String>) -> Option<String> {
+    q.username.clone().filter(|u| !u.is_empty()).or(header_user)
+}
+
+/// `GET /files?path=` → the file's bytes.
+pub async fn read(
+    State(state): State<E2bState>,
+    Extension(t): Extension<SandboxTarget>,
+    EnvdUser(header_user): EnvdUser,
+    headers: HeaderMap,
+    Query(q): Query<FileQuery>,
+) -> E2bResult<Response> {
+    check_access(&state, &t, &headers, &q, "read")?;
+    let user = user_of(&q, header_user);
+    let path = absolute(
+        q.path
+            .as_deref()
+            .ok_or_else(|| E2bError::bad_request("path is required"))?,
+        user.as_deref(),
+    )?;
+    let manager = &state.app.manager;
+    let agent = manager.agent(&t.id).await?;
+    let stat = manager.agent_call(&t.id, agent.stat(&path).await).await?;
+    if stat.file_type == hutch_proto::FileType::Dir {
+        return Err(E2bError::bad_request(format!("path {path} is a directory")));
+    }
+    let stream = manager
+        .agent_call(&t.id, agent.read_file_as(&path, user.as_deref()).await)
+        .await?;
+    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{}\"", stat.name.replace('"', "")),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// `POST /files?path=` → `[EntryInfo {path, name, type}]`.
+pub async fn write(
+    State(state): State<E2bState>,
+    Extension(t): Extension<SandboxTarget>,
+    EnvdUser(header_user): EnvdUser,
+    headers: HeaderMap,
+    Query(q): Query<FileQuery>,
+    request: axum::extract::Request,
+) -> E2bResult<Json<Vec<serde_json::Value>>> {
+    check_access(&state, &t, &headers, &q, "write")?;
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return Err(E2bError::bad_request(
+            "file metadata (X-Metadata-* headers) is not supported by Hutch",
+        ));
+    }
+    let user = user_of(&q, header_user);
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let mut written = Vec::new();
+    if content_type.starts_with("multipart/form-data") {
+        let mut form = {
+            use axum::extract::FromRequest;
+            Multipart::from_request(request, &())
+                .await
+                .map_err(|e| E2bError::bad_request(format!("multipart body: {e}")))?
+        };
+        while let Some(field) = form
+            .next_field()
+            .await
+            .map_err(|e| E2bError::bad_request(format!("multipart body: {e}")))?
+        {
+            let target = match (&q.path, field.file_name()) {
+                (Some(p), _) if !p.is_empty() => p.clone(),
+                (_, Some(name)) => name.to_string(),
+                _ => {
+                    return Err(E2bError::bad_request(
+                        "each file part needs a file name (its path)",
+                    ))
+                }
+            };
+            let path = absolute(&target, user.as_deref())?;
+            let data = field
+                .bytes()
+                .await
+                .map_err(|e| E2bError::bad_request(format!("multipart body: {e}")))?;
+            store(&state, &t, &path, user.as_deref(), data).await?;
+            written.push(written_entry(&path));
+        }
+    } else {
+        let path = absolute(
+            q.path
+                .as_deref()
+                .ok_or_else(|| E2bError::bad_request("path is required"))?,
+            user.as_deref(),
+        )?;
+        let gzip = headers
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
+        let body = axum::body::to_bytes(request.into_body(), usize::MAX)
+            .await
+            .map_err(|e| E2bError::bad_request(format!("reading the upload: {e}")))?;
+        let data = if gzip { gunzip(&body)? } else { body };
+        store(&state, &t, &path, user.as_deref(), data).await?;
+        written.push(written_entry(&path));
+    }
+    if written.is_empty() {
+        return Err(E2bError::bad_request("no file in the upload"));
+    }
+    Ok(Json(written))
+}
+
+fn gunzip(data: &[u8]) -> E2bResult<Bytes> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data)
+        .take(MAX_GZIP_UPLOAD)
+        .read_to_end(&mut out)
+        .map_err(|e| E2bError::bad_request(format!("the gzip upload does not inflate: {e}")))?;
+    Ok(Bytes::from(out))
+}
+
+fn written_entry(path: &str) -> serde_json::Value {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    serde_json::json!({"path": path, "name": name, "type": "file"})
+}
+
+/// Write `data` at `path` (parents made) as `user` when one is named.
+async fn store(
+    state: &E2bState,
+    t: &SandboxTarget,
+    path: &str,
+    user: Option<&str>,
+    data: Bytes,
+) -> E2bResult<()> {
+    let manager = &state.app.manager;
+    let agent = manager.agent(&t.id).await?;
+    // The agent writes as the user (its permissions apply; the file and the parents it
+    // makes are the user's).
+    let stream = futures_util::stream::iter([Ok::<Bytes, std::io::Error>(data)]);
+    manager
+        .agent_call(&t.id, agent.write_file_as(path, None, user, stream).await)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! An E2B-compatible API over Hutch, so that agents written against E2B's published SDKs
+//! (`e2b`, `e2b-code-interpreter`, the `e2b` npm package) run on a self-hosted Hutch by
+//! changing environment variables (`docs/e2b.md`).
+//!
+//! `hutch serve --e2b-listen ADDR` serves [`router`] on a listener of its own. One URL is
+//! both `E2B_API_URL` and `E2B_SANDBOX_URL`: a request is for a sandbox's data plane when it
+//! names one, by the `E2b-Sandbox-Id` (and `E2b-Sandbox-Port`) headers the SDKs send, or by
+//! a host `<port>-<sandbox id>.<domain>`; every other request is for the control plane.
+//! - **Control plane** (`control/`): E2B's REST API (`X-API-Key`) onto Hutch's manager.
+//! - **envd, port 49983** (`envd/`): the in-sandbox daemon's Connect RPCs (`process.Process`,
+//!   `filesystem.Filesystem`) and its HTTP routes (`/files`, `/health`, `/metrics`,
+//!   `/envs`), served by this process from Hutch's agent: nothing of E2B runs inside.
+//! - **Code interpreter, port 49999** (`interp.rs`): `/execute` and `/contexts` onto Hutch's
+//!   code contexts.
+//! - **Any other port**: Hutch's port proxy to the service in the sandbox.
+//!
+//! The adapter translates; Hutch's core gains nothing E2B-only.
+
+pub mod connect;
+mod control;
+mod envd;
+pub mod error;
+mod interp;
+mod target;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hutch_core::ids::SandboxId;
+use hutch_core::tenant::keys::Permission;
+use hutch_server::error::ApiError;
+use hutch_server::{AppState, Caller};
+use tower::ServiceExt;
+
+use crate::error::{E2bError, E2bResult};
+pub use crate::target::SandboxTarget;
+
+/// The envd version reported to the SDKs. It turns on the SDK features Hutch implements:
+/// the stdin flag (0.3.0), the default user chosen by the server (0.4.0), octet-stream
+/// uploads (0.5.7), file metadata (0.6.2) and entries in watch events (0.6.3); not
+/// network-mount watches (0.6.4).
+pub const ENVD_VERSION: &str = "0.6.3";
+/// envd's port: the SDKs send it in `E2b-Sandbox-Port` for every envd call.
+pub const ENVD_PORT: u16 = 49983;
+/// The code interpreter's port.
+pub const INTERP_PORT: u16 = 49999;
+
+/// How the adapter is reached.
+#[derive(Debug, Clone)]
+pub struct E2bConfig {
+    /// The domain of host-form sandbox URLs, `<port>-<sandbox id>.<domain>`.
+    pub domain: String,
+    /// The listener's port as clients reach it (part of the `domain` handed to SDKs, so
+    /// that `get_host(port)` names a host that reaches this listener).
+    pub port: u16,
+}
+
+/// State of every handler.
+#[derive(Clone)]
+pub struct E2bState {
+    /// Hutch's API state (manager, key cache, port proxy).
+    pub app: AppState,
+    /// How the adapter is reached.
+    pub cfg: Arc<E2bConfig>,
+    /// Processes started through envd's `Start`, while their streams are open.
+    processes: Arc<envd::Processes>,
+    /// Template builds named by `POST /v3/templates`.
+    builds: Arc<control::E2bBuilds>,
+}
+
+impl E2bState {
+    /// The envd access token of sandbox `id`: what `X-Access-Token` must carry, and the key
+    /// of signed file URLs. Derived from the server's secret, so nothing is stored.
+    pub fn access_token(&self, id: &SandboxId) -> String {
+        self.app
+            .manager
+            .sandbox_tokens()
+            .derive("e2b-envd", id.as_str())
+    }
+
+    /// The `domain` handed to SDKs in create and connect answers.
+    pub fn public_domain(&self) -> String {
+        format!("{}:{}", self.cfg.domain, self.cfg.port)
+    }
+
+    /// The caller of a control-plane request: `X-API-Key` (E2B's) or `Authorization: Bearer`
+    /// (Hutch's), either holding a Hutch API key.
+    pub async fn caller(&self, headers: &HeaderMap) -> E2bResult<Caller> {
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| {
+                headers
+                    .get(axum::http::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+            })
+            .map(str::trim)
+            .ok_or_else(|| {
+                E2bError::unauthorized("missing API key: set E2B_API_KEY to a Hutch API key")
+            })?;
+        // Hutch's own check (unknown, revoked and expired keys are 401; an admin key may
+        // act for a tenant with `X-Hutch-Tenant`). E2B has no scoped keys, and its routes
+        // both read and change: the E2B API takes full and admin keys only.
+        let caller = self.app.caller(key, headers).await?;
+        if !caller.permits(Permission::Manage) {
+            return Err(E2bError::Hutch(ApiError::forbidden(format!(
+                "the E2B API takes full or admin keys; this key is {}",
+                caller.key.scope.as_str()
+            ))));
+        }
+        Ok(caller)
+    }
+}
+
+/// The adapter's whole router.
+pub fn router(app: AppState, cfg: E2bConfig) -> Router {
+    let state = E2bState {
+        app,
+        cfg: Arc::new(cfg),
+        processes: Arc::default(),
+        builds: Arc::default(),
+    };
+    let control = control::router().with_state(state.clone());
+    let envd = envd::router(state.clone()).with_state(state.clone());
+    let interp = interp::router(state.clone()).with_state(state.clone());
+    let dispatch = tower::service_fn(move |mut request: Request| {
+        let (state, control, envd, interp) =
+            (state.clone(), control.clone(), envd.clone(), interp.clone());
+        async move {
+            let target = match target::of_request(&state, &request) {
+                Ok(t) => t,
+                Err(e) => return Ok::<Response, Infallible>(e.into_response()),
+            };
+            let target = match target {
+                Some(t) => t,
+                None => match target::signed_file_url(&state, &request.uri().clone()).await {
+                    Some(t) => t,
+                    None => return control.oneshot(request).await,
+                },
+            };
+            let port = target.port;
+            request.extensions_mut().insert(target);
+            match port {
+                ENVD_PORT => envd.oneshot(request).await,
+                INTERP_PORT => interp.oneshot(request).await,
+                _ => Ok(target::proxy_port(&state, request).await),
+            }
+        }
+    });
+    Router::new()
+        .fallback_service(dispatch)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+}

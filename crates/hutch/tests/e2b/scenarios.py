@@ -1,0 +1,473 @@
+"""Scenarios of E2B's published Python SDKs (`e2b`, `e2b-code-interpreter`), unmodified,
+against Hutch's E2B-compatible API. `tests/e2b_python.rs` runs one per test:
+
+    python scenarios.py NAME
+
+with E2B_API_URL and E2B_SANDBOX_URL set to the server's `--e2b-listen` address and
+E2B_API_KEY to a Hutch key. Each scenario asserts what the SDK must see and kills what it
+made; a failed assertion exits non-zero with the traceback.
+"""
+
+import base64
+import os
+import struct
+import sys
+import time
+import zlib
+
+import httpx
+from e2b import (
+    CommandExitException,
+    FileType,
+    PtySize,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
+
+API = os.environ["E2B_API_URL"]
+KEY = os.environ["E2B_API_KEY"]
+
+
+def made(*sandboxes):
+    """Kill the sandboxes a scenario made, whatever happened."""
+
+    class Guard:
+        def __enter__(self):
+            return sandboxes
+
+        def __exit__(self, *exc):
+            for s in sandboxes:
+                try:
+                    s.kill()
+                except Exception:
+                    pass
+
+    return Guard()
+
+
+def commands():
+    sb = Sandbox.create(template="base", timeout=120, metadata={"scenario": "commands"}, envs={"GREETING": "hello"})
+    with made(sb):
+        info = sb.get_info()
+        assert info.metadata == {"scenario": "commands"}, info.metadata
+        assert info.template_id == "base", info.template_id
+        r = sb.commands.run('echo "$GREETING $EXTRA"; echo oops >&2; pwd', envs={"EXTRA": "world"}, cwd="/tmp")
+        assert r.exit_code == 0
+        assert r.stdout == "hello world\n/tmp\n", repr(r.stdout)
+        assert r.stderr == "oops\n", repr(r.stderr)
+        seen = []
+        sb.commands.run("for i in 1 2 3; do echo line$i; done", on_stdout=lambda s: seen.append(s))
+        assert "".join(seen) == "line1\nline2\nline3\n", seen
+        try:
+            sb.commands.run("echo before; exit 7")
+            raise AssertionError("a failing command must raise")
+        except CommandExitException as e:
+            assert e.exit_code == 7, e.exit_code
+            assert e.stdout == "before\n", repr(e.stdout)
+        sb.commands.run("useradd -m alice")
+        assert sb.commands.run("whoami", user="alice").stdout == "alice\n"
+        assert sb.commands.run("whoami").stdout == "root\n"
+        # stdin: a background command fed and closed.
+        h = sb.commands.run("cat", background=True, stdin=True)
+        sb.commands.send_stdin(h.pid, "typed in\n")
+        sb.commands.close_stdin(h.pid)
+        r = h.wait()
+        assert r.stdout == "typed in\n", repr(r.stdout)
+        # background: listed, killed by pid.
+        bg = sb.commands.run("sleep 60", background=True)
+        assert bg.pid in [p.pid for p in sb.commands.list()]
+        assert sb.commands.kill(bg.pid) is True
+        try:
+            bg.wait()
+            raise AssertionError("a killed command must not succeed")
+        except CommandExitException as e:
+            assert e.exit_code != 0
+        assert sb.commands.kill(999999) is False
+        # a command's timeout kills it.
+        t0 = time.time()
+        try:
+            sb.commands.run("sleep 30", timeout=2)
+            raise AssertionError("the timeout must end the command")
+        except Exception as e:
+            assert time.time() - t0 < 15, time.time() - t0
+            assert "timeout" in type(e).__name__.lower() or "timed out" in str(e).lower() or isinstance(e, CommandExitException), repr(e)
+
+
+def files():
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        info = sb.files.write("/tmp/t/a.txt", "text one")
+        assert info.path == "/tmp/t/a.txt", info
+        assert sb.files.read("/tmp/t/a.txt") == "text one"
+        blob = bytes(range(256)) * 100
+        sb.files.write("/tmp/t/b.bin", blob)
+        assert bytes(sb.files.read("/tmp/t/b.bin", format="bytes")) == blob
+        streamed = b"".join(sb.files.read("/tmp/t/b.bin", format="stream"))
+        assert streamed == blob
+        sb.files.write("/tmp/t/c.bin", blob, use_octet_stream=True)
+        assert bytes(sb.files.read("/tmp/t/c.bin", format="bytes")) == blob
+        sb.files.write("/tmp/t/g.txt", "zipped", gzip=True)
+        assert sb.files.read("/tmp/t/g.txt") == "zipped"
+        many = sb.files.write_files([{"path": "/tmp/m/1.txt", "data": "one"}, {"path": "/tmp/m/2.txt", "data": "two"}])
+        assert sorted(w.path for w in many) == ["/tmp/m/1.txt", "/tmp/m/2.txt"], many
+        assert sb.files.read("/tmp/m/2.txt") == "two"
+        # As a user: the file is theirs, and their permissions apply.
+        sb.commands.run("useradd -m bob")
+        sb.files.write("/home/bob/own.txt", "bob's", user="bob")
+        assert sb.commands.run("stat -c %U /home/bob/own.txt").stdout == "bob\n"
+        assert sb.files.get_info("/home/bob/own.txt").owner == "bob"
+        try:
+            sb.files.write("/root/not-bobs.txt", "no", user="bob")
+            raise AssertionError("bob must not write into /root")
+        except Exception as e:
+            assert "Exception" in type(e).__name__, repr(e)
+        sb.files.write("relative.txt", "in home")
+        assert sb.commands.run("cat /root/relative.txt").stdout == "in home"
+        assert sb.files.make_dir("/tmp/t/sub/deeper") is True
+        assert sb.files.make_dir("/tmp/t/sub/deeper") is False
+        sb.files.write("/tmp/t/sub/deeper/x.txt", "x")
+        top = {e.name: e for e in sb.files.list("/tmp/t")}
+        assert set(top) == {"a.txt", "b.bin", "c.bin", "g.txt", "sub"}, set(top)
+        assert top["sub"].type == FileType.DIR and top["b.bin"].type == FileType.FILE
+        assert top["b.bin"].size == len(blob), top["b.bin"].size
+        deep = {e.path for e in sb.files.list("/tmp/t", depth=3)}
+        assert "/tmp/t/sub/deeper/x.txt" in deep, deep
+        assert sb.files.exists("/tmp/t/a.txt") and not sb.files.exists("/tmp/t/none")
+        sb.files.rename("/tmp/t/a.txt", "/tmp/t/renamed.txt")
+        assert not sb.files.exists("/tmp/t/a.txt") and sb.files.read("/tmp/t/renamed.txt") == "text one"
+        assert sb.files.get_info("/tmp/t/renamed.txt").size == len("text one")
+        sb.files.remove("/tmp/t/sub")
+        assert not sb.files.exists("/tmp/t/sub")
+        try:
+            sb.files.read("/tmp/t/none")
+            raise AssertionError("reading a missing file must raise")
+        except Exception as e:
+            assert "NotFound" in type(e).__name__, repr(e)
+        # Signed URLs: through the one gateway URL, with no header naming the sandbox.
+        url = sb.download_url("/tmp/t/renamed.txt", use_signature_expiration=60)
+        assert httpx.get(url).text == "text one"
+        up = sb.upload_url("/tmp/t/uploaded.txt", use_signature_expiration=60)
+        r = httpx.post(up, files={"file": ("uploaded.txt", b"via url")})
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert sb.files.read("/tmp/t/uploaded.txt") == "via url"
+        # A read URL does not write, a tampered path does not read, an expired URL is refused.
+        assert httpx.post(url, files={"file": ("x", b"no")}).status_code >= 400
+        assert httpx.get(url.replace("renamed.txt", "b.bin")).status_code >= 400
+        expired = sb.download_url("/tmp/t/renamed.txt", use_signature_expiration=-10)
+        assert httpx.get(expired, headers={"E2b-Sandbox-Id": sb.sandbox_id}).status_code == 401
+
+
+def pty():
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        out = []
+        h = sb.pty.create(PtySize(rows=24, cols=80), timeout=60)
+        sb.pty.resize(h.pid, PtySize(rows=30, cols=100))
+        sb.pty.send_stdin(h.pid, b"stty size; echo $TERM; exit 3\n")
+        try:
+            h.wait(on_pty=lambda d: out.append(bytes(d)))
+            raise AssertionError("exit 3 must raise")
+        except CommandExitException as e:
+            assert e.exit_code == 3, e.exit_code
+        text = b"".join(out).decode(errors="replace")
+        assert "30 100" in text, text
+        assert "xterm-256color" in text, text
+        h = sb.pty.create(PtySize(rows=24, cols=80), timeout=60)
+        assert sb.pty.kill(h.pid) is True
+
+
+def lifecycle():
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        sb.files.write("/root/keep.txt", "kept across pause")
+        assert sb.pause() is True
+        assert sb.get_info().state.value == "paused"
+        assert Sandbox.pause(sb.sandbox_id) is False  # already paused: 409
+        again = Sandbox.connect(sb.sandbox_id, timeout=200)
+        assert again.get_info().state.value == "running"
+        assert again.files.read("/root/keep.txt") == "kept across pause"
+        before = again.get_info().end_at
+        again.set_timeout(30)
+        after = again.get_info().end_at
+        assert after < before, (before, after)
+        assert 20 < (after.timestamp() - time.time()) <= 31, after
+        assert again.is_running()
+        assert again.get_metrics()[0].mem_total > 0
+        assert again.kill() is True
+        assert Sandbox.kill(sb.sandbox_id) is False
+        assert not again.is_running()
+        try:
+            again.commands.run("true")
+            raise AssertionError("a command in a killed sandbox must raise")
+        except Exception as e:
+            assert "NotFound" in type(e).__name__ or "not found" in str(e).lower(), repr(e)
+
+
+def listing():
+    tag = f"list-{os.getpid()}"
+    made_ = [Sandbox.create(template="minimal", timeout=60, metadata={"suite": tag, "n": str(i)}) for i in range(5)]
+    other = Sandbox.create(template="minimal", timeout=60, metadata={"suite": "elsewhere"})
+    with made(*made_, other):
+        pages = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}), limit=2)
+        seen, count = [], 0
+        while pages.has_next:
+            items = pages.next_items()
+            count += 1
+            assert len(items) <= 2
+            seen += [s.sandbox_id for s in items]
+        assert sorted(seen) == sorted(s.sandbox_id for s in made_), (seen, count)
+        assert count >= 3, count
+        made_[0].pause()
+        paused = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [made_[0].sandbox_id], paused
+
+
+def fork_and_snapshots():
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        sb.files.write("/root/state.txt", "parent")
+        kids = sb.fork(count=2)
+        with made(*kids):
+            assert len(kids) == 2 and all(isinstance(k, Sandbox) for k in kids), kids
+            kids[0].files.write("/root/state.txt", "child0")
+            assert kids[1].files.read("/root/state.txt") == "parent"
+            assert sb.files.read("/root/state.txt") == "parent"
+        snap = sb.create_snapshot()
+        assert snap.snapshot_id.startswith("snap_"), snap
+        listed = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        assert snap.snapshot_id in listed, listed
+        child = Sandbox.create(template=snap.snapshot_id, timeout=60)
+        with made(child):
+            assert child.files.read("/root/state.txt") == "parent"
+        Sandbox.delete_snapshot(snap.snapshot_id)
+        assert snap.snapshot_id not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+
+
+def host():
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        sb.files.write("/srv/index.html", "served from the sandbox")
+        sb.commands.run("cd /srv && python3 -m http.server 8080", background=True)
+        name = sb.get_host(8080)
+        assert name.startswith(f"8080-{sb.sandbox_id}."), name
+        body = None
+        for _ in range(100):
+            r = httpx.get(API + "/index.html", headers={"Host": name})
+            if r.status_code == 200:
+                body = r.text
+                break
+            time.sleep(0.1)
+        assert body == "served from the sandbox", body
+        closed = httpx.get(API + "/", headers={"Host": sb.get_host(8099)})
+        assert closed.status_code == 502 and "port is not open" in closed.text, (closed.status_code, closed.text)
+
+
+def code_interpreter():
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sb = CodeSandbox.create(timeout=180)
+    with made(sb):
+        assert sb.run_code("x = 41").error is None
+        assert sb.run_code("x + 1").text == "42"
+        e = sb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.show()")
+        pngs = [r.png for r in e.results if r.png]
+        assert len(pngs) == 1, [r.formats() for r in e.results]
+        raw = base64.b64decode(pngs[0])
+        assert raw[:8] == b"\x89PNG\r\n\x1a\n", raw[:8]
+        width, height = struct.unpack(">II", raw[16:24])
+        assert width > 100 and height > 100, (width, height)
+        zlib.crc32(raw)
+        e = sb.run_code("1 / 0")
+        assert e.error is not None and e.error.name == "ZeroDivisionError", e.error
+        assert sb.run_code("x").text == "41", "state survives an error"
+        out = []
+        e = sb.run_code("print('to stdout')", on_stdout=lambda m: out.append(m.line))
+        assert out == ["to stdout\n"], out
+        ctx = sb.create_code_context(language="python")
+        assert sb.run_code("x", context=ctx).error.name == "NameError"
+        ids = [c.id for c in sb.list_code_contexts()]
+        assert ctx.id in ids, ids
+        sb.remove_code_context(ctx)
+        assert ctx.id not in [c.id for c in sb.list_code_contexts()]
+        assert sb.run_code("console.log(6 * 7)", language="js").logs.stdout == ["42\n"]
+
+
+def refused():
+    sb = Sandbox.create(template="minimal", timeout=60)
+    other = Sandbox.create(template="minimal", timeout=60)
+    with made(sb, other):
+        headers = {"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983", "Content-Type": "application/json"}
+        rpc = API + "/filesystem.Filesystem/Stat"
+        body = '{"path": "/"}'
+        assert httpx.post(rpc, headers=headers, content=body).status_code == 401
+        wrong = {**headers, "X-Access-Token": other._envd_access_token}
+        assert httpx.post(rpc, headers=wrong, content=body).status_code == 401
+        right = {**headers, "X-Access-Token": sb._envd_access_token}
+        assert httpx.post(rpc, headers=right, content=body).status_code == 200
+        assert httpx.get(API + "/v2/sandboxes").status_code == 401
+        assert httpx.get(API + "/v2/sandboxes", headers={"X-API-Key": "e2b_0000"}).status_code == 401
+        gone = {**right, "E2b-Sandbox-Id": "sbx_aaaaaaaaaaaaaaaa"}
+        r = httpx.post(rpc, headers=gone, content=body)
+        assert r.status_code == 502 and "sandbox was not found" in r.text.lower(), (r.status_code, r.text)
+
+
+def template_build():
+    """E2B's Template builder: a context file copied in, a RUN, ENV, a start command, built
+    by Hutch's Dockerfile builder and then used by a create."""
+    import tempfile
+
+    from e2b import Template
+
+    name = f"e2b-built-{os.getpid()}"
+    logs = []
+    with tempfile.TemporaryDirectory() as ctx:
+        os.makedirs(os.path.join(ctx, "app"))
+        with open(os.path.join(ctx, "app", "hello.txt"), "w") as f:
+            f.write("from the context")
+        t = (
+            Template(file_context_path=ctx)
+            .from_template("base")
+            .copy("app/hello.txt", "/srv/")
+            .run_cmd("echo built > /srv/built.txt")
+            .set_envs({"GREETING": "hi there"})
+            .set_start_cmd("cd /srv && python3 -m http.server 8000", "curl -sf http://127.0.0.1:8000/ >/dev/null || python3 -c 'import urllib.request; urllib.request.urlopen(\"http://127.0.0.1:8000/\")'")
+        )
+        try:
+            info = Template.build(t, name, on_build_logs=lambda entry: logs.append(entry.message))
+            assert info.template_id == name, info
+            assert any("RUN echo built" in m for m in logs), logs
+            sb = Sandbox.create(template=name, timeout=60)
+            with made(sb):
+                r = sb.commands.run("cat /srv/hello.txt; cat /srv/built.txt; echo $GREETING")
+                assert r.stdout == "from the contextbuilt\nhi there\n", repr(r.stdout)
+                page = httpx.get(API + "/hello.txt", headers={"Host": sb.get_host(8000)}, timeout=30)
+                assert page.text == "from the context", (page.status_code, page.text)
+            # A failing step fails the build with its message.
+            bad = Template().from_template("base").run_cmd("exit 3")
+            try:
+                Template.build(bad, name + "-bad")
+                raise AssertionError("a failing RUN must fail the build")
+            except Exception as e:
+                assert "Build" in type(e).__name__ or "exit" in str(e).lower(), repr(e)
+        finally:
+            for n in (name, name + "-bad"):
+                httpx.delete(f"{API}/templates/{n}", headers={"X-API-Key": KEY}, timeout=120)
+
+
+def watch():
+    """`files.watch_dir`: the sync SDK polls a watcher; the async SDK streams WatchDir."""
+    import asyncio
+
+    from e2b import AsyncSandbox, FilesystemEventType
+
+    sb = Sandbox.create(template="base", timeout=120)
+    with made(sb):
+        sb.files.make_dir("/tmp/w")
+        handle = sb.files.watch_dir("/tmp/w", recursive=True)
+        sb.files.write("/tmp/w/a.txt", "one")
+        sb.commands.run("mkdir /tmp/w/sub && echo x > /tmp/w/sub/b.txt && mv /tmp/w/a.txt /tmp/w/c.txt && rm /tmp/w/c.txt")
+        seen = []
+        for _ in range(50):
+            seen += [(e.type, e.name) for e in handle.get_new_events()]
+            if (FilesystemEventType.REMOVE, "c.txt") in seen:
+                break
+            time.sleep(0.1)
+        handle.stop()
+        names = [n for _, n in seen]
+        assert (FilesystemEventType.CREATE, "a.txt") in seen, seen
+        assert (FilesystemEventType.CREATE, "sub/b.txt") in seen or (FilesystemEventType.WRITE, "sub/b.txt") in seen, seen
+        assert (FilesystemEventType.RENAME, "a.txt") in seen and (FilesystemEventType.CREATE, "c.txt") in seen, seen
+
+    async def streamed():
+        asb = await AsyncSandbox.create(template="base", timeout=120)
+        try:
+            await asb.files.make_dir("/tmp/s")
+            events = []
+            done = asyncio.Event()
+
+            def on_event(e):
+                events.append((e.type, e.name, e.entry.size if e.entry else None))
+                if e.name == "last.txt":
+                    done.set()
+
+            h = await asb.files.watch_dir("/tmp/s", on_event=on_event, include_entry=True)
+            await asb.files.write("/tmp/s/first.txt", "12345")
+            await asb.files.write("/tmp/s/last.txt", "x")
+            await asyncio.wait_for(done.wait(), 20)
+            await h.stop()
+            assert any(t == FilesystemEventType.CREATE and n == "first.txt" for t, n, _ in events), events
+            assert any(n == "first.txt" and size == 5 for _, n, size in events), events
+        finally:
+            await asb.kill()
+
+    asyncio.run(streamed())
+
+
+def network():
+    """E2B's egress settings, inside tests/network.rs's world of namespaces (every address
+    here is a test host of ours): deny-all with an allow list, a deny list, no internet,
+    and a live update."""
+    from e2b import ALL_TRAFFIC
+
+    probe = (
+        "python3 -c \"import socket,sys\n"
+        "try:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close(); print('open')\n"
+        "except OSError: print('blocked')\" "
+    )
+
+    def reach(sb, host, port):
+        return sb.commands.run(probe + f"{host} {port}").stdout.strip()
+
+    only = Sandbox.create(template="base", timeout=120, network={"deny_out": [ALL_TRAFFIC], "allow_out": ["203.0.113.10"]})
+    deny = Sandbox.create(template="base", timeout=120, network={"deny_out": ["203.0.113.20"]})
+    none = Sandbox.create(template="base", timeout=120, allow_internet_access=False)
+    with made(only, deny, none):
+        assert reach(only, "203.0.113.10", 80) == "open"
+        assert reach(only, "203.0.113.20", 80) == "blocked"
+        assert reach(deny, "203.0.113.10", 80) == "open"
+        assert reach(deny, "203.0.113.20", 80) == "blocked"
+        assert reach(none, "203.0.113.10", 80) == "blocked"
+        assert none.get_info().allow_internet_access is False
+        info = only.get_info()
+        assert info.network["allow_out"] == ["203.0.113.10"], info.network
+        only.update_network({"deny_out": [ALL_TRAFFIC], "allow_out": ["203.0.113.20"]})
+        assert reach(only, "203.0.113.20", 80) == "open"
+        assert reach(only, "203.0.113.10", 80) == "blocked"
+
+
+def basics():
+    """What every supported SDK has, down to the oldest (e2b 2.7.0, the first with
+    E2B_SANDBOX_URL): create, commands, background, files, a terminal, `get_host`."""
+    sb = Sandbox.create(template="base", timeout=120, metadata={"scenario": "basics"}, envs={"V": "1"})
+    with made(sb):
+        assert sb.get_info().metadata == {"scenario": "basics"}
+        r = sb.commands.run("echo $V; echo e >&2")
+        assert (r.stdout, r.stderr, r.exit_code) == ("1\n", "e\n", 0), r
+        try:
+            sb.commands.run("exit 5")
+            raise AssertionError("a failing command must raise")
+        except CommandExitException as e:
+            assert e.exit_code == 5
+        bg = sb.commands.run("sleep 60", background=True)
+        assert bg.pid in [p.pid for p in sb.commands.list()]
+        assert sb.commands.kill(bg.pid) is True
+        sb.files.write("/tmp/b/one.txt", "one")
+        assert sb.files.read("/tmp/b/one.txt") == "one"
+        assert [e.name for e in sb.files.list("/tmp/b")] == ["one.txt"]
+        assert sb.files.make_dir("/tmp/b/d") is True
+        sb.files.rename("/tmp/b/one.txt", "/tmp/b/d/two.txt")
+        assert sb.files.exists("/tmp/b/d/two.txt") and not sb.files.exists("/tmp/b/one.txt")
+        sb.files.remove("/tmp/b")
+        assert not sb.files.exists("/tmp/b")
+        out = []
+        h = sb.pty.create(PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(h.pid, b"echo $((6*7)); exit\n")
+        h.wait(on_pty=lambda d: out.append(bytes(d)))
+        assert b"42" in b"".join(out)
+    assert not sb.is_running()
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
+    print("ok")

@@ -1,0 +1,135 @@
+//! E2B's published Python SDKs (`e2b`, `e2b-code-interpreter`, installed unmodified by
+//! scripts/venv.sh) against Hutch's E2B-compatible API (`hutch serve --e2b-listen`): one
+//! scenario of `tests/e2b/scenarios.py` per test, each on a server of its own.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hutch_testkit::{ensure_template, repo_root, TestServer};
+
+/// Run scenario `name` with the SDK pointed at `server`'s E2B listener, as a user would
+/// (only environment variables), and fail with its output unless it passes.
+fn scenario(server: &TestServer, name: &str) {
+    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    scenario_with(server, name, &PathBuf::from(python));
+}
+
+/// [`scenario`] with the SDK of the Python at `python`.
+fn scenario_with(server: &TestServer, name: &str, python: &Path) {
+    let url = server
+        .e2b_url
+        .as_deref()
+        .expect("the server was started with --e2b-listen");
+    let script = repo_root().join("crates/hutch/tests/e2b/scenarios.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(name)
+        .env("E2B_API_URL", url)
+        .env("E2B_SANDBOX_URL", url)
+        .env("E2B_API_KEY", &server.key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .expect("run python (HUTCH_TEST_PYTHON from scripts/venv.sh, with e2b installed)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("ok"),
+        "scenario {name} failed:\n{text}"
+    );
+}
+
+async fn server() -> TestServer {
+    ensure_template("base");
+    TestServer::start_with(&["--e2b-listen", "127.0.0.1:0"]).await
+}
+
+#[tokio::test]
+async fn e2b_sdk_creates_with_metadata_and_envs_and_runs_commands() {
+    let s = server().await;
+    scenario(&s, "commands");
+}
+
+#[tokio::test]
+async fn e2b_sdk_reads_writes_lists_moves_and_signs_files() {
+    let s = server().await;
+    scenario(&s, "files");
+}
+
+#[tokio::test]
+async fn e2b_sdk_drives_a_terminal() {
+    let s = server().await;
+    scenario(&s, "pty");
+}
+
+#[tokio::test]
+async fn e2b_sdk_pauses_connects_times_out_and_kills() {
+    let s = server().await;
+    scenario(&s, "lifecycle");
+}
+
+#[tokio::test]
+async fn e2b_sdk_lists_by_metadata_and_state_across_pages() {
+    let s = server().await;
+    scenario(&s, "listing");
+}
+
+#[tokio::test]
+async fn e2b_sdk_forks_and_creates_from_a_snapshot() {
+    let s = server().await;
+    scenario(&s, "fork_and_snapshots");
+}
+
+#[tokio::test]
+async fn e2b_sdk_get_host_reaches_a_service_in_the_sandbox() {
+    let s = server().await;
+    scenario(&s, "host");
+}
+
+#[tokio::test]
+async fn e2b_code_interpreter_keeps_state_and_returns_a_png_chart() {
+    ensure_template("code-interpreter");
+    let s = server().await;
+    scenario(&s, "code_interpreter");
+}
+
+#[tokio::test]
+async fn e2b_api_refuses_wrong_tokens_and_keys_and_names_gone_sandboxes() {
+    let s = server().await;
+    scenario(&s, "refused");
+}
+
+#[tokio::test]
+async fn the_oldest_supported_e2b_sdk_creates_runs_commands_and_moves_files() {
+    // scripts/venv.sh makes it beside the tests' own environment: `<venv>-e2b-oldest`.
+    let python = std::env::var_os("HUTCH_TEST_PYTHON").map(PathBuf::from);
+    let oldest = python
+        .as_deref()
+        .and_then(|p| p.parent()?.parent())
+        .map(|venv| PathBuf::from(format!("{}-e2b-oldest/bin/python", venv.display())))
+        .filter(|p| p.exists())
+        .expect("the oldest e2b's environment (scripts/venv.sh makes <venv>-e2b-oldest)");
+    let s = server().await;
+    scenario_with(&s, "basics", &oldest);
+}
+
+#[tokio::test]
+async fn e2b_sdk_basics() {
+    let s = server().await;
+    scenario(&s, "basics");
+}
+
+#[tokio::test]
+async fn e2b_template_builder_builds_a_hutch_template_from_steps_and_files() {
+    let s = server().await;
+    scenario(&s, "template_build");
+}
+
+#[tokio::test]
+async fn e2b_sdk_watches_directories_by_polling_and_streaming() {
+    let s = server().await;
+    scenario(&s, "watch");
+}
