@@ -58,6 +58,14 @@ pub enum CoreError {
     /// A limit or quota would be exceeded (429).
     #[error("{0}")]
     Quota(String),
+    /// A tenant's quota would be exceeded (429 `quota_exceeded`, with the quota, its limit
+    /// and what was in use).
+    #[error(transparent)]
+    QuotaExceeded(#[from] crate::tenant::quota::QuotaExceeded),
+    /// The caller may not do this, whatever the state (403): a template its tenant is not
+    /// allowed, a key wider than its own.
+    #[error("{0}")]
+    Forbidden(String),
     /// The sandbox already runs as many execs as it may at once (429).
     #[error("{0}")]
     TooManyExecs(String),

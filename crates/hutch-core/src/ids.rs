@@ -1,4 +1,5 @@
-//! Identifiers and secrets: `sbx_…` and `snap_…` ids and API keys, from the OS's random source.
+//! Identifiers and secrets: `sbx_…`, `snap_…`, `vol_…` and `key_…` ids and API keys, from
+//! the OS's random source.
 //!
 //! [`SandboxId`] is a sandbox's id as a type: made here ([`SandboxId::random`]) or parsed once
 //! where it comes in ([`str::parse`], which checks the `sbx_` form), then carried typed through
@@ -132,6 +133,13 @@ prefixed_id!(
     VolumeId,
     "vol_",
     "volume"
+);
+
+prefixed_id!(
+    /// An API key's public id (not its secret): `key_` and 1 to 64 ASCII letters or digits.
+    KeyId,
+    "key_",
+    "API key"
 );
 
 /// Whether `s` is `prefix` and 1 to 64 ASCII letters or digits.

@@ -3,7 +3,9 @@
 //! - [`manager`]: lifecycle (create, pause, hibernate, snapshots, fork, explore), TTL and
 //!   idle reaper, re-adoption after a restart.
 //! - [`store`]: the state store seam ([`store::Store`]) and its SQLite implementation.
-//! - [`tenant`]: who owns a record and whose records a request may see.
+//! - [`tenant`]: who owns a record and whose records a request may see; tenants' settings,
+//!   API keys and quotas.
+//! - [`audit`]: the audit log of mutating calls and execs.
 //! - [`backend`]: isolation backends (`ns`, `vm`) behind one async trait, and a fake one for
 //!   tests (feature `testing`).
 //! - [`host`]: what this host offers the backends (`hutch doctor`, the bench).
@@ -21,6 +23,7 @@
 //! - [`events`], [`metrics`], [`logs`]: observability.
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
+pub mod audit;
 pub mod backend;
 pub mod config;
 pub mod error;

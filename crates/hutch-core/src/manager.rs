@@ -16,23 +16,27 @@
 //! transitions of one sandbox (pause, resume, hibernate, wake, snapshot, kill) are serialised
 //! by a per-sandbox lock; exec and file calls take no lock.
 
+mod audit;
 mod builds;
 mod create;
 mod exec;
 mod fork;
 mod interp;
+mod keys;
 mod lifecycle;
 mod logs;
 mod metrics;
 mod network;
 mod ports;
 mod processes;
+mod quota;
 mod reaper;
 mod refresh;
 mod service;
 mod snapshots;
 mod template_delete;
 mod templates;
+mod tenants;
 #[cfg(test)]
 mod tests;
 mod volumes;
@@ -53,21 +57,23 @@ use crate::backend::{Backend, Backends, Usage};
 use crate::config::{Config, MAX_UID_SLOTS};
 use crate::error::{CoreError, CoreResult};
 use crate::events::EventBus;
-use crate::ids::{self, SandboxId};
+use crate::ids::SandboxId;
 use crate::metrics::Metrics;
 use crate::model::{
     Isolation, IsolationRequest, ListFilter, SandboxRecord, SandboxState, SandboxView,
     UpdateSandbox,
 };
 use crate::sandbox_token::TokenSigner;
-use crate::store::{KeyOwner, Page, PageRequest, SandboxQuery, SqliteStore, Store};
-use crate::tenant::{Tenant, TenantScope};
+use crate::store::{Page, PageRequest, SandboxQuery, SqliteStore, Store};
+use crate::tenant::TenantScope;
 use crate::time::now_ms;
 use crate::uid_slots::UidSlots;
 
 pub use self::exec::{ExecSlot, ExitRecorder};
+pub use self::keys::CreatedKey;
 pub use self::logs::LogFollow;
 pub use self::ports::{parse_port, PortConnection};
+pub use self::templates::VisibleTemplate;
 pub use self::watch::{FileWatch, WatchOptions};
 pub use self::watchers::{
     WatcherEvents, WatcherInfo, MAX_BUFFERED_EVENTS, MAX_WATCHERS_PER_SANDBOX, WATCHER_IDLE,
@@ -111,6 +117,12 @@ pub struct Manager {
     refreshes: refresh::Refreshes,
     /// Per sandbox: held while its kernel driver starts.
     driver_starts: interp::DriverStarts,
+    /// Operations admitted under tenants' quotas and not finished (`quota.rs`).
+    quota: quota::QuotaLedger,
+    /// Last uses of API keys not written yet (`keys.rs`).
+    key_uses: keys::KeyUses,
+    /// Audit entries not written yet (`audit.rs`).
+    audit: audit::AuditLog,
     /// Polled file watchers (`watchers.rs`).
     watchers: watchers::Watchers,
 }
@@ -260,6 +272,9 @@ impl Manager {
             uid_slots,
             refreshes: refresh::Refreshes::default(),
             driver_starts: interp::DriverStarts::default(),
+            quota: quota::QuotaLedger::default(),
+            key_uses: keys::KeyUses::default(),
+            audit: audit::AuditLog::default(),
             watchers: watchers::Watchers::default(),
         });
         for backend in mgr.backends.all() {
@@ -321,52 +336,23 @@ impl Manager {
         &self.templates
     }
 
-    /// Make sure an admin key exists; returns it when it was just created.
-    pub async fn ensure_admin_key(&self) -> CoreResult<String> {
-        let path = self.cfg.state_dir.join("admin.key");
-        if let Ok(existing) = std::fs::read_to_string(&path) {
-            let key = existing.trim().to_string();
-            if self.store.key_owner(&key).await?.is_some() {
-                return Ok(key);
-            }
-        }
-        let key = ids::new_api_key();
-        self.store
-            .add_api_key(
-                &key,
-                &KeyOwner {
-                    tenant: Tenant::new("admin"),
-                    admin: true,
-                },
-            )
-            .await?;
-        write_secret(&path, &key)?;
-        Ok(key)
-    }
-
-    /// Who owns an API key.
-    pub async fn authenticate(&self, key: &str) -> CoreResult<Option<KeyOwner>> {
-        self.store.key_owner(key).await
-    }
-
-    /// Register an API key for `owner` (stored hashed).
-    pub async fn add_api_key(&self, key: &str, owner: &KeyOwner) -> CoreResult<()> {
-        self.store.add_api_key(key, owner).await
-    }
-
     /// The state store (for tools that fill it directly, such as `hutch bench api_scale`).
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
 
-    /// `NotFound` unless sandbox `id` exists and `scope` may see it: one indexed lookup by id
-    /// (and tenant), with the same answer for another tenant's sandbox as for an unknown one.
-    pub async fn authorize(&self, id: &SandboxId, scope: &TenantScope) -> CoreResult<()> {
-        let missing = || CoreError::NotFound(format!("sandbox {id} does not exist"));
-        match self.store.get_sandbox_for(id, scope).await? {
-            Some(_) => Ok(()),
-            None => Err(missing()),
-        }
+    /// Sandbox `id`'s record if it exists and `scope` may see it, else `NotFound`: one
+    /// indexed lookup by id (and tenant), with the same answer for another tenant's sandbox
+    /// as for an unknown one.
+    pub async fn authorize(
+        &self,
+        id: &SandboxId,
+        scope: &TenantScope,
+    ) -> CoreResult<SandboxRecord> {
+        self.store
+            .get_sandbox_for(id, scope)
+            .await?
+            .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))
     }
 
     fn backend(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
@@ -477,7 +463,7 @@ impl Manager {
 
     /// Change TTL, persistence, metadata or the idle-hibernation delay.
     pub async fn update(&self, id: &SandboxId, u: UpdateSandbox) -> CoreResult<SandboxView> {
-        self.load(id).await?;
+        let current = self.load(id).await?;
         if let Some(ttl) = u.ttl_seconds {
             if ttl == 0 || ttl > self.cfg.max_ttl_seconds {
                 return Err(CoreError::InvalidArgument(format!(
@@ -485,6 +471,22 @@ impl Manager {
                     self.cfg.max_ttl_seconds
                 )));
             }
+        }
+        // The tenant it ends up with must exist, and its TTL limit holds.
+        let owner = match &u.tenant {
+            Some(Some(t)) => Some(self.tenant(t).await?),
+            Some(None) => None,
+            None => match &current.tenant {
+                Some(t) => self.store.get_tenant(t).await?,
+                None => None,
+            },
+        };
+        if let Some(t) = owner {
+            t.settings.quotas.check_ttl(
+                &t.name,
+                u.ttl_seconds.unwrap_or(current.ttl_seconds),
+                u.persistent.unwrap_or(current.persistent),
+            )?;
         }
         let idle = self.check_idle_seconds(u.idle_hibernate_seconds)?;
         let r = self

@@ -31,6 +31,8 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hutch_core::ids::SandboxId;
+use hutch_core::tenant::keys::Permission;
+use hutch_server::error::ApiError;
 use hutch_server::{AppState, Caller};
 use tower::ServiceExt;
 
@@ -99,10 +101,17 @@ impl E2bState {
             .ok_or_else(|| {
                 E2bError::unauthorized("missing API key: set E2B_API_KEY to a Hutch API key")
             })?;
-        match self.app.authenticate(key).await? {
-            Some(c) => Ok(c),
-            None => Err(E2bError::unauthorized("invalid API key")),
+        // Hutch's own check (unknown, revoked and expired keys are 401; an admin key may
+        // act for a tenant with `X-Hutch-Tenant`). E2B has no scoped keys, and its routes
+        // both read and change: the E2B API takes full and admin keys only.
+        let caller = self.app.caller(key, headers).await?;
+        if !caller.permits(Permission::Manage) {
+            return Err(E2bError::Hutch(ApiError::forbidden(format!(
+                "the E2B API takes full or admin keys; this key is {}",
+                caller.key.scope.as_str()
+            ))));
         }
+        Ok(caller)
     }
 }
 

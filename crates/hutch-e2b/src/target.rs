@@ -175,6 +175,7 @@ async fn forward(state: &E2bState, mut request: Request) -> E2bResult<Response> 
         port: target.port,
         served_at: ServedAt::PreviewHost,
         target: target_uri,
+        until: None,
     };
     match proxy::forward(&state.app, to, request).await {
         Ok(r) => Ok(r),

@@ -23,6 +23,9 @@ pub struct ApiError {
     pub code: &'static str,
     /// Human-readable message.
     pub message: String,
+    /// More fields of the error object, beside `code` and `message` (a refused quota's
+    /// `quota`, `limit` and `used`).
+    pub details: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ApiError {
@@ -32,6 +35,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "bad_request",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -41,6 +45,7 @@ impl ApiError {
             status: StatusCode::UNAUTHORIZED,
             code: "unauthorized",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -50,6 +55,7 @@ impl ApiError {
             status: StatusCode::FORBIDDEN,
             code: "forbidden",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -59,6 +65,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             code: "not_found",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -68,6 +75,7 @@ impl ApiError {
             status: StatusCode::BAD_GATEWAY,
             code: "bad_gateway",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -77,6 +85,7 @@ impl ApiError {
             status: StatusCode::PAYLOAD_TOO_LARGE,
             code: "payload_too_large",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -86,6 +95,7 @@ impl ApiError {
             status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
             code: "unsupported_media_type",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -95,6 +105,7 @@ impl ApiError {
             status: StatusCode::CONFLICT,
             code: "conflict",
             message: message.into(),
+            details: None,
         }
     }
 
@@ -104,6 +115,7 @@ impl ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             code: "invalid_argument",
             message: message.into(),
+            details: None,
         }
     }
 }
@@ -149,7 +161,8 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         CoreError::Conflict(_) | CoreError::WrongState { .. } => CONFLICT,
         CoreError::NotSupported { .. } | CoreError::VmUnavailable(_) => NOT_SUPPORTED,
-        CoreError::Quota(_) => QUOTA,
+        CoreError::Quota(_) | CoreError::QuotaExceeded(_) => QUOTA,
+        CoreError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
         CoreError::TooManyExecs(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_execs"),
         CoreError::ProcessNotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         CoreError::ProcessExited(_) => (StatusCode::CONFLICT, "process_exited"),
@@ -193,6 +206,20 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
     }
 }
 
+/// The fields a core error adds to the error object: a refused quota names itself, its
+/// limit and what was in use.
+fn core_details(e: &CoreError) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let CoreError::QuotaExceeded(q) = e else {
+        return None;
+    };
+    let mut m = serde_json::Map::new();
+    m.insert("quota".into(), q.quota.as_str().into());
+    m.insert("limit".into(), serde_json::json!(q.limit));
+    m.insert("used".into(), serde_json::json!(q.used));
+    m.insert("tenant".into(), q.tenant.as_str().into());
+    Some(m)
+}
+
 impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> Self {
         let message = e.to_string();
@@ -204,6 +231,7 @@ impl From<CoreError> for ApiError {
             status,
             code,
             message,
+            details: core_details(&e),
         }
     }
 }
@@ -276,6 +304,10 @@ impl From<BuildError> for ApiError {
             status,
             code,
             message,
+            details: match &e {
+                BuildError::Core(cause) => core_details(cause),
+                _ => None,
+            },
         }
     }
 }
@@ -291,6 +323,7 @@ impl From<TemplateError> for ApiError {
             status,
             code,
             message,
+            details: None,
         }
     }
 }
@@ -314,6 +347,7 @@ impl From<ContextError> for ApiError {
             status,
             code,
             message,
+            details: None,
         }
     }
 }
@@ -322,7 +356,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (
             self.status,
-            Json(serde_json::json!({"error": {"code": self.code, "message": self.message}})),
+            Json({
+                let mut error = self.details.unwrap_or_default();
+                error.insert("code".into(), self.code.into());
+                error.insert("message".into(), self.message.into());
+                serde_json::json!({ "error": error })
+            }),
         )
             .into_response()
     }

@@ -1,12 +1,11 @@
-//! Extractors: JSON bodies and queries with our error format, and authentication.
+//! Extractors: JSON bodies and queries with our error format (authentication is
+//! `auth.rs`).
 
 use axum::extract::rejection::{BytesRejection, FailedToBufferBody, JsonRejection, QueryRejection};
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use hutch_core::tenant::{Tenant, TenantScope};
 
+pub use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -136,83 +135,4 @@ fn source_text(e: &dyn std::error::Error) -> String {
         cur = next;
     }
     cur.to_string()
-}
-
-/// The authenticated caller, placed in request extensions by [`require_auth`].
-#[derive(Debug, Clone)]
-pub struct Caller {
-    /// Tenant of the key.
-    pub tenant: Tenant,
-    /// Admin keys see every tenant.
-    pub admin: bool,
-}
-
-impl Caller {
-    /// Whose records this caller may see: its tenant's, or every tenant's for an admin key.
-    pub fn scope(&self) -> TenantScope {
-        TenantScope::of(&self.tenant, self.admin)
-    }
-}
-
-/// Middleware of `GET`/`PUT /v1/sandboxes/{id}/files`: a request without an
-/// `Authorization` header that carries a `signature` query parameter goes on without a
-/// [`Caller`], for the handler to check the signed URL (`routes/files_url.rs`); every other
-/// request is [`require_auth`]'s.
-pub async fn require_auth_or_signed_url(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let signed = matches!(
-        *req.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::PUT
-    ) && !req
-        .headers()
-        .contains_key(axum::http::header::AUTHORIZATION)
-        && req.uri().query().is_some_and(|q| {
-            q.split('&')
-                .any(|pair| pair.split('=').next() == Some("signature"))
-        });
-    if signed {
-        return next.run(req).await;
-    }
-    require_auth(State(state), req, next).await
-}
-
-/// Middleware: `Authorization: Bearer <key>` on every `/v1/` route behind it, else 401.
-/// Keys are taken only from that header: never from a URL or a cookie (the port proxy's
-/// browser tokens are checked by the proxy itself and authenticate nothing else).
-pub async fn require_auth(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    let key = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|s| s.trim().to_string());
-    let Some(key) = key else {
-        return ApiError::unauthorized("missing `Authorization: Bearer <key>` header")
-            .into_response();
-    };
-    if key.starts_with(hutch_core::sandbox_token::TOKEN_PREFIX) {
-        return ApiError::unauthorized(
-            "a sandbox token opens only its sandbox's port in a browser; API calls take the \
-             API key",
-        )
-        .into_response();
-    }
-    match state.authenticate(&key).await {
-        Ok(Some(caller)) => {
-            // A known client's connection is evicted only after every stranger's.
-            if let Some(conn) = req
-                .extensions()
-                .get::<crate::serve::connections::ConnectionHandle>()
-            {
-                conn.mark_authenticated();
-            }
-            req.extensions_mut().insert(caller);
-            next.run(req).await
-        }
-        Ok(None) => ApiError::unauthorized("invalid API key").into_response(),
-        Err(e) => e.into_response(),
-    }
 }

@@ -4,6 +4,8 @@
 //! [`Manager`], and map results; statuses are chosen only in [`error::ApiError`].
 //! [`app`] builds the router apart from any socket so tests can drive it directly.
 
+pub mod audit;
+pub mod auth;
 mod browser;
 pub mod build_context;
 pub mod error;
@@ -15,14 +17,13 @@ mod routes;
 pub mod serve;
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use axum::routing::{any, get, post, put};
 use axum::Router;
 use hutch_build::{BuildSettings, Builder};
 use hutch_core::Manager;
 
-pub use extract::Caller;
+pub use auth::{AuthorizedSandbox, Caller};
 pub use preview::{preview_app, PreviewOrigin};
 
 /// Shared state of every handler.
@@ -31,6 +32,8 @@ pub struct AppState {
     /// The sandbox manager.
     pub manager: Arc<Manager>,
     keys: Arc<Mutex<key_cache::KeyCache>>,
+    /// Fired when a key is revoked: its requests and streams end (`key_cache.rs`).
+    revocations: Arc<key_cache::Revocations>,
     /// The preview origin, when `hutch serve` runs one (browser links point there).
     preview: Option<Arc<PreviewOrigin>>,
     connections: Arc<serve::connections::ConnectionStats>,
@@ -54,6 +57,7 @@ impl AppState {
         Self {
             manager,
             keys: Arc::new(Mutex::new(key_cache::KeyCache::default())),
+            revocations: Arc::default(),
             preview: None,
             connections: Arc::default(),
             json_body_limit: DEFAULT_JSON_BODY_LIMIT,
@@ -102,33 +106,6 @@ impl AppState {
     pub fn connection_stats(&self) -> Arc<serve::connections::ConnectionStats> {
         Arc::clone(&self.connections)
     }
-
-    /// The caller an API key authenticates (`None`: no such key), from a short-lived cache
-    /// in front of the store. Adapters that take keys in other headers (the E2B API's
-    /// `X-API-Key`) authenticate through this too.
-    pub async fn authenticate(&self, key: &str) -> Result<Option<Caller>, error::ApiError> {
-        if let Some(c) = self
-            .keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(key, Instant::now())
-        {
-            return Ok(Some(c));
-        }
-        let owner = self.manager.authenticate(key).await?;
-        let caller = owner.map(|o| Caller {
-            tenant: o.tenant,
-            admin: o.admin,
-        });
-        if let Some(c) = &caller {
-            self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                key,
-                c.clone(),
-                Instant::now(),
-            );
-        }
-        Ok(caller)
-    }
 }
 
 /// What build sandboxes get unless `hutch serve` says otherwise: the builder's defaults,
@@ -144,8 +121,8 @@ pub fn default_build_settings(manager: &Manager) -> BuildSettings {
 /// The whole API.
 pub fn app(state: AppState) -> Router {
     use routes::{
-        build_logs, code, exec, files, files_url, files_watch, lifecycle, logs, misc, network,
-        ports, processes, pty, sandboxes, templates, volumes,
+        build_logs, code, exec, files, files_url, files_watch, keys, lifecycle, logs, misc,
+        network, ports, processes, pty, sandboxes, templates, tenants, volumes,
     };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
@@ -168,6 +145,16 @@ pub fn app(state: AppState) -> Router {
             get(build_logs::logs),
         )
         .route("/v1/events", get(misc::events))
+        .route("/v1/tenants", post(tenants::create).get(tenants::list))
+        .route(
+            "/v1/tenants/{name}",
+            get(tenants::get)
+                .patch(tenants::update)
+                .delete(tenants::delete),
+        )
+        .route("/v1/keys", post(keys::create).get(keys::list))
+        .route("/v1/keys/{id}", get(keys::get).delete(keys::revoke))
+        .route("/v1/audit", get(routes::audit::list))
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),
@@ -267,9 +254,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/move", post(files::rename))
         .route("/v1/sandboxes/{id}/port-tokens", post(ports::port_token))
         .route("/v1/sandboxes/{id}/tunnel/{port}", get(ports::tunnel))
+        // Authentication, permissions, the sandbox of `/v1/sandboxes/{id}/…` paths and
+        // revocation, for every route above (`auth.rs`).
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            extract::require_auth,
+            auth::require_auth,
         ));
     // File reads and writes take the key, or a signed URL in place of it (`files_url`).
     let files_route = Router::new()
@@ -279,7 +268,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            extract::require_auth_or_signed_url,
+            auth::require_auth_or_signed_url,
         ));
     // The port proxy authenticates itself: the key from the header, or a browser's sandbox
     // token (`browser`), which no other route takes.

@@ -91,6 +91,7 @@ async fn preview(state: &AppState, request: Request) -> ApiResult<Response> {
                 port,
                 served_at: ServedAt::PreviewHost,
                 target,
+                until: None,
             };
             proxy::forward(state, to, request).await
         }

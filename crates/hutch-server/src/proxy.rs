@@ -74,6 +74,9 @@ pub struct Forward<'a> {
     pub served_at: ServedAt<'a>,
     /// Path and query for the service.
     pub target: Uri,
+    /// What ends the exchange and an upgraded connection: the revocation of the API key
+    /// that opened it (`None`: a browser's sandbox token, which expires on its own).
+    pub until: Option<crate::auth::Revocation>,
 }
 
 /// Forward `request` to the service and return its answer, both cleaned (see the module
@@ -91,6 +94,7 @@ pub async fn forward(state: &AppState, to: Forward<'_>, request: Request) -> Api
         port,
         served_at,
         target,
+        until,
     } = to;
     let prefix = match served_at {
         ServedAt::ApiPath { prefix } => Some(prefix),
@@ -108,7 +112,16 @@ pub async fn forward(state: &AppState, to: Forward<'_>, request: Request) -> Api
         };
         let protocol = response.headers().get(header::UPGRADE).cloned();
         let service_upgrade = hyper::upgrade::on(&mut response);
-        tokio::spawn(splice(client_upgrade, service_upgrade));
+        let spliced = splice(client_upgrade, service_upgrade);
+        match until.clone() {
+            Some(revocation) => tokio::spawn(async move {
+                tokio::select! {
+                    () = spliced => {}
+                    () = revocation.wait() => {}
+                }
+            }),
+            None => tokio::spawn(spliced),
+        };
         strip_hop_by_hop(response.headers_mut());
         if let Some(protocol) = protocol {
             let headers = response.headers_mut();
@@ -123,7 +136,11 @@ pub async fn forward(state: &AppState, to: Forward<'_>, request: Request) -> Api
     response
         .headers_mut()
         .append(header::VIA, HeaderValue::from_static(VIA));
-    Ok(response.map(Body::new))
+    let response = response.map(Body::new);
+    Ok(match until {
+        Some(revocation) => crate::auth::until_revoked(response, revocation),
+        None => response,
+    })
 }
 
 /// Whether the browser is fetching a service worker's script (registration or update).

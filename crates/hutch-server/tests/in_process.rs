@@ -156,17 +156,25 @@ async fn a_refused_transition_is_409_with_the_state_machine_message() {
 #[tokio::test]
 async fn a_malformed_sandbox_id_is_answered_as_an_unknown_one() {
     let api = Api::start().await;
-    let tenant_key = "hk_malformedidtenantkey";
-    api.manager
-        .add_api_key(
-            tenant_key,
-            &hutch_core::store::KeyOwner {
-                tenant: hutch_core::tenant::Tenant::new("acme"),
-                admin: false,
-            },
-        )
-        .await
-        .expect("tenant key");
+    let tenant_key = {
+        let tenant = hutch_core::tenant::Tenant::new("acme");
+        let _ = api
+            .manager
+            .create_tenant(tenant.clone(), Default::default())
+            .await;
+        api.manager
+            .create_key(hutch_core::tenant::keys::NewKey {
+                tenant,
+                scope: hutch_core::tenant::keys::KeyScope::Full,
+                name: None,
+                selector: Default::default(),
+                expires_at_ms: None,
+                format: Default::default(),
+            })
+            .await
+            .expect("tenant key")
+            .secret
+    };
     let (status, created) = api.call("POST", "/v1/sandboxes", Some(json!({}))).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let long = format!("sbx_{}", "a".repeat(65));
@@ -189,7 +197,7 @@ async fn a_malformed_sandbox_id_is_answered_as_an_unknown_one() {
         ("GET", "/logs"),
         ("GET", "/files/list?path=/"),
     ];
-    for key in [api.key.as_str(), tenant_key] {
+    for key in [api.key.as_str(), tenant_key.as_str()] {
         for id in ids {
             for (method, rest) in routes {
                 let uri = format!("/v1/sandboxes/{id}{rest}");

@@ -78,18 +78,23 @@ impl Api {
     }
 
     async fn tenant_key(&self) -> String {
-        let key = "hk_templatestenantkey";
+        let tenant = hutch_core::tenant::Tenant::new("acme");
+        let _ = self
+            .manager
+            .create_tenant(tenant.clone(), Default::default())
+            .await;
         self.manager
-            .add_api_key(
-                key,
-                &hutch_core::store::KeyOwner {
-                    tenant: hutch_core::tenant::Tenant::new("acme"),
-                    admin: false,
-                },
-            )
+            .create_key(hutch_core::tenant::keys::NewKey {
+                tenant,
+                scope: hutch_core::tenant::keys::KeyScope::Full,
+                name: None,
+                selector: Default::default(),
+                expires_at_ms: None,
+                format: Default::default(),
+            })
             .await
-            .expect("tenant key");
-        key.to_string()
+            .expect("tenant key")
+            .secret
     }
 
     /// What is left under `<state>/builds` besides empty directories.

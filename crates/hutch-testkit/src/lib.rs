@@ -4,6 +4,8 @@
 //!   directory, the shared templates, its admin key and an HTTP client; dropping it deletes
 //!   every sandbox and snapshot through the API, stops the server and removes the state
 //!   directory (it panics if mounts are left under it).
+//!   [`TestServer::tenant`] and [`TestServer::tenant_key`] make tenants and keys through the
+//!   API, [`TestServer::request_as`] calls with another key.
 //! - [`SmallDisk`]: a small loop-mounted filesystem of the test's own, to fill (a full
 //!   state disk), unmounted and detached when dropped.
 //! - [`wait_until`]: polling instead of sleeping (and [`wait_until_blocking`] for tests
@@ -21,6 +23,7 @@ mod paths;
 mod programs;
 mod server;
 mod small_disk;
+mod tenants;
 mod wait;
 
 pub use backends::{on, skip_without_vm, vm_unavailable};

@@ -11,6 +11,8 @@ use serde_json::Value;
 pub struct Api {
     base: String,
     key: String,
+    /// The tenant an admin key acts for (`HUTCH_TENANT`, sent as `X-Hutch-Tenant`).
+    tenant: Option<String>,
     http: reqwest::Client,
 }
 
@@ -40,7 +42,8 @@ impl std::fmt::Display for ApiFailure {
 }
 
 impl Api {
-    /// From `HUTCH_URL` / `HUTCH_API_KEY`, else the default address and `<state-dir>/admin.key`.
+    /// From `HUTCH_URL` / `HUTCH_API_KEY` (and `HUTCH_TENANT`, the tenant an admin key acts
+    /// for), else the default address and `<state-dir>/admin.key`.
     pub fn from_env(state_dir: &Path) -> anyhow::Result<Self> {
         let base = Self::base_from_env();
         let key = match std::env::var("HUTCH_API_KEY") {
@@ -61,7 +64,13 @@ impl Api {
         let http = reqwest::Client::builder()
             .build()
             .context("building the HTTP client")?;
-        Ok(Self { base, key, http })
+        let tenant = std::env::var("HUTCH_TENANT").ok().filter(|t| !t.is_empty());
+        Ok(Self {
+            base,
+            key,
+            tenant,
+            http,
+        })
     }
 
     /// The server's address from `HUTCH_URL`, else the default one.
@@ -80,6 +89,7 @@ impl Api {
         Ok(Self {
             base: base.trim_end_matches('/').to_string(),
             key: key.to_string(),
+            tenant: None,
             http,
         })
     }
@@ -89,8 +99,25 @@ impl Api {
         &self.key
     }
 
+    /// The tenant an admin key acts for, if one is set.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
+    }
+
+    /// A request with the key (and the tenant it acts for).
+    fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        let req = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(&self.key);
+        match &self.tenant {
+            Some(t) => req.header("x-hutch-tenant", t),
+            None => req,
+        }
     }
 
     async fn check(&self, resp: reqwest::Response) -> anyhow::Result<reqwest::Response> {
@@ -120,10 +147,7 @@ impl Api {
         path: &str,
         body: Option<&Value>,
     ) -> anyhow::Result<Value> {
-        let mut req = self
-            .http
-            .request(method, self.url(path))
-            .bearer_auth(&self.key);
+        let mut req = self.request(method, path);
         if let Some(b) = body {
             req = req.json(b);
         }
@@ -146,10 +170,7 @@ impl Api {
         body: Option<reqwest::Body>,
         json: Option<&Value>,
     ) -> anyhow::Result<reqwest::Response> {
-        let mut req = self
-            .http
-            .request(method, self.url(path))
-            .bearer_auth(&self.key);
+        let mut req = self.request(method, path);
         if let Some(b) = body {
             req = req.body(b);
         }
@@ -173,9 +194,7 @@ impl Api {
         body: reqwest::Body,
     ) -> anyhow::Result<reqwest::Response> {
         let resp = self
-            .http
-            .request(method, self.url(path))
-            .bearer_auth(&self.key)
+            .request(method, path)
             .header(reqwest::header::CONTENT_TYPE, content_type)
             .body(body)
             .send()
@@ -191,9 +210,7 @@ impl Api {
         accept: &str,
     ) -> anyhow::Result<reqwest::Response> {
         let resp = self
-            .http
-            .get(self.url(path))
-            .bearer_auth(&self.key)
+            .request(Method::GET, path)
             .header(reqwest::header::ACCEPT, accept)
             .send()
             .await
@@ -209,9 +226,7 @@ impl Api {
         accept: &str,
     ) -> anyhow::Result<reqwest::Response> {
         let resp = self
-            .http
-            .post(self.url(path))
-            .bearer_auth(&self.key)
+            .request(Method::POST, path)
             .header(reqwest::header::ACCEPT, accept)
             .json(json)
             .send()

@@ -60,6 +60,8 @@ async fn activity_refreshes_the_ttl() {
 #[tokio::test]
 async fn list_filters_by_state_and_metadata() {
     let s = TestServer::start().await;
+    s.tenant("acme", json!({})).await;
+    s.tenant("other", json!({})).await;
     let a = s
         .create_id(json!({"metadata": {"tenant_id": "acme", "role": "x"}}))
         .await;

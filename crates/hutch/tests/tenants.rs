@@ -2,35 +2,20 @@
 //! sandboxes (another tenant's is 404, word for word like an unknown one), and paginated
 //! listings return every record exactly once while sandboxes are being created.
 //!
-//! Tenant keys are registered the way an operator's tooling would: in the server's state
-//! store (`SqliteStore::add_api_key`; the running server reads it on the key's first use).
+//! Tenants and their keys are made through the API (`hutch_testkit`'s `tenant_key`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hutch_core::store::{KeyOwner, SqliteStore, Store};
-use hutch_core::tenant::Tenant;
 use hutch_testkit::{wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-/// A new API key of `tenant` on the server `s`.
+/// A new full key of `tenant` on the server `s`.
 async fn tenant_key(s: &TestServer, tenant: &str) -> String {
-    let key = hutch_core::ids::new_api_key();
-    let store = SqliteStore::open(&s.state_dir.join("state.db")).expect("state store");
-    store
-        .add_api_key(
-            &key,
-            &KeyOwner {
-                tenant: Tenant::new(tenant),
-                admin: false,
-            },
-        )
-        .await
-        .expect("add key");
-    key
+    s.tenant_key(tenant, "full").await
 }
 
 /// A request with `key`: status and JSON.
@@ -306,4 +291,294 @@ async fn snapshots_and_volumes_are_paginated_too() {
             .await;
         assert_eq!(status, 204, "{body}");
     }
+}
+
+#[tokio::test]
+async fn tenants_are_an_admins_and_one_owning_objects_is_not_deleted() {
+    let s = TestServer::start().await;
+    let acme = tenant_key(&s, "acme").await;
+    // A tenant's key cannot make or read tenants, nor act for another tenant.
+    for (method, path, body) in [
+        (Method::GET, "/v1/tenants", None),
+        (Method::POST, "/v1/tenants", Some(json!({"name": "mine"}))),
+        (Method::GET, "/v1/tenants/acme", None),
+        (
+            Method::PATCH,
+            "/v1/tenants/acme",
+            Some(json!({"quotas": {}})),
+        ),
+        (Method::DELETE, "/v1/tenants/acme", None),
+    ] {
+        let (status, v) = call(&s, &acme, method.clone(), path, body).await;
+        assert_eq!(status, 403, "{method} {path}: {v}");
+    }
+    let (status, v) = s
+        .request(
+            Method::POST,
+            "/v1/tenants",
+            Some(json!({
+                "name": "beta",
+                "quotas": {"max_sandboxes": 3, "max_cpus": 1.5},
+                "defaults": {"ttl_seconds": 120},
+                "allowed_templates": ["minimal"]
+            })),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["quotas"]["max_sandboxes"], 3);
+    assert_eq!(
+        v["quotas"]["max_memory_mib"],
+        Value::Null,
+        "unset is no limit"
+    );
+    assert_eq!(v["allowed_templates"], json!(["minimal"]));
+    for (body, status_wanted, words) in [
+        (json!({"name": "beta"}), 409, "already exists"),
+        (json!({"name": "admin"}), 422, "admin keys carry"),
+        (json!({"name": "Bad Name"}), 422, "invalid tenant name"),
+        (
+            json!({"name": "gamma", "quotas": {"max_cpus": 0}}),
+            422,
+            "quotas.max_cpus must be a positive number",
+        ),
+        (
+            json!({"name": "gamma", "quota": {}}),
+            400,
+            "unknown field `quota`",
+        ),
+        (
+            json!({"name": "gamma", "defaults": {"network": {"egress": "allow"}}}),
+            422,
+            "defaults.network",
+        ),
+    ] {
+        let (status, v) = s
+            .request(Method::POST, "/v1/tenants", Some(body.clone()))
+            .await;
+        assert_eq!(status, status_wanted, "{body}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{body}: {message}");
+    }
+    let (status, v) = s
+        .request(
+            Method::PATCH,
+            "/v1/tenants/beta",
+            Some(json!({"quotas": {"max_sandboxes": 1}, "allowed_templates": null})),
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["quotas"],
+        json!({"max_sandboxes": 1, "max_creates_per_hour": null, "max_cpus": null, "max_memory_mib": null, "max_ttl_seconds": null, "max_sandbox_cpus": null, "max_sandbox_memory_mib": null, "max_sandbox_disk_mib": null})
+    );
+    assert_eq!(v["defaults"]["ttl_seconds"], 120, "a part left out stays");
+    assert_eq!(v["allowed_templates"], Value::Null);
+    let (_, v) = s.request(Method::GET, "/v1/tenants", None).await;
+    let names: Vec<&str> = v["tenants"]
+        .as_array()
+        .expect("tenants")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["acme", "beta"]);
+    // Inspect shows what its sandboxes use.
+    let (status, sbx) = call(
+        &s,
+        &acme,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"cpus": 0.5})),
+    )
+    .await;
+    assert_eq!(status, 201, "{sbx}");
+    let id = sbx["id"].as_str().expect("id").to_string();
+    let (_, v) = s.request(Method::GET, "/v1/tenants/acme", None).await;
+    assert_eq!(v["usage"]["sandboxes"], 1, "{v}");
+    assert_eq!(v["usage"]["cpus"], 0.5, "{v}");
+    assert_eq!(v["usage"]["creates_last_hour"], 1, "{v}");
+    // Deleting it while it owns a sandbox is refused; afterwards its keys go with it.
+    let (status, v) = s.request(Method::DELETE, "/v1/tenants/acme", None).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        "tenant acme still owns 1 sandbox: delete them first"
+    );
+    assert_eq!(s.kill(&id).await, 204);
+    let (status, v) = s.request(Method::DELETE, "/v1/tenants/acme", None).await;
+    assert_eq!(status, 204, "{v}");
+    let (status, _) = call(&s, &acme, Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(status, 401, "its key stopped at once");
+    let (status, v) = s.request(Method::GET, "/v1/tenants/acme", None).await;
+    assert_eq!(status, 404, "{v}");
+    // An admin cannot create for a tenant nobody made.
+    let (status, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"metadata": {"tenant_id": "nobody"}})),
+        )
+        .await;
+    assert_eq!(status, 404, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("tenant nobody does not exist"));
+}
+
+#[tokio::test]
+async fn a_tenants_defaults_fill_what_a_create_leaves_out() {
+    let s = TestServer::start().await;
+    s.tenant(
+        "acme",
+        json!({"defaults": {
+            "ttl_seconds": 123, "cpus": 0.5, "memory_mib": 200, "disk_mib": 300,
+            "isolation": "ns", "network": {"egress": "none"}
+        }}),
+    )
+    .await;
+    let key = s.tenant_key("acme", "full").await;
+    let (status, v) = call(&s, &key, Method::POST, "/v1/sandboxes", Some(json!({}))).await;
+    assert_eq!(status, 201, "{v}");
+    for (field, want) in [
+        ("ttl_seconds", json!(123)),
+        ("cpus", json!(0.5)),
+        ("memory_mib", json!(200)),
+        ("disk_mib", json!(300)),
+        ("isolation", json!("ns")),
+    ] {
+        assert_eq!(v[field], want, "{field}: {v}");
+    }
+    assert_eq!(v["network"]["egress"], "none", "{v}");
+    // What a create says wins.
+    let (status, v) = call(
+        &s,
+        &key,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"ttl_seconds": 60, "cpus": 1, "memory_mib": 256})),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(
+        (
+            v["ttl_seconds"].clone(),
+            v["cpus"].clone(),
+            v["memory_mib"].clone()
+        ),
+        (json!(60), json!(1.0), json!(256))
+    );
+    assert_eq!(
+        v["disk_mib"], 300,
+        "what it left out still comes from the tenant"
+    );
+    // Sandboxes of other tenants, and an admin's own, keep the server's defaults.
+    let other = s.create(json!({})).await;
+    assert_ne!(other["ttl_seconds"], 123, "{other}");
+}
+
+#[tokio::test]
+async fn a_tenant_creates_only_from_its_allowed_templates() {
+    let s = TestServer::start().await;
+    s.tenant("acme", json!({"allowed_templates": ["minimal"]}))
+        .await;
+    let key = s.tenant_key("acme", "full").await;
+    let (status, v) = call(
+        &s,
+        &key,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"template": "minimal"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{v}");
+    for template in ["base", "code-interpreter"] {
+        let (status, v) = call(
+            &s,
+            &key,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"template": template})),
+        )
+        .await;
+        assert_eq!(status, 403, "{template}: {v}");
+        assert_eq!(v["error"]["code"], "forbidden");
+        assert_eq!(
+            v["error"]["message"],
+            format!("tenant acme may create sandboxes only from the templates minimal: not {template:?}")
+        );
+    }
+    // The admin's creates are not the tenant's.
+    let (status, _) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"template": "base"})),
+        )
+        .await;
+    assert_ne!(status, 403);
+}
+
+#[tokio::test]
+async fn an_admin_acts_for_one_tenant_with_x_hutch_tenant() {
+    let s = TestServer::start().await;
+    let a = tenant_key(&s, "team-a").await;
+    s.tenant("team-b", json!({"defaults": {"ttl_seconds": 77}}))
+        .await;
+    let (status, v) = call(&s, &a, Method::POST, "/v1/sandboxes", Some(json!({}))).await;
+    assert_eq!(status, 201, "{v}");
+    let a_id = v["id"].as_str().expect("id").to_string();
+    let as_b = |method: Method, path: &str, body: Option<Value>| {
+        let mut req = s
+            .http
+            .request(method, format!("{}{path}", s.url))
+            .bearer_auth(&s.key)
+            .header("x-hutch-tenant", "team-b");
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let resp = req.send().await.expect("request");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, v) = as_b(Method::POST, "/v1/sandboxes", Some(json!({}))).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["metadata"]["tenant_id"], "team-b", "made for the tenant");
+    assert_eq!(v["ttl_seconds"], 77, "with the tenant's defaults");
+    let b_id = v["id"].as_str().expect("id").to_string();
+    let (_, v) = as_b(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        ids_of(&v, "sandboxes"),
+        [b_id.as_str()],
+        "only the tenant's"
+    );
+    let (status, v) = as_b(Method::GET, &format!("/v1/sandboxes/{a_id}"), None).await;
+    assert_eq!(
+        status, 404,
+        "another tenant's, as for the tenant itself: {v}"
+    );
+    // Without the header the admin sees both.
+    let (_, v) = s.request(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(ids_of(&v, "sandboxes").len(), 2);
+    // A tenant nobody made is a bad header; a tenant's key cannot name another tenant.
+    let (status, v) = s
+        .http
+        .get(format!("{}/v1/sandboxes", s.url))
+        .bearer_auth(&s.key)
+        .header("x-hutch-tenant", "nobody")
+        .send()
+        .await
+        .map(|r| (r.status().as_u16(), r))
+        .expect("request");
+    assert_eq!(status, 400, "{:?}", v.text().await);
+    let resp = s
+        .http
+        .get(format!("{}/v1/sandboxes", s.url))
+        .bearer_auth(&a)
+        .header("x-hutch-tenant", "team-b")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status().as_u16(), 403);
 }

@@ -33,6 +33,8 @@ CODE_SSE = (
     '"context_id": "default-python", "context_restarted": false, "truncated": false}\n\n'
 )
 CONTEXT = {"id": "ctx_1", "language": "python", "cwd": None}
+TENANT = {"name": "acme", "quotas": {"max_sandboxes": 5}, "defaults": {}, "allowed_templates": None}
+KEY = {"id": "key_1", "tenant": "acme", "scope": "exec", "selector": {}, "prefix": "e2b_0123…"}
 EVENTS_SSE = 'event: sandbox.created\ndata: {"sandbox_id": "sbx_1", "at": "t"}\n\n'
 WATCH_SSE = (
     'event: ready\ndata: {"path": "/w", "recursive": true, "watched_dirs": 1}\n\n'
@@ -76,6 +78,9 @@ def answer(req: httpx.Request) -> httpx.Response:
         "/v1/snapshots": {"snapshots": [{"id": "snap_1", "name": "s"}]},
         "/v1/volumes": {"volumes": [{"id": "vol_1", "name": "v"}]},
         "/v1/sandboxes": {"sandboxes": [SANDBOX]} if method == "GET" else SANDBOX,
+        "/v1/tenants": {"tenants": [TENANT]} if method == "GET" else TENANT,
+        "/v1/keys": {"keys": [KEY]} if method == "GET" else dict(KEY, secret="e2b_0123"),
+        "/v1/audit": {"entries": [{"id": 1, "method": "POST", "route": "/v1/sandboxes", "status": 201}]},
     }
     if path in routes:
         return httpx.Response(200, json=routes[path])
@@ -92,6 +97,10 @@ def answer(req: httpx.Request) -> httpx.Response:
     }
     if path.startswith("/v1/snapshots/"):
         return httpx.Response(200, json={"id": suffix, "name": "s", "used_by": []})
+    if path.startswith("/v1/tenants/"):
+        return httpx.Response(200, json=TENANT)
+    if path.startswith("/v1/keys/"):
+        return httpx.Response(200, json=KEY)
     if path.startswith("/v1/volumes/"):
         return httpx.Response(200, json={"id": "vol_1", "name": suffix})
     return httpx.Response(200, json=docs.get(suffix, SANDBOX))
@@ -143,6 +152,16 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("client", "volumes", (), {}),
     ("client", "get_volume", ("my vol",), {}),
     ("client", "delete_volume", ("vol_1",), {}),
+    ("client", "create_tenant", ("acme",), {"quotas": {"max_sandboxes": 5}}),
+    ("client", "tenants", (), {}),
+    ("client", "get_tenant", ("acme",), {}),
+    ("client", "update_tenant", ("acme",), {"allow_any_template": True}),
+    ("client", "delete_tenant", ("acme",), {}),
+    ("client", "create_key", (), {"tenant": "acme", "scope": "exec", "format": "e2b"}),
+    ("client", "keys", (), {}),
+    ("client", "get_key", ("key_1",), {}),
+    ("client", "revoke_key", ("key_1",), {}),
+    ("client", "audit", (), {"tenant": "acme", "since": "2025-05-20T12:00:00Z"}),
     ("templates", "list", (), {}),
     ("templates", "get", ("web/x",), {}),
     ("templates", "delete", ("web",), {}),

@@ -19,6 +19,15 @@ import {
 } from "./models.js";
 import { sseEvents } from "./sse.js";
 import { templatesOf, type Templates } from "./templates.js";
+import {
+  tenancy,
+  type ApiKey,
+  type AuditEntry,
+  type AuditFilter,
+  type CreateKeyOptions,
+  type Tenant,
+  type TenantSettings,
+} from "./tenants.js";
 import { VERSION } from "./version.js";
 
 /** How to reach the server. Every field is optional. */
@@ -31,6 +40,8 @@ export interface ClientOptions {
   stateDir?: string;
   /** Default per-request timeout in milliseconds (default 30000). */
   timeoutMs?: number;
+  /** The tenant an admin key acts for (sent as `X-Hutch-Tenant`). Default `$HUTCH_TENANT`. */
+  tenant?: string;
 }
 
 /** Records asked for per page when a listing follows the server's cursors. */
@@ -102,10 +113,13 @@ export class Client {
   readonly config: ResolvedConfig;
   /** Default per-request timeout, milliseconds. */
   readonly timeoutMs: number;
+  /** The tenant an admin key acts for, if any. */
+  readonly tenant: string | undefined;
 
   constructor(opts: ClientOptions = {}) {
     this.config = resolveConfig(opts);
     this.timeoutMs = opts.timeoutMs ?? 30_000;
+    this.tenant = opts.tenant ?? (process.env.HUTCH_TENANT || undefined);
   }
 
   /** The server's base URL. */
@@ -117,6 +131,7 @@ export class Client {
   headers(): Record<string, string> {
     const h: Record<string, string> = { "user-agent": `hutch-sdk-typescript/${VERSION}` };
     if (this.config.apiKey) h.authorization = `Bearer ${this.config.apiKey}`;
+    if (this.tenant) h["x-hutch-tenant"] = this.tenant;
     return h;
   }
 
@@ -318,6 +333,62 @@ export class Client {
    */
   async deleteVolume(idOrName: string): Promise<void> {
     await this.request("DELETE", `/v1/volumes/${encodeURIComponent(idOrName)}`, { timeoutMs: null });
+  }
+
+  /** Make a tenant (admin key). @throws {@link ConflictError} when it exists. */
+  async createTenant(name: string, settings: TenantSettings = {}): Promise<Tenant> {
+    return tenancy.createTenant(this, name, settings);
+  }
+
+  /** Every tenant (admin key). */
+  async tenants(): Promise<Tenant[]> {
+    return tenancy.tenants(this);
+  }
+
+  /** One tenant, with what its sandboxes use now (`usage`; admin key). */
+  async getTenant(name: string): Promise<Tenant> {
+    return tenancy.getTenant(this, name);
+  }
+
+  /** Change a tenant (admin key): each part given replaces that part whole. */
+  async updateTenant(name: string, settings: TenantSettings): Promise<Tenant> {
+    return tenancy.updateTenant(this, name, settings);
+  }
+
+  /** Delete a tenant and its keys (admin key). @throws {@link ConflictError} while it owns things. */
+  async deleteTenant(name: string): Promise<void> {
+    return tenancy.deleteTenant(this, name);
+  }
+
+  /**
+   * Make a key no wider than this client's own; `secret` holds it, shown only now.
+   * @throws {@link Forbidden} when it would be wider.
+   */
+  async createKey(opts: CreateKeyOptions = {}): Promise<ApiKey> {
+    return tenancy.createKey(this, opts);
+  }
+
+  /** The keys this client's key may see (never their secrets). */
+  async keys(): Promise<ApiKey[]> {
+    return tenancy.keys(this);
+  }
+
+  /** One key by id (`key_…`). */
+  async getKey(id: string): Promise<ApiKey> {
+    return tenancy.getKey(this, id);
+  }
+
+  /** Revoke a key: it stops working at once, and what it holds open is closed. */
+  async revokeKey(id: string): Promise<void> {
+    return tenancy.revokeKey(this, id);
+  }
+
+  /**
+   * The audit log (full or admin key), oldest first. Entries are written in batches: a call
+   * shows within about 5 s.
+   */
+  async audit(filter: AuditFilter = {}): Promise<AuditEntry[]> {
+    return tenancy.audit(this, filter);
   }
 }
 

@@ -26,8 +26,13 @@ export class HutchError extends Error {
 
 /** 401: the API key is missing or wrong. */
 export class AuthError extends HutchError {}
-/** 403: the sandbox's filesystem refused the operation. */
+/** 403: the sandbox's filesystem refused the operation, or the key may not do this. */
 export class PermissionDenied extends HutchError {}
+/**
+ * 403 `forbidden`: the API key's scope does not allow the call, a template its tenant may not
+ * use, or a key wider than the one making it.
+ */
+export class Forbidden extends PermissionDenied {}
 /** 404: something does not exist. */
 export class NotFoundError extends HutchError {}
 /** 404: no such sandbox (never existed, killed, expired, or another tenant's). */
@@ -55,8 +60,17 @@ export class SandboxFailed extends ConflictError {}
 export class ProcessExited extends ConflictError {}
 /** 409 `tag_in_use`: a running process handle of the sandbox already has this tag. */
 export class TagInUse extends ConflictError {}
-/** 429: a quota or limit was reached. */
-export class QuotaExceeded extends HutchError {}
+/**
+ * 429: a quota or limit was reached. For a tenant's quota (docs/teams.md) the server names it:
+ * `quota` (`"max_sandboxes"`, …), its `limit`, what was `used` before the call, and whose
+ * (`tenant`); undefined for other limits.
+ */
+export class QuotaExceeded extends HutchError {
+  quota: string | undefined;
+  limit: number | undefined;
+  used: number | null | undefined;
+  tenant: string | undefined;
+}
 /** 5xx: a bug or an unexpected failure on the server. */
 export class ServerError extends HutchError {}
 /**
@@ -100,6 +114,7 @@ function classFor(status: number, code: string | undefined, message: string, kin
   if (code === "no_interpreter") return NoInterpreter;
   if (code === "interpreter_failed") return InterpreterFailed;
   if (code === "connection_refused" || code === "bad_gateway") return PortUnreachable;
+  if (code === "forbidden") return Forbidden;
   if (status === 401) return AuthError;
   if (status === 403) return PermissionDenied;
   if (status === 404) {
@@ -124,9 +139,11 @@ function classFor(status: number, code: string | undefined, message: string, kin
 export function errorFromResponse(status: number, body: string, kind = ""): HutchError {
   let code: string | undefined;
   let message = "";
+  let fields: Record<string, unknown> = {};
   try {
-    const doc = JSON.parse(body) as { error?: { code?: unknown; message?: unknown } };
+    const doc = JSON.parse(body) as { error?: Record<string, unknown> };
     if (doc && typeof doc.error === "object" && doc.error) {
+      fields = doc.error;
       if (typeof doc.error.code === "string") code = doc.error.code;
       if (typeof doc.error.message === "string") message = doc.error.message;
     }
@@ -135,7 +152,14 @@ export function errorFromResponse(status: number, body: string, kind = ""): Hutc
   }
   if (!message) message = body.trim().slice(0, 500) || `HTTP ${status}`;
   const Cls = classFor(status, code, message, kind);
-  return new Cls(message, { status, code });
+  const err = new Cls(message, { status, code });
+  if (err instanceof QuotaExceeded) {
+    if (typeof fields.quota === "string") err.quota = fields.quota;
+    if (typeof fields.limit === "number") err.limit = fields.limit;
+    if (typeof fields.used === "number" || fields.used === null) err.used = fields.used as number | null;
+    if (typeof fields.tenant === "string") err.tenant = fields.tenant;
+  }
+  return err;
 }
 
 /** Build the error for an `error` event ending an exec stream. */

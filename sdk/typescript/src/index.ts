@@ -8,7 +8,8 @@
  * ```
  *
  * Configuration comes from `HUTCH_URL` (default `http://127.0.0.1:7700`) and `HUTCH_API_KEY`
- * (default: the server's `<state dir>/admin.key`).
+ * (default: the server's `<state dir>/admin.key`); `HUTCH_TENANT` names the tenant an admin
+ * key acts for.
  */
 import "./polyfill.js";
 
@@ -29,6 +30,7 @@ export {
   ConnectionError,
   ContextNotFound,
   FileNotFound,
+  Forbidden,
   HutchError,
   InterpreterFailed,
   InvalidRequest,
@@ -96,4 +98,15 @@ export {
 export { sseEvents, type SseEvent } from "./sse.js";
 export { DockerIgnore, OUTSIDE_DOCKERFILE, packContext, type PackedContext } from "./context.js";
 export { Build, type BuildLogOptions, type BuildOptions, type Templates } from "./templates.js";
+export type {
+  ApiKey,
+  AuditEntry,
+  AuditFilter,
+  CreateKeyOptions,
+  KeyScope,
+  Quotas,
+  SandboxDefaults,
+  Tenant,
+  TenantSettings,
+} from "./tenants.js";
 export { VERSION } from "./version.js";

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hutch_proto::client::AgentClient;
 
+use super::quota::TenantRecordNeeded;
 use super::{blocking, Manager};
 use crate::backend::Backend;
 use crate::config::MIN_UID_SLOT;
@@ -19,7 +20,9 @@ use crate::uid_slots::Claim;
 /// Largest `disk_mib` (1 TiB): a vm root disk grows online to at most 1024 times its
 /// template image's size (ext4's reserved descriptor blocks).
 const MAX_DISK_MIB: u64 = 1 << 20;
-use crate::tenant::TenantScope;
+use crate::tenant::quota::Footprint;
+use crate::tenant::settings::TenantRecord;
+use crate::tenant::{Tenant, TenantScope};
 use crate::time::now_ms;
 
 /// How long a new (or woken) sandbox's agent may take to answer.
@@ -52,6 +55,14 @@ impl Manager {
     ) -> CoreResult<SandboxView> {
         let t0 = Instant::now();
         self.check_state_disk("create a sandbox")?;
+        let tenant = match &cmd.tenant {
+            Some(t) => Some(self.tenant(t).await?),
+            None => None,
+        };
+        let cmd = match &tenant {
+            Some(t) => Self::apply_tenant_defaults(&cmd, t),
+            None => cmd,
+        };
         let source = match &cmd.snapshot {
             Some(sid) => Some(
                 self.snapshot_record(&sid.parse()?, &TenantScope::All, hidden_ok)
@@ -59,14 +70,31 @@ impl Manager {
             ),
             None => None,
         };
-        let mut record = self.new_record(&cmd, source.as_ref()).await?;
+        let mut record = self
+            .new_record(&cmd, source.as_ref(), tenant.as_ref())
+            .await?;
         record.forked_from = forked_from;
         let backend = self.backend(record.isolation)?;
         backend.admit(&record).await?;
+        let footprint = Footprint {
+            sandboxes: 1,
+            cpus: record.cpus,
+            memory_mib: record.memory_mib,
+            creates: 1,
+        };
+        let reservation = self
+            .admit(
+                record.tenant.as_ref(),
+                &record.id,
+                footprint,
+                TenantRecordNeeded::Yes,
+            )
+            .await?;
         if let Some(key) = self.warm_key(&record) {
             let claimed = self.claim_warm(&key, &record).await;
             self.fill_warm(key);
             if let Some(record) = claimed {
+                self.commit(reservation).await;
                 self.metrics.observe_create(t0.elapsed().as_secs_f64());
                 self.events
                     .publish("sandbox.created", &record.id, record.tenant(), None);
@@ -141,6 +169,7 @@ impl Manager {
         record.state = SandboxState::Running;
         self.store.update_sandbox(&record).await?;
         self.watch_init(&record);
+        self.commit(reservation).await;
         self.metrics.observe_create(t0.elapsed().as_secs_f64());
         self.events
             .publish("sandbox.created", &record.id, record.tenant(), None);
@@ -148,12 +177,13 @@ impl Manager {
         Ok(record.view())
     }
 
-    /// Validate `cmd` (against the template's or the snapshot's defaults) into a new record in
-    /// state `starting`.
+    /// Validate `cmd` (against the template's or the snapshot's defaults, and its tenant's
+    /// templates and per-sandbox limits) into a new record in state `starting`.
     async fn new_record(
         &self,
         cmd: &CreateSandbox,
         source: Option<&SnapshotRecord>,
+        tenant: Option<&TenantRecord>,
     ) -> CoreResult<SandboxRecord> {
         let (template, rev) = match (source, &cmd.template) {
             (Some(s), Some(t)) if *t != s.template => {
@@ -170,16 +200,23 @@ impl Manager {
             }
             (None, None) => (self.cfg.default_template.clone(), None),
         };
-        let info = match rev {
+        self.check_template_for(tenant, &template).await?;
+        let found = match rev {
             None => self.templates.get(&template),
             Some(rev) => self.templates.get_at(&template, Some(rev)),
-        }
-        .ok_or_else(|| match rev {
-            Some(rev) => CoreError::NotFound(format!(
+        };
+        let info = match (found, rev) {
+            (Some(info), _) => info,
+            (None, Some(rev)) => return Err(CoreError::NotFound(format!(
                 "template {template:?} has no revision {rev} (old revisions are kept only while something uses them)"
-            )),
-            None => CoreError::NotFound(self.unknown_template_message(&template)),
-        })?;
+            ))),
+            (None, None) => {
+                return Err(CoreError::NotFound(
+                    self.unknown_template_message(&template, cmd.tenant.as_ref())
+                        .await,
+                ))
+            }
+        };
         if !info.ready {
             return Err(CoreError::Conflict(format!(
                 "template {template:?} is not ready"
@@ -269,6 +306,11 @@ impl Manager {
                 "ttl_seconds must be between 1 and {}, got {ttl_seconds}",
                 self.cfg.max_ttl_seconds
             )));
+        }
+        if let Some(t) = tenant {
+            let quotas = &t.settings.quotas;
+            quotas.check_size(&t.name, cpus, memory_mib, disk_mib)?;
+            quotas.check_ttl(&t.name, ttl_seconds, cmd.persistent)?;
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
         let mut env = defaults.env;
@@ -438,12 +480,18 @@ impl Manager {
     /// What a create naming a template this server does not have is told: the templates it
     /// has, and how to get one (a built-in recipe is built on the server's host; anything
     /// else is made by setting up a sandbox and snapshotting it).
-    pub(super) fn unknown_template_message(&self, name: &str) -> String {
-        let templates = self.templates.list().unwrap_or_default();
+    /// Only the templates `viewer` sees are named (`None`: an admin's create, every one).
+    pub(super) async fn unknown_template_message(
+        &self,
+        name: &str,
+        viewer: Option<&Tenant>,
+    ) -> String {
+        let scope = viewer.map_or(TenantScope::All, |t| TenantScope::Only(t.clone()));
+        let templates = self.visible_templates(&scope).await.unwrap_or_default();
         let ready: Vec<&str> = templates
             .iter()
-            .filter(|t| t.ready)
-            .map(|t| t.name.as_str())
+            .filter(|t| t.info.ready)
+            .map(|t| t.info.name.as_str())
             .collect();
         let have = if ready.is_empty() {
             "this server has no ready template".to_string()

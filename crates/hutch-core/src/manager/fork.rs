@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
+use super::quota::TenantRecordNeeded;
 use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::exec::ExecCommand;
@@ -21,6 +22,7 @@ use crate::fork::{
 use crate::ids::SandboxId;
 use crate::model::{CreateSandbox, IsolationRequest, SandboxRecord, SandboxView};
 use crate::snapshot::SnapshotRecord;
+use crate::tenant::quota::Footprint;
 
 /// Extra time an explore waits for a command beyond its timeout before giving up on it.
 const EXPLORE_GRACE: Duration = Duration::from_secs(10);
@@ -47,6 +49,24 @@ impl Manager {
                 cmd.count, parent.memory_mib, self.cfg.max_memory_mib
             )));
         }
+        // All the children must fit the tenant's quotas: refused before anything is made
+        // (each child is admitted again as it is created, so concurrent forks never
+        // overshoot together).
+        let n = u64::from(cmd.count);
+        drop(
+            self.admit(
+                parent.tenant.as_ref(),
+                &SandboxId::random(),
+                Footprint {
+                    sandboxes: n,
+                    cpus: parent.cpus * f64::from(cmd.count),
+                    memory_mib: parent.memory_mib * n,
+                    creates: n,
+                },
+                TenantRecordNeeded::Yes,
+            )
+            .await?,
+        );
         let t0 = std::time::Instant::now();
         let snap = {
             let _op = self.op_lock(id).await;

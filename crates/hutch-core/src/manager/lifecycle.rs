@@ -11,11 +11,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::quota::TenantRecordNeeded;
 use super::{wrong_state, Manager};
 use crate::backend::{Backend, Hibernation};
 use crate::error::{CoreError, CoreResult};
 use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
+use crate::tenant::quota::Footprint;
 use crate::time::now_ms;
 
 /// CPU time per second of wall time above which a sandbox counts as busy for idle
@@ -30,6 +32,16 @@ pub struct Woken {
     pub sandbox: SandboxView,
     /// Milliseconds from the start of the wake until its agent answered.
     pub woke_in_ms: u64,
+}
+
+/// What `r` counts for under its tenant's quotas once it runs (a resume or a wake).
+fn running_footprint(r: &SandboxRecord) -> Footprint {
+    Footprint {
+        sandboxes: 1,
+        cpus: r.cpus,
+        memory_mib: r.memory_mib,
+        creates: 0,
+    }
 }
 
 impl Manager {
@@ -61,6 +73,15 @@ impl Manager {
         if !r.state.can_resume() {
             return Err(wrong_state(&r, Some("resume")));
         }
+        // Its CPUs and memory count again once it runs.
+        let _admitted = self
+            .admit(
+                r.tenant.as_ref(),
+                id,
+                running_footprint(&r),
+                TenantRecordNeeded::No,
+            )
+            .await?;
         self.backend(r.isolation)?.resume(&r).await?;
         let r = self
             .store
@@ -182,6 +203,15 @@ impl Manager {
     /// Wake `r` (its transition lock held and its state checked).
     async fn wake_locked(self: &Arc<Self>, r: SandboxRecord) -> CoreResult<(SandboxRecord, u64)> {
         let t0 = Instant::now();
+        // Refused by a quota, it stays hibernated with everything it kept.
+        let _admitted = self
+            .admit(
+                r.tenant.as_ref(),
+                &r.id,
+                running_footprint(&r),
+                TenantRecordNeeded::No,
+            )
+            .await?;
         // After a reboot another server may have claimed this sandbox's uid range first.
         if !self.uid_slots.lock()?.hold(r.uid_slot)? {
             return Err(CoreError::Conflict(format!(

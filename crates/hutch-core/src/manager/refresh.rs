@@ -110,10 +110,12 @@ impl Manager {
         Ok(r)
     }
 
-    /// Write every pending refresh to the store in one batch; on failure (a full disk) they
-    /// are kept for the next flush. Run by the reaper loop every [`FLUSH_EVERY`] and at
+    /// Write every pending refresh (and the API keys' last uses, `keys.rs`, and the audit
+    /// log, `audit.rs`) to the store in one batch each; on failure (a full disk) they are kept for the next flush. Run by the reaper loop every [`FLUSH_EVERY`] and at
     /// shutdown.
     pub async fn flush_refreshes(&self) {
+        self.flush_key_uses().await;
+        self.flush_audit().await;
         let batch = self.refreshes.take();
         if batch.is_empty() {
             return;

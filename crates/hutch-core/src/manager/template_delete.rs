@@ -21,6 +21,11 @@ impl Manager {
     /// find the template gone under it: it fails as for an unknown template.
     pub async fn delete_template(&self, name: &str) -> CoreResult<()> {
         if self.templates.get(name).is_none() {
+            // A tenant's claim on a name whose first build never finished goes with it.
+            if self.store.template_owner(name).await?.is_some() {
+                self.store.forget_template(name).await?;
+                return Ok(());
+            }
             return Err(CoreError::NotFound(format!(
                 "template {name:?} does not exist"
             )));
@@ -63,6 +68,7 @@ impl Manager {
                 "template {name:?} does not exist"
             )));
         }
+        self.store.forget_template(name).await?;
         // Its warm guests no longer match a template build: they go.
         self.retire_warm().await;
         tracing::info!(template = name, "template deleted");

@@ -1,10 +1,12 @@
-//! The state store: where the manager keeps sandbox, snapshot, volume and API key records.
+//! The state store: where the manager keeps sandbox, snapshot, volume, tenant and API key
+//! records.
 //!
 //! [`Store`] is the seam: the manager holds an `Arc<dyn Store>` and never sees SQL. Today's
 //! implementation is [`SqliteStore`] (one embedded database per host, `store/sqlite.rs`); a
-//! store shared by many hosts (PostgreSQL) implements the same trait. The tables still to
-//! come (tenants with their quotas, usage records) get their methods here, next to the ones
-//! below, so callers keep talking to one trait.
+//! store shared by many hosts (PostgreSQL) implements the same trait. Its tenancy half
+//! (tenants, keys, the create log, template owners) is [`TenancyStore`], a supertrait in
+//! `store/tenancy.rs`, and the audit log [`AuditStore`] (`store/audit.rs`) another, so callers
+//! keep talking to one trait object.
 //!
 //! Every method is one short transaction. What a request needs is answered by lookups the
 //! store can index: a sandbox by id (and tenant), the rows whose TTL ran out, the running
@@ -16,28 +18,23 @@
 //! (the order they were inserted), so walking the cursors returns every row that existed
 //! throughout exactly once, whatever is inserted or deleted meanwhile.
 
+pub mod audit;
 mod sqlite;
+pub mod tenancy;
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
+pub use self::audit::AuditStore;
 pub use self::sqlite::SqliteStore;
+pub use self::tenancy::TenancyStore;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
 use crate::volume::VolumeRecord;
-
-/// The tenant an API key belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyOwner {
-    /// Tenant name.
-    pub tenant: Tenant,
-    /// Admin keys see every tenant.
-    pub admin: bool,
-}
 
 /// Where a page of a listing starts: after the row the previous page ended with. Opaque:
 /// made by the store that answered the previous page, sent back by the client as it came.
@@ -146,7 +143,7 @@ pub type SandboxChange<'a> = Box<dyn FnOnce(&mut SandboxRecord) -> CoreResult<()
 
 /// The state store (see the module docs).
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: TenancyStore + AuditStore + Send + Sync {
     // Sandboxes.
 
     /// Insert a new record. `Conflict` when its uid slot is taken.
@@ -260,13 +257,6 @@ pub trait Store: Send + Sync {
     async fn all_volumes(&self) -> CoreResult<Vec<VolumeRecord>>;
     /// Delete a volume record; whether it existed.
     async fn delete_volume(&self, id: &VolumeId) -> CoreResult<bool>;
-
-    // API keys.
-
-    /// Register an API key (stored hashed).
-    async fn add_api_key(&self, key: &str, owner: &KeyOwner) -> CoreResult<()>;
-    /// Who owns `key`, if anyone.
-    async fn key_owner(&self, key: &str) -> CoreResult<Option<KeyOwner>>;
 }
 
 impl dyn Store {

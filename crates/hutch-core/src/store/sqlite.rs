@@ -1,20 +1,30 @@
 //! [`SqliteStore`]: the state database of one host (embedded SQLite).
 //!
-//! Schema version 4 (`PRAGMA user_version`):
+//! Schema version 6 (`PRAGMA user_version`; `sqlite/schema.rs`):
 //! - `sandboxes(id PRIMARY KEY, state, uid_slot UNIQUE, record JSON, tenant, expires_at_ms,
 //!   idle_hibernate_seconds, layer)`: one row per sandbox; `record` is a serialized
 //!   [`SandboxRecord`] without its tenant. `tenant` is the source of truth for who owns it;
 //!   the other columns are copied out of the record on every write so they can be indexed:
 //!   `state` (idle checks, counts), `tenant` (a tenant's listing), `expires_at_ms` (the
 //!   reaper; `NULL` for persistent sandboxes), `layer` (who uses a snapshot).
-//! - `api_keys(key_hash PRIMARY KEY, tenant, admin, created_at_ms)`: SHA-256 of each key.
+//! - `api_keys(key_hash PRIMARY KEY, tenant, admin, created_at_ms, id UNIQUE, scope, name,
+//!   selector JSON, prefix, expires_at_ms, last_used_ms)`: SHA-256 of each key's secret and
+//!   what the key may do (`sqlite/tenancy.rs`).
+//! - `tenants(name PRIMARY KEY, settings JSON, created_at_ms)`: quotas, defaults, allowed
+//!   templates; `tenant_creates(tenant, at_ms)`: the creates of the last hour;
+//!   `template_owners(name PRIMARY KEY, tenant)`: tenant-private templates.
+//! - `audit_log(id PRIMARY KEY, at_ms, key_id, tenant, method, route, path, sandbox, argv,
+//!   status)`: the audit log (`sqlite/audit.rs`).
 //! - `snapshots(id PRIMARY KEY, record JSON, tenant, name, hidden)`: one row per snapshot.
 //! - `volumes(id PRIMARY KEY, record JSON, tenant, name)`: one row per volume.
 //!
 //! Migrations run in order inside one transaction when the database is opened: 0 → 1 creates
 //! the first two tables, 1 → 2 adds `snapshots`, 2 → 3 adds `volumes`, 3 → 4 adds the
 //! columns above and their indexes, moving each sandbox's `metadata.tenant_id` into its
-//! `tenant` column. A database newer than this binary is refused.
+//! `tenant` column, 4 → 5 adds the tenancy tables and key columns (a tenant row for every
+//! tenant a record names; old admin keys become `admin` keys, others `full`), 5 → 6 adds
+//! `audit_log`. A database
+//! newer than this binary is refused.
 //!
 //! Listings are ordered by `rowid` (insertion order); a cursor is the last row's `rowid`, so
 //! a page is one range scan of the primary key or of an index (which ends in `rowid`).
@@ -34,76 +44,15 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
-use sha2::{Digest, Sha256};
 
-use super::{
-    Cursor, KeyOwner, Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store,
-};
+use self::schema::{MIGRATIONS, SCHEMA_VERSION};
+use super::{Cursor, Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store};
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
 use crate::snapshot::SnapshotRecord;
 use crate::tenant::{Tenant, TenantScope};
 use crate::volume::VolumeRecord;
-
-const SCHEMA_VERSION: i64 = 4;
-
-/// The statements that bring a database from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 4] = [
-    "CREATE TABLE IF NOT EXISTS sandboxes (
-        id TEXT PRIMARY KEY,
-        state TEXT NOT NULL,
-        uid_slot INTEGER NOT NULL UNIQUE,
-        record TEXT NOT NULL
-    );
-    CREATE TABLE IF NOT EXISTS api_keys (
-        key_hash TEXT PRIMARY KEY,
-        tenant TEXT NOT NULL,
-        admin INTEGER NOT NULL,
-        created_at_ms INTEGER NOT NULL
-    );",
-    "CREATE TABLE IF NOT EXISTS snapshots (
-        id TEXT PRIMARY KEY,
-        record TEXT NOT NULL
-    );",
-    "CREATE TABLE IF NOT EXISTS volumes (
-        id TEXT PRIMARY KEY,
-        record TEXT NOT NULL
-    );",
-    // In an UPDATE every expression reads the row as it was, so `record` is still the old
-    // JSON (with its `metadata.tenant_id`) in each `json_extract`.
-    "ALTER TABLE sandboxes ADD COLUMN tenant TEXT;
-    ALTER TABLE sandboxes ADD COLUMN expires_at_ms INTEGER;
-    ALTER TABLE sandboxes ADD COLUMN idle_hibernate_seconds INTEGER;
-    ALTER TABLE sandboxes ADD COLUMN layer TEXT;
-    UPDATE sandboxes SET
-        tenant = json_extract(record, '$.metadata.tenant_id'),
-        expires_at_ms = CASE WHEN json_extract(record, '$.persistent')
-            THEN NULL ELSE json_extract(record, '$.expires_at_ms') END,
-        idle_hibernate_seconds = json_extract(record, '$.idle_hibernate_seconds'),
-        layer = json_extract(record, '$.layer'),
-        record = json_remove(record, '$.metadata.tenant_id');
-    CREATE INDEX sandboxes_tenant ON sandboxes(tenant);
-    CREATE INDEX sandboxes_expiry ON sandboxes(expires_at_ms);
-    CREATE INDEX sandboxes_state ON sandboxes(state);
-    CREATE INDEX sandboxes_layer ON sandboxes(layer);
-    ALTER TABLE snapshots ADD COLUMN tenant TEXT;
-    ALTER TABLE snapshots ADD COLUMN name TEXT;
-    ALTER TABLE snapshots ADD COLUMN hidden INTEGER NOT NULL DEFAULT 0;
-    UPDATE snapshots SET
-        tenant = json_extract(record, '$.tenant_id'),
-        name = json_extract(record, '$.name'),
-        hidden = coalesce(json_extract(record, '$.hidden'), 0);
-    CREATE INDEX snapshots_tenant ON snapshots(tenant);
-    CREATE INDEX snapshots_name ON snapshots(name);
-    ALTER TABLE volumes ADD COLUMN tenant TEXT;
-    ALTER TABLE volumes ADD COLUMN name TEXT;
-    UPDATE volumes SET
-        tenant = json_extract(record, '$.tenant'),
-        name = json_extract(record, '$.name');
-    CREATE INDEX volumes_tenant_name ON volumes(tenant, name);
-    CREATE INDEX volumes_name ON volumes(name);",
-];
 
 /// The columns a sandbox row is read from: its record, then its tenant.
 const SANDBOX_COLUMNS: &str = "record, tenant";
@@ -119,11 +68,6 @@ const LAYER_SQL: &str = "SELECT record, tenant FROM sandboxes WHERE layer = ?1 O
 /// The state database of one host.
 pub struct SqliteStore {
     conn: Mutex<Connection>,
-}
-
-fn hash_key(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn corrupt(e: serde_json::Error) -> CoreError {
@@ -749,31 +693,10 @@ impl Store for SqliteStore {
             .execute("DELETE FROM volumes WHERE id = ?1", [id.as_str()])?
             > 0)
     }
-
-    async fn add_api_key(&self, key: &str, owner: &KeyOwner) -> CoreResult<()> {
-        self.lock().execute(
-            "INSERT OR REPLACE INTO api_keys (key_hash, tenant, admin, created_at_ms) VALUES (?1, ?2, ?3, ?4)",
-            params![hash_key(key), owner.tenant.as_str(), owner.admin, crate::time::now_ms()],
-        )?;
-        Ok(())
-    }
-
-    async fn key_owner(&self, key: &str) -> CoreResult<Option<KeyOwner>> {
-        Ok(self
-            .lock()
-            .query_row(
-                "SELECT tenant, admin FROM api_keys WHERE key_hash = ?1",
-                [hash_key(key)],
-                |r| {
-                    Ok(KeyOwner {
-                        tenant: Tenant::new(r.get::<_, String>(0)?),
-                        admin: r.get(1)?,
-                    })
-                },
-            )
-            .optional()?)
-    }
 }
 
+mod audit;
+mod schema;
+mod tenancy;
 #[cfg(test)]
 mod tests;

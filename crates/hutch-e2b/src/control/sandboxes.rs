@@ -51,8 +51,9 @@ pub async fn sandbox_of(
     let missing = || E2bError::not_found(format!("sandbox {id} not found"));
     let sid: SandboxId = id.parse().map_err(|_| missing())?;
     match state.app.manager.authorize(&sid, &caller.scope()).await {
-        Ok(()) => Ok((caller, sid)),
-        Err(CoreError::NotFound(_)) => Err(missing()),
+        // Outside the key's selector is as unknown as another tenant's.
+        Ok(r) if caller.selects(&r.metadata) => Ok((caller, sid)),
+        Ok(_) | Err(CoreError::NotFound(_)) => Err(missing()),
         Err(e) => Err(e.into()),
     }
 }
@@ -111,6 +112,10 @@ pub async fn create(
             .map_err(|e| E2bError::bad_request(format!("volumeMounts: {e}")))
         })
         .collect::<E2bResult<Vec<_>>>()?;
+    // A key limited by a selector makes only sandboxes it selects.
+    for (k, v) in &caller.key.selector {
+        metadata.insert(k.clone(), v.clone());
+    }
     let cmd = CreateSandbox {
         template,
         isolation: IsolationRequest::default(),

@@ -10,16 +10,16 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::Stream;
 use hutch_core::interp::{CodeRequest, CodeRun, ContextId, ContextSpec, Language};
 use hutch_core::CoreError;
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::sandboxes::validate_env;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{json_or_default, ApiJson, Caller, JsonBytes};
+use crate::extract::{json_or_default, ApiJson, JsonBytes};
 use crate::AppState;
 
 /// Longest timeout a cell may set (as for exec).
@@ -100,12 +100,11 @@ impl CodeBody {
 /// `POST /v1/sandboxes/{id}/contexts` → 201 `{"id", "language", "cwd"}`.
 pub async fn create_context(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: ContextBody = json_or_default(&body)?;
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let env = body.env.unwrap_or_default();
     validate_env(&env)?;
     let spec = ContextSpec {
@@ -120,10 +119,9 @@ pub async fn create_context(
 /// `GET /v1/sandboxes/{id}/contexts` → `{"contexts": [...]}`.
 pub async fn list_contexts(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let contexts = state.manager.list_contexts(&id).await?;
     Ok(Json(serde_json::json!({ "contexts": contexts })))
 }
@@ -131,10 +129,10 @@ pub async fn list_contexts(
 /// `POST /v1/sandboxes/{id}/contexts/{cid}/restart` → the context, with a new kernel.
 pub async fn restart_context(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, cid)): Path<(String, String)>,
+    sandbox: AuthorizedSandbox,
+    Path((_, cid)): Path<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let context = state
         .manager
         .restart_context(&id, &context_id(&cid)?)
@@ -145,10 +143,10 @@ pub async fn restart_context(
 /// `DELETE /v1/sandboxes/{id}/contexts/{cid}` → 204.
 pub async fn delete_context(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, cid)): Path<(String, String)>,
+    sandbox: AuthorizedSandbox,
+    Path((_, cid)): Path<(String, String)>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     state
         .manager
         .delete_context(&id, &context_id(&cid)?)
@@ -160,12 +158,11 @@ pub async fn delete_context(
 /// client accepts `text/event-stream`. Closing the connection interrupts the cell.
 pub async fn run_code(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     headers: HeaderMap,
     ApiJson(body): ApiJson<CodeBody>,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let request = body.into_request(state.manager.config().default_exec_timeout)?;
     let run = state.manager.run_code(&id, request).await?;
     if wants_events(&headers) {

@@ -18,10 +18,10 @@ use std::time::Duration;
 use axum::body::Body;
 use std::sync::Arc;
 
-use axum::extract::{FromRequest, Path, Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use base64::Engine;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
@@ -32,11 +32,12 @@ use hutch_core::Manager;
 use hutch_proto::client::{ExecEvent, PipedExec};
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::exec_events::{respond, StreamEvent, StreamFormat};
 use super::sandboxes::validate_env;
+use crate::audit::AuditArgv;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, Caller};
+use crate::extract::ApiJson;
 use crate::AppState;
 
 /// Longest timeout a request may set.
@@ -145,27 +146,40 @@ impl ExecBody {
 /// output is collected. A background command answers `201` with its process handle.
 pub async fn exec(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     req: Request,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let call = exec_call(&state, req).await?;
-    if call.cmd.background {
-        let info = state
-            .manager
-            .start_process(&id, handle_start(&call)?)
-            .await?;
-        feed_stdin(&state.manager, &id, info.pid, call.stdin).await?;
-        return Ok((StatusCode::CREATED, Json(info)).into_response());
-    }
-    let out = state.manager.exec_piped(&id, call.cmd, call.stdin).await?;
-    let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        Body::from_stream(futures_util::stream::iter(pieces)),
-    )
-        .into_response())
+    let argv = AuditArgv::of(&call.cmd.cmd);
+    let answer = async {
+        if call.cmd.background {
+            let info = state
+                .manager
+                .start_process(&id, handle_start(&call)?)
+                .await?;
+            feed_stdin(&state.manager, &id, info.pid, call.stdin).await?;
+            return Ok((StatusCode::CREATED, Json(info)).into_response());
+        }
+        let out = state.manager.exec_piped(&id, call.cmd, call.stdin).await?;
+        let pieces = super::exec_json::ExecJson::new(out).map(Ok::<_, Infallible>);
+        Ok((
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            Body::from_stream(futures_util::stream::iter(pieces)),
+        )
+            .into_response())
+    };
+    Ok(with_argv(answer.await, argv))
+}
+
+/// The response with the exec's argv for the audit log (`crate::audit`).
+pub(crate) fn with_argv(answer: ApiResult<impl IntoResponse>, argv: AuditArgv) -> Response {
+    let mut response = match answer {
+        Ok(a) => a.into_response(),
+        Err(e) => e.into_response(),
+    };
+    response.extensions_mut().insert(argv);
+    response
 }
 
 /// The process handle a background command becomes (with a stdin pipe when it has stdin).
@@ -295,37 +309,41 @@ pub fn query_exec_body(query: &str) -> ApiResult<ExecBody> {
 /// background command is a process handle, streamed as its first reader.
 pub async fn exec_stream(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     req: Request,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let call = exec_call(&state, req).await?;
-    if call.cmd.background {
-        let start = handle_start(&call)?;
-        let (info, stream) = state.manager.start_process_streaming(&id, start).await?;
-        let (manager, sandbox, pid) = (Arc::clone(&state.manager), id.clone(), info.pid);
-        // Written while the output streams; it outlives the request like the process.
-        tokio::spawn(async move {
-            if let Err(e) = feed_stdin(&manager, &sandbox, pid, call.stdin).await {
-                tracing::debug!(sandbox = %sandbox, pid, error = %e, "background stdin not delivered");
-            }
+    let argv = AuditArgv::of(&call.cmd.cmd);
+    let answer = async {
+        if call.cmd.background {
+            let start = handle_start(&call)?;
+            let (info, stream) = state.manager.start_process_streaming(&id, start).await?;
+            let (manager, sandbox, pid) = (Arc::clone(&state.manager), id.clone(), info.pid);
+            // Written while the output streams; it outlives the request like the process.
+            tokio::spawn(async move {
+                if let Err(e) = feed_stdin(&manager, &sandbox, pid, call.stdin).await {
+                    tracing::debug!(sandbox = %sandbox, pid, error = %e, "background stdin not delivered");
+                }
+            });
+            let first = StreamEvent::start(pid);
+            let events = futures_util::stream::once(async move { first })
+                .chain(super::processes::events_of(stream));
+            return Ok(respond(StreamFormat::Sse, events));
+        }
+        let (session, slot) = state.manager.exec_session(&id, &call.cmd, None).await?;
+        let exec = session.pipe_stdin(call.stdin);
+        // Holding the guard in the stream keeps an idle-hibernating sandbox up while it
+        // streams.
+        let guard = state.manager.session_guard(&id);
+        let exit = slot.exit_recorder();
+        let stream = futures_util::StreamExt::map(exec_events(exec, exit), move |event| {
+            let _ = (&guard, &slot);
+            event
         });
-        let first = StreamEvent::start(pid);
-        let events = futures_util::stream::once(async move { first })
-            .chain(super::processes::events_of(stream));
-        return Ok(respond(StreamFormat::Sse, events));
-    }
-    let (session, slot) = state.manager.exec_session(&id, &call.cmd, None).await?;
-    let exec = session.pipe_stdin(call.stdin);
-    // Holding the guard in the stream keeps an idle-hibernating sandbox up while it streams.
-    let guard = state.manager.session_guard(&id);
-    let exit = slot.exit_recorder();
-    let stream = futures_util::StreamExt::map(exec_events(exec, exit), move |event| {
-        let _ = (&guard, &slot);
-        event
-    });
-    Ok(respond(StreamFormat::Sse, stream))
+        Ok(respond(StreamFormat::Sse, stream))
+    };
+    Ok(with_argv(answer.await, argv))
 }
 
 /// A plain exec's events, ending after `exit` or `error`.

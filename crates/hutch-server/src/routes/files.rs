@@ -17,8 +17,8 @@ use hutch_core::ids::SandboxId;
 use hutch_core::sandbox_token::FileOp;
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::files_url;
+use crate::auth::{authorize_sandbox, AuthorizedSandbox};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;
@@ -155,7 +155,7 @@ async fn file_sandbox(
         files_url::check_user(user)?;
     }
     match access {
-        Ok(caller) => authorize(state, &caller, id).await,
+        Ok(caller) => authorize_sandbox(state, &caller, id).await,
         Err(signed) => files_url::verify(state, id, path, op, user, signed),
     }
 }
@@ -204,11 +204,10 @@ pub async fn write(
 /// `GET /v1/sandboxes/{id}/files/archive?path=` → a tar stream of the directory (or file).
 pub async fn read_archive(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = state
@@ -222,12 +221,11 @@ pub async fn read_archive(
 /// agent below the directory `path`.
 pub async fn write_archive(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
@@ -241,11 +239,10 @@ pub async fn write_archive(
 /// `DELETE /v1/sandboxes/{id}/files?path=&recursive=` → 204.
 pub async fn remove(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<RemoveQuery>,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     state
@@ -261,11 +258,10 @@ pub async fn remove(
 /// `GET /v1/sandboxes/{id}/files/list?path=&depth=`.
 pub async fn list(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let depth = q.depth.unwrap_or(1);
     if !(1..=32).contains(&depth) {
@@ -282,11 +278,10 @@ pub async fn list(
 /// `GET /v1/sandboxes/{id}/files/stat?path=`.
 pub async fn stat(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&q.path)?;
     let agent = state.manager.agent(&id).await?;
     let entry = state
@@ -299,11 +294,10 @@ pub async fn stat(
 /// `POST /v1/sandboxes/{id}/files/mkdir {"path"}` → 204.
 pub async fn mkdir(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(b): ApiJson<MkdirBody>,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&b.path)?;
     let agent = state.manager.agent(&id).await?;
     state
@@ -316,11 +310,10 @@ pub async fn mkdir(
 /// `POST /v1/sandboxes/{id}/files/move {"from", "to"}` → 204.
 pub async fn rename(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(b): ApiJson<MoveBody>,
 ) -> ApiResult<StatusCode> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     check_path(&b.from)?;
     check_path(&b.to)?;
     let agent = state.manager.agent(&id).await?;

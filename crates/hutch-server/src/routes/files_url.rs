@@ -11,7 +11,7 @@ use hutch_core::ids::SandboxId;
 use hutch_core::sandbox_token::{FileGrant, FileOp, TokenError};
 use serde::Deserialize;
 
-use super::access::authorize;
+use crate::auth::authorize_sandbox as authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, Caller};
 use crate::AppState;

@@ -23,8 +23,8 @@ use hutch_proto::watch::WATCH_CONTENT_TYPE;
 use hutch_proto::WatchMessage;
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::negotiate::accepts;
+use crate::auth::authorize_sandbox as authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;

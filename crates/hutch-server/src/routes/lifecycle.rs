@@ -20,8 +20,8 @@ use hutch_core::ids::SnapshotId;
 use hutch_core::CoreError;
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::page::{listing_error, page_answer, PageParams};
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{json_or_default, ApiJson, ApiQuery, Caller, JsonBytes};
 use crate::AppState;
@@ -32,40 +32,36 @@ const DEFAULT_EXPLORE_TIMEOUT: f64 = 60.0;
 /// `POST /v1/sandboxes/{id}/pause`.
 pub async fn pause(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     Ok(Json(state.manager.pause(&id).await?))
 }
 
 /// `POST /v1/sandboxes/{id}/resume`.
 pub async fn resume(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     Ok(Json(state.manager.resume(&id).await?))
 }
 
 /// `POST /v1/sandboxes/{id}/hibernate`.
 pub async fn hibernate(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     Ok(Json(state.manager.hibernate(&id).await?))
 }
 
 /// `POST /v1/sandboxes/{id}/wake`: the sandbox, with `woke_in_ms`.
 pub async fn wake(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let woken = state.manager.wake(&id).await?;
     let mut body = match serde_json::to_value(&woken.sandbox) {
         Ok(serde_json::Value::Object(m)) => m,
@@ -86,12 +82,11 @@ pub struct SnapshotBody {
 /// `POST /v1/sandboxes/{id}/snapshots`.
 pub async fn snapshot(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     body: axum::body::Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: SnapshotBody = json_or_default(&body)?;
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let snap = state.manager.snapshot(&id, body.name.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(snap)))
 }
@@ -157,12 +152,11 @@ pub struct ForkBody {
 /// `POST /v1/sandboxes/{id}/fork`: 201 with the children.
 pub async fn fork(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: ForkBody = json_or_default(&body)?;
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let cmd = ForkCommand::new(body.count.unwrap_or(1), body.mode.unwrap_or_default())?;
     let children = state.manager.fork(&id, cmd).await?;
     Ok((
@@ -216,11 +210,10 @@ impl ExploreBody {
 /// `POST /v1/sandboxes/{id}/explore`.
 pub async fn explore(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(body): ApiJson<ExploreBody>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let cmd = body.into_command()?;
     Ok(Json(state.manager.explore(&id, cmd).await?))
 }

@@ -13,18 +13,18 @@
 use std::convert::Infallible;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use futures_util::{stream, Stream, StreamExt};
 use hutch_core::logs::{parse_since, LogLine, LogQuery, LogSource};
 use hutch_core::LogFollow;
 
-use super::access::authorize;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiQuery, Caller};
+use crate::extract::ApiQuery;
 use crate::AppState;
 
 /// The query string of `GET /v1/sandboxes/{id}/logs`.
@@ -149,12 +149,11 @@ fn followed<T: Send + 'static>(
 /// `GET /v1/sandboxes/{id}/logs`.
 pub async fn logs(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(params): ApiQuery<LogsParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let query = query_of(&params)?;
     let format = format_of(&headers);
     if !params.follow {

@@ -1,6 +1,6 @@
 //! Route handlers, one module per resource.
 
-mod access;
+pub mod audit;
 pub mod build_logs;
 pub mod code;
 pub mod exec;
@@ -9,6 +9,7 @@ mod exec_json;
 pub mod files;
 pub mod files_url;
 pub mod files_watch;
+pub mod keys;
 pub mod lifecycle;
 pub mod logs;
 pub mod misc;
@@ -20,4 +21,5 @@ pub mod processes;
 pub mod pty;
 pub mod sandboxes;
 pub mod templates;
+pub mod tenants;
 pub mod volumes;

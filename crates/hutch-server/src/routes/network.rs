@@ -1,13 +1,13 @@
 //! `PUT /v1/sandboxes/{id}/network`: replace a sandbox's egress policy at once.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::Json;
 use hutch_core::net::policy::PolicySpec;
 
-use super::access::authorize;
+use crate::auth::AuthorizedSandbox;
 use crate::error::ApiResult;
-use crate::extract::{ApiJson, Caller};
+use crate::extract::ApiJson;
 use crate::AppState;
 
 /// `PUT /v1/sandboxes/{id}/network {"egress", "allow", "deny"}` → the sandbox. Connections
@@ -15,10 +15,9 @@ use crate::AppState;
 /// network (409).
 pub async fn put_network(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(spec): ApiJson<PolicySpec>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     Ok(Json(state.manager.set_network(&id, spec).await?))
 }

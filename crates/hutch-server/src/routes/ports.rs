@@ -24,12 +24,13 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use hutch_core::ids::SandboxId;
 use hutch_core::sandbox_token::TOKEN_PREFIX;
+use hutch_core::tenant::keys::Permission;
 use hutch_core::CoreError;
 use hutch_core::PortConnection;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::access::authorize;
+use crate::auth::{authorize_sandbox, bearer_key, AuthorizedSandbox};
 use crate::browser::{self, BrowserCredential};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, Caller};
@@ -64,6 +65,7 @@ pub async fn proxy(
     let prefix = format!("/v1/sandboxes/{id}/ports/{raw_port}");
     let rest = path_in_service(request.uri().path());
     let bearer = bearer_key(request.headers());
+    let mut until = None;
     match browser::browser_credential(request.uri(), request.headers()) {
         BrowserCredential::Link(token) => {
             let port = hutch_core::manager::parse_port(raw_port)?;
@@ -90,11 +92,16 @@ pub async fn proxy(
                      port proxy; programs use the API key in `Authorization: Bearer`",
                 ));
             }
-            let caller = state
-                .authenticate(&key)
-                .await?
-                .ok_or_else(|| ApiError::unauthorized("invalid API key"))?;
-            authorize(&state, &caller, id).await?;
+            let caller = state.caller(&key, request.headers()).await?;
+            if !caller.permits(Permission::Use) {
+                return Err(ApiError::forbidden(format!(
+                    "this {} key may not reach ports: the port proxy needs a key allowed \
+                     exec, files, terminals, code and ports",
+                    caller.key.scope.as_str()
+                )));
+            }
+            authorize_sandbox(&state, &caller, id).await?;
+            until = Some(caller.revocation());
         }
         BrowserCredential::Session(token) => {
             let port = hutch_core::manager::parse_port(raw_port)?;
@@ -133,16 +140,9 @@ pub async fn proxy(
         port,
         served_at: ServedAt::ApiPath { prefix: &prefix },
         target,
+        until,
     };
     proxy::forward(&state, to, request).await
-}
-
-fn bearer_key(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|s| s.trim().to_string())
 }
 
 /// `POST /v1/sandboxes/{id}/port-tokens` body.
@@ -159,12 +159,11 @@ pub struct PortTokenBody {
 /// short-lived link token for browsers on the port proxy of sandbox `id`.
 pub async fn port_token(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     headers: HeaderMap,
     ApiJson(body): ApiJson<PortTokenBody>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let ttl = body.ttl_seconds.unwrap_or(browser::LINK_TTL_SECONDS);
     if !(1..=browser::MAX_LINK_TTL_SECONDS).contains(&ttl) {
         return Err(ApiError::invalid(format!(
@@ -210,19 +209,26 @@ pub async fn port_token(
 pub async fn tunnel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    sandbox: AuthorizedSandbox,
     Path(params): PortParams,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    let id = params.get("id").map(String::as_str).unwrap_or_default();
     let raw_port = params.get("port").map(String::as_str).unwrap_or_default();
-    let id = authorize(&state, &caller, id).await?;
     let port = hutch_core::manager::parse_port(raw_port)?;
     // Connect before upgrading, so nothing listening is an ordinary 502.
-    let connection = state.manager.open_port(&id, port).await?;
+    let connection = state.manager.open_port(&sandbox.id, port).await?;
+    let revoked = caller.revoked();
     Ok(ws
         .max_message_size(MAX_TUNNEL_MESSAGE)
         .max_frame_size(MAX_TUNNEL_MESSAGE)
-        .on_upgrade(move |socket| bridge(socket, connection)))
+        .on_upgrade(move |socket| async move {
+            // A revoked key's tunnel closes at once (dropping the connection closes it in
+            // the sandbox).
+            tokio::select! {
+                () = bridge(socket, connection) => {}
+                () = revoked => {}
+            }
+        }))
 }
 
 async fn bridge(socket: WebSocket, connection: PortConnection) {

@@ -21,10 +21,10 @@ use hutch_core::process::{
 };
 use serde::Deserialize;
 
-use super::access::authorize;
 use super::exec::timeout_of;
 use super::exec_events::{respond, StreamEvent, StreamFormat};
 use super::sandboxes::validate_env;
+use crate::auth::authorize_sandbox as authorize;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Extension;
 use hutch_core::exec::{Command, ExecCommand};
@@ -15,7 +15,7 @@ use hutch_proto::client::ExecEvent;
 use hutch_proto::PtySize;
 use serde::Deserialize;
 
-use super::access::authorize;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiQuery, Caller};
 use crate::AppState;
@@ -44,11 +44,11 @@ enum Control {
 pub async fn pty(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PtyQuery>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let size = PtySize {
         cols: q.cols.unwrap_or(80).clamp(1, 1000),
         rows: q.rows.unwrap_or(24).clamp(1, 1000),
@@ -68,15 +68,26 @@ pub async fn pty(
         timeout: None,
         background: false,
     };
+    let argv = crate::audit::AuditArgv::of(&cmd.cmd);
     // Start the process before upgrading so errors are ordinary HTTP errors.
-    let (session, slot) = state.manager.exec_session(&id, &cmd, Some(size)).await?;
+    let (session, slot) = match state.manager.exec_session(&id, &cmd, Some(size)).await {
+        Ok(started) => started,
+        Err(e) => return Ok(super::exec::with_argv(Err::<(), _>(e.into()), argv)),
+    };
     // An open terminal keeps an idle-hibernating sandbox up.
     let guard = state.manager.session_guard(&id);
     let exit = slot.exit_recorder();
-    Ok(ws.on_upgrade(move |socket| async move {
-        bridge(socket, session, exit).await;
+    let revoked = caller.revoked();
+    let mut response = ws.on_upgrade(move |socket| async move {
+        // A revoked key's terminal closes at once; dropping the session ends its process.
+        tokio::select! {
+            () = bridge(socket, session, exit) => {}
+            () = revoked => {}
+        }
         drop((guard, slot));
-    }))
+    });
+    response.extensions_mut().insert(argv);
+    Ok(response)
 }
 
 async fn bridge(

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
@@ -15,7 +15,7 @@ use hutch_core::model::{
 use hutch_core::tenant::Tenant;
 use serde::Deserialize;
 
-use super::access::authorize;
+use crate::auth::AuthorizedSandbox;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{json_or_default, ApiJson, Caller, JsonBytes};
 use crate::AppState;
@@ -84,6 +84,25 @@ fn validate_template_name(t: &str) -> ApiResult<()> {
     }
 }
 
+/// Give `metadata` every pair of the caller's key selector (a key limited to `team=ml`
+/// makes and keeps only sandboxes with `team=ml`); 403 for a pair it contradicts.
+fn keep_selector(caller: &Caller, metadata: &mut BTreeMap<String, String>) -> ApiResult<()> {
+    for (k, v) in &caller.key.selector {
+        match metadata.get(k) {
+            None => {
+                metadata.insert(k.clone(), v.clone());
+            }
+            Some(mine) if mine == v => {}
+            Some(mine) => {
+                return Err(ApiError::forbidden(format!(
+                    "this key reaches only sandboxes with {k}={v}, not {k}={mine}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
 impl CreateBody {
     fn into_command(self, caller: &Caller) -> ApiResult<CreateSandbox> {
         if let Some(t) = &self.template {
@@ -93,6 +112,7 @@ impl CreateBody {
         validate_env(&env)?;
         let mut metadata = self.metadata.unwrap_or_default();
         validate_metadata(&metadata)?;
+        keep_selector(caller, &mut metadata)?;
         // The tenant is its own field: the caller's, or the one an admin names.
         let named = metadata.remove(TENANT_KEY).map(Tenant::new);
         let tenant = if caller.admin {
@@ -166,6 +186,19 @@ pub async fn list(
         }
     }
     let page = super::page::page_request(limit.as_deref(), cursor.as_deref())?;
+    // A key limited by a selector lists only what it selects (nothing, when the query
+    // asks for another value of one of its pairs).
+    let mut selected = filter.metadata.clone();
+    if keep_selector(&caller, &mut selected).is_err() {
+        return Ok(Json(super::page::page_answer(
+            "sandboxes",
+            hutch_core::store::Page::<serde_json::Value> {
+                items: vec![],
+                next: None,
+            },
+        )));
+    }
+    filter.metadata = selected;
     let sandboxes = state
         .manager
         .list(&filter, &caller.scope(), &page)
@@ -213,10 +246,9 @@ fn percent_decode(s: &str) -> String {
 /// `GET /v1/sandboxes/{id}`.
 pub async fn get(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     Ok(Json(state.manager.get(&id).await?))
 }
 
@@ -234,13 +266,14 @@ pub struct UpdateBody {
 pub async fn update(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
     ApiJson(body): ApiJson<UpdateBody>,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let mut metadata = body.metadata;
     if let Some(m) = &mut metadata {
         validate_metadata(m)?;
+        keep_selector(&caller, m)?;
     }
     // A tenant's metadata cannot move its sandbox; an admin's replaces the tenant with the
     // `tenant_id` it names (or none), as the metadata map it replaces held it.
@@ -268,10 +301,9 @@ pub async fn update(
 /// `DELETE /v1/sandboxes/{id}`.
 pub async fn kill(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     state.manager.kill(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -279,10 +311,9 @@ pub async fn kill(
 /// `GET /v1/sandboxes/{id}/usage`: memory, CPU, tasks and OOM kills right now.
 pub async fn usage(
     State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    sandbox: AuthorizedSandbox,
 ) -> ApiResult<impl IntoResponse> {
-    let id = authorize(&state, &caller, &id).await?;
+    let id = sandbox.id;
     let usage = state.manager.usage(&id).await?;
     Ok(Json(
         serde_json::json!({ "sandbox_id": id, "usage": usage }),

@@ -2,9 +2,12 @@
 //! context (`POST /v1/templates` with a tar body), and watch or cancel its builds. The
 //! build log is `routes/build_logs.rs`; the builds themselves are `hutch-build`'s.
 //!
-//! Templates are shared by every tenant. Any key may build one; the build's sandboxes
-//! belong to the caller's tenant, and only that tenant (and admin keys) see the build.
-//! Deleting a template is for admin keys only.
+//! A template an admin key builds (or the operator, on the host) is shared by every
+//! tenant; one a tenant's key builds is private to that tenant: other tenants neither list
+//! it nor get it nor create from it (404, as for an unknown one). Template names are one
+//! namespace: a tenant cannot build under a shared name or another tenant's (409). The
+//! build's sandboxes belong to the caller's tenant, and only that tenant (and admin keys)
+//! see the build. A tenant deletes its own templates; shared ones only admin keys.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -164,9 +167,27 @@ fn body_kind(headers: &HeaderMap) -> ApiResult<BodyKind> {
     }
 }
 
-/// `GET /v1/templates`.
-pub async fn list(State(state): State<AppState>) -> ApiResult<impl IntoResponse> {
-    let templates = state.manager.templates().list()?;
+/// A template as the API shows it: its description, and `tenant` when it is private.
+fn template_view(t: &hutch_core::manager::VisibleTemplate) -> serde_json::Value {
+    let mut v = serde_json::to_value(&t.info).unwrap_or_default();
+    if let (Some(tenant), Some(m)) = (&t.tenant, v.as_object_mut()) {
+        m.insert("tenant".into(), tenant.as_str().into());
+    }
+    v
+}
+
+/// `GET /v1/templates`: the shared ones and the caller's tenant's own.
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<impl IntoResponse> {
+    let templates: Vec<serde_json::Value> = state
+        .manager
+        .visible_templates(&caller.scope())
+        .await?
+        .iter()
+        .map(template_view)
+        .collect();
     Ok(Json(serde_json::json!({ "templates": templates })))
 }
 
@@ -205,7 +226,15 @@ pub async fn create(
         remove_dir(build_dir).await;
         return Ok(closing(e.into()));
     }
-    let tenant = (!caller.admin).then(|| caller.tenant.clone());
+    let tenant = caller.owner();
+    if let Err(e) = state
+        .manager
+        .claim_template_for_build(&q.name, tenant.as_ref())
+        .await
+    {
+        remove_dir(build_dir).await;
+        return Err(e.into());
+    }
     let request = BuildRequest {
         template: q.name.clone(),
         context_dir,
@@ -290,8 +319,14 @@ async fn remove_dir(dir: PathBuf) {
     let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
 }
 
-fn unknown_template(state: &AppState, name: &str) -> ApiError {
-    let hint = if state.builder.building(name) {
+/// 404 for template `name`, saying a build of it runs when `caller` may see that build.
+fn unknown_template(state: &AppState, caller: &Caller, name: &str) -> ApiError {
+    let running = state
+        .builder
+        .list(name)
+        .into_iter()
+        .any(|b| !b.status.is_done() && state.build_owners.visible(caller, &b.id));
+    let hint = if running {
         format!(" (a build of it is running: GET /v1/templates/{name}/builds)")
     } else {
         String::new()
@@ -299,27 +334,43 @@ fn unknown_template(state: &AppState, name: &str) -> ApiError {
     ApiError::not_found(format!("template {name:?} does not exist{hint}"))
 }
 
-/// `GET /v1/templates/{name}`.
+/// `GET /v1/templates/{name}` (404 for another tenant's, as for an unknown one).
 pub async fn get(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    match state.manager.templates().get(&name) {
-        Some(info) => Ok(Json(info)),
-        None => Err(unknown_template(&state, &name)),
+    match state
+        .manager
+        .visible_template(&name, &caller.scope())
+        .await?
+    {
+        Some(t) => Ok(Json(template_view(&t))),
+        None => Err(unknown_template(&state, &caller, &name)),
     }
 }
 
-/// `DELETE /v1/templates/{name}` → 204 (admin keys: templates are every tenant's).
+/// `DELETE /v1/templates/{name}` → 204: a tenant's own private template, or (admin keys)
+/// any.
 pub async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     if !caller.admin {
-        return Err(ApiError::forbidden(
-            "templates are shared by every tenant: only an admin key may delete one",
-        ));
+        let owner = state.manager.template_owner(&name).await?;
+        match owner {
+            Some(t) if t == caller.tenant => {}
+            Some(_) => return Err(unknown_template(&state, &caller, &name)),
+            None if state.manager.templates().get(&name).is_none() => {
+                return Err(unknown_template(&state, &caller, &name))
+            }
+            None => {
+                return Err(ApiError::forbidden(
+                    "this template is shared by every tenant: only an admin key may delete it",
+                ))
+            }
+        }
     }
     if let Some(running) = state
         .builder
@@ -349,8 +400,14 @@ pub async fn list_builds(
         .into_iter()
         .filter(|b| state.build_owners.visible(&caller, &b.id))
         .collect();
-    if builds.is_empty() && state.manager.templates().get(&name).is_none() {
-        return Err(unknown_template(&state, &name));
+    if builds.is_empty()
+        && state
+            .manager
+            .visible_template(&name, &caller.scope())
+            .await?
+            .is_none()
+    {
+        return Err(unknown_template(&state, &caller, &name));
     }
     Ok(Json(serde_json::json!({ "builds": builds })))
 }

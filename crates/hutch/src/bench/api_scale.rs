@@ -2,8 +2,9 @@
 //! in the same run: the warm exec round trip and `GET /v1/sandboxes/{id}` (p50, p90), their
 //! ratio, and `GET /v1/sandboxes?limit=100` at the larger count.
 //!
-//! The requests use a tenant's key (registered in the server's store), so each one goes
-//! through the tenant check of `authorize`, the path that used to list every record.
+//! The requests use a tenant's key (its tenant and key written into the server's store), so
+//! each one goes through the tenant check of `authorize`, the path that used to list every
+//! record.
 //!
 //! Two servers answer side by side, one holding 1 record and one holding many, and the
 //! requests alternate between them, so the noise of a shared machine falls on both alike.
@@ -19,7 +20,9 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use hutch_core::store::{KeyOwner, SqliteStore, Store};
+use hutch_core::store::{SqliteStore, Store, TenancyStore};
+use hutch_core::tenant::keys::{hash_secret, KeyFormat, KeyScope, NewKey};
+use hutch_core::tenant::settings::TenantRecord;
 use hutch_core::tenant::Tenant;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -147,16 +150,25 @@ impl<'a> Side<'a> {
     async fn open(srv: &'a BenchServer) -> anyhow::Result<Self> {
         let store = SqliteStore::open(&srv.state_dir().join("state.db"))
             .context("the bench server's store")?;
-        let key = hutch_core::ids::new_api_key();
+        let tenant = Tenant::new(TENANT);
         store
-            .add_api_key(
-                &key,
-                &KeyOwner {
-                    tenant: Tenant::new(TENANT),
-                    admin: false,
-                },
-            )
+            .insert_tenant(&TenantRecord {
+                name: tenant.clone(),
+                settings: Default::default(),
+                created_at_ms: hutch_core::time::now_ms(),
+            })
             .await?;
+        let key = KeyFormat::Hutch.generate();
+        let record = NewKey {
+            tenant,
+            scope: KeyScope::Full,
+            name: Some("bench api_scale".into()),
+            selector: Default::default(),
+            expires_at_ms: None,
+            format: KeyFormat::Hutch,
+        }
+        .record(&key, hutch_core::time::now_ms());
+        store.insert_key(&hash_secret(&key), &record).await?;
         let (url, _, http) = srv.endpoint();
         let client = TenantClient { url, key, http };
         let id = client.create(srv.template()).await?;

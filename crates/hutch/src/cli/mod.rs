@@ -1,8 +1,10 @@
 //! Command-line interface: argument definitions and dispatch.
 
+mod audit;
 mod code;
 mod doctor;
 mod files;
+mod key;
 mod lifecycle;
 mod logs;
 mod network;
@@ -16,6 +18,7 @@ mod stream;
 mod template;
 mod template_build;
 mod template_start;
+mod tenant;
 mod volume;
 
 use std::path::PathBuf;
@@ -93,6 +96,17 @@ enum Command {
     /// Build and list templates.
     #[command(subcommand)]
     Template(template::TemplateCommand),
+    /// Tenants (admin key): `tenant create acme --max-sandboxes 10`, `tenant ls`,
+    /// `tenant inspect acme`, `tenant set acme --max-cpus 8`, `tenant rm acme`.
+    #[command(subcommand)]
+    Tenant(tenant::TenantCommand),
+    /// API keys: `key create --tenant acme --scope exec [--format e2b]`, `key ls`,
+    /// `key revoke key_…`.
+    #[command(subcommand)]
+    Key(key::KeyCommand),
+    /// Read the audit log: who changed what, which commands ran (`--tenant`, `--key`,
+    /// `--sandbox`, `--since`, `--limit`).
+    Audit(audit::AuditArgs),
     /// Explain what isolation this host supports and why.
     Doctor,
     /// Serve the Model Context Protocol on stdio, or Streamable HTTP with `--http`
@@ -144,6 +158,9 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Network(args) => network::network(args, &state_dir, json).await.map(|()| 0),
         Command::Volume(cmd) => volume::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Template(cmd) => template::run(cmd, &state_dir, json).await.map(|()| 0),
+        Command::Tenant(cmd) => tenant::run(cmd, &state_dir, json).await.map(|()| 0),
+        Command::Key(cmd) => key::run(cmd, &state_dir, json).await.map(|()| 0),
+        Command::Audit(args) => audit::audit(args, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp(args) => crate::mcp::serve(args, &state_dir).await.map(|()| 0),
         Command::Pause(a) => lifecycle::action("pause", &a, &state_dir, json)

@@ -113,6 +113,10 @@ async fn forward(api: &Api, id: &str, port: u16, stream: TcpStream) -> anyhow::R
         "authorization",
         format!("Bearer {}", api.key()).parse().context("API key")?,
     );
+    if let Some(t) = api.tenant() {
+        req.headers_mut()
+            .insert("x-hutch-tenant", t.parse().context("HUTCH_TENANT")?);
+    }
     let ws = match tokio_tungstenite::connect_async(req).await {
         Ok((ws, _)) => ws,
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {

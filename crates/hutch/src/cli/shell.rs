@@ -85,6 +85,10 @@ pub async fn shell(args: ShellArgs, state_dir: &Path) -> anyhow::Result<i32> {
         "authorization",
         format!("Bearer {}", api.key()).parse().context("API key")?,
     );
+    if let Some(t) = api.tenant() {
+        req.headers_mut()
+            .insert("x-hutch-tenant", t.parse().context("HUTCH_TENANT")?);
+    }
     let (ws, _) = tokio_tungstenite::connect_async(req)
         .await
         .with_context(|| format!("opening a terminal in {}", args.id))?;

@@ -25,6 +25,7 @@ from .errors import (
     ConnectionError,
     ContextNotFound,
     FileNotFound,
+    Forbidden,
     HutchError,
     InterpreterFailed,
     InvalidRequest,
@@ -63,6 +64,7 @@ from .models import (
     VolumeAttachment,
     VolumeMount,
 )
+from ._tenants import ApiKey, AuditEntry, Tenant
 from ._watch import AsyncFileWatch, FileWatch
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
@@ -88,6 +90,9 @@ __all__ = [
     "AsyncTemplates",
     "Build",
     "AsyncBuild",
+    "Tenant",
+    "ApiKey",
+    "AuditEntry",
     "BuildInfo",
     "BuildStep",
     "BuildLogLine",
@@ -126,6 +131,7 @@ __all__ = [
     "NotFoundError",
     "SandboxNotFound",
     "FileNotFound",
+    "Forbidden",
     "ContextNotFound",
     "NoInterpreter",
     "InterpreterFailed",

@@ -43,12 +43,16 @@ class ClientBase:
         api_key: Optional[str],
         timeout: float,
         state_dir: Optional[PathLike],
+        tenant: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Resolve the configuration; returns the keyword arguments for the httpx client."""
         self.config = resolve(url, api_key, state_dir)
         headers = {"User-Agent": USER_AGENT}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
+        tenant = tenant if tenant is not None else os.environ.get("HUTCH_TENANT") or None
+        if tenant:
+            headers["X-Hutch-Tenant"] = tenant
         self._timeout = timeout
         self._implicit = False
         self._refs = 0

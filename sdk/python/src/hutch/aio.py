@@ -34,6 +34,7 @@ from ._events import AsyncEventStream, AsyncLogStream
 from ._files import AsyncFiles
 from ._pty import AsyncPtySession
 from ._templates import AsyncTemplates
+from ._tenants import AsyncTenantMethods
 from .models import (
     ExploreResult,
     LogLine,
@@ -56,7 +57,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class AsyncClient(ClientBase):
+class AsyncClient(AsyncTenantMethods, ClientBase):
     """An asyncio connection to a Hutch server; see :class:`hutch.Client` for the arguments."""
 
     def __init__(
@@ -66,9 +67,10 @@ class AsyncClient(ClientBase):
         *,
         timeout: float = 30.0,
         state_dir: Optional[PathLike] = None,
+        tenant: Optional[str] = None,
     ) -> None:
         self._http: httpx.AsyncClient = httpx.AsyncClient(
-            **self._setup(url, api_key, timeout, state_dir)
+            **self._setup(url, api_key, timeout, state_dir, tenant)
         )
 
     async def _raise_for(self, resp: httpx.Response, req: p.Request) -> None:

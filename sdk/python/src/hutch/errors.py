@@ -39,7 +39,14 @@ class AuthError(HutchError):
 
 
 class PermissionDenied(HutchError):
-    """403: the sandbox's filesystem refused the operation."""
+    """403: the sandbox's filesystem refused the operation, or the key may not do this
+    (code ``forbidden``, see :class:`Forbidden`)."""
+
+
+class Forbidden(PermissionDenied):
+    """403 ``forbidden``: the API key's scope does not allow this call (a ``read-only`` key's
+    exec, an ``exec`` key's delete), a template its tenant may not use, or a key wider than
+    the one making it."""
 
 
 class NotFoundError(HutchError):
@@ -94,7 +101,17 @@ class TagInUse(ConflictError):
 
 
 class QuotaExceeded(HutchError):
-    """429: a quota or limit was reached."""
+    """429: a quota or limit was reached.
+
+    For a tenant's quota (``docs/teams.md``) the server names it: :attr:`quota`
+    (``"max_sandboxes"``, …), its :attr:`limit`, what was :attr:`used` before the call, and
+    whose (:attr:`tenant`); all ``None`` for other limits.
+    """
+
+    quota: Optional[str] = None
+    limit: Optional[float] = None
+    used: Optional[float] = None
+    tenant: Optional[str] = None
 
 
 class ServerError(HutchError):
@@ -152,6 +169,7 @@ _BY_CODE: Dict[str, Type[HutchError]] = {
     "interpreter_failed": InterpreterFailed,
     "connection_refused": PortUnreachable,
     "bad_gateway": PortUnreachable,
+    "forbidden": Forbidden,
 }
 
 
@@ -193,6 +211,7 @@ def from_response(status: int, body: bytes, *, kind: str = "") -> HutchError:
     """
     code: Optional[str] = None
     message = ""
+    err: Any = None
     try:
         doc: Any = json.loads(body.decode("utf-8"))
         err = doc.get("error") if isinstance(doc, dict) else None
@@ -206,7 +225,13 @@ def from_response(status: int, body: bytes, *, kind: str = "") -> HutchError:
         text = body.decode("utf-8", "replace").strip()
         message = text[:500] if text else f"HTTP {status}"
     cls = _class_for(status, code, message, kind)
-    return cls(message, status=status, code=code)
+    e = cls(message, status=status, code=code)
+    if isinstance(e, QuotaExceeded) and isinstance(err, dict):
+        e.quota = err.get("quota") if isinstance(err.get("quota"), str) else None
+        e.limit = err.get("limit") if isinstance(err.get("limit"), (int, float)) else None
+        e.used = err.get("used") if isinstance(err.get("used"), (int, float)) else None
+        e.tenant = err.get("tenant") if isinstance(err.get("tenant"), str) else None
+    return e
 
 
 def from_event(payload: Dict[str, Any]) -> HutchError:

@@ -31,6 +31,7 @@ from ._events import EventStream, LogStream
 from ._files import Files
 from ._pty import PtySession
 from ._templates import Templates
+from ._tenants import TenantMethods
 from .models import (
     ExploreResult,
     LogLine,
@@ -46,7 +47,7 @@ __all__ = ["Client", "Sandbox", "Files", "PtySession", "EventStream"]
 T = TypeVar("T")
 
 
-class Client(ClientBase):
+class Client(TenantMethods, ClientBase):
     """A connection to a Hutch server, shared by the sandboxes created through it.
 
     Most code never builds one: :meth:`Sandbox.create` and friends make their own from
@@ -60,6 +61,8 @@ class Client(ClientBase):
         timeout: Default per-request timeout in seconds (commands get their own, see
             :meth:`Sandbox.exec`).
         state_dir: Where to look for ``admin.key`` (default: as ``hutch serve`` picks it).
+        tenant: The tenant an admin key acts for (sent as ``X-Hutch-Tenant``; default
+            ``$HUTCH_TENANT``).
     """
 
     def __init__(
@@ -69,8 +72,11 @@ class Client(ClientBase):
         *,
         timeout: float = 30.0,
         state_dir: Optional[PathLike] = None,
+        tenant: Optional[str] = None,
     ) -> None:
-        self._http: httpx.Client = httpx.Client(**self._setup(url, api_key, timeout, state_dir))
+        self._http: httpx.Client = httpx.Client(
+            **self._setup(url, api_key, timeout, state_dir, tenant)
+        )
         self._lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------

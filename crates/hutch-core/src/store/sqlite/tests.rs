@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::model::Isolation;
-use crate::store::PageRequest;
+use crate::store::{PageRequest, TenancyStore};
+use crate::tenant::keys::{hash_secret, KeyRecord, KeyScope};
 
 /// A sandbox id written in a test (well-formed).
 fn sid(id: &str) -> SandboxId {
@@ -47,6 +48,21 @@ fn record(id: &str, slot: u32) -> SandboxRecord {
     }
 }
 
+/// An admin key's record, as stored.
+fn admin_key() -> KeyRecord {
+    KeyRecord {
+        id: "key_admin1".parse().expect("a key id"),
+        tenant: Tenant::new("admin"),
+        scope: KeyScope::Admin,
+        name: None,
+        selector: BTreeMap::new(),
+        prefix: "hk_secre…".into(),
+        created_at_ms: 5,
+        expires_at_ms: None,
+        last_used_ms: None,
+    }
+}
+
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(&dir.path().join("state.db")).expect("open")
 }
@@ -70,15 +86,9 @@ async fn records_and_keys_persist_across_reopen() {
         let mut r = record("sbx_a", 20);
         r.state = SandboxState::Failed;
         s.update_sandbox(&r).await.expect("update");
-        s.add_api_key(
-            "hk_secret",
-            &KeyOwner {
-                tenant: Tenant::new("t"),
-                admin: true,
-            },
-        )
-        .await
-        .expect("key");
+        s.insert_key(&hash_secret("hk_secret"), &admin_key())
+            .await
+            .expect("key");
     }
     let s = open(&dir);
     let r = s
@@ -93,10 +103,17 @@ async fn records_and_keys_persist_across_reopen() {
         vec![(SandboxState::Failed, 1)]
     );
     assert_eq!(
-        s.key_owner("hk_secret").await.expect("q").map(|o| o.admin),
-        Some(true)
+        s.key_by_secret_hash(&hash_secret("hk_secret"))
+            .await
+            .expect("q"),
+        Some(admin_key())
     );
-    assert_eq!(s.key_owner("hk_wrong").await.expect("q"), None);
+    assert_eq!(
+        s.key_by_secret_hash(&hash_secret("hk_wrong"))
+            .await
+            .expect("q"),
+        None
+    );
     assert!(s.delete_sandbox(&sid("sbx_a")).await.expect("delete"));
     assert!(!s.delete_sandbox(&sid("sbx_a")).await.expect("delete again"));
     assert!(s.get_sandbox(&sid("sbx_a")).await.expect("get").is_none());
@@ -557,4 +574,67 @@ async fn a_batch_of_refreshes_moves_times_only_later_and_skips_deleted_records()
     // The reaper's column follows the record.
     let due = s.expired_sandboxes(4_999).await.expect("due");
     assert!(due.is_empty(), "{due:?}");
+}
+
+/// A version 4 database (before tenants and scoped keys): every tenant something names gets
+/// a row, old admin keys become `admin` keys and tenant keys `full` ones, each with an id.
+#[tokio::test]
+async fn a_version_4_database_gets_tenants_and_scoped_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let conn = Connection::open(&path).expect("open raw");
+        for step in &MIGRATIONS[..4] {
+            conn.execute_batch(step).expect("old schema");
+        }
+        for (hash, tenant, admin) in [("h_admin", "admin", 1), ("h_beta", "beta", 0)] {
+            conn.execute(
+                "INSERT INTO api_keys (key_hash, tenant, admin, created_at_ms) VALUES (?1, ?2, ?3, 7)",
+                params![hash, tenant, admin],
+            )
+            .expect("key row");
+        }
+        let json = serde_json::to_string(&record("sbx_old", 21)).expect("json");
+        conn.execute(
+            "INSERT INTO sandboxes (id, state, uid_slot, record, tenant) VALUES ('sbx_old', 'running', 21, ?1, 'acme')",
+            [json],
+        )
+        .expect("sandbox row");
+        conn.pragma_update(None, "user_version", 4)
+            .expect("version");
+    }
+    let s = SqliteStore::open(&path).expect("migrate");
+    let admin = s
+        .key_by_secret_hash("h_admin")
+        .await
+        .expect("q")
+        .expect("kept");
+    assert_eq!(admin.scope, KeyScope::Admin);
+    assert!(admin.id.starts_with("key_"), "{}", admin.id);
+    let beta = s
+        .key_by_secret_hash("h_beta")
+        .await
+        .expect("q")
+        .expect("kept");
+    assert_eq!((beta.scope, beta.tenant.as_str()), (KeyScope::Full, "beta"));
+    assert_ne!(admin.id, beta.id);
+    let names: Vec<String> = s
+        .list_tenants(&PageRequest::default())
+        .await
+        .expect("tenants")
+        .items
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["acme", "beta"], "no tenant row for admin keys");
+    let acme = s
+        .get_tenant(&Tenant::new("acme"))
+        .await
+        .expect("q")
+        .expect("row");
+    assert_eq!(
+        acme.settings,
+        crate::tenant::settings::TenantSettings::default()
+    );
+    assert!(acme.created_at_ms > 1_600_000_000_000, "made now, in ms");
 }
