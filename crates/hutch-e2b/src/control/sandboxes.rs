@@ -309,13 +309,7 @@ async fn list(state: &E2bState, headers: &HeaderMap, q: ListQuery) -> E2bResult<
         })
         .map(|v| SandboxInfo::of(state, v, false))
         .collect();
-    let mut response = Json(rows).into_response();
-    if let Some(next) = found.next {
-        if let Ok(v) = HeaderValue::from_str(next.as_str()) {
-            response.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(response)
+    Ok(paged(rows, found.next))
 }
 
 /// `GET /sandboxes/{id}` → `SandboxDetail`.
@@ -441,19 +435,31 @@ async fn extend(
     timeout: Option<u64>,
 ) -> E2bResult<hutch_core::model::SandboxView> {
     match timeout {
-        Some(t) if t > view.ttl_seconds && !view.persistent => Ok(state
-            .app
-            .manager
-            .update(
-                id,
-                UpdateSandbox {
-                    ttl_seconds: Some(t),
-                    ..Default::default()
-                },
-            )
-            .await?),
+        Some(t) if t > view.ttl_seconds && !view.persistent => set_ttl(state, id, t).await,
         _ => Ok(view),
     }
+}
+
+/// A listing's answer: its rows, and the next page's token in `X-Next-Token`.
+fn paged<T: serde::Serialize>(rows: Vec<T>, next: Option<Cursor>) -> Response {
+    let mut response = Json(rows).into_response();
+    if let Some(v) = next.and_then(|n| HeaderValue::from_str(n.as_str()).ok()) {
+        response.headers_mut().insert("x-next-token", v);
+    }
+    response
+}
+
+/// Set sandbox `id`'s TTL to `seconds` from now.
+async fn set_ttl(
+    state: &E2bState,
+    id: &SandboxId,
+    seconds: u64,
+) -> E2bResult<hutch_core::model::SandboxView> {
+    let update = UpdateSandbox {
+        ttl_seconds: Some(seconds),
+        ..Default::default()
+    };
+    Ok(state.app.manager.update(id, update).await?)
 }
 
 /// `{timeout}` / `{duration}`.
@@ -476,17 +482,7 @@ pub async fn set_timeout(
     let timeout = req
         .timeout
         .ok_or_else(|| E2bError::bad_request("timeout (seconds) is required"))?;
-    state
-        .app
-        .manager
-        .update(
-            &id,
-            UpdateSandbox {
-                ttl_seconds: Some(timeout.max(1)),
-                ..Default::default()
-            },
-        )
-        .await?;
+    set_ttl(&state, &id, timeout.max(1)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -537,19 +533,7 @@ pub async fn fork(
     let mut out = Vec::with_capacity(children.len());
     for child in children {
         let child = match req.timeout {
-            Some(t) => {
-                state
-                    .app
-                    .manager
-                    .update(
-                        &child.id,
-                        UpdateSandbox {
-                            ttl_seconds: Some(t.max(1)),
-                            ..Default::default()
-                        },
-                    )
-                    .await?
-            }
+            Some(t) => set_ttl(&state, &child.id, t.max(1)).await?,
             None => child,
         };
         out.push(serde_json::json!({"sandbox": Sandbox::of(&state, &child)}));
@@ -625,13 +609,7 @@ pub async fn list_snapshots(
         .filter(|s| filter.get("name").is_none_or(|want| *want == s.name))
         .map(|s| serde_json::json!({"snapshotID": s.id, "names": [s.name]}))
         .collect();
-    let mut response = Json(rows).into_response();
-    if let Some(next) = found.next {
-        if let Ok(v) = HeaderValue::from_str(next.as_str()) {
-            response.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(response)
+    Ok(paged(rows, found.next))
 }
 
 /// `DELETE /templates/{id}` → 204: a snapshot (E2B's `Sandbox.delete_snapshot`) or a
