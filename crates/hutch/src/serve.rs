@@ -481,10 +481,13 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         );
         // Printed before the API line: tools that wait for that line have both.
         println!("hutch E2B API on http://{bound}");
+        // The E2B SDKs speak HTTP/1.1 to plaintext URLs; other clients may want h2c.
+        let mut e2b_limits = limits.clone();
+        e2b_limits.h2c = true;
         e2b_server = Some(tokio::spawn(hutch_server::serve::serve(
             e2b_listener,
             e2b,
-            limits.clone(),
+            e2b_limits,
             Default::default(),
             async {
                 let _ = e2b_rx.await;

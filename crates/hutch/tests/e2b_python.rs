@@ -133,3 +133,9 @@ async fn e2b_sdk_watches_directories_by_polling_and_streaming() {
     let s = server().await;
     scenario(&s, "watch");
 }
+
+#[tokio::test]
+async fn e2b_api_speaks_http2_with_prior_knowledge_too() {
+    let s = server().await;
+    scenario(&s, "h2c");
+}

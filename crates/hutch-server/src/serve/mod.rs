@@ -11,7 +11,8 @@
 //! - `TCP_NODELAY` on every accepted socket (no Nagle/delayed-ACK stall on keep-alive);
 //! - graceful shutdown: stop accepting, let requests in flight finish.
 //!
-//! The server speaks HTTP/1.1 only, as it did under `axum::serve` (built without h2).
+//! The server speaks HTTP/1.1, and also HTTP/2 with prior knowledge (h2c) on listeners
+//! whose [`ConnectionLimits::h2c`] is set (the E2B-compatible API's).
 
 pub mod connections;
 
@@ -54,6 +55,9 @@ pub struct ConnectionLimits {
     /// A keep-alive connection must complete its next request head within this of the
     /// previous response.
     pub idle_timeout: Duration,
+    /// Also serve HTTP/2 with prior knowledge (h2c): a connection that opens with the
+    /// HTTP/2 preface speaks HTTP/2, any other HTTP/1.1.
+    pub h2c: bool,
 }
 
 impl ConnectionLimits {
@@ -66,6 +70,7 @@ impl ConnectionLimits {
             max_connections: half.clamp(16, DEFAULT_MAX_CONNECTIONS),
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            h2c: false,
         }
     }
 }
@@ -136,6 +141,7 @@ pub async fn serve(
             handle,
             evicted,
             stop_rx.clone(),
+            limits.h2c,
         ));
     };
     watchdog.abort();
@@ -156,6 +162,7 @@ async fn serve_connection(
     handle: ConnectionHandle,
     mut evicted: tokio::sync::oneshot::Receiver<()>,
     mut stop: tokio::sync::watch::Receiver<()>,
+    h2c: bool,
 ) {
     let per_request = handle.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
@@ -179,6 +186,36 @@ async fn serve_connection(
             }))
         }
     });
+    if h2c {
+        let mut builder =
+            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        builder
+            .http1()
+            .max_buf_size(MAX_HEAD_BYTES)
+            .keep_alive(true)
+            .header_read_timeout(None);
+        let conn = builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(conn);
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                _ = &mut evicted => break,
+                changed = stop.changed(), if !stopping => {
+                    let _ = changed;
+                    stopping = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+        handle.stopped_serving();
+        return;
+    }
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .max_buf_size(MAX_HEAD_BYTES)

@@ -453,6 +453,41 @@ def network():
         assert reach(only, "203.0.113.10", 80) == "blocked"
 
 
+def h2c():
+    """HTTP/2 with prior knowledge on the same listener: the control plane, a unary envd
+    RPC and a server-streaming one (Connect envelopes), as a client forcing h2c sends them."""
+    import json as _json
+    import struct as _struct
+
+    sb = Sandbox.create(template="minimal", timeout=60)
+    with made(sb):
+        with httpx.Client(http1=False, http2=True, timeout=30) as c:
+            r = c.get(API + "/v2/sandboxes", headers={"X-API-Key": KEY})
+            assert r.http_version == "HTTP/2" and r.status_code == 200, (r.http_version, r.status_code)
+            envd = {"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": sb._envd_access_token}
+            r = c.post(API + "/filesystem.Filesystem/Stat", headers={**envd, "Content-Type": "application/json"}, content='{"path": "/etc"}')
+            assert r.http_version == "HTTP/2" and r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY", r.text
+            msg = _json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo over-h2"]}}).encode()
+            r = c.post(
+                API + "/process.Process/Start",
+                headers={**envd, "Content-Type": "application/connect+json"},
+                content=b"\x00" + _struct.pack(">I", len(msg)) + msg,
+            )
+            assert r.http_version == "HTTP/2", r.http_version
+            body, frames = r.content, []
+            while body:
+                flags, n = body[0], _struct.unpack(">I", body[1:5])[0]
+                frames.append((flags, _json.loads(body[5 : 5 + n])))
+                body = body[5 + n :]
+            out = b"".join(
+                base64.b64decode(f["event"]["data"]["stdout"])
+                for flags, f in frames
+                if flags == 0 and "data" in f.get("event", {})
+            )
+            assert out == b"over-h2\n", frames
+            assert frames[-1][0] == 2 and "error" not in frames[-1][1], frames[-1]
+
+
 def basics():
     """What every supported SDK has, down to the oldest (e2b 2.7.0, the first with
     E2B_SANDBOX_URL): create, commands, background, files, a terminal, `get_host`."""
