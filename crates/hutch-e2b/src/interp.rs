@@ -104,24 +104,27 @@ async fn execute(
         env: req.env_vars.unwrap_or_default(),
     };
     let mut run = state.app.manager.run_code(&t.id, code).await?;
-    let lines = async_lines(move |tx| async move {
-        while let Some(event) = run.next().await {
-            let line = match event {
-                Ok(e) => match line_of(e) {
-                    Some(l) => l,
-                    None => continue,
-                },
-                Err(e) => {
-                    json!({"type": "error", "name": "InterpreterError", "value": e.to_string(), "traceback": ""})
+    let lines = crate::task_stream::<Result<bytes::Bytes, std::convert::Infallible>, _, _>(
+        8,
+        move |tx| async move {
+            while let Some(event) = run.next().await {
+                let line = match event {
+                    Ok(e) => match line_of(e) {
+                        Some(l) => l,
+                        None => continue,
+                    },
+                    Err(e) => {
+                        json!({"type": "error", "name": "InterpreterError", "value": e.to_string(), "traceback": ""})
+                    }
+                };
+                let mut text = line.to_string();
+                text.push('\n');
+                if tx.send(Ok(bytes::Bytes::from(text))).await.is_err() {
+                    break;
                 }
-            };
-            let mut text = line.to_string();
-            text.push('\n');
-            if tx.send(Ok(bytes::Bytes::from(text))).await.is_err() {
-                break;
             }
-        }
-    });
+        },
+    );
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
@@ -255,16 +258,4 @@ async fn restart(
         .restart_context(&t.id, &context_id(&cid)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn async_lines<F, Fut>(
-    f: F,
-) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> + Send
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::convert::Infallible>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tokio::spawn(f(tx));
-    tokio_stream::wrappers::ReceiverStream::new(rx)
 }

@@ -115,6 +115,22 @@ impl E2bState {
     }
 }
 
+/// A stream of what a task sends: `f` runs on its own with the sending half (a queue of
+/// `capacity`) and ends when it returns or when the stream is dropped (its sends fail).
+pub(crate) fn task_stream<T, F, Fut>(
+    capacity: usize,
+    f: F,
+) -> tokio_stream::wrappers::ReceiverStream<T>
+where
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+    tokio::spawn(f(tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
 /// The adapter's whole router.
 pub fn router(app: AppState, cfg: E2bConfig) -> Router {
     let state = E2bState {

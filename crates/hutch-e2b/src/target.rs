@@ -6,6 +6,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use hutch_core::ids::SandboxId;
+use hutch_server::parse_host;
 use hutch_server::proxy::{self, Forward, ServedAt};
 
 use crate::error::{E2bError, E2bResult};
@@ -54,20 +55,6 @@ fn header_text<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|s| !s.is_empty())
-}
-
-/// `<port>-<id>.<domain>[:listener port]` → the port and sandbox id.
-fn parse_host(host: &str, domain: &str) -> Option<(u16, SandboxId)> {
-    let host = host.to_ascii_lowercase();
-    let name = match host.rsplit_once(':') {
-        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-        _ => host.as_str(),
-    };
-    let label = name
-        .strip_suffix(&domain.to_ascii_lowercase())?
-        .strip_suffix('.')?;
-    let (port, id) = label.split_once('-')?;
-    Some((port.parse().ok()?, id.parse().ok()?))
 }
 
 /// The sandbox a signed `/files` URL without a sandbox header is for: the one whose

@@ -104,7 +104,7 @@ async fn preview(state: &AppState, request: Request) -> ApiResult<Response> {
 
 /// `{port}-{id}.{domain}[:listener port]` → the port and sandbox id (case-insensitive, as
 /// browsers lowercase host names; sandbox ids are lowercase).
-fn parse_host(host: &str, domain: &str) -> Option<(u16, SandboxId)> {
+pub fn parse_host(host: &str, domain: &str) -> Option<(u16, SandboxId)> {
     let host = host.to_ascii_lowercase();
     let name = match host.rsplit_once(':') {
         Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,

@@ -19,6 +19,7 @@ use axum::Router;
 
 use crate::E2bState;
 
+pub use observe::sample;
 pub use sandboxes::form_pairs;
 pub use templates::E2bBuilds;
 

@@ -16,9 +16,27 @@ use crate::E2bState;
 /// How long a CPU sample spans when there is no earlier one to compare with.
 const CPU_SAMPLE: Duration = Duration::from_millis(100);
 
-/// One `SandboxMetric` of sandbox `id` now: CPU use over a short sample, memory from its
-/// cgroup, disk from `df` inside it.
-async fn metric(state: &E2bState, id: &SandboxId) -> E2bResult<Value> {
+/// What a sandbox uses now: CPU over a short sample, memory from its cgroup, disk from
+/// `df` inside it. The control plane's `SandboxMetric` and envd's `/metrics` both show it.
+pub struct Sample {
+    /// When (ms since the epoch).
+    pub time_ms: i64,
+    /// Whole CPUs.
+    pub cpu_count: u64,
+    /// Percent of those CPUs used over the sample.
+    pub cpu_used_pct: f64,
+    /// Memory used, bytes.
+    pub mem_used: u64,
+    /// The memory limit, bytes.
+    pub mem_total: u64,
+    /// Root filesystem used, bytes.
+    pub disk_used: u64,
+    /// Root filesystem size, bytes.
+    pub disk_total: u64,
+}
+
+/// Sample sandbox `id` now.
+pub async fn sample(state: &E2bState, id: &SandboxId) -> E2bResult<Sample> {
     let manager = &state.app.manager;
     let view = manager.get(id).await?;
     let first = manager.usage(id).await?;
@@ -40,17 +58,30 @@ async fn metric(state: &E2bState, id: &SandboxId) -> E2bResult<Value> {
     let (disk_used, disk_total) = disk_usage(state, id)
         .await
         .unwrap_or((0, view.disk_mib << 20));
-    let now = hutch_core::time::now_ms();
+    Ok(Sample {
+        time_ms: hutch_core::time::now_ms(),
+        cpu_count: cpus as u64,
+        cpu_used_pct: cpu_pct,
+        mem_used,
+        mem_total,
+        disk_used,
+        disk_total,
+    })
+}
+
+/// One `SandboxMetric` of sandbox `id` now.
+async fn metric(state: &E2bState, id: &SandboxId) -> E2bResult<Value> {
+    let s = sample(state, id).await?;
     Ok(json!({
-        "timestamp": hutch_core::time::rfc3339(now),
-        "timestampUnix": now / 1000,
-        "cpuCount": cpus as u64,
-        "cpuUsedPct": cpu_pct,
-        "memUsed": mem_used,
-        "memTotal": mem_total,
+        "timestamp": hutch_core::time::rfc3339(s.time_ms),
+        "timestampUnix": s.time_ms / 1000,
+        "cpuCount": s.cpu_count,
+        "cpuUsedPct": s.cpu_used_pct,
+        "memUsed": s.mem_used,
+        "memTotal": s.mem_total,
         "memCache": 0,
-        "diskUsed": disk_used,
-        "diskTotal": disk_total,
+        "diskUsed": s.disk_used,
+        "diskTotal": s.disk_total,
     }))
 }
 

@@ -121,11 +121,7 @@ pub async fn create(
         isolation: IsolationRequest::default(),
         ttl_seconds: Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT).max(1)),
         persistent: false,
-        tenant: if caller.admin {
-            None
-        } else {
-            Some(caller.tenant.clone())
-        },
+        tenant: caller.owner(),
         metadata,
         env: req.env_vars.unwrap_or_default(),
         cpus: None,
@@ -227,40 +223,8 @@ fn parse_list_query(q: Option<&str>) -> E2bResult<ListQuery> {
     Ok(out)
 }
 
-/// `a=b&c=d`, percent-decoded, `+` as a space.
-pub fn form_pairs(q: &str) -> Vec<(String, String)> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (hex(b[i + 1]), hex(b[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push((h * 16 + l) as u8);
-                        i += 2;
-                    }
-                    _ => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+/// `a=b&c=d`, percent-decoded, `+` as a space (Hutch's own query decoding).
+pub use hutch_server::url_pairs as form_pairs;
 
 async fn list(state: &E2bState, headers: &HeaderMap, q: ListQuery) -> E2bResult<Response> {
     let caller = state.caller(headers).await?;

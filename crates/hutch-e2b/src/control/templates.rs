@@ -22,7 +22,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hutch_build::{BuildRequest, BuildStatus};
-use hutch_server::Caller;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -56,18 +55,11 @@ impl E2bBuilds {
 /// A template name Hutch accepts, from E2B's `name` or `name:tag`.
 fn template_name(name: &str) -> E2bResult<String> {
     let name = name.split_once(':').map_or(name, |(n, _)| n);
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(name.to_string())
-    } else {
-        Err(E2bError::bad_request(format!(
+    match hutch_server::validate_template_name(name) {
+        Ok(()) => Ok(name.to_string()),
+        Err(_) => Err(E2bError::bad_request(format!(
             "template name {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
-        )))
+        ))),
     }
 }
 
@@ -125,7 +117,7 @@ pub async fn request_build(
         build_id.clone(),
         Pending {
             template: template.clone(),
-            caller_tenant: tenant_of(&caller),
+            caller_tenant: caller.owner(),
             hutch_build: None,
         },
     );
@@ -141,10 +133,6 @@ pub async fn request_build(
         })),
     )
         .into_response())
-}
-
-fn tenant_of(caller: &Caller) -> Option<hutch_core::tenant::Tenant> {
-    (!caller.admin).then(|| caller.tenant.clone())
 }
 
 /// `GET /templates/{id}/files/{hash}` → 201 `{present, url}`.
@@ -280,17 +268,16 @@ fn dockerfile(start: &BuildStart) -> E2bResult<(String, Vec<String>)> {
     let mut hashes = Vec::new();
     for (i, step) in start.steps.iter().enumerate() {
         let arg = |n: usize| step.args.get(n).map(String::as_str).unwrap_or("");
-        let line = |s: &str| s.replace('\n', " \\\n");
         match step.kind.as_str() {
             "RUN" => {
                 let run_as = arg(1);
                 if !run_as.is_empty() && run_as != user {
                     out.push_str(&format!(
                         "USER {run_as}\nRUN {}\nUSER {user}\n",
-                        line(arg(0))
+                        line_of(arg(0))
                     ));
                 } else {
-                    out.push_str(&format!("RUN {}\n", line(arg(0))));
+                    out.push_str(&format!("RUN {}\n", line_of(arg(0))));
                 }
             }
             "COPY" => {
@@ -352,6 +339,7 @@ fn dockerfile(start: &BuildStart) -> E2bResult<(String, Vec<String>)> {
     Ok((out, hashes))
 }
 
+/// A Dockerfile instruction's text with its newlines continued (`\` at each line end).
 fn line_of(s: &str) -> String {
     s.replace('\n', " \\\n")
 }

@@ -155,7 +155,7 @@ async fn unary(
         }
         other => Err(ConnectError::new(
             Code::Unimplemented,
-            format!("filesystem.Filesystem/{other} is not supported yet"),
+            format!("filesystem.Filesystem has no method {other}"),
         )),
     }
 }
@@ -206,37 +206,37 @@ async fn watch_dir(
         Err(e) => return connect::stream_error(watch_error(e)),
     };
     let interval = super::process::keepalive_interval(headers);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Value, ConnectError>>(16);
-    tokio::spawn(async move {
-        if tx.send(Ok(json!({"start": {}}))).await.is_err() {
-            return;
-        }
-        let mut tick = tokio::time::interval(interval);
-        tick.tick().await;
-        loop {
-            let item = tokio::select! {
-                item = futures_util::StreamExt::next(&mut watch) => item,
-                _ = tick.tick() => {
-                    if tx.send(Ok(json!({"keepalive": {}}))).await.is_err() { return; }
-                    continue;
-                }
-            };
-            match item {
-                Some(Ok(hutch_proto::WatchMessage::Event(e))) => {
-                    for ev in proto::filesystem_events(&e) {
-                        if tx.send(Ok(json!({ "filesystem": ev }))).await.is_err() {
-                            return;
+    let events =
+        crate::task_stream::<Result<Value, ConnectError>, _, _>(16, move |tx| async move {
+            if tx.send(Ok(json!({"start": {}}))).await.is_err() {
+                return;
+            }
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            loop {
+                let item = tokio::select! {
+                    item = futures_util::StreamExt::next(&mut watch) => item,
+                    _ = tick.tick() => {
+                        if tx.send(Ok(json!({"keepalive": {}}))).await.is_err() { return; }
+                        continue;
+                    }
+                };
+                match item {
+                    Some(Ok(hutch_proto::WatchMessage::Event(e))) => {
+                        for ev in proto::filesystem_events(&e) {
+                            if tx.send(Ok(json!({ "filesystem": ev }))).await.is_err() {
+                                return;
+                            }
                         }
                     }
-                }
-                Some(Ok(hutch_proto::WatchMessage::End(_))) | None => return,
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    let _ = tx.send(Err(e.into())).await;
-                    return;
+                    Some(Ok(hutch_proto::WatchMessage::End(_))) | None => return,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
                 }
             }
-        }
-    });
-    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+        });
+    connect::stream_response(events)
 }

@@ -155,26 +155,22 @@ async fn health() -> axum::http::StatusCode {
     axum::http::StatusCode::NO_CONTENT
 }
 
-/// `GET /metrics` → envd's metrics of the sandbox.
+/// `GET /metrics` → envd's metrics of the sandbox (the same sample as the control plane's).
 async fn metrics(
     State(state): State<E2bState>,
     Extension(t): Extension<SandboxTarget>,
 ) -> E2bResult<Json<serde_json::Value>> {
-    let view = state.app.manager.get(&t.id).await?;
-    let usage = state.app.manager.usage(&t.id).await?;
-    let (used, total) = usage.as_ref().map_or((0, view.memory_mib << 20), |u| {
-        (u.memory_bytes, u.memory_limit_bytes)
-    });
+    let s = crate::control::sample(&state, &t.id).await?;
     Ok(Json(serde_json::json!({
-        "ts": hutch_core::time::now_ms() / 1000,
-        "cpu_count": view.cpus.ceil().max(1.0) as u64,
-        "cpu_used_pct": 0.0,
-        "mem_total": total,
-        "mem_used": used,
-        "mem_total_mib": total >> 20,
-        "mem_used_mib": used >> 20,
-        "disk_used": 0,
-        "disk_total": view.disk_mib << 20,
+        "ts": s.time_ms / 1000,
+        "cpu_count": s.cpu_count,
+        "cpu_used_pct": s.cpu_used_pct,
+        "mem_total": s.mem_total,
+        "mem_used": s.mem_used,
+        "mem_total_mib": s.mem_total >> 20,
+        "mem_used_mib": s.mem_used >> 20,
+        "disk_used": s.disk_used,
+        "disk_total": s.disk_total,
     })))
 }
 

@@ -184,7 +184,7 @@ async fn unary(
         }
         other => Err(ConnectError::new(
             Code::Unimplemented,
-            format!("process.Process/{other} is not implemented"),
+            format!("process.Process has no method {other}"),
         )),
     }
 }
@@ -360,53 +360,55 @@ async fn attach(
 
 /// A handle's events as envd's stream: `start`, `data`…, `end`, with keepalives.
 fn events_response(info: ProcessInfo, mut events: ProcessStream, interval: Duration) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Value, ConnectError>>(8);
-    tokio::spawn(async move {
-        if tx
-            .send(Ok(json!({"event": {"start": {"pid": info.pid}}})))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        let data_key = if info.pty.is_some() { "pty" } else { "stdout" };
-        let mut tick = tokio::time::interval(interval);
-        tick.tick().await;
-        loop {
-            let event = tokio::select! {
-                e = events.next() => e,
-                _ = tick.tick() => {
-                    if tx.send(Ok(json!({"event": {"keepalive": {}}}))).await.is_err() { return; }
-                    continue;
-                }
-            };
-            let message = match event {
-                Some(Ok(ProcessEvent::Stdout(b))) => {
-                    Ok(json!({"event": {"data": {data_key: b64(&b)}}}))
-                }
-                Some(Ok(ProcessEvent::Stderr(b))) => {
-                    Ok(json!({"event": {"data": {"stderr": b64(&b)}}}))
-                }
-                // envd has no word for output a reader missed: the stream goes on.
-                Some(Ok(ProcessEvent::Missed(_))) => continue,
-                Some(Ok(ProcessEvent::Exit(exit))) => {
-                    let _ = tx
-                        .send(Ok(json!({"event": {"end": end_event(&exit)}})))
-                        .await;
-                    return;
-                }
-                Some(Err(e)) => {
-                    let _ = tx.send(Err(e.into())).await;
-                    return;
-                }
-                None => return,
-            };
-            if tx.send(message).await.is_err() {
+    let messages = crate::task_stream::<Result<Value, ConnectError>, _, _>(
+        8,
+        move |tx| async move {
+            if tx
+                .send(Ok(json!({"event": {"start": {"pid": info.pid}}})))
+                .await
+                .is_err()
+            {
                 return;
             }
-        }
-    });
-    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+            let data_key = if info.pty.is_some() { "pty" } else { "stdout" };
+            let mut tick = tokio::time::interval(interval);
+            tick.tick().await;
+            loop {
+                let event = tokio::select! {
+                    e = events.next() => e,
+                    _ = tick.tick() => {
+                        if tx.send(Ok(json!({"event": {"keepalive": {}}}))).await.is_err() { return; }
+                        continue;
+                    }
+                };
+                let message = match event {
+                    Some(Ok(ProcessEvent::Stdout(b))) => {
+                        Ok(json!({"event": {"data": {data_key: b64(&b)}}}))
+                    }
+                    Some(Ok(ProcessEvent::Stderr(b))) => {
+                        Ok(json!({"event": {"data": {"stderr": b64(&b)}}}))
+                    }
+                    // envd has no word for output a reader missed: the stream goes on.
+                    Some(Ok(ProcessEvent::Missed(_))) => continue,
+                    Some(Ok(ProcessEvent::Exit(exit))) => {
+                        let _ = tx
+                            .send(Ok(json!({"event": {"end": end_event(&exit)}})))
+                            .await;
+                        return;
+                    }
+                    Some(Err(e)) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                    None => return,
+                };
+                if tx.send(message).await.is_err() {
+                    return;
+                }
+            }
+        },
+    );
+    connect::stream_response(messages)
 }
 
 /// envd's `EndEvent` of an exit.

@@ -71,7 +71,8 @@ fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
     Ok(())
 }
 
-fn validate_template_name(t: &str) -> ApiResult<()> {
+/// A template name Hutch accepts: 1-64 of `[A-Za-z0-9._-]`, not starting with `.`.
+pub fn validate_template_name(t: &str) -> ApiResult<()> {
     let ok = !t.is_empty()
         && t.len() <= 64
         && t.bytes()
@@ -208,7 +209,7 @@ pub async fn list(
 }
 
 /// Decode `a=b&c=d` with percent-decoding and `+` as space.
-pub(crate) fn url_pairs(q: &str) -> Vec<(String, String)> {
+pub fn url_pairs(q: &str) -> Vec<(String, String)> {
     q.split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {

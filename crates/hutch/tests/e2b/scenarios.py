@@ -211,6 +211,11 @@ def lifecycle():
         assert 20 < (after.timestamp() - time.time()) <= 31, after
         assert again.is_running()
         assert again.get_metrics()[0].mem_total > 0
+        # envd's own /metrics: the same measured sample (disk used inside the sandbox).
+        envd = {"E2b-Sandbox-Id": again.sandbox_id, "X-Access-Token": again._envd_access_token}
+        m = httpx.get(API + "/metrics", headers=envd, timeout=30).json()
+        assert m["disk_used"] > 0 and m["disk_total"] >= m["disk_used"], m
+        assert m["mem_total"] > 0 and 0 <= m["cpu_used_pct"] <= 100, m
         assert again.kill() is True
         assert Sandbox.kill(sb.sandbox_id) is False
         assert not again.is_running()
