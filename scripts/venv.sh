@@ -27,9 +27,11 @@ if ! "$VENV/bin/python" -c 'import agents.strict_schema' 2>/dev/null; then
 fi
 # E2B's published SDKs, unmodified, that tests/e2b_python.rs drives against the E2B-compatible
 # API (the newest releases when this was written; docs/e2b.md says which versions are tested).
-if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter' 2>/dev/null; then
+# `h2` lets the h2c scenario's httpx client speak HTTP/2 (e2b pulls it in today; named here
+# so the test does not depend on that).
+if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter, h2' 2>/dev/null; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-        "e2b==2.63.0" "e2b-code-interpreter==2.11.5" >&2
+        "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "h2>=4,<5" >&2
 fi
 # The oldest e2b the E2B API supports (2.7.0, the first release that reads E2B_SANDBOX_URL),
 # in a virtual environment of its own beside this one: tests/e2b_python.rs runs its
