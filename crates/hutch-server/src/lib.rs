@@ -46,6 +46,8 @@ pub struct AppState {
     build_owners: Arc<routes::templates::BuildOwners>,
     /// How big an uploaded build context may be.
     context_limits: build_context::ContextLimits,
+    /// Whether the listeners serve TLS (`https` in the URLs the server hands out).
+    tls: bool,
 }
 
 /// Default [`AppState::with_json_body_limit`]: 1 MiB.
@@ -65,6 +67,7 @@ impl AppState {
             builder,
             build_owners: Arc::default(),
             context_limits: build_context::ContextLimits::default(),
+            tls: false,
         }
     }
 
@@ -89,6 +92,22 @@ impl AppState {
     pub fn with_preview(mut self, preview: PreviewOrigin) -> Self {
         self.preview = Some(Arc::new(preview));
         self
+    }
+
+    /// The listeners serve TLS: URLs the server hands out (signed file URLs, browser links,
+    /// upload links) say `https`.
+    pub fn with_tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// The scheme of URLs pointing back at this server: `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// Answer JSON bodies larger than `bytes` with 413 (file uploads and streamed exec stdin

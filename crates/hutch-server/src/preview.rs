@@ -26,13 +26,16 @@ pub struct PreviewOrigin {
     pub domain: String,
     /// The port in the URLs handed out (the listener's, unless a proxy in front differs).
     pub port: u16,
+    /// `https` when the listener serves TLS, else `http`.
+    pub scheme: &'static str,
 }
 
 impl PreviewOrigin {
     /// The URL of `port` in sandbox `id` on this origin, with `query` (already encoded).
     pub fn url(&self, id: &str, port: u16, query: &str) -> String {
         format!(
-            "http://{port}-{id}.{domain}:{listen}/{query}",
+            "{scheme}://{port}-{id}.{domain}:{listen}/{query}",
+            scheme = self.scheme,
             domain = self.domain,
             listen = self.port
         )
@@ -154,6 +157,7 @@ mod tests {
         let origin = PreviewOrigin {
             domain: "localhost".into(),
             port: 7701,
+            scheme: "http",
         };
         assert_eq!(
             origin.url("sbx_a", 8000, "?hutch_token=t"),

@@ -100,7 +100,8 @@ pub async fn forward(state: &AppState, to: Forward<'_>, request: Request) -> Api
         ServedAt::ApiPath { prefix } => Some(prefix),
         ServedAt::PreviewHost => None,
     };
-    let (upstream, client_upgrade) = upstream_request(request, target, port, prefix);
+    let (upstream, client_upgrade) =
+        upstream_request(request, target, port, prefix, state.scheme());
     let connection = state.manager.open_port(id, port).await?;
     let mut response = exchange(connection, upstream, id, port).await?;
 
@@ -162,6 +163,7 @@ fn upstream_request(
     target: Uri,
     port: u16,
     prefix: Option<&str>,
+    scheme: &'static str,
 ) -> (hyper::Request<Body>, Option<hyper::upgrade::OnUpgrade>) {
     let (mut parts, body) = request.into_parts();
     let upgrade = upgrade_protocol(&parts.headers);
@@ -185,7 +187,7 @@ fn upstream_request(
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, protocol);
     }
-    set_forwarded(&mut headers, port, forwarded_host, peer, prefix);
+    set_forwarded(&mut headers, port, forwarded_host, peer, prefix, scheme);
     let mut upstream = hyper::Request::new(body);
     *upstream.method_mut() = parts.method;
     *upstream.uri_mut() = target;
@@ -336,6 +338,7 @@ fn set_forwarded(
     host: Option<HeaderValue>,
     peer: Option<std::net::IpAddr>,
     prefix: Option<&str>,
+    scheme: &'static str,
 ) {
     if let Ok(value) = HeaderValue::from_str(&format!("localhost:{port}")) {
         headers.insert(header::HOST, value);
@@ -344,7 +347,7 @@ fn set_forwarded(
         headers.insert("x-forwarded-host", host);
     }
     if !headers.contains_key("x-forwarded-proto") {
-        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
     }
     if let Some(peer) = peer {
         let chain = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {

@@ -8,6 +8,8 @@
 //!   API, [`TestServer::request_as`] calls with another key.
 //! - [`SmallDisk`]: a small loop-mounted filesystem of the test's own, to fill (a full
 //!   state disk), unmounted and detached when dropped.
+//! - [`TestCa`]: a CA of the test's own and a server certificate it signed, for
+//!   `hutch serve --tls-cert` ([`TestServer::trust_root`] makes the clients trust it).
 //! - [`wait_until`]: polling instead of sleeping (and [`wait_until_blocking`] for tests
 //!   without a runtime).
 //! - [`both_backends!`]: one behaviour case, an `ns` and a `vm` test; the `vm` one skips,
@@ -24,6 +26,7 @@ mod programs;
 mod server;
 mod small_disk;
 mod tenants;
+mod tls;
 mod wait;
 
 pub use backends::{on, skip_without_vm, vm_unavailable};
@@ -31,4 +34,5 @@ pub use paths::{agent_bin, ensure_template, hutch_bin, repo_root, templates_dir,
 pub use programs::{path_without, static_c_binary};
 pub use server::TestServer;
 pub use small_disk::SmallDisk;
+pub use tls::TestCa;
 pub use wait::{wait_until, wait_until_blocking};

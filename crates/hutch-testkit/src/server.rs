@@ -33,6 +33,9 @@ pub struct TestServer {
     /// RLIMIT_NOFILE (soft and hard) of the server process, when a test sets one.
     open_files: Option<u64>,
     templates_dir: PathBuf,
+    /// A PEM root certificate the test's clients trust (a server started with
+    /// `--tls-cert`; see [`TestServer::trust_root`]).
+    root_pem: Option<Vec<u8>>,
 }
 
 impl TestServer {
@@ -104,6 +107,7 @@ impl TestServer {
                 .collect(),
             templates_dir: templates,
             open_files,
+            root_pem: None,
         };
         s.spawn_server().await;
         s
@@ -113,6 +117,13 @@ impl TestServer {
     pub async fn start_with_open_files(extra: &[&str], limit: u64) -> Self {
         ensure_minimal();
         Self::start_in_env(templates_dir(), extra, &[], Some(limit)).await
+    }
+
+    /// Trust the PEM root certificate `pem` in this server's clients (`http` and the
+    /// cleanup's), for a server started with `--tls-cert` signed by it.
+    pub fn trust_root(&mut self, pem: &[u8]) {
+        self.root_pem = Some(pem.to_vec());
+        self.http = http_client(self.root_pem.as_deref());
     }
 
     /// Pid of the server process.
@@ -527,13 +538,14 @@ impl Drop for TestServer {
         if self.child.is_some() {
             let url = self.url.clone();
             let key = self.key.clone();
+            let root = self.root_pem.clone();
             let _ = std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build();
                 let Ok(rt) = rt else { return };
                 rt.block_on(async {
-                    let http = reqwest::Client::new();
+                    let http = http_client(root.as_deref());
                     delete_all(&http, &url, &key, "sandboxes").await;
                     // Snapshots too: a vm snapshot's shared memory lives in the vm cache,
                     // outside the state directory removed below.
@@ -550,4 +562,14 @@ impl Drop for TestServer {
             panic!("mounts left under the state dir after cleanup: {mounts:?}");
         }
     }
+}
+
+/// An HTTP client that also trusts the PEM root certificate `root`, when given.
+fn http_client(root: Option<&[u8]>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder();
+    if let Some(pem) = root {
+        let cert = reqwest::Certificate::from_pem(pem).expect("a PEM root certificate");
+        builder = builder.add_root_certificate(cert);
+    }
+    builder.build().expect("HTTP client")
 }

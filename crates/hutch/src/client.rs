@@ -151,10 +151,7 @@ impl Api {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         let resp = self.check(resp).await?;
         if resp.status() == StatusCode::NO_CONTENT {
             return Ok(Value::Null);
@@ -177,10 +174,7 @@ impl Api {
         if let Some(j) = json {
             req = req.json(j);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
         self.check(resp).await
     }
 
@@ -199,7 +193,7 @@ impl Api {
             .body(body)
             .send()
             .await
-            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+            .map_err(|e| self.unreachable(&e))?;
         self.check(resp).await
     }
 
@@ -214,7 +208,7 @@ impl Api {
             .header(reqwest::header::ACCEPT, accept)
             .send()
             .await
-            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+            .map_err(|e| self.unreachable(&e))?;
         self.check(resp).await
     }
 
@@ -231,8 +225,20 @@ impl Api {
             .json(json)
             .send()
             .await
-            .map_err(|e| anyhow!("cannot reach the Hutch server at {}: {e}", self.base))?;
+            .map_err(|e| self.unreachable(&e))?;
         self.check(resp).await
+    }
+
+    /// A request that got no answer, with every cause (a refused connection, a certificate
+    /// the system's roots and `SSL_CERT_FILE` do not vouch for).
+    fn unreachable(&self, e: &reqwest::Error) -> anyhow::Error {
+        let mut text = format!("cannot reach the Hutch server at {}: {e}", self.base);
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            text.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
+        anyhow!(text)
     }
 
     /// `ws://` URL for a path.

@@ -36,6 +36,14 @@ pub struct ServeArgs {
     /// clients; elsewhere a wildcard DNS record or `/etc/hosts` entries).
     #[arg(long, env = "HUTCH_E2B_DOMAIN", default_value = "e2b.localhost")]
     pub e2b_domain: String,
+    /// Serve TLS on every listener (the API, the preview origin, the E2B API) with this PEM
+    /// certificate chain, leaf first (needs `--tls-key`). The E2B API then offers HTTP/2 by
+    /// ALPN; the others HTTP/1.1. See docs/tls.md.
+    #[arg(long, env = "HUTCH_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert` (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "HUTCH_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Templates directory (default `<state-dir>/templates`).
     #[arg(long)]
     pub templates_dir: Option<PathBuf>,
@@ -342,6 +350,18 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         tracing::warn!("cannot become a child subreaper: exited sandboxes may linger as zombies");
     }
     let open_files = raise_open_files_limit();
+    // A bad certificate or key fails here, before anything starts.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(hutch_server::serve::tls::TlsIdentity::load(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let acceptor = |alpn| -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+        Ok(match &tls {
+            Some(identity) => Some(identity.acceptor(alpn)?),
+            None => None,
+        })
+    };
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating state directory {}", state_dir.display()))?;
     std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o711))?;
@@ -424,6 +444,9 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             max_bytes: args.max_build_context as u64,
             ..Default::default()
         });
+    if tls.is_some() {
+        state = state.with_tls();
+    }
     let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
     if let Some(n) = args.max_connections {
         limits.max_connections = n.max(1);
@@ -446,10 +469,11 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         state = state.with_preview(hutch_server::PreviewOrigin {
             domain: args.preview_domain.to_ascii_lowercase(),
             port: bound.port(),
+            scheme,
         });
         // Printed before the API line: tools that wait for that line have both.
         println!(
-            "hutch preview on http://{bound} (http://{{port}}-{{sandbox id}}.{}:{})",
+            "hutch preview on {scheme}://{bound} ({scheme}://{{port}}-{{sandbox id}}.{}:{})",
             args.preview_domain,
             bound.port()
         );
@@ -459,6 +483,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             preview_listener,
             preview,
             limits.clone(),
+            acceptor(hutch_server::serve::tls::Alpn::Http1)?,
             Default::default(),
             async {
                 let _ = preview_rx.await;
@@ -480,21 +505,23 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             },
         );
         // Printed before the API line: tools that wait for that line have both.
-        println!("hutch E2B API on http://{bound}");
-        // The E2B SDKs speak HTTP/1.1 to plaintext URLs; other clients may want h2c.
+        println!("hutch E2B API on {scheme}://{bound}");
+        // The E2B SDKs speak HTTP/1.1 to plaintext URLs and HTTP/2 by ALPN under TLS; other
+        // clients may want h2c.
         let mut e2b_limits = limits.clone();
         e2b_limits.h2c = true;
         e2b_server = Some(tokio::spawn(hutch_server::serve::serve(
             e2b_listener,
             e2b,
             e2b_limits,
+            acceptor(hutch_server::serve::tls::Alpn::Http2AndHttp1)?,
             Default::default(),
             async {
                 let _ = e2b_rx.await;
             },
         )));
     }
-    println!("hutch listening on http://{addr}");
+    println!("hutch listening on {scheme}://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
     let stats = state.connection_stats();
     let app = hutch_server::app(state);
@@ -503,6 +530,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         listener,
         app,
         limits,
+        acceptor(hutch_server::serve::tls::Alpn::Http1)?,
         stats,
         async {
             let _ = rx.await;

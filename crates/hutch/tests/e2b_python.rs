@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hutch_testkit::{ensure_template, repo_root, TestServer};
+use hutch_testkit::{ensure_template, repo_root, skip_without_vm, TestCa, TestServer};
+use serde_json::json;
 
 /// Run scenario `name` with the SDK pointed at `server`'s E2B listener, as a user would
 /// (only environment variables), and fail with its output unless it passes.
@@ -16,6 +17,11 @@ fn scenario(server: &TestServer, name: &str) {
 
 /// [`scenario`] with the SDK of the Python at `python`.
 fn scenario_with(server: &TestServer, name: &str, python: &Path) {
+    scenario_env(server, name, python, &[]);
+}
+
+/// [`scenario_with`] with more environment variables.
+fn scenario_env(server: &TestServer, name: &str, python: &Path, env: &[(&str, &Path)]) {
     let url = server
         .e2b_url
         .as_deref()
@@ -29,6 +35,7 @@ fn scenario_with(server: &TestServer, name: &str, python: &Path) {
         .env("E2B_API_KEY", &server.key)
         .env_remove("E2B_DOMAIN")
         .env_remove("E2B_DEBUG")
+        .envs(env.iter().copied())
         .output()
         .expect("run python (HUTCH_TEST_PYTHON from scripts/venv.sh, with e2b installed)");
     let text = format!(
@@ -138,4 +145,61 @@ async fn e2b_sdk_watches_directories_by_polling_and_streaming() {
 async fn e2b_api_speaks_http2_with_prior_knowledge_too() {
     let s = server().await;
     scenario(&s, "h2c");
+}
+
+#[tokio::test]
+async fn e2b_sdk_speaks_http2_by_alpn_over_tls() {
+    ensure_template("base");
+    ensure_template("code-interpreter");
+    let ca = TestCa::new();
+    let mut args = ca.serve_args();
+    args.extend(["--e2b-listen".into(), "127.0.0.1:0".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut s = TestServer::start_with(&args).await;
+    s.trust_root(&ca.root_pem());
+    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    // The SDK's transport trusts the system's roots, which SSL_CERT_FILE replaces.
+    scenario_env(
+        &s,
+        "tls",
+        &PathBuf::from(python),
+        &[("SSL_CERT_FILE", &ca.root())],
+    );
+}
+
+#[tokio::test]
+async fn e2b_sdk_pauses_a_vm_sandbox_and_connect_finds_its_processes_running() {
+    if skip_without_vm("e2b_sdk_pauses_a_vm_sandbox_and_connect_finds_its_processes_running") {
+        return;
+    }
+    let s = server().await;
+    // E2B's create names no isolation: the key's tenant makes its sandboxes vm.
+    s.tenant("vm-team", json!({"defaults": {"isolation": "vm"}}))
+        .await;
+    let key = s
+        .key_with(json!({"tenant": "vm-team", "scope": "full", "format": "e2b"}))
+        .await;
+    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    let url = s.e2b_url.clone().expect("--e2b-listen");
+    let out = Command::new(python)
+        .arg(repo_root().join("crates/hutch/tests/e2b/scenarios.py"))
+        .arg("vm_pause")
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", &key)
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_ADMIN_KEY", &s.key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .expect("run python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("ok"),
+        "scenario vm_pause failed:\n{text}"
+    );
 }

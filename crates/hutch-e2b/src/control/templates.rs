@@ -150,7 +150,8 @@ pub async fn file_upload_link(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("127.0.0.1");
     let url = format!(
-        "http://{host}/template-files/{template}/{hash}?token={}",
+        "{}://{host}/template-files/{template}/{hash}?token={}",
+        state.app.scheme(),
         upload_token(&state, &template, &hash)
     );
     let mut answer = json!({ "present": present });

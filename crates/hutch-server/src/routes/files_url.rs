@@ -88,7 +88,8 @@ pub async fn file_url(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("127.0.0.1:7700");
     let url = format!(
-        "http://{host}/v1/sandboxes/{id}/files?{}",
+        "{}://{host}/v1/sandboxes/{id}/files?{}",
+        state.scheme(),
         hutch_proto::query::build(&pairs)
     );
     let method = match body.op {

@@ -185,7 +185,8 @@ pub async fn port_token(
                 .get(header::HOST)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("127.0.0.1:7700");
-            format!("http://{host}/v1/sandboxes/{id}/ports/{port}/{query}")
+            let scheme = state.scheme();
+            format!("{scheme}://{host}/v1/sandboxes/{id}/ports/{port}/{query}")
         }
     });
     Ok((

@@ -11,10 +11,12 @@
 //! - `TCP_NODELAY` on every accepted socket (no Nagle/delayed-ACK stall on keep-alive);
 //! - graceful shutdown: stop accepting, let requests in flight finish.
 //!
-//! The server speaks HTTP/1.1, and also HTTP/2 with prior knowledge (h2c) on listeners
-//! whose [`ConnectionLimits::h2c`] is set (the E2B-compatible API's).
+//! The server speaks HTTP/1.1, and also HTTP/2 on listeners whose [`ConnectionLimits::h2c`]
+//! is set (the E2B-compatible API's): with prior knowledge (h2c) in plaintext, by ALPN under
+//! TLS ([`tls`]).
 
 pub mod connections;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -55,8 +57,8 @@ pub struct ConnectionLimits {
     /// A keep-alive connection must complete its next request head within this of the
     /// previous response.
     pub idle_timeout: Duration,
-    /// Also serve HTTP/2 with prior knowledge (h2c): a connection that opens with the
-    /// HTTP/2 preface speaks HTTP/2, any other HTTP/1.1.
+    /// Also serve HTTP/2: in plaintext with prior knowledge (h2c: a connection that opens
+    /// with the HTTP/2 preface speaks HTTP/2, any other HTTP/1.1); under TLS offered by ALPN.
     pub h2c: bool,
 }
 
@@ -84,12 +86,14 @@ pub enum ServeError {
 }
 
 /// Serve `app` on `listener` until `shutdown` resolves, then finish the requests in flight
-/// (the caller bounds how long it waits for that).
+/// (the caller bounds how long it waits for that). With `tls`, every connection is TLS
+/// (its acceptor's ALPN list says which protocols it offers; see [`tls::TlsIdentity`]).
 /// The counters of the connection table land in `stats` (see [`crate::AppState::connection_stats`]).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     stats: Arc<ConnectionStats>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
@@ -103,7 +107,9 @@ pub async fn serve(
         max_connections = limits.max_connections,
         header_timeout_s = limits.header_timeout.as_secs_f64(),
         idle_timeout_s = limits.idle_timeout.as_secs_f64(),
-        "serving HTTP/1.1"
+        tls = tls.is_some(),
+        http2 = limits.h2c,
+        "serving HTTP"
     );
     let watchdog = tokio::spawn(watch_timeouts(Arc::clone(&table)));
     // Each connection holds a receiver and watches it for the shutdown.
@@ -133,16 +139,23 @@ pub async fn serve(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY");
         }
-        let io = TokioIo::new(TrackedStream::new(stream, handle.slot()));
-        tokio::spawn(serve_connection(
-            io,
+        let stream = TrackedStream::new(stream, handle.slot());
+        let connection = Connection {
             peer,
-            app.clone(),
+            app: app.clone(),
             handle,
             evicted,
-            stop_rx.clone(),
-            limits.h2c,
-        ));
+            stop: stop_rx.clone(),
+            http2: limits.h2c,
+        };
+        match &tls {
+            None => {
+                tokio::spawn(connection.serve(stream));
+            }
+            Some(acceptor) => {
+                tokio::spawn(connection.serve_tls(acceptor.clone(), stream));
+            }
+        }
     };
     watchdog.abort();
     drop(stop_rx);
@@ -154,97 +167,128 @@ pub async fn serve(
     result
 }
 
-/// One connection: hyper drives it until it ends, is evicted, or the server stops.
-async fn serve_connection(
-    io: TokioIo<TrackedStream>,
+/// One accepted connection and what its task watches.
+struct Connection {
     peer: SocketAddr,
     app: Router,
     handle: ConnectionHandle,
-    mut evicted: tokio::sync::oneshot::Receiver<()>,
-    mut stop: tokio::sync::watch::Receiver<()>,
-    h2c: bool,
-) {
-    let per_request = handle.clone();
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        let guard = per_request.request_started();
-        // The peer address feeds `X-Forwarded-For` on the port proxy; the handle lets
-        // authentication mark the connection as a known client's.
-        req.extensions_mut().insert(ConnectInfo(peer));
-        req.extensions_mut().insert(per_request.clone());
-        let app = app.clone();
-        async move {
-            let response = app
-                .oneshot(req.map(Body::new))
-                .await
-                .unwrap_or_else(|never: Infallible| match never {});
-            // The request is served until its response body is finished (or dropped).
-            Ok::<_, Infallible>(response.map(|body| {
-                Body::new(body.map_frame(move |frame| {
-                    let _serving = &guard;
-                    frame
-                }))
-            }))
-        }
-    });
-    if h2c {
-        let mut builder =
-            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-        builder
-            .http1()
-            .max_buf_size(MAX_HEAD_BYTES)
-            .keep_alive(true)
-            .header_read_timeout(None);
-        let conn = builder.serve_connection_with_upgrades(io, service);
-        tokio::pin!(conn);
-        let mut stopping = false;
-        loop {
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                    break;
+    /// Fires when the table evicts the connection (or its header or idle timeout passed).
+    evicted: tokio::sync::oneshot::Receiver<()>,
+    /// Changes when the server stops.
+    stop: tokio::sync::watch::Receiver<()>,
+    /// HTTP/2 besides HTTP/1.1 (h2c in plaintext, ALPN `h2` under TLS).
+    http2: bool,
+}
+
+impl Connection {
+    /// Finish the TLS handshake, then serve. A client that never completes it is evicted
+    /// like one that never sends a request head: it counts as a stranger in the table.
+    async fn serve_tls(mut self, acceptor: tokio_rustls::TlsAcceptor, stream: TrackedStream) {
+        let peer = self.peer;
+        let tls = tokio::select! {
+            accepted = acceptor.accept(stream) => match accepted {
+                Ok(tls) => tls,
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    self.handle.stopped_serving();
+                    return;
                 }
-                _ = &mut evicted => break,
-                changed = stop.changed(), if !stopping => {
-                    let _ = changed;
-                    stopping = true;
-                    conn.as_mut().graceful_shutdown();
-                }
+            },
+            _ = &mut self.evicted => {
+                tracing::debug!(%peer, "connection closed during the TLS handshake");
+                self.handle.stopped_serving();
+                return;
             }
+        };
+        // Only a listener that offers `h2` by ALPN can have negotiated it.
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+        self.http2 = self.http2 && h2;
+        self.serve(tls).await;
+    }
+
+    /// Hyper drives the connection until it ends, is evicted, or the server stops.
+    async fn serve<I>(self, stream: I)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self {
+            peer,
+            app,
+            handle,
+            mut evicted,
+            mut stop,
+            http2,
+        } = self;
+        let io = TokioIo::new(stream);
+        let per_request = handle.clone();
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            let guard = per_request.request_started();
+            // The peer address feeds `X-Forwarded-For` on the port proxy; the handle lets
+            // authentication mark the connection as a known client's.
+            req.extensions_mut().insert(ConnectInfo(peer));
+            req.extensions_mut().insert(per_request.clone());
+            let app = app.clone();
+            async move {
+                let response = app
+                    .oneshot(req.map(Body::new))
+                    .await
+                    .unwrap_or_else(|never: Infallible| match never {});
+                // The request is served until its response body is finished (or dropped).
+                Ok::<_, Infallible>(response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _serving = &guard;
+                        frame
+                    }))
+                }))
+            }
+        });
+        // The same loop for both kinds of connection (their types differ).
+        macro_rules! drive {
+            ($conn:expr) => {{
+                let conn = $conn;
+                tokio::pin!(conn);
+                let mut stopping = false;
+                loop {
+                    tokio::select! {
+                        result = conn.as_mut() => {
+                            if let Err(e) = result {
+                                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                            }
+                            break;
+                        }
+                        _ = &mut evicted => {
+                            tracing::debug!(%peer, "connection closed: evicted or timed out");
+                            break;
+                        }
+                        changed = stop.changed(), if !stopping => {
+                            let _ = changed;
+                            stopping = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
+                }
+            }};
+        }
+        if http2 {
+            let mut builder =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            builder
+                .http1()
+                .max_buf_size(MAX_HEAD_BYTES)
+                .keep_alive(true)
+                .header_read_timeout(None);
+            drive!(builder.serve_connection_with_upgrades(io, service));
+        } else {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .max_buf_size(MAX_HEAD_BYTES)
+                .keep_alive(true)
+                // The connection table keeps the header and idle timeouts (one clock for both).
+                .header_read_timeout(None);
+            drive!(builder.serve_connection(io, service).with_upgrades());
         }
         handle.stopped_serving();
-        return;
     }
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .max_buf_size(MAX_HEAD_BYTES)
-        .keep_alive(true)
-        // The connection table keeps the header and idle timeouts (one clock for both).
-        .header_read_timeout(None);
-    let conn = builder.serve_connection(io, service).with_upgrades();
-    tokio::pin!(conn);
-    let mut stopping = false;
-    loop {
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-                break;
-            }
-            _ = &mut evicted => {
-                tracing::debug!(%peer, "connection closed: evicted or timed out");
-                break;
-            }
-            changed = stop.changed(), if !stopping => {
-                let _ = changed;
-                stopping = true;
-                conn.as_mut().graceful_shutdown();
-            }
-        }
-    }
-    handle.stopped_serving();
 }
 
 /// Close connections past their header or idle timeout.

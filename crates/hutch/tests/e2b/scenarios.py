@@ -493,6 +493,59 @@ def h2c():
             assert frames[-1][0] == 2 and "error" not in frames[-1][1], frames[-1]
 
 
+def counted(sb, at_least, within=60):
+    """The number in the sandbox's /tmp/count once it reaches `at_least` (a guest under TCG
+    on a loaded machine is slow to start counting)."""
+    deadline = time.time() + within
+    while True:
+        n = int(sb.files.read("/tmp/count")) if sb.files.exists("/tmp/count") else 0
+        if n >= at_least:
+            return n
+        assert time.time() < deadline, f"/tmp/count is {n}, waited for {at_least}"
+        time.sleep(0.2)
+
+
+def vm_pause():
+    """A vm sandbox (the key's tenant defaults to vm): pause keeps memory and processes, so
+    after connect a background process is still the same one, a shell variable of a
+    terminal session still holds, and a counter kept counting from where it was."""
+    hutch_url, hutch_key = os.environ["HUTCH_URL"], os.environ["HUTCH_ADMIN_KEY"]
+    sb = Sandbox.create(template="base", timeout=300)
+    with made(sb):
+        record = httpx.get(f"{hutch_url}/v1/sandboxes/{sb.sandbox_id}", headers={"Authorization": f"Bearer {hutch_key}"}, timeout=30).json()
+        assert record["isolation"] == "vm", record
+        bg = sb.commands.run("i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done", background=True)
+        before = counted(sb, 1)
+        assert sb.pause() is True
+        assert sb.get_info().state.value == "paused"
+        again = Sandbox.connect(sb.sandbox_id, timeout=300)
+        assert again.get_info().state.value == "running"
+        assert bg.pid in [p.pid for p in again.commands.list()], "the background process is gone"
+        counted(again, before + 1)
+        again.commands.kill(bg.pid)
+
+
+def tls():
+    """Over https (the server's --tls-cert, its CA in SSL_CERT_FILE): the SDK's own transport
+    negotiates HTTP/2 by ALPN, and commands (Connect server streams), background processes,
+    files, a terminal and run_code all work over it."""
+    from e2b.api.client_sync import get_pyqwest_transport
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+    from pyqwest import Headers, HTTPVersion, SyncRequest
+
+    assert API.startswith("https://"), API
+    # The pool every control-plane and envd call of the SDK goes through.
+    request = SyncRequest("GET", API + "/v2/sandboxes", headers=Headers({"X-API-Key": KEY}))
+    with get_pyqwest_transport(None).execute_sync(request) as r:
+        assert r.status == 200, r.status
+        assert r.http_version == HTTPVersion.HTTP2, r.http_version
+    basics()
+    cs = CodeSandbox.create(timeout=120)
+    with made(cs):
+        cs.run_code("t = 40")
+        assert cs.run_code("t + 2").text == "42"
+
+
 def basics():
     """What every supported SDK has, down to the oldest (e2b 2.7.0, the first with
     E2B_SANDBOX_URL): create, commands, background, files, a terminal, `get_host`."""
