@@ -3,8 +3,6 @@
 //! from it (E2B's signed URLs: `signature = "v1_" + base64(sha256("path:op:user:token[:exp]"))`,
 //! `signature_expiration` in Unix seconds).
 
-use std::io::Read;
-
 use axum::body::Body;
 use axum::extract::{Multipart, Query, State};
 use axum::http::{header, HeaderMap};
@@ -16,13 +14,13 @@ use futures_util::TryStreamExt;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{absolute, has_token, same_secret, EnvdUser};
+use super::{absolute, gzip, has_token, same_secret, EnvdUser};
 use crate::error::{E2bError, E2bResult};
 use crate::target::SandboxTarget;
 use crate::E2bState;
 
-/// The largest gzip upload inflated in memory.
-const MAX_GZIP_UPLOAD: u64 = 1 << 30;
+/// Chunks of a multipart field queued towards the agent.
+const RELAY_QUEUE: usize = 4;
 
 /// `?path=&username=&signature=&signature_expiration=`.
 #[derive(Debug, Deserialize)]
@@ -155,7 +153,9 @@ pub async fn read(
         .into_response())
 }
 
-/// `POST /files?path=` → `[EntryInfo {path, name, type}]`.
+/// `POST /files?path=` → `[EntryInfo {path, name, type}]`. Multipart fields and
+/// octet-stream bodies are relayed to the agent's write as they arrive (gzip inflated on the
+/// way, [`gzip::inflate`]): nothing is buffered whole.
 pub async fn write(
     State(state): State<E2bState>,
     Extension(t): Extension<SandboxTarget>,
@@ -179,6 +179,10 @@ pub async fn write(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    let gzip = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
     let mut written = Vec::new();
     if content_type.starts_with("multipart/form-data") {
         let mut form = {
@@ -187,7 +191,7 @@ pub async fn write(
                 .await
                 .map_err(|e| E2bError::bad_request(format!("multipart body: {e}")))?
         };
-        while let Some(field) = form
+        while let Some(mut field) = form
             .next_field()
             .await
             .map_err(|e| E2bError::bad_request(format!("multipart body: {e}")))?
@@ -202,11 +206,26 @@ pub async fn write(
                 }
             };
             let path = absolute(&target, user.as_deref())?;
-            let data = field
-                .bytes()
-                .await
-                .map_err(|e| E2bError::bad_request(format!("multipart body: {e}")))?;
-            store(&state, &t, &path, user.as_deref(), data).await?;
+            // A field borrows the form, so it is pumped into a channel the agent's write
+            // reads from, both driven here; a full channel slows the client down.
+            let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(RELAY_QUEUE);
+            let pump = async move {
+                loop {
+                    let chunk = match field.chunk().await {
+                        Ok(Some(chunk)) => Ok(chunk),
+                        Ok(None) => return,
+                        Err(e) => Err(std::io::Error::other(format!("multipart body: {e}"))),
+                    };
+                    let failed = chunk.is_err();
+                    if tx.send(chunk).await.is_err() || failed {
+                        return; // the write ended (its error is answered), or the body broke
+                    }
+                }
+            };
+            let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+            let store = store(&state, &t, &path, user.as_deref(), stream);
+            let ((), stored) = tokio::join!(pump, store);
+            stored?;
             written.push(written_entry(&path));
         }
     } else {
@@ -216,15 +235,13 @@ pub async fn write(
                 .ok_or_else(|| E2bError::bad_request("path is required"))?,
             user.as_deref(),
         )?;
-        let gzip = headers
-            .get(header::CONTENT_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.eq_ignore_ascii_case("gzip"));
-        let body = axum::body::to_bytes(request.into_body(), usize::MAX)
-            .await
-            .map_err(|e| E2bError::bad_request(format!("reading the upload: {e}")))?;
-        let data = if gzip { gunzip(&body)? } else { body };
-        store(&state, &t, &path, user.as_deref(), data).await?;
+        let body = request.into_body().into_data_stream();
+        if gzip {
+            store(&state, &t, &path, user.as_deref(), gzip::inflate(body)).await?;
+        } else {
+            let body = body.map_err(|e| std::io::Error::other(e.to_string()));
+            store(&state, &t, &path, user.as_deref(), body).await?;
+        }
         written.push(written_entry(&path));
     }
     if written.is_empty() {
@@ -233,35 +250,43 @@ pub async fn write(
     Ok(Json(written))
 }
 
-fn gunzip(data: &[u8]) -> E2bResult<Bytes> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(data)
-        .take(MAX_GZIP_UPLOAD)
-        .read_to_end(&mut out)
-        .map_err(|e| E2bError::bad_request(format!("the gzip upload does not inflate: {e}")))?;
-    Ok(Bytes::from(out))
-}
-
 fn written_entry(path: &str) -> serde_json::Value {
     let name = path.rsplit('/').next().unwrap_or(path);
     serde_json::json!({"path": path, "name": name, "type": "file"})
 }
 
-/// Write `data` at `path` (parents made) as `user` when one is named.
-async fn store(
+/// Write the stream `data` at `path` (parents made) as `user` when one is named. When the
+/// stream itself fails (a corrupt gzip body, a broken multipart form, a client gone), the
+/// agent's write is aborted and the answer is a 400 naming the stream's error.
+async fn store<S>(
     state: &E2bState,
     t: &SandboxTarget,
     path: &str,
     user: Option<&str>,
-    data: Bytes,
-) -> E2bResult<()> {
+    data: S,
+) -> E2bResult<()>
+where
+    S: futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+{
+    let fault = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let seen = fault.clone();
+    let data = data.inspect_err(move |e| {
+        if let Ok(mut f) = seen.lock() {
+            f.get_or_insert_with(|| e.to_string());
+        }
+    });
     let manager = &state.app.manager;
     let agent = manager.agent(&t.id).await?;
     // The agent writes as the user (its permissions apply; the file and the parents it
     // makes are the user's).
-    let stream = futures_util::stream::iter([Ok::<Bytes, std::io::Error>(data)]);
-    manager
-        .agent_call(&t.id, agent.write_file_as(path, None, user, stream).await)
-        .await?;
-    Ok(())
+    let written = manager
+        .agent_call(&t.id, agent.write_file_as(path, None, user, data).await)
+        .await;
+    match (written, fault.lock().ok().and_then(|f| f.clone())) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(fault)) => Err(E2bError::bad_request(format!(
+            "the upload of {path} broke off: {fault}"
+        ))),
+        (Err(e), None) => Err(e.into()),
+    }
 }

@@ -9,6 +9,7 @@
 
 mod files;
 mod filesystem;
+mod gzip;
 mod process;
 mod proto;
 
