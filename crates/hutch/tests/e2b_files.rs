@@ -1,6 +1,7 @@
 //! envd's `/files` through Hutch's E2B-compatible API with a raw HTTP client, where the SDK
 //! cannot show it: large uploads (octet-stream, gzip, multipart) are relayed to the agent as
-//! they arrive, so the server's peak memory grows far less than the upload.
+//! they arrive, so the server's peak memory grows far less than the upload; downloads asked
+//! with `Accept-Encoding: gzip` come back `Content-Encoding: gzip`.
 
 use std::io::Write;
 
@@ -252,5 +253,47 @@ async fn large_uploads_stream_through_without_being_buffered() {
         .await
         .expect("upload");
     assert_eq!(resp.status(), 200);
+    s.kill(&id).await;
+}
+
+/// `Accept-Encoding: gzip` gets `Content-Encoding: gzip`, inflating to the file's bytes;
+/// without it the bytes come plain.
+#[tokio::test]
+async fn downloads_are_gzipped_when_the_client_accepts_it() {
+    let s = server().await;
+    let (id, token) = e2b_sandbox(&s).await;
+    let data: Vec<u8> = (0..4).flat_map(text_chunk).collect();
+    let resp = files(&s, reqwest::Method::POST, &id, &token, "/tmp/d.txt")
+        .header("content-type", "application/octet-stream")
+        .body(data.clone())
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(resp.status(), 200);
+    let resp = files(&s, reqwest::Method::GET, &id, &token, "/tmp/d.txt")
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .expect("download");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-encoding"], "gzip");
+    let packed = resp.bytes().await.expect("body");
+    assert!(packed.len() < data.len() / 4, "{} bytes", packed.len());
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&packed[..]), &mut plain)
+        .expect("gunzip");
+    assert!(plain == data, "the gzip download inflates to other bytes");
+    for refused in ["identity", "gzip;q=0"] {
+        let resp = files(&s, reqwest::Method::GET, &id, &token, "/tmp/d.txt")
+            .header("accept-encoding", refused)
+            .send()
+            .await
+            .expect("download");
+        assert!(
+            resp.headers().get("content-encoding").is_none(),
+            "{refused}"
+        );
+        assert!(resp.bytes().await.expect("body") == data, "{refused}");
+    }
     s.kill(&id).await;
 }

@@ -114,7 +114,8 @@ fn user_of(q: &FileQuery, header_user: Option<String>) -> Option<String> {
     q.username.clone().filter(|u| !u.is_empty()).or(header_user)
 }
 
-/// `GET /files?path=` → the file's bytes.
+/// `GET /files?path=` → the file's bytes, gzipped as a stream ([`gzip::deflate`]) when
+/// `Accept-Encoding` offers gzip.
 pub async fn read(
     State(state): State<E2bState>,
     Extension(t): Extension<SandboxTarget>,
@@ -139,18 +140,52 @@ pub async fn read(
     let stream = manager
         .agent_call(&t.id, agent.read_file_as(&path, user.as_deref()).await)
         .await?;
-    let body = Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string())));
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (
-                header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{}\"", stat.name.replace('"', "")),
-            ),
-        ],
-        body,
-    )
-        .into_response())
+    let mut response = if accepts_gzip(&headers) {
+        let mut r = Body::from_stream(gzip::deflate(stream)).into_response();
+        r.headers_mut().insert(
+            header::CONTENT_ENCODING,
+            header::HeaderValue::from_static("gzip"),
+        );
+        r
+    } else {
+        Body::from_stream(stream.map_err(|e| std::io::Error::other(e.to_string()))).into_response()
+    };
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(
+        header::VARY,
+        header::HeaderValue::from_static("accept-encoding"),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&format!(
+        "attachment; filename=\"{}\"",
+        stat.name.replace('"', "")
+    )) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    Ok(response)
+}
+
+/// Whether `Accept-Encoding` offers gzip (`gzip` or `x-gzip`, not with `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|offer| {
+            let mut parts = offer.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            (coding.eq_ignore_ascii_case("gzip") || coding.eq_ignore_ascii_case("x-gzip"))
+                && !refused
+        })
 }
 
 /// `POST /files?path=` → `[EntryInfo {path, name, type}]`. Multipart fields and

@@ -126,6 +126,9 @@ def files():
         assert bytes(sb.files.read("/tmp/t/c.bin", format="bytes")) == blob
         sb.files.write("/tmp/t/g.txt", "zipped", gzip=True)
         assert sb.files.read("/tmp/t/g.txt") == "zipped"
+        # A gzip download (the SDK sends Accept-Encoding: gzip; httpx inflates it).
+        assert bytes(sb.files.read("/tmp/t/b.bin", format="bytes", gzip=True)) == blob
+        assert sb.files.read("/tmp/t/g.txt", gzip=True) == "zipped"
         many = sb.files.write_files([{"path": "/tmp/m/1.txt", "data": "one"}, {"path": "/tmp/m/2.txt", "data": "two"}])
         assert sorted(w.path for w in many) == ["/tmp/m/1.txt", "/tmp/m/2.txt"], many
         assert sb.files.read("/tmp/m/2.txt") == "two"
