@@ -158,9 +158,13 @@ mod tests {
     async fn round_trips_in_bounded_chunks_and_refuses_truncation() {
         // 8 MiB of zeros compress ~1000×: one input chunk holds all of it.
         let data = vec![0u8; 8 << 20];
-        let packed = collect(deflate(chunks(&data, 1 << 20))).await.unwrap();
+        let packed = collect(deflate(chunks(&data, 1 << 20)))
+            .await
+            .expect("deflate");
         assert!(packed.len() < data.len() / 100, "{}", packed.len());
-        let unpacked = collect(inflate(chunks(&packed, 1 << 20))).await.unwrap();
+        let unpacked = collect(inflate(chunks(&packed, 1 << 20)))
+            .await
+            .expect("inflate");
         assert!(unpacked == data);
         let cut = &packed[..packed.len() / 2];
         assert!(collect(inflate(chunks(cut, 7))).await.is_err());
