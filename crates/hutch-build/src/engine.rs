@@ -561,6 +561,11 @@ async fn resolve_base(
         for (k, v) in &info.defaults.env {
             config.set_env(k, v);
         }
+        // As an image's config carries over to the images built on it.
+        if let Some(dir) = &info.defaults.exec.cwd {
+            config.workdir = dir.clone();
+        }
+        config.user = info.defaults.exec.user.clone();
         let identity = format!(
             "template:{}:{}:{}",
             info.name,
@@ -665,6 +670,12 @@ async fn commit(
     let defaults = ResourceDefaults {
         env,
         isolation: None,
+        // The last `WORKDIR` and `USER` (inherited from `FROM`) are where and as whom the
+        // template's sandboxes run commands by default; a workdir never set stays Hutch's.
+        exec: hutch_proto::ExecDefaults {
+            cwd: (config.workdir != "/").then(|| config.workdir.clone()),
+            user: config.user.clone(),
+        },
         ..base_defaults
     };
     let source = LayeredSource {

@@ -283,6 +283,10 @@ pub struct SandboxRecord {
     /// revisions, which follow the current one): a rebuild never changes what it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_rev: Option<u64>,
+    /// Working directory and user of its commands that name neither (its template's
+    /// `WORKDIR` and `USER`, kept through snapshots and forks).
+    #[serde(default, skip_serializing_if = "hutch_proto::ExecDefaults::is_empty")]
+    pub exec_defaults: hutch_proto::ExecDefaults,
 }
 
 /// The sandbox object of the API.

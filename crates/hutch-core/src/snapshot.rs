@@ -54,6 +54,9 @@ pub struct SnapshotDefaults {
     pub pids_max: u32,
     /// Environment of every exec.
     pub env: BTreeMap<String, String>,
+    /// Working directory and user of commands that name neither (from the template).
+    #[serde(default, skip_serializing_if = "hutch_proto::ExecDefaults::is_empty")]
+    pub exec: hutch_proto::ExecDefaults,
 }
 
 /// One snapshot's row in the state database.

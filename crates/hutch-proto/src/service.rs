@@ -19,6 +19,37 @@ pub const SERVICE_LOG_PREFIX: &str = "start: ";
 /// How many of its last output lines the agent keeps for [`ServiceStatus::tail`].
 pub const SERVICE_TAIL_LINES: usize = 20;
 
+/// Where and as whom a sandbox's commands run when their request names neither: a
+/// template's `WORKDIR` and `USER` (from its Dockerfile or its image's config), as
+/// `docker exec` uses an image's. Carried by the template, its sandboxes and their snapshots.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecDefaults {
+    /// Working directory (absolute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// User (`name`, `uid`, `uid:gid`, `name:group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+impl ExecDefaults {
+    /// Neither is set.
+    pub fn is_empty(&self) -> bool {
+        self.cwd.is_none() && self.user.is_none()
+    }
+
+    /// Fill what a request left out.
+    pub fn fill(&self, cwd: &mut Option<String>, user: &mut Option<String>) {
+        if cwd.is_none() {
+            cwd.clone_from(&self.cwd);
+        }
+        if user.is_none() {
+            user.clone_from(&self.user);
+        }
+    }
+}
+
 /// What a template runs when a sandbox starts.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ServiceSpec {

@@ -126,6 +126,11 @@ pub(crate) fn defaults(config: &ImageConfig) -> ResourceDefaults {
         pids_max: 1024,
         env,
         isolation: None,
+        // `docker exec`'s defaults: the image's working directory and user.
+        exec: hutch_proto::ExecDefaults {
+            cwd: config.working_dir.clone(),
+            user: config.user.clone(),
+        },
     }
 }
 

@@ -100,6 +100,10 @@ pub struct ResourceDefaults {
     /// `ns` or `vm`; absent means `auto`. Set with [`crate::TemplateStore::set_isolation`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<String>,
+    /// Working directory and user of commands whose request names neither (a Dockerfile's
+    /// last `WORKDIR` and `USER`, an image's `WorkingDir` and `User`).
+    #[serde(default, skip_serializing_if = "hutch_proto::ExecDefaults::is_empty")]
+    pub exec: hutch_proto::ExecDefaults,
 }
 
 impl Default for ResourceDefaults {
@@ -111,6 +115,7 @@ impl Default for ResourceDefaults {
             pids_max: 256,
             env: BTreeMap::new(),
             isolation: None,
+            exec: hutch_proto::ExecDefaults::default(),
         }
     }
 }

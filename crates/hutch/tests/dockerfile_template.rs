@@ -1,7 +1,8 @@
 //! A template built from a Dockerfile through the API serves at once: its `CMD` is the start
 //! command and its `HEALTHCHECK` the ready check, so a sandbox's service answers through the
 //! port proxy as soon as the create returns — on `ns` (started at create) and on `vm`
-//! (baked with the service up).
+//! (baked with the service up). Its last `WORKDIR` and `USER` are where and as whom commands
+//! run when they name neither, as with `docker exec`.
 
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,10 @@ HEALTHCHECK --interval=1s --timeout=2s CMD wget -qO- http://127.0.0.1:8080/ >/de
 CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]
 ";
 
-/// The context (a Dockerfile only) as a tar stream.
-fn context() -> Vec<u8> {
+/// The context (the Dockerfile `dockerfile` only) as a tar stream.
+fn context(dockerfile: &str) -> Vec<u8> {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("Dockerfile"), DOCKERFILE).expect("write");
+    std::fs::write(dir.path().join("Dockerfile"), dockerfile).expect("write");
     let mut writer = hutch_proto::archive::ArchiveWriter::open(dir.path()).expect("archive");
     let mut out = Vec::new();
     while let Some(chunk) = writer.next_chunk(1 << 16).expect("chunk") {
@@ -27,14 +28,14 @@ fn context() -> Vec<u8> {
     out
 }
 
-/// Build `name` through the API and wait for it.
-async fn build(s: &TestServer, name: &str) -> Value {
+/// Build `name` from `dockerfile` through the API and wait for it.
+async fn build(s: &TestServer, name: &str, dockerfile: &str) -> Value {
     let resp = s
         .http
         .post(format!("{}/v1/templates?name={name}", s.url))
         .bearer_auth(&s.key)
         .header("content-type", "application/x-tar")
-        .body(context())
+        .body(context(dockerfile))
         .send()
         .await
         .expect("POST /v1/templates");
@@ -69,7 +70,7 @@ both_backends!(its_service_answers_through_the_port_proxy_right_after_create);
 async fn its_service_answers_through_the_port_proxy_right_after_create(isolation: &str) {
     let s = TestServer::start().await;
     let name = format!("df-web-{isolation}-{}", std::process::id());
-    build(&s, &name).await;
+    build(&s, &name, DOCKERFILE).await;
     let (status, t) = s
         .request(Method::GET, &format!("/v1/templates/{name}"), None)
         .await;
@@ -95,6 +96,82 @@ async fn its_service_answers_through_the_port_proxy_right_after_create(isolation
         "built-from-a-dockerfile\n"
     );
 
+    assert_eq!(s.kill(&id).await, 204);
+    let (status, v) = s
+        .request(Method::DELETE, &format!("/v1/templates/{name}"), None)
+        .await;
+    assert!(status == 204 || status == 200, "{status} {v}");
+}
+
+const DOCKERFILE_WORKDIR_USER: &str = "FROM minimal
+RUN echo 'app:x:1234:1234:app:/app:/bin/sh' >> /etc/passwd && echo 'app:x:1234:' >> /etc/group
+RUN mkdir -p /app && chown 1234:1234 /app
+WORKDIR /app
+USER app
+";
+
+both_backends!(commands_run_in_the_templates_workdir_as_its_user_unless_told_otherwise);
+
+async fn commands_run_in_the_templates_workdir_as_its_user_unless_told_otherwise(isolation: &str) {
+    let s = TestServer::start().await;
+    let name = format!("df-defaults-{isolation}-{}", std::process::id());
+    build(&s, &name, DOCKERFILE_WORKDIR_USER).await;
+    let (status, t) = s
+        .request(Method::GET, &format!("/v1/templates/{name}"), None)
+        .await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(
+        t["defaults"]["exec"],
+        json!({"cwd": "/app", "user": "app"}),
+        "{t}"
+    );
+    let id = s
+        .create_id(on(isolation, json!({"template": name, "disk_mib": 512})))
+        .await;
+    let v = s.exec(&id, json!({"cmd": "pwd; id -u; touch mine"})).await;
+    assert_eq!(v["stdout"], "/app\n1234\n", "{v}");
+    let v = s
+        .exec(
+            &id,
+            json!({"cmd": "pwd; id -u", "cwd": "/tmp", "user": "root"}),
+        )
+        .await;
+    assert_eq!(
+        v["stdout"], "/tmp\n0\n",
+        "a request's own cwd and user win: {v}"
+    );
+    if isolation == "ns" {
+        // Kept through a snapshot: its sandboxes run commands where the template's did.
+        let (status, snap) = s
+            .request(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/snapshots"),
+                Some(json!({"name": "with-defaults"})),
+            )
+            .await;
+        assert_eq!(status, 201, "{snap}");
+        let from = s
+            .create_id(json!({"snapshot": snap["id"], "isolation": "ns"}))
+            .await;
+        let v = s
+            .exec(&from, json!({"cmd": "pwd; id -u; ls -n mine"}))
+            .await;
+        let out = v["stdout"].as_str().unwrap_or_default();
+        assert!(out.starts_with("/app\n1234\n"), "{v}");
+        assert!(
+            out.contains(" 1234 "),
+            "the file the template's user made: {v}"
+        );
+        assert_eq!(s.kill(&from).await, 204);
+        let (status, _) = s
+            .request(
+                Method::DELETE,
+                &format!("/v1/snapshots/{}", snap["id"].as_str().unwrap_or_default()),
+                None,
+            )
+            .await;
+        assert!(status == 204 || status == 200);
+    }
     assert_eq!(s.kill(&id).await, 204);
     let (status, v) = s
         .request(Method::DELETE, &format!("/v1/templates/{name}"), None)

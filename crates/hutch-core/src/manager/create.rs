@@ -256,6 +256,7 @@ impl Manager {
                 disk_mib: info.defaults.disk_mib,
                 pids_max: info.defaults.pids_max,
                 env: info.defaults.env.clone(),
+                exec: info.defaults.exec.clone(),
             },
         };
         if let (Some(s), crate::model::Isolation::Vm) = (source, isolation) {
@@ -313,6 +314,7 @@ impl Manager {
             quotas.check_ttl(&t.name, ttl_seconds, cmd.persistent)?;
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
+        let exec_defaults = defaults.exec;
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
         let now = now_ms();
@@ -355,6 +357,7 @@ impl Manager {
             start: super::service::start_spec(&info),
             // Old records (and templates built before revisions, rev 0) follow the current one.
             template_rev: (info.rev > 0).then_some(info.rev),
+            exec_defaults,
         })
     }
 

@@ -187,6 +187,18 @@ impl Manager {
         }
     }
 
+    /// `request` with the working directory and user it leaves out taken from the
+    /// sandbox's template (`WORKDIR`, `USER`), as `docker exec` does.
+    pub(super) async fn with_exec_defaults(
+        &self,
+        id: &SandboxId,
+        mut request: hutch_proto::ExecRequest,
+    ) -> CoreResult<hutch_proto::ExecRequest> {
+        let r = self.load(id).await?;
+        r.exec_defaults.fill(&mut request.cwd, &mut request.user);
+        Ok(request)
+    }
+
     /// Run a command and collect its output.
     pub async fn exec(
         self: &Arc<Self>,
@@ -257,6 +269,7 @@ impl Manager {
         let oom_before = backend.usage(&r).map(|u| u.oom_kills).unwrap_or(0);
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
         let mut req = cmd.to_agent_request(None);
+        r.exec_defaults.fill(&mut req.cwd, &mut req.user);
         req.stdin = stdin.is_piped();
         // The stream's HTTP/2 window holds output not read yet: reserve it first (waiting
         // while the budget is spent), give it back once everything is read.
@@ -321,9 +334,10 @@ impl Manager {
         let slot = self.tracked_exec_slot(id, cmd, mode).await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let session = self
-            .agent_call(id, client.exec(cmd.to_agent_request(pty)).await)
+        let request = self
+            .with_exec_defaults(id, cmd.to_agent_request(pty))
             .await?;
+        let session = self.agent_call(id, client.exec(request).await).await?;
         Ok((session, slot))
     }
 

@@ -39,7 +39,10 @@ impl Manager {
         let slot = self.tracked_slot_for(id, start.argv(), "process").await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let started = client.start_process(start.to_agent_request()).await;
+        let request = self
+            .with_exec_defaults(id, start.to_agent_request())
+            .await?;
+        let started = client.start_process(request).await;
         let (pid, session) = self.started(id, started).await?;
         // Detach: the starting call stops reading; the process runs on.
         drop(session);
@@ -63,7 +66,10 @@ impl Manager {
         let slot = self.tracked_slot_for(id, start.argv(), "process").await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let started = client.start_process(start.to_agent_request()).await;
+        let request = self
+            .with_exec_defaults(id, start.to_agent_request())
+            .await?;
+        let started = client.start_process(request).await;
         let (pid, session) = self.started(id, started).await?;
         let (_input, events) = session.into_parts();
         let info = self.process_info(id, &ProcessSelector::Pid(pid)).await?;

@@ -123,6 +123,7 @@ impl Manager {
                     disk_mib: r.disk_mib,
                     pids_max: r.pids_max,
                     env: r.env.clone(),
+                    exec: r.exec_defaults.clone(),
                 },
             };
             let manifest =

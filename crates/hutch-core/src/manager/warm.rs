@@ -297,6 +297,7 @@ impl Manager {
             volumes: vec![],
             start: super::service::start_spec(&info),
             template_rev: (info.rev > 0).then_some(info.rev),
+            exec_defaults: info.defaults.exec.clone(),
         };
         self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());

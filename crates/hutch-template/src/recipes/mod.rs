@@ -93,6 +93,7 @@ impl Recipe {
                     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 )]),
                 isolation: None,
+                exec: hutch_proto::ExecDefaults::default(),
             },
             Self::Base | Self::CodeInterpreter => ResourceDefaults {
                 cpus: 1.0,
@@ -111,6 +112,7 @@ impl Recipe {
                 .chain((self == Self::CodeInterpreter).then(|| ("MPLBACKEND".into(), "Agg".into())))
                 .collect(),
                 isolation: None,
+                exec: hutch_proto::ExecDefaults::default(),
             },
         }
     }

@@ -356,6 +356,8 @@ def template_build():
             .copy("app/hello.txt", "/srv/")
             .run_cmd("echo built > /srv/built.txt")
             .set_envs({"GREETING": "hi there"})
+            .set_workdir("/srv")
+            .set_user("nobody")
             .set_start_cmd("cd /srv && python3 -m http.server 8000", "curl -sf http://127.0.0.1:8000/ >/dev/null || python3 -c 'import urllib.request; urllib.request.urlopen(\"http://127.0.0.1:8000/\")'")
         )
         try:
@@ -366,6 +368,11 @@ def template_build():
             with made(sb):
                 r = sb.commands.run("cat /srv/hello.txt; cat /srv/built.txt; echo $GREETING")
                 assert r.stdout == "from the contextbuilt\nhi there\n", repr(r.stdout)
+                # The template's WORKDIR and USER are where and as whom commands run.
+                r = sb.commands.run("pwd; id -un")
+                assert r.stdout == "/srv\nnobody\n", repr(r.stdout)
+                r = sb.commands.run("pwd; id -un", cwd="/tmp", user="root")
+                assert r.stdout == "/tmp\nroot\n", repr(r.stdout)
                 page = httpx.get(API + "/hello.txt", headers={"Host": sb.get_host(8000)}, timeout=30)
                 assert page.text == "from the context", (page.status_code, page.text)
             # A failing step fails the build with its message.

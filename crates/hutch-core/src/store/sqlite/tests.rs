@@ -45,6 +45,7 @@ fn record(id: &str, slot: u32) -> SandboxRecord {
         volumes: vec![],
         start: None,
         template_rev: None,
+        exec_defaults: Default::default(),
     }
 }
 
