@@ -119,6 +119,17 @@ impl TestServer {
         Self::start_in_env(templates_dir(), extra, &[], Some(limit)).await
     }
 
+    /// Start a server serving TLS with `ca`'s certificate (and `extra` flags), its clients
+    /// trusting `ca`.
+    pub async fn start_with_tls(ca: &crate::TestCa, extra: &[&str]) -> Self {
+        let mut args = ca.serve_args();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut s = Self::start_with(&args).await;
+        s.trust_root(&ca.root_pem());
+        s
+    }
+
     /// Trust the PEM root certificate `pem` in this server's clients (`http` and the
     /// cleanup's), for a server started with `--tls-cert` signed by it.
     pub fn trust_root(&mut self, pem: &[u8]) {

@@ -355,7 +355,6 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         (Some(cert), Some(key)) => Some(hutch_server::serve::tls::TlsIdentity::load(cert, key)?),
         _ => None,
     };
-    let scheme = if tls.is_some() { "https" } else { "http" };
     let acceptor = |alpn| -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
         Ok(match &tls {
             Some(identity) => Some(identity.acceptor(alpn)?),
@@ -447,6 +446,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     if tls.is_some() {
         state = state.with_tls();
     }
+    let scheme = state.scheme();
     let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
     if let Some(n) = args.max_connections {
         limits.max_connections = n.max(1);

@@ -54,11 +54,7 @@ async fn e2b_js_sdk_works_over_tls() {
     ensure_template("base");
     ensure_template("code-interpreter");
     let ca = TestCa::new();
-    let mut args = ca.serve_args();
-    args.extend(["--e2b-listen".into(), "127.0.0.1:0".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut s = TestServer::start_with(&args).await;
-    s.trust_root(&ca.root_pem());
+    let s = TestServer::start_with_tls(&ca, &["--e2b-listen", "127.0.0.1:0"]).await;
     assert!(s
         .e2b_url
         .as_deref()

@@ -2,6 +2,7 @@
 //! scripts/venv.sh) against Hutch's E2B-compatible API (`hutch serve --e2b-listen`): one
 //! scenario of `tests/e2b/scenarios.py` per test, each on a server of its own.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -11,8 +12,12 @@ use serde_json::json;
 /// Run scenario `name` with the SDK pointed at `server`'s E2B listener, as a user would
 /// (only environment variables), and fail with its output unless it passes.
 fn scenario(server: &TestServer, name: &str) {
-    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
-    scenario_with(server, name, &PathBuf::from(python));
+    scenario_with(server, name, &test_python());
+}
+
+/// The Python with the SDKs (`HUTCH_TEST_PYTHON`, from scripts/venv.sh).
+fn test_python() -> PathBuf {
+    PathBuf::from(std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into()))
 }
 
 /// [`scenario`] with the SDK of the Python at `python`.
@@ -20,8 +25,9 @@ fn scenario_with(server: &TestServer, name: &str, python: &Path) {
     scenario_env(server, name, python, &[]);
 }
 
-/// [`scenario_with`] with more environment variables.
-fn scenario_env(server: &TestServer, name: &str, python: &Path, env: &[(&str, &Path)]) {
+/// [`scenario_with`] with more environment variables (which win over the defaults, e.g.
+/// another `E2B_API_KEY`).
+fn scenario_env(server: &TestServer, name: &str, python: &Path, env: &[(&str, &OsStr)]) {
     let url = server
         .e2b_url
         .as_deref()
@@ -152,18 +158,14 @@ async fn e2b_sdk_speaks_http2_by_alpn_over_tls() {
     ensure_template("base");
     ensure_template("code-interpreter");
     let ca = TestCa::new();
-    let mut args = ca.serve_args();
-    args.extend(["--e2b-listen".into(), "127.0.0.1:0".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut s = TestServer::start_with(&args).await;
-    s.trust_root(&ca.root_pem());
-    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
+    let s = TestServer::start_with_tls(&ca, &["--e2b-listen", "127.0.0.1:0"]).await;
     // The SDK's transport trusts the system's roots, which SSL_CERT_FILE replaces.
+    let root = ca.root();
     scenario_env(
         &s,
         "tls",
-        &PathBuf::from(python),
-        &[("SSL_CERT_FILE", &ca.root())],
+        &test_python(),
+        &[("SSL_CERT_FILE", root.as_os_str())],
     );
 }
 
@@ -179,27 +181,14 @@ async fn e2b_sdk_pauses_a_vm_sandbox_and_connect_finds_its_processes_running() {
     let key = s
         .key_with(json!({"tenant": "vm-team", "scope": "full", "format": "e2b"}))
         .await;
-    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
-    let url = s.e2b_url.clone().expect("--e2b-listen");
-    let out = Command::new(python)
-        .arg(repo_root().join("crates/hutch/tests/e2b/scenarios.py"))
-        .arg("vm_pause")
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", &key)
-        .env("HUTCH_URL", &s.url)
-        .env("HUTCH_ADMIN_KEY", &s.key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .output()
-        .expect("run python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("ok"),
-        "scenario vm_pause failed:\n{text}"
+    scenario_env(
+        &s,
+        "vm_pause",
+        &test_python(),
+        &[
+            ("E2B_API_KEY", key.as_ref()),
+            ("HUTCH_URL", s.url.as_ref()),
+            ("HUTCH_ADMIN_KEY", s.key.as_ref()),
+        ],
     );
 }

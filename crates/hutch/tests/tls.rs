@@ -14,12 +14,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn tls_server(ca: &TestCa) -> TestServer {
-    let mut args = ca.serve_args();
-    args.extend(["--e2b-listen".into(), "127.0.0.1:0".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut s = TestServer::start_with(&args).await;
-    s.trust_root(&ca.root_pem());
-    s
+    TestServer::start_with_tls(ca, &["--e2b-listen", "127.0.0.1:0"]).await
 }
 
 /// `host:port` of an `https://host:port` URL.

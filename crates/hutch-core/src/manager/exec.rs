@@ -39,6 +39,9 @@ pub struct ExecSlot {
     running: Arc<Mutex<HashMap<String, usize>>>,
     id: String,
     tracked: Option<TrackedExec>,
+    /// The sandbox's working directory and user for commands that name neither, read with
+    /// the record the slot was counted against.
+    exec_defaults: hutch_proto::ExecDefaults,
 }
 
 impl std::fmt::Debug for ExecSlot {
@@ -71,6 +74,16 @@ impl ExitRecorder {
 }
 
 impl ExecSlot {
+    /// `request` with the working directory and user it leaves out taken from the
+    /// sandbox's template (`WORKDIR`, `USER`), as `docker exec` does.
+    pub(super) fn with_exec_defaults(
+        &self,
+        mut request: hutch_proto::ExecRequest,
+    ) -> hutch_proto::ExecRequest {
+        self.exec_defaults.fill(&mut request.cwd, &mut request.user);
+        request
+    }
+
     /// Where to note the exit of the exec this slot tracks.
     pub fn exit_recorder(&self) -> ExitRecorder {
         self.tracked
@@ -130,6 +143,7 @@ impl Manager {
             running: Arc::clone(&self.running_execs),
             id: id.to_string(),
             tracked: None,
+            exec_defaults: hutch_proto::ExecDefaults::default(),
         })
     }
 
@@ -150,8 +164,10 @@ impl Manager {
         argv: Vec<String>,
         mode: &'static str,
     ) -> CoreResult<ExecSlot> {
-        let tenant = self.load(id).await?.tenant();
+        let r = self.load(id).await?;
+        let tenant = r.tenant();
         let mut slot = self.exec_slot(id)?;
+        slot.exec_defaults = r.exec_defaults;
         slot.tracked = Some(TrackedExec {
             events: Arc::clone(&self.events),
             tenant,
@@ -185,18 +201,6 @@ impl Manager {
         if map.get(id).is_some_and(|s| Arc::strong_count(s) == 1) {
             map.remove(id);
         }
-    }
-
-    /// `request` with the working directory and user it leaves out taken from the
-    /// sandbox's template (`WORKDIR`, `USER`), as `docker exec` does.
-    pub(super) async fn with_exec_defaults(
-        &self,
-        id: &SandboxId,
-        mut request: hutch_proto::ExecRequest,
-    ) -> CoreResult<hutch_proto::ExecRequest> {
-        let r = self.load(id).await?;
-        r.exec_defaults.fill(&mut request.cwd, &mut request.user);
-        Ok(request)
     }
 
     /// Run a command and collect its output.
@@ -334,9 +338,7 @@ impl Manager {
         let slot = self.tracked_exec_slot(id, cmd, mode).await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let request = self
-            .with_exec_defaults(id, cmd.to_agent_request(pty))
-            .await?;
+        let request = slot.with_exec_defaults(cmd.to_agent_request(pty));
         let session = self.agent_call(id, client.exec(request).await).await?;
         Ok((session, slot))
     }

@@ -39,9 +39,7 @@ impl Manager {
         let slot = self.tracked_slot_for(id, start.argv(), "process").await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let request = self
-            .with_exec_defaults(id, start.to_agent_request())
-            .await?;
+        let request = slot.with_exec_defaults(start.to_agent_request());
         let started = client.start_process(request).await;
         let (pid, session) = self.started(id, started).await?;
         // Detach: the starting call stops reading; the process runs on.
@@ -66,9 +64,7 @@ impl Manager {
         let slot = self.tracked_slot_for(id, start.argv(), "process").await?;
         let client = self.agent(id).await?;
         self.metrics.execs.fetch_add(1, Ordering::Relaxed);
-        let request = self
-            .with_exec_defaults(id, start.to_agent_request())
-            .await?;
+        let request = slot.with_exec_defaults(start.to_agent_request());
         let started = client.start_process(request).await;
         let (pid, session) = self.started(id, started).await?;
         let (_input, events) = session.into_parts();
