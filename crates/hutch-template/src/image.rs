@@ -90,7 +90,28 @@ pub(crate) fn build(
 
     ctx.step("preparing sandbox directories and /etc")?;
     layout::prepare_image_root(rootfs)?;
+    make_working_dir(&root, rootfs, image.config.working_dir.as_deref(), ctx);
     Ok(image.config)
+}
+
+/// Creates the image's `WorkingDir` when no layer made it, as a container runtime does at
+/// start (`mkdir -p`, owned by root): commands run there by default. A path that exists in
+/// any form (a symlink too) is left alone; one that cannot be made is noted, and the exec
+/// that needs it later says so.
+fn make_working_dir(root: &RootDir, rootfs: &Path, dir: Option<&str>, ctx: &mut BuildContext<'_>) {
+    let Some(rel) = dir
+        .map(|d| d.trim_start_matches('/'))
+        .filter(|d| !d.is_empty())
+    else {
+        return;
+    };
+    if rootfs.join(rel).symlink_metadata().is_ok() {
+        return;
+    }
+    match root.ensure_dir_keeping(rel, 0o755) {
+        Ok(()) => ctx.output(format!("created the working directory /{rel}")),
+        Err(e) => ctx.output(format!("note: working directory /{rel} not created: {e}")),
+    }
 }
 
 /// A local image reference, as skopeo and podman spell them: `oci:PATH[:TAG]` (an OCI

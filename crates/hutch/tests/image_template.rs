@@ -88,7 +88,8 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
         .sh(
             &id,
             "cat /from-image; echo; echo \"$GREETING\"; cat /etc/hosts; \
-             test -d /workspace && ! test -L /workspace && echo workspace-is-a-dir",
+             test -d /workspace && ! test -L /workspace && echo workspace-is-a-dir; \
+             echo \"cwd=$PWD\"",
         )
         .await;
     assert_eq!(code, 0, "{out}");
@@ -102,6 +103,8 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
         "{out}"
     );
     assert!(out.contains("workspace-is-a-dir"), "{out}");
+    // No layer makes /srv: the build makes it, as a container runtime would.
+    assert!(out.contains("cwd=/srv\n"), "the image's WorkingDir: {out}");
     drop(server);
 }
 
