@@ -36,7 +36,7 @@ async fn a_user_reads_and_writes_with_its_own_permissions() {
     let data = Bytes::from_static(b"as nobody");
     let body = futures_util::stream::iter([Ok::<_, std::io::Error>(data.clone())]);
     client
-        .write_file_as(&made, None, Some(USER), body)
+        .write_file_as(&made, None, Some(USER), &Default::default(), body)
         .await
         .expect("write as nobody");
     assert_eq!(std::fs::metadata(&made).expect("stat").uid(), NOBODY_UID);
@@ -78,7 +78,11 @@ async fn a_user_reads_and_writes_with_its_own_permissions() {
     );
     let body = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"x"))]);
     assert_eq!(
-        code(client.write_file_as(&secret, None, Some(USER), body).await),
+        code(
+            client
+                .write_file_as(&secret, None, Some(USER), &Default::default(), body)
+                .await
+        ),
         AgentErrorCode::PermissionDenied
     );
     // Many root calls after the user's: none of the pool's threads kept the user's ids.

@@ -35,9 +35,10 @@ pub use self::exec::{CollectedExec, ExecEvent, ExecEvents, ExecInput, ExecSessio
 pub use self::piped::{PipedExec, StdinSource};
 pub use self::tunnel::TcpTunnel;
 pub use self::watch::{FileWatchStream, WatchOptions, MAX_WATCH_LINE};
+use crate::file_metadata::{self, FileMetadata};
 use crate::{
-    query, AgentError, AgentInfo, ExecRequest, FileEntry, IdentityRequest, ListResponse,
-    MkdirRequest, MoveRequest, SignalRequest,
+    query, AgentError, AgentErrorCode, AgentInfo, ExecRequest, FileEntry, IdentityRequest,
+    ListResponse, MkdirRequest, MoveRequest, SignalRequest,
 };
 
 /// Per-stream HTTP/2 receive window the client advertises (4 MiB).
@@ -234,16 +235,20 @@ impl AgentClient {
     where
         S: Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
     {
-        self.write_file_as(path, mode, None, body).await
+        self.write_file_as(path, mode, None, &FileMetadata::new(), body)
+            .await
     }
 
     /// [`Self::write_file`] with the file opened, and created with its missing parents, as
-    /// `user` of the sandbox: its permissions apply and what is created is its own.
+    /// `user` of the sandbox: its permissions apply and what is created is its own. Each
+    /// `metadata` pair becomes one of the file's `user.*` extended attributes (checked here
+    /// first: [`crate::file_metadata::check`]).
     pub async fn write_file_as<S>(
         &self,
         path: &str,
         mode: Option<u32>,
         user: Option<&str>,
+        metadata: &FileMetadata,
         body: S,
     ) -> ClientResult<()>
     where
@@ -253,7 +258,7 @@ impl AgentClient {
             body.map_ok(Frame::data)
                 .map_err(|e| Box::new(e) as BoxError),
         );
-        self.write_file_body(path, mode, user, UnsyncBoxBody::new(body))
+        self.write_file_body(path, mode, user, metadata, UnsyncBoxBody::new(body))
             .await
     }
 
@@ -264,7 +269,7 @@ impl AgentClient {
         mode: Option<u32>,
         data: Bytes,
     ) -> ClientResult<()> {
-        self.write_file_body(path, mode, None, full_body(data))
+        self.write_file_body(path, mode, None, &FileMetadata::new(), full_body(data))
             .await
     }
 
@@ -273,6 +278,7 @@ impl AgentClient {
         path: &str,
         mode: Option<u32>,
         user: Option<&str>,
+        metadata: &FileMetadata,
         body: RequestBody,
     ) -> ClientResult<()> {
         // Without a mode the agent gives new files 0644 and leaves an existing file's mode.
@@ -283,6 +289,20 @@ impl AgentClient {
         }
         if let Some(user) = user {
             pairs.push(("user", user));
+        }
+        let metadata = if metadata.is_empty() {
+            None
+        } else {
+            file_metadata::check(metadata).map_err(|e| {
+                ClientError::Agent(AgentError::new(AgentErrorCode::BadRequest, e.to_string()))
+            })?;
+            Some(
+                serde_json::to_string(metadata)
+                    .map_err(|e| ClientError::Protocol(format!("metadata: {e}")))?,
+            )
+        };
+        if let Some(metadata) = &metadata {
+            pairs.push(("metadata", metadata.as_str()));
         }
         let uri = format!("/v1/files/write?{}", query::build(&pairs));
         self.call(Method::PUT, &uri, body).await.map(drop)

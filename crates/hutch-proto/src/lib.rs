@@ -20,7 +20,7 @@
 //! | POST | `/v1/exec` | frames: one [`FrameKind::ExecRequest`], then input frames | frames: output events |
 //! | POST | `/v1/signal` | [`SignalRequest`] JSON | 204 |
 //! | GET | `/v1/files/read?path=` | – | raw bytes (streamed) |
-//! | PUT | `/v1/files/write?path=&mode=` | raw bytes (streamed) | 204 |
+//! | PUT | `/v1/files/write?path=&mode=&metadata=` | raw bytes (streamed) | 204 |
 //! | DELETE | `/v1/files/remove?path=&recursive=` | – | 204 |
 //! | GET | `/v1/files/list?path=&depth=` | – | [`ListResponse`] JSON |
 //! | GET | `/v1/files/stat?path=` | – | [`FileEntry`] JSON |
@@ -46,6 +46,7 @@
 pub mod archive;
 #[cfg(feature = "client")]
 pub mod client;
+pub mod file_metadata;
 pub mod frame;
 pub mod process;
 pub mod query;

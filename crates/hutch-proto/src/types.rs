@@ -166,6 +166,9 @@ pub struct FileEntry {
     /// Link target, for symlinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// The file's metadata: its `user.*` extended attributes ([`crate::file_metadata`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: crate::file_metadata::FileMetadata,
 }
 
 /// `GET /v1/files/list`.

@@ -190,6 +190,12 @@ def test_files(sb: Sandbox) -> None:
     f.write("/root/app/blob.bin", blob, mode="0644")
     assert f.read_bytes("/root/app/blob.bin") == blob
     assert f.stat("/root/app/blob.bin").mode == 0o644
+    assert f.stat("/root/app/blob.bin").metadata == {}
+    f.write("/root/app/tagged.txt", "t", metadata={"Owner": "agent-7", "step": "3"})
+    assert f.stat("/root/app/tagged.txt").metadata == {"owner": "agent-7", "step": "3"}
+    with pytest.raises(hutch.InvalidRequest):
+        f.write("/root/app/bad.txt", "b", metadata={"k": "v" * 5000})
+    f.remove("/root/app/tagged.txt")
 
     f.mkdir("/root/app/data/nested")
     assert f.stat("/root/app/data").is_dir

@@ -67,6 +67,8 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** The `Accept` header, for routes that answer in several formats. */
   accept?: string;
+  /** Further headers (a file's `X-Hutch-Meta-*` metadata). */
+  headers?: Record<string, string>;
 }
 
 /** Map a `fetch` failure to the SDK's errors. */
@@ -149,7 +151,7 @@ export class Client {
       const pairs = Array.isArray(opts.query) ? opts.query : Object.entries(opts.query);
       for (const [k, v] of pairs) if (v !== undefined) url.searchParams.append(k, String(v));
     }
-    const headers = this.headers();
+    const headers = { ...this.headers(), ...(opts.headers ?? {}) };
     if (opts.accept) headers.accept = opts.accept;
     let body: string | Uint8Array | ReadableStream<Uint8Array> | undefined = opts.body;
     if (opts.contentType) headers["content-type"] = opts.contentType;

@@ -88,6 +88,8 @@ export interface FileEntry {
   owner: string | undefined;
   /** The group's name in the sandbox's `/etc/group`, when it has one. */
   group: string | undefined;
+  /** The file's metadata: its `user.*` extended attributes, keys without `user.`. */
+  metadata: Record<string, string>;
   raw: Record<string, unknown>;
 }
 
@@ -388,6 +390,9 @@ export function fileEntry(d: Json): FileEntry {
     gid: num(d.gid),
     owner: optStr(d.owner),
     group: optStr(d.group),
+    metadata: Object.fromEntries(
+      Object.entries((d.metadata as Record<string, unknown> | undefined) ?? {}).map(([k, v]) => [k, String(v)]),
+    ),
     raw: d,
   };
 }

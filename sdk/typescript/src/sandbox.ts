@@ -844,11 +844,23 @@ export class Files {
    * Create or replace a file; parent directories are created.
    * @param opts.mode Permission bits, e.g. `0o755` or `"0755"`.
    */
-  async write(path: string, data: string | Uint8Array, opts: { mode?: number | string } = {}): Promise<void> {
+  async write(
+    path: string,
+    data: string | Uint8Array,
+    opts: {
+      mode?: number | string;
+      /** Pairs kept with the file as its `user.<key>` extended attributes (keys lowercased). */
+      metadata?: Record<string, string>;
+    } = {},
+  ): Promise<void> {
     const mode =
       typeof opts.mode === "number" ? opts.mode.toString(8).padStart(4, "0") : opts.mode;
+    const headers = Object.fromEntries(
+      Object.entries(opts.metadata ?? {}).map(([k, v]) => [`x-hutch-meta-${k}`, v]),
+    );
     await this.sb.client.request("PUT", this.path(), {
       query: { path, mode },
+      headers,
       body: typeof data === "string" ? new TextEncoder().encode(data) : data,
       kind: "files",
       timeoutMs: null,

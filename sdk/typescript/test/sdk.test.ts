@@ -268,6 +268,10 @@ describe("files and terminal", () => {
     await f.write("/root/app/blob.bin", blob, { mode: "0644" });
     assert.deepEqual(await f.readBytes("/root/app/blob.bin"), blob);
     assert.equal((await f.stat("/root/app/blob.bin")).mode, 0o644);
+    assert.deepEqual((await f.stat("/root/app/blob.bin")).metadata, {});
+    await f.write("/root/app/tagged.txt", "t", { metadata: { Owner: "agent-7", step: "3" } });
+    assert.deepEqual((await f.stat("/root/app/tagged.txt")).metadata, { owner: "agent-7", step: "3" });
+    await f.remove("/root/app/tagged.txt");
 
     await f.mkdir("/root/app/data/nested");
     assert.equal((await f.stat("/root/app/data")).type, "dir");

@@ -18,6 +18,7 @@ mod archive;
 mod as_user;
 mod ops;
 mod watch;
+mod xattr;
 
 pub use archive::{read_archive, write_archive};
 pub use watch::watch;
@@ -108,16 +109,27 @@ fn read_chunk(mut file: File) -> (File, std::io::Result<Bytes>) {
     }
 }
 
-/// `PUT /v1/files/write?path=&mode=[&user=]`: stream the body into the file (opened, and
-/// created with its parents, as `user` if given).
+/// `PUT /v1/files/write?path=&mode=[&user=][&metadata=]`: stream the body into the file
+/// (opened, and created with its parents, as `user` if given). `metadata`, a JSON object of
+/// pairs, becomes the file's `user.*` extended attributes before the first byte is written.
 pub async fn write(query: &Query, mut body: Incoming) -> Result<()> {
     let path = query.path()?;
     let mode = query.get("mode").map(ops::parse_mode).transpose()?;
+    let metadata: hutch_proto::file_metadata::FileMetadata = match query.get("metadata") {
+        None => Default::default(),
+        Some(text) => serde_json::from_str(text).map_err(|e| {
+            Failure::BadRequest(format!("metadata must be a JSON object of strings: {e}"))
+        })?,
+    };
     let open_path = path.clone();
     let user = query.get("user").map(str::to_string);
     let mut file = blocking(move || {
         let account = user.as_deref().map(as_user::account).transpose()?;
-        as_user::run_as(account.as_ref(), || ops::open_write(&open_path, mode))
+        as_user::run_as(account.as_ref(), || {
+            let file = ops::open_write(&open_path, mode)?;
+            xattr::set_all(&file, &open_path, &metadata)?;
+            Ok(file)
+        })
     })
     .await?;
     loop {

@@ -111,6 +111,7 @@ fn entry(on_disk: &Path, path: String, meta: &Metadata, owners: &Owners) -> File
         owner: owners.user(meta.uid()).map(str::to_string),
         group: owners.group(meta.gid()).map(str::to_string),
         symlink_target,
+        metadata: super::xattr::read(on_disk),
     }
 }
 

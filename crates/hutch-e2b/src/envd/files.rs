@@ -11,9 +11,11 @@ use axum::{Extension, Json};
 use base64::Engine;
 use bytes::Bytes;
 use futures_util::TryStreamExt;
+use hutch_proto::file_metadata::{self, FileMetadata};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::proto::METADATA_NAMESPACE;
 use super::{absolute, gzip, has_token, same_secret, EnvdUser};
 use crate::error::{E2bError, E2bResult};
 use crate::target::SandboxTarget;
@@ -200,14 +202,9 @@ pub async fn write(
     request: axum::extract::Request,
 ) -> E2bResult<Json<Vec<serde_json::Value>>> {
     check_access(&state, &t, &headers, &q, "write")?;
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return Err(E2bError::bad_request(
-            "file metadata (X-Metadata-* headers) is not supported by Hutch",
-        ));
-    }
+    // E2B's pairs are kept under `e2b.` (the `user.e2b.*` attributes envd uses).
+    let metadata = file_metadata::from_headers(&headers, "x-metadata-", METADATA_NAMESPACE)
+        .map_err(|e| E2bError::bad_request(e.to_string()))?;
     let user = user_of(&q, header_user);
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -258,10 +255,10 @@ pub async fn write(
                 }
             };
             let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-            let store = store(&state, &t, &path, user.as_deref(), stream);
+            let store = store(&state, &t, &path, user.as_deref(), &metadata, stream);
             let ((), stored) = tokio::join!(pump, store);
             stored?;
-            written.push(written_entry(&path));
+            written.push(written_entry(&path, &metadata));
         }
     } else {
         let path = absolute(
@@ -271,13 +268,14 @@ pub async fn write(
             user.as_deref(),
         )?;
         let body = request.into_body().into_data_stream();
+        let user = user.as_deref();
         if gzip {
-            store(&state, &t, &path, user.as_deref(), gzip::inflate(body)).await?;
+            store(&state, &t, &path, user, &metadata, gzip::inflate(body)).await?;
         } else {
             let body = body.map_err(|e| std::io::Error::other(e.to_string()));
-            store(&state, &t, &path, user.as_deref(), body).await?;
+            store(&state, &t, &path, user, &metadata, body).await?;
         }
-        written.push(written_entry(&path));
+        written.push(written_entry(&path, &metadata));
     }
     if written.is_empty() {
         return Err(E2bError::bad_request("no file in the upload"));
@@ -285,9 +283,15 @@ pub async fn write(
     Ok(Json(written))
 }
 
-fn written_entry(path: &str) -> serde_json::Value {
+/// One `WriteInfo`: with the pairs the upload set, as E2B's SDKs read them back.
+fn written_entry(path: &str, metadata: &FileMetadata) -> serde_json::Value {
     let name = path.rsplit('/').next().unwrap_or(path);
-    serde_json::json!({"path": path, "name": name, "type": "file"})
+    let mut entry = serde_json::json!({"path": path, "name": name, "type": "file"});
+    let pairs = file_metadata::within(metadata, METADATA_NAMESPACE);
+    if !pairs.is_empty() {
+        entry["metadata"] = serde_json::json!(pairs);
+    }
+    entry
 }
 
 /// Write the stream `data` at `path` (parents made) as `user` when one is named. When the
@@ -298,6 +302,7 @@ async fn store<S>(
     t: &SandboxTarget,
     path: &str,
     user: Option<&str>,
+    metadata: &FileMetadata,
     data: S,
 ) -> E2bResult<()>
 where
@@ -315,7 +320,10 @@ where
     // The agent writes as the user (its permissions apply; the file and the parents it
     // makes are the user's).
     let written = manager
-        .agent_call(&t.id, agent.write_file_as(path, None, user, data).await)
+        .agent_call(
+            &t.id,
+            agent.write_file_as(path, None, user, metadata, data).await,
+        )
         .await;
     match (written, fault.lock().ok().and_then(|f| f.clone())) {
         (Ok(()), _) => Ok(()),

@@ -255,6 +255,10 @@ pub fn filesystem_events(e: &hutch_proto::FileEvent) -> Vec<serde_json::Value> {
     }
 }
 
+/// Where E2B's file metadata lives among a file's pairs: key `k` is Hutch's `e2b.k`, the
+/// attribute `user.e2b.k` that envd uses.
+pub const METADATA_NAMESPACE: &str = "e2b.";
+
 /// `filesystem.EntryInfo` of a Hutch file entry.
 pub fn entry_info(e: &hutch_proto::FileEntry) -> serde_json::Value {
     use hutch_proto::FileType;
@@ -280,6 +284,10 @@ pub fn entry_info(e: &hutch_proto::FileEntry) -> serde_json::Value {
     }
     if let Some(t) = &e.symlink_target {
         v["symlinkTarget"] = serde_json::Value::String(t.clone());
+    }
+    let metadata = hutch_proto::file_metadata::within(&e.metadata, METADATA_NAMESPACE);
+    if !metadata.is_empty() {
+        v["metadata"] = serde_json::json!(metadata);
     }
     v
 }

@@ -9,12 +9,13 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use futures_util::TryStreamExt;
 use hutch_core::ids::SandboxId;
 use hutch_core::sandbox_token::FileOp;
+use hutch_proto::file_metadata;
 use serde::Deserialize;
 
 use super::files_url;
@@ -22,6 +23,9 @@ use crate::auth::{authorize_sandbox, AuthorizedSandbox};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, ApiQuery, Caller};
 use crate::AppState;
+
+/// Headers of an upload that carry the file's metadata: `X-Hutch-Meta-<key>: <value>`.
+pub const METADATA_HEADER_PREFIX: &str = "x-hutch-meta-";
 
 /// `?path=`.
 #[derive(Debug, Deserialize)]
@@ -180,23 +184,33 @@ pub async fn read(
 }
 
 /// `PUT /v1/sandboxes/{id}/files?path=&mode=[&user=]` with raw bytes → 204 (written as
-/// `user`, if given). With `expires=&signature=` from `POST …/files/url`, no key is needed.
+/// `user`, if given). Each `X-Hutch-Meta-<key>: <value>` header becomes one pair of the
+/// file's metadata (its `user.<key>` extended attribute). With `expires=&signature=` from
+/// `POST …/files/url`, no key is needed.
 pub async fn write(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<WriteQuery>,
+    headers: HeaderMap,
     body: Body,
 ) -> ApiResult<StatusCode> {
     let access = access(caller.map(|c| c.0), q.expires, q.signature.as_deref())?;
     let user = q.user.as_deref();
+    let metadata = file_metadata::from_headers(&headers, METADATA_HEADER_PREFIX, "")
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let id = file_sandbox(&state, access, &id, &q.path, FileOp::Write, user).await?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let agent = state.manager.agent(&id).await?;
     let stream = upload_stream(body);
     state
         .manager
-        .agent_call(&id, agent.write_file_as(&q.path, mode, user, stream).await)
+        .agent_call(
+            &id,
+            agent
+                .write_file_as(&q.path, mode, user, &metadata, stream)
+                .await,
+        )
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

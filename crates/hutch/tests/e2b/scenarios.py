@@ -132,6 +132,17 @@ def files():
         many = sb.files.write_files([{"path": "/tmp/m/1.txt", "data": "one"}, {"path": "/tmp/m/2.txt", "data": "two"}])
         assert sorted(w.path for w in many) == ["/tmp/m/1.txt", "/tmp/m/2.txt"], many
         assert sb.files.read("/tmp/m/2.txt") == "two"
+        # File metadata (envd 0.6.2): the file's user.e2b.* attributes, keys lowercased.
+        pairs = {"owner": "agent-7", "run": "42"}
+        meta = sb.files.write("/tmp/meta/f.txt", "m", metadata={"Owner": "agent-7", "run": "42"})
+        assert meta.metadata == pairs, meta
+        assert sb.files.get_info("/tmp/meta/f.txt").metadata == pairs
+        got = sb.commands.run("python3 -c \"import os; print(os.getxattr('/tmp/meta/f.txt', 'user.e2b.owner').decode())\"")
+        assert got.stdout == "agent-7\n", got
+        sb.commands.run("python3 -c \"import os; os.setxattr('/tmp/meta/f.txt', 'user.e2b.inside', b'yes')\"")
+        listed = {e.name: e for e in sb.files.list("/tmp/meta")}
+        assert listed["f.txt"].metadata == {**pairs, "inside": "yes"}, listed["f.txt"]
+        assert sb.files.get_info("/tmp/m/1.txt").metadata is None
         # As a user: the file is theirs, and their permissions apply.
         sb.commands.run("useradd -m bob")
         sb.files.write("/home/bob/own.txt", "bob's", user="bob")

@@ -90,7 +90,10 @@ class ClientBase:
             json=req.json,
             content=req.content,
             timeout=timeout,
-            headers=p.drop_none({"accept": req.accept, "content-type": req.content_type}) or None,
+            headers=p.drop_none(
+                {"accept": req.accept, "content-type": req.content_type, **(req.headers or {})}
+            )
+            or None,
         )
 
     def _check_open(self) -> None:

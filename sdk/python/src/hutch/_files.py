@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, TypeVar, Union
 
 from . import _ops as ops
 from . import errors
@@ -45,6 +45,7 @@ class Files:
         data: Union[str, bytes, bytearray, memoryview],
         *,
         mode: Union[int, str, None] = None,
+        metadata: Optional[Dict[str, str]] = None,
     ) -> None:
         """Create or replace a file; parent directories are created.
 
@@ -52,8 +53,11 @@ class Files:
             path: Absolute path.
             data: Text (written as UTF-8) or bytes.
             mode: Permission bits, e.g. ``0o755`` or ``"0755"``.
+            metadata: Pairs kept with the file as its ``user.<key>`` extended attributes
+                (keys lowercased; values printable ASCII); read back in
+                :attr:`FileEntry.metadata`.
         """
-        self._call(ops.write_file(self._sb.id, path, data, mode))
+        self._call(ops.write_file(self._sb.id, path, data, mode, metadata))
 
     def list(self, path: str = "/", *, depth: int = 1) -> List[FileEntry]:
         """List a directory, depth-first and sorted by path.
@@ -162,9 +166,11 @@ class AsyncFiles:
         data: Union[str, bytes, bytearray, memoryview],
         *,
         mode: Union[int, str, None] = None,
+        metadata: Optional[Dict[str, str]] = None,
     ) -> None:
-        """Create or replace a file; parent directories are created."""
-        await self._call(ops.write_file(self._sb.id, path, data, mode))
+        """Create or replace a file; parent directories are created (``metadata`` as in the
+        sync client)."""
+        await self._call(ops.write_file(self._sb.id, path, data, mode, metadata))
 
     async def list(self, path: str = "/", *, depth: int = 1) -> List[FileEntry]:
         """List a directory (depth 1–32)."""

@@ -438,6 +438,7 @@ def write_file(
     path: str,
     data: Union[str, bytes, bytearray, memoryview],
     mode: Union[int, str, None],
+    metadata: Optional[Dict[str, str]] = None,
 ) -> Call[None]:
     request = Request(
         "PUT",
@@ -446,6 +447,7 @@ def write_file(
         content=to_bytes(data),
         kind="files",
         timeout=None,
+        headers={f"X-Hutch-Meta-{k}": v for k, v in (metadata or {}).items()} or None,
     )
     return Call(request, _nothing)
 

@@ -42,6 +42,8 @@ class Request:
     """Error-mapping hint, see :func:`hutch.errors.from_response`."""
     accept: Optional[str] = None
     """The ``Accept`` header, for routes that answer in several formats."""
+    headers: Optional[Dict[str, str]] = None
+    """Further headers (a file's ``X-Hutch-Meta-*`` metadata)."""
 
 
 def sandbox_path(sandbox_id: str, suffix: str = "") -> str:

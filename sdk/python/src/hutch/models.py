@@ -179,6 +179,8 @@ class FileEntry:
     """The owner's name in the sandbox's ``/etc/passwd``, when it has one."""
     group: Optional[str] = None
     """The group's name in the sandbox's ``/etc/group``, when it has one."""
+    metadata: Dict[str, str] = field(default_factory=dict)
+    """The file's metadata: its ``user.*`` extended attributes, keys without ``user.``."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -203,6 +205,7 @@ class FileEntry:
             gid=int(d.get("gid") or 0),
             owner=d.get("owner"),
             group=d.get("group"),
+            metadata={str(k): str(v) for k, v in (d.get("metadata") or {}).items()},
             raw=dict(d),
         )
 
