@@ -297,3 +297,58 @@ async fn downloads_are_gzipped_when_the_client_accepts_it() {
     }
     s.kill(&id).await;
 }
+
+/// The answer to an upload that needs more disk than the sandbox has: 507 (the E2B SDKs'
+/// `NotEnoughSpaceException`), and the sandbox carries on once space is freed.
+#[tokio::test]
+async fn an_upload_that_does_not_fit_the_disk_is_507_and_the_sandbox_carries_on() {
+    let s = server().await;
+    // E2B's create takes no disk size: the sandbox is made through Hutch's API, and its envd
+    // token read through E2B's `GET /sandboxes/{id}` as an SDK's connect would. The files go
+    // to /root, on the disk (`/tmp` is a tmpfs, bounded by the memory limit instead).
+    let id = s
+        .create_id(json!({"template": "base", "isolation": "ns", "disk_mib": 32}))
+        .await;
+    let url = s.e2b_url.as_deref().expect("--e2b-listen");
+    let detail: Value = s
+        .http
+        .get(format!("{url}/sandboxes/{id}"))
+        .header("x-api-key", &s.key)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let token = detail["envdAccessToken"]
+        .as_str()
+        .expect("token")
+        .to_string();
+    let data: Vec<u8> = (0..48).flat_map(random_chunk).collect();
+    let resp = files(&s, reqwest::Method::POST, &id, &token, "/root/too-big.bin")
+        .header("content-type", "application/octet-stream")
+        .body(data)
+        .send()
+        .await
+        .expect("upload answered");
+    assert_eq!(resp.status(), 507);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["code"], 507, "{v}");
+    let message = v["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("quota") || message.contains("space"),
+        "{message}"
+    );
+    let (out, code) = s.sh(&id, "rm /root/too-big.bin && echo freed").await;
+    assert_eq!((out.as_str(), code), ("freed\n", 0));
+    let resp = files(&s, reqwest::Method::POST, &id, &token, "/root/fits.txt")
+        .header("content-type", "application/octet-stream")
+        .body("fits")
+        .send()
+        .await
+        .expect("upload");
+    assert_eq!(resp.status(), 200);
+    let (out, _) = s.sh(&id, "cat /root/fits.txt").await;
+    assert_eq!(out, "fits");
+    s.kill(&id).await;
+}
