@@ -71,6 +71,35 @@ pub struct BuildRequest {
     pub no_cache: bool,
     /// Whose build sandboxes these are.
     pub tenant: Option<Tenant>,
+    /// Resources the template's sandboxes get by default, where the build sets them
+    /// (otherwise the `FROM` template's).
+    pub sandbox_resources: SandboxResources,
+}
+
+/// Default resources a build gives the template's sandboxes (each `None` keeps the base's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SandboxResources {
+    /// CPU bandwidth in cores.
+    pub cpus: Option<f64>,
+    /// Memory limit in MiB.
+    pub memory_mib: Option<u64>,
+    /// Writable disk in MiB.
+    pub disk_mib: Option<u64>,
+}
+
+impl SandboxResources {
+    /// `defaults` with these set.
+    pub fn apply(&self, defaults: &mut hutch_template::ResourceDefaults) {
+        if let Some(cpus) = self.cpus {
+            defaults.cpus = cpus;
+        }
+        if let Some(memory_mib) = self.memory_mib {
+            defaults.memory_mib = memory_mib;
+        }
+        if let Some(disk_mib) = self.disk_mib {
+            defaults.disk_mib = disk_mib;
+        }
+    }
 }
 
 /// One build's state.

@@ -667,7 +667,7 @@ async fn commit(
     let mut env: BTreeMap<String, String> = config.env.iter().cloned().collect();
     env.entry("PATH".into())
         .or_insert_with(|| hutch_dockerfile::DEFAULT_PATH.to_string());
-    let defaults = ResourceDefaults {
+    let mut defaults = ResourceDefaults {
         env,
         isolation: None,
         // The last `WORKDIR` and `USER` (inherited from `FROM`) are where and as whom the
@@ -678,6 +678,7 @@ async fn commit(
         },
         ..base_defaults
     };
+    request.sandbox_resources.apply(&mut defaults);
     let source = LayeredSource {
         base,
         layer,

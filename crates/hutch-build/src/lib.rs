@@ -24,7 +24,7 @@ mod engine;
 mod error;
 mod log;
 
-pub use builds::{BuildRequest, BuildSettings, Builder, LogFollow};
+pub use builds::{BuildRequest, BuildSettings, Builder, LogFollow, SandboxResources};
 pub use error::BuildError;
 pub use log::{BuildLogLine, LogStream};
 

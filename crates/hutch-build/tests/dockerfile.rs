@@ -111,6 +111,7 @@ impl World {
 
     fn request(&self, template: &str, context: &Path) -> BuildRequest {
         BuildRequest {
+            sandbox_resources: Default::default(),
             template: template.into(),
             context_dir: self.context(context),
             dockerfile: "Dockerfile".into(),

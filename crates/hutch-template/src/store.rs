@@ -29,7 +29,7 @@ use hutch_image::BlobStore;
 
 use crate::error::{IoContext, Result, TemplateError};
 use crate::image::{self, ImageSource};
-use crate::info::{rfc3339_utc, TemplateFile, TemplateInfo, FORMAT_VERSION};
+use crate::info::{rfc3339_utc, ResourceDefaults, TemplateFile, TemplateInfo, FORMAT_VERSION};
 use crate::lock::TemplateLock;
 use crate::recipes::Recipe;
 use crate::{sys, tree};
@@ -192,6 +192,11 @@ impl TemplateStore {
                 Source::Layered(layered) => {
                     info.build_key.as_deref() == Some(layered.build_key.as_str())
                         && info.start == options.start
+                        // The operator's isolation choice (`set_isolation`) is not the build's.
+                        && ResourceDefaults {
+                            isolation: None,
+                            ..info.defaults.clone()
+                        } == layered.defaults
                 }
             };
             if let Some(info) = self

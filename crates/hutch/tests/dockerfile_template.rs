@@ -30,9 +30,14 @@ fn context(dockerfile: &str) -> Vec<u8> {
 
 /// Build `name` from `dockerfile` through the API and wait for it.
 async fn build(s: &TestServer, name: &str, dockerfile: &str) -> Value {
+    build_with(s, name, dockerfile, "").await
+}
+
+/// [`build`] with more of the query (`&cpus=…`).
+async fn build_with(s: &TestServer, name: &str, dockerfile: &str, query: &str) -> Value {
     let resp = s
         .http
-        .post(format!("{}/v1/templates?name={name}", s.url))
+        .post(format!("{}/v1/templates?name={name}{query}", s.url))
         .bearer_auth(&s.key)
         .header("content-type", "application/x-tar")
         .body(context(dockerfile))
@@ -177,4 +182,58 @@ async fn commands_run_in_the_templates_workdir_as_its_user_unless_told_otherwise
         .request(Method::DELETE, &format!("/v1/templates/{name}"), None)
         .await;
     assert!(status == 204 || status == 200, "{status} {v}");
+}
+
+/// `cpus=`, `memory_mib=` and `disk_mib=` of a build are what the template's sandboxes get
+/// when a create names none; a rebuild with other values is not skipped as cached.
+#[tokio::test]
+async fn a_builds_resources_are_its_sandboxes_defaults() {
+    let s = TestServer::start().await;
+    let dockerfile = "FROM minimal\nRUN echo sized > /sized\n";
+    build_with(
+        &s,
+        "sized",
+        dockerfile,
+        "&cpus=1.5&memory_mib=384&disk_mib=600",
+    )
+    .await;
+    let v = s
+        .create(json!({"template": "sized", "isolation": "ns"}))
+        .await;
+    assert_eq!(
+        (&v["cpus"], &v["memory_mib"], &v["disk_mib"]),
+        (&json!(1.5), &json!(384), &json!(600)),
+        "{v}"
+    );
+    let v = s
+        .create(json!({"template": "sized", "isolation": "ns", "memory_mib": 200}))
+        .await;
+    assert_eq!(
+        (&v["cpus"], &v["memory_mib"]),
+        (&json!(1.5), &json!(200)),
+        "{v}"
+    );
+    build_with(&s, "sized", dockerfile, "&memory_mib=512").await;
+    let v = s
+        .create(json!({"template": "sized", "isolation": "ns"}))
+        .await;
+    assert_eq!(v["memory_mib"], 512, "the rebuild's default: {v}");
+    let resp = s
+        .http
+        .post(format!(
+            "{}/v1/templates?name=sized&memory_mib=a+lot",
+            s.url
+        ))
+        .bearer_auth(&s.key)
+        .header("content-type", "application/x-tar")
+        .body(context(dockerfile))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(resp.status().as_u16(), 400);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(
+        v["error"]["message"], "memory_mib must be a number from 16 to 1048576, got \"a lot\"",
+        "{v}"
+    );
 }

@@ -21,7 +21,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hutch_build::{BuildRequest, BuildStatus};
+use hutch_build::{BuildRequest, BuildStatus, SandboxResources};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -41,6 +41,8 @@ pub struct E2bBuilds {
 #[derive(Clone)]
 struct Pending {
     template: String,
+    /// `cpuCount` and `memoryMB`: the template's sandboxes' defaults.
+    resources: SandboxResources,
     caller_tenant: Option<hutch_core::tenant::Tenant>,
     /// Hutch's build, once started.
     hutch_build: Option<String>,
@@ -94,9 +96,30 @@ fn upload_token(state: &E2bState, template: &str, hash: &str) -> String {
 
 /// `{name, tags, cpuCount, memoryMB}`.
 #[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 struct BuildRequestV3 {
     name: Option<String>,
     alias: Option<String>,
+    cpu_count: Option<u32>,
+    #[serde(rename = "memoryMB")]
+    memory_mb: Option<u64>,
+}
+
+impl BuildRequestV3 {
+    /// The sandbox defaults asked for, checked as Hutch's own build query checks them.
+    fn resources(&self) -> E2bResult<SandboxResources> {
+        if self.cpu_count.is_some_and(|n| !(1..=256).contains(&n)) {
+            return Err(E2bError::bad_request("cpuCount must be from 1 to 256"));
+        }
+        if self.memory_mb.is_some_and(|m| !(16..=1 << 20).contains(&m)) {
+            return Err(E2bError::bad_request("memoryMB must be from 16 to 1048576"));
+        }
+        Ok(SandboxResources {
+            cpus: self.cpu_count.map(f64::from),
+            memory_mib: self.memory_mb,
+            disk_mib: None,
+        })
+    }
 }
 
 /// `POST /v3/templates` → 202 `{templateID, buildID, names, tags, public}`.
@@ -107,6 +130,7 @@ pub async fn request_build(
 ) -> E2bResult<Response> {
     let caller = state.caller(&headers).await?;
     let req: BuildRequestV3 = body_json(&body)?;
+    let resources = req.resources()?;
     let name = req
         .name
         .or(req.alias)
@@ -117,6 +141,7 @@ pub async fn request_build(
         build_id.clone(),
         Pending {
             template: template.clone(),
+            resources,
             caller_tenant: caller.owner(),
             hutch_build: None,
         },
@@ -434,6 +459,7 @@ pub async fn start_build(
         no_cache: start.force
             || start.steps.iter().all(|s| s.force == Some(true)) && !start.steps.is_empty(),
         tenant: pending.caller_tenant.clone(),
+        sandbox_resources: pending.resources,
     };
     let view = match state.app.builder().start(request).await {
         Ok(v) => v,

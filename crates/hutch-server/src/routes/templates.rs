@@ -18,7 +18,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use hutch_build::{BuildRequest, BuildView};
+use hutch_build::{BuildRequest, BuildView, SandboxResources};
 use hutch_core::tenant::Tenant;
 use serde::Deserialize;
 
@@ -65,6 +65,25 @@ struct BuildQuery {
     target: Option<String>,
     no_cache: bool,
     build_args: BTreeMap<String, String>,
+    resources: SandboxResources,
+}
+
+/// A number query parameter within `range`.
+fn parse_number<T>(key: &str, value: &str, range: std::ops::RangeInclusive<T>) -> ApiResult<T>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    value
+        .parse::<T>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{key} must be a number from {} to {}, got {value:?}",
+                range.start(),
+                range.end()
+            ))
+        })
 }
 
 fn parse_bool(key: &str, value: &str) -> ApiResult<bool> {
@@ -77,7 +96,8 @@ fn parse_bool(key: &str, value: &str) -> ApiResult<bool> {
     }
 }
 
-/// `name=&dockerfile=&target=&no_cache=&build_arg=K=V…` (`build_arg` repeatable).
+/// `name=&dockerfile=&target=&no_cache=&build_arg=K=V…` (`build_arg` repeatable), and the
+/// template's default sandbox resources `cpus=&memory_mib=&disk_mib=`.
 fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
     let mut q = BuildQuery::default();
     let mut name = None;
@@ -87,6 +107,11 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
             "dockerfile" => q.dockerfile = Some(v),
             "target" => q.target = Some(v),
             "no_cache" => q.no_cache = parse_bool("no_cache", &v)?,
+            "cpus" => q.resources.cpus = Some(parse_number("cpus", &v, 0.05..=256.0)?),
+            "memory_mib" => {
+                q.resources.memory_mib = Some(parse_number("memory_mib", &v, 16..=1 << 20)?);
+            }
+            "disk_mib" => q.resources.disk_mib = Some(parse_number("disk_mib", &v, 16..=1 << 24)?),
             "build_arg" => {
                 let (key, value) = v.split_once('=').ok_or_else(|| {
                     ApiError::bad_request(format!("build_arg must be KEY=VALUE, got {v:?}"))
@@ -100,7 +125,7 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
             }
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "unknown query parameter {other:?}; use name=, dockerfile=, target=, no_cache= or build_arg=KEY=VALUE"
+                    "unknown query parameter {other:?}; use name=, dockerfile=, target=, no_cache=, build_arg=KEY=VALUE, cpus=, memory_mib= or disk_mib="
                 )))
             }
         }
@@ -243,6 +268,7 @@ pub async fn create(
         target: q.target,
         no_cache: q.no_cache,
         tenant: tenant.clone(),
+        sandbox_resources: q.resources,
     };
     let view = match state.builder.start(request).await {
         Ok(view) => view,
@@ -456,7 +482,7 @@ mod tests {
     #[test]
     fn build_queries_parse_and_bad_ones_are_told_why() {
         let q = parse_build_query(Some(
-            "name=web&dockerfile=docker%2FDockerfile&target=run&no_cache=true&build_arg=A%3D1&build_arg=B=x%3Dy",
+            "name=web&dockerfile=docker%2FDockerfile&target=run&no_cache=true&build_arg=A%3D1&build_arg=B=x%3Dy&cpus=1.5&memory_mib=1024",
         ))
         .expect("parses");
         assert_eq!(
@@ -467,6 +493,11 @@ mod tests {
                 target: Some("run".into()),
                 no_cache: true,
                 build_args: [("A".into(), "1".into()), ("B".into(), "x=y".into())].into(),
+                resources: SandboxResources {
+                    cpus: Some(1.5),
+                    memory_mib: Some(1024),
+                    disk_mib: None,
+                },
             }
         );
         let message = |raw: &str| parse_build_query(Some(raw)).expect_err("refused").message;
@@ -481,6 +512,14 @@ mod tests {
         assert_eq!(
             message("name=web&no_cache=maybe"),
             "no_cache must be true or false, got \"maybe\""
+        );
+        assert_eq!(
+            message("name=web&memory_mib=lots"),
+            "memory_mib must be a number from 16 to 1048576, got \"lots\""
+        );
+        assert_eq!(
+            message("name=web&cpus=0"),
+            "cpus must be a number from 0.05 to 256, got \"0\""
         );
         assert_eq!(
             message("name=web&dockerfile=/etc/passwd"),

@@ -20,6 +20,7 @@ use crate::client::Api;
 
 /// Template subcommands.
 #[derive(Debug, clap::Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process, never moved around
 pub enum TemplateCommand {
     /// Build a template. From a Dockerfile (`-f`, default `CONTEXT/Dockerfile`) and a build
     /// context directory (default `.`): sent to the server at HUTCH_URL, which runs each
@@ -52,6 +53,9 @@ pub enum TemplateCommand {
         /// Run every step of the Dockerfile, ignoring cached results.
         #[arg(long, conflicts_with = "from_image")]
         no_cache: bool,
+        /// The template's sandboxes' default resources (Dockerfile builds).
+        #[command(flatten)]
+        resources: SandboxResourceArgs,
         /// Templates directory (default `<state-dir>/templates`).
         #[arg(long)]
         templates_dir: Option<PathBuf>,
@@ -154,6 +158,21 @@ async fn server_templates(state_dir: &Path) -> anyhow::Result<Vec<Value>> {
         .context("the server's answer to GET /v1/templates has no templates list")
 }
 
+/// `--cpus`, `--memory-mib`, `--disk-mib` of a Dockerfile build.
+#[derive(Debug, clap::Args)]
+pub struct SandboxResourceArgs {
+    /// CPUs the template's sandboxes get when a create names none (Dockerfile builds;
+    /// default: the `FROM` template's).
+    #[arg(long, conflicts_with = "from_image")]
+    pub cpus: Option<f64>,
+    /// Memory (MiB) the template's sandboxes get by default (Dockerfile builds).
+    #[arg(long, value_name = "MIB", conflicts_with = "from_image")]
+    pub memory_mib: Option<u64>,
+    /// Writable disk (MiB) the template's sandboxes get by default (Dockerfile builds).
+    #[arg(long, value_name = "MIB", conflicts_with = "from_image")]
+    pub disk_mib: Option<u64>,
+}
+
 /// Run a template subcommand.
 pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
     match cmd {
@@ -164,6 +183,7 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             build_arg,
             target,
             no_cache,
+            resources,
             templates_dir,
             force,
             from_image,
@@ -192,11 +212,22 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
                     build_args: build_arg,
                     target,
                     no_cache,
+                    cpus: resources.cpus,
+                    memory_mib: resources.memory_mib,
+                    disk_mib: resources.disk_mib,
                 };
                 return super::template_build::run(&api, build, json_out).await;
             }
-            if !build_arg.is_empty() || no_cache {
-                bail!("--build-arg and --no-cache are for Dockerfile builds (-f)");
+            if !build_arg.is_empty()
+                || no_cache
+                || resources.cpus.is_some()
+                || resources.memory_mib.is_some()
+                || resources.disk_mib.is_some()
+            {
+                bail!(
+                    "--build-arg, --no-cache, --cpus, --memory-mib and --disk-mib are for \
+                     Dockerfile builds (-f)"
+                );
             }
             let options = BuildOptions {
                 force,

@@ -45,6 +45,10 @@ pub struct DockerfileBuild {
     pub target: Option<String>,
     /// `--no-cache`.
     pub no_cache: bool,
+    /// `--cpus`, `--memory-mib`, `--disk-mib`: the template's sandboxes' defaults.
+    pub cpus: Option<f64>,
+    pub memory_mib: Option<u64>,
+    pub disk_mib: Option<u64>,
 }
 
 /// What is sent: the context, where its Dockerfile is, and what is left out.
@@ -217,6 +221,15 @@ fn build_query(build: &DockerfileBuild, dockerfile: &str) -> anyhow::Result<Stri
     }
     if build.no_cache {
         query.push_str("&no_cache=true");
+    }
+    if let Some(cpus) = build.cpus {
+        query.push_str(&format!("&cpus={cpus}"));
+    }
+    if let Some(memory_mib) = build.memory_mib {
+        query.push_str(&format!("&memory_mib={memory_mib}"));
+    }
+    if let Some(disk_mib) = build.disk_mib {
+        query.push_str(&format!("&disk_mib={disk_mib}"));
     }
     for arg in &build.build_args {
         let pair = match arg.split_once('=') {
@@ -447,10 +460,13 @@ mod tests {
             build_args: vec!["A=1 2".into(), "HUTCH_TEST_SURELY_UNSET_VAR".into()],
             target: Some("run".into()),
             no_cache: true,
+            cpus: Some(1.5),
+            memory_mib: Some(384),
+            disk_mib: None,
         };
         assert_eq!(
             build_query(&build, "docker/Dockerfile").expect("query"),
-            "name=web&dockerfile=docker/Dockerfile&target=run&no_cache=true&build_arg=A%3D1%202"
+            "name=web&dockerfile=docker/Dockerfile&target=run&no_cache=true&cpus=1.5&memory_mib=384&build_arg=A%3D1%202"
         );
     }
 

@@ -372,11 +372,14 @@ def template_build():
             .set_start_cmd("cd /srv && python3 -m http.server 8000", "curl -sf http://127.0.0.1:8000/ >/dev/null || python3 -c 'import urllib.request; urllib.request.urlopen(\"http://127.0.0.1:8000/\")'")
         )
         try:
-            info = Template.build(t, name, on_build_logs=lambda entry: logs.append(entry.message))
+            info = Template.build(t, name, cpu_count=2, memory_mb=768, on_build_logs=lambda entry: logs.append(entry.message))
             assert info.template_id == name, info
             assert any("RUN echo built" in m for m in logs), logs
             sb = Sandbox.create(template=name, timeout=60)
             with made(sb):
+                # cpuCount and memoryMB are the template's sandboxes' defaults.
+                got = sb.get_info()
+                assert (got.cpu_count, got.memory_mb) == (2, 768), got
                 r = sb.commands.run("cat /srv/hello.txt; cat /srv/built.txt; echo $GREETING")
                 assert r.stdout == "from the contextbuilt\nhi there\n", repr(r.stdout)
                 # The template's WORKDIR and USER are where and as whom commands run.
