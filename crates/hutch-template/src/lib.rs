@@ -31,6 +31,7 @@ mod build;
 mod error;
 mod image;
 mod info;
+pub mod interp;
 mod lock;
 mod mounts;
 mod names;

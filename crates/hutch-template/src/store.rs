@@ -324,10 +324,12 @@ impl TemplateStore {
         fs::create_dir(&rootfs).at("creating directory", &rootfs)?;
         fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
             .at("setting mode of", &rootfs)?;
+        let mut start = ctx.options.start.clone();
         let (recipe_name, revision, description, defaults, image) = match source {
             Source::Recipe(recipe) => {
                 recipe.build(&rootfs, ctx).map_err(|e| ctx.in_step(e))?;
                 let r = *recipe;
+                start = start.or_else(|| r.start());
                 (r.name(), r.revision(), r.description(), r.defaults(), None)
             }
             Source::Image(source) => {
@@ -387,7 +389,7 @@ impl TemplateStore {
             description,
             defaults,
             image,
-            start: ctx.options.start.clone(),
+            start,
             build_key: match source {
                 Source::Layered(layered) => Some(layered.build_key.clone()),
                 _ => None,

@@ -1,7 +1,7 @@
 //! What the sandbox's lifecycle does to code contexts (`docs/code-interpreter.md`, "State
 //! across the lifecycle"): on `ns` a wake and a fork child start the kernels afresh and say
-//! `context_restarted: true`; on `vm` hibernate/wake and a live fork keep the kernels'
-//! memory, so every child has the parent's variables and diverges on its own.
+//! `context_restarted: true`; on `vm` hibernate/wake, a live fork and a memory snapshot keep
+//! the kernels' memory, so every child has the parent's variables and diverges on its own.
 
 use hutch_testkit::TestServer;
 use serde_json::{json, Value};
@@ -106,4 +106,21 @@ async fn a_vm_sandbox_keeps_kernel_state_across_hibernate_wake_and_live_forks() 
     }
     let parent = run(&s, &id, json!({"code": "int(frame.v[0])"})).await;
     assert_eq!(main_text(&parent), "40", "the parent is untouched");
+
+    // A memory snapshot, and a sandbox made from it, keeps the kernel's variables too.
+    let (status, snap) = s
+        .post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}))
+        .await;
+    assert_eq!(status, 201, "{snap}");
+    assert_eq!(snap["kind"], "memory", "{snap}");
+    let restored = s
+        .create_id(json!({
+            "snapshot": snap["id"],
+            "isolation": "vm",
+            "memory_mib": 1024,
+        }))
+        .await;
+    let ran = run(&s, &restored, json!({"code": "int(frame.v[0]) + 1"})).await;
+    assert_eq!(main_text(&ran), "41", "{ran}");
+    assert_eq!(ran["context_restarted"], false, "{ran}");
 }

@@ -236,4 +236,6 @@ async fn a_builds_resources_are_its_sandboxes_defaults() {
         v["error"]["message"], "memory_mib must be a number from 16 to 1048576, got \"a lot\"",
         "{v}"
     );
+    let (st, v) = s.request(Method::DELETE, "/v1/templates/sized", None).await;
+    assert!(st == 200 || st == 204, "{st} {v}");
 }

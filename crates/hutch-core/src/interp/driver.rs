@@ -18,7 +18,7 @@ use hutch_proto::{Command, ExecRequest};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
-use super::{CodeEvent, InterpError, DRIVER_PORT, DRIVER_STATE_DIR};
+use super::{CodeEvent, InterpError, DRIVER_PORT};
 
 /// What the driver prints once it listens.
 const READY_LINE: &str = "hutch-interp ready";
@@ -49,20 +49,10 @@ pub enum StartFailure {
 
 /// Start the driver in the background (it outlives this call), and wait until it listens.
 pub async fn start(client: &AgentClient) -> Result<(), StartFailure> {
+    let mut argv = vec!["python3".to_owned(), "-u".to_owned(), "-".to_owned()];
+    argv.extend(hutch_template::interp::driver_args());
     let request = ExecRequest {
-        cmd: Command::Argv(
-            [
-                "python3",
-                "-u",
-                "-",
-                "--port",
-                &DRIVER_PORT.to_string(),
-                "--state-dir",
-                DRIVER_STATE_DIR,
-            ]
-            .map(String::from)
-            .to_vec(),
-        ),
+        cmd: Command::Argv(argv),
         env: Default::default(),
         cwd: Some("/".into()),
         user: None,
@@ -73,7 +63,8 @@ pub async fn start(client: &AgentClient) -> Result<(), StartFailure> {
         handle: None,
     };
     let session = client.exec(request).await.map_err(StartFailure::Client)?;
-    let mut events = session.pipe_stdin(StdinSource::from(Some(super::driver_program())));
+    let program = bytes::Bytes::from_static(super::driver_program().as_bytes());
+    let mut events = session.pipe_stdin(StdinSource::from(Some(program)));
     let mut output = Vec::new();
     let wait = async {
         while let Some(event) = events.next().await {

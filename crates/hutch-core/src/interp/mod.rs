@@ -5,9 +5,11 @@
 //! (`interp/driver.py`, embedded in this crate): a small Python program that speaks the
 //! Jupyter messaging protocol through `jupyter_client`, the protocol's reference client, and
 //! serves the host newline-delimited JSON on TCP port [`DRIVER_PORT`] of the sandbox's
-//! loopback. The host starts it on first use (the agent runs `python3 -u -` with the driver
-//! as stdin, in the background) and reaches it through the agent's TCP tunnel, one tunnel per
-//! request ([`driver`]). Nothing of ZeroMQ or Jupyter is linked into the host or the agent.
+//! loopback. The `code-interpreter` template starts it with the sandbox (its start command,
+//! the Python kernel up before the sandbox counts as ready: `hutch_template::interp`);
+//! elsewhere the host starts it on first use (the agent runs `python3 -u -` with the driver
+//! as stdin, in the background). The host reaches it through the agent's TCP tunnel, one
+//! tunnel per request ([`driver`]). Nothing of ZeroMQ or Jupyter is linked into the host or the agent.
 //!
 //! Why not a Rust client: `runtimelib`/`jupyter-protocol` (with the `zeromq` crate) would
 //! speak the protocol from the host or the agent, but the host cannot reach a kernel's ZeroMQ
@@ -37,29 +39,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// The driver's Python source.
-pub const DRIVER_SOURCE: &str = include_str!("driver.py");
-/// The Node.js side of its `javascript` contexts.
-pub const NODE_BOOT_SOURCE: &str = include_str!("node_boot.js");
-
-/// The program the sandbox's `python3` reads on stdin: `NODE_BOOT = "<node_boot.js>"`, then
-/// the driver.
-pub fn driver_program() -> bytes::Bytes {
-    static PROGRAM: std::sync::OnceLock<bytes::Bytes> = std::sync::OnceLock::new();
-    PROGRAM
-        .get_or_init(|| {
-            // A JSON string is a valid Python string literal.
-            let js = serde_json::to_string(NODE_BOOT_SOURCE).expect("a string serializes");
-            bytes::Bytes::from(format!("NODE_BOOT = {js}\n{DRIVER_SOURCE}"))
-        })
-        .clone()
-}
-/// TCP port of the sandbox's loopback the driver listens on (E2B's code interpreter uses
-/// the same one).
-pub const DRIVER_PORT: u16 = 49999;
-/// Where the driver records the contexts, on the sandbox's disk (not its `/tmp`, which an
-/// `ns` wake empties).
-pub const DRIVER_STATE_DIR: &str = "/var/lib/hutch-interp";
+pub use hutch_template::interp::{
+    driver_program, DRIVER_PORT, DRIVER_SOURCE, DRIVER_STATE_DIR, NODE_BOOT_SOURCE,
+};
 
 /// Languages of a context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -206,8 +188,7 @@ mod tests {
 
     #[test]
     fn the_program_defines_the_node_side_before_the_driver() {
-        let program = driver_program();
-        let text = std::str::from_utf8(&program).expect("UTF-8");
+        let text = driver_program();
         let (first, rest) = text.split_once('\n').expect("lines");
         assert!(
             first.starts_with("NODE_BOOT = \"// The Node.js side"),

@@ -55,7 +55,9 @@ impl Recipe {
             // 2: PATH includes /usr/local.
             Self::Minimal => 2,
             Self::Base => 1,
-            Self::CodeInterpreter => 1,
+            // 2: the kernel driver in the template, started (with the Python kernel) by its
+            // start command.
+            Self::CodeInterpreter => 2,
         }
     }
 
@@ -117,12 +119,22 @@ impl Recipe {
         }
     }
 
+    /// The start command the recipe gives its template when the build names none.
+    pub(crate) fn start(self) -> Option<hutch_proto::ServiceSpec> {
+        (self == Self::CodeInterpreter).then(crate::interp::driver_service)
+    }
+
     /// Fills the empty directory `rootfs`.
     pub(crate) fn build(self, rootfs: &Path, ctx: &mut BuildContext<'_>) -> Result<()> {
         match self {
             Self::Minimal => minimal::build(rootfs, ctx),
             Self::Base => base::build(rootfs, ctx),
-            Self::CodeInterpreter => base::build_with(rootfs, base::CODE_INTERPRETER_PACKAGES, ctx),
+            Self::CodeInterpreter => {
+                base::build_with(rootfs, base::CODE_INTERPRETER_PACKAGES, ctx)?;
+                ctx.step("installing the kernel driver")?;
+                let rel = crate::interp::DRIVER_PATH.trim_start_matches('/');
+                layout::write_file(rootfs, rel, crate::interp::driver_program(), 0o644)
+            }
         }
     }
 }

@@ -1,8 +1,11 @@
 """Hutch's kernel driver: stateful code contexts inside a sandbox.
 
-The host (hutch-core's `interp` module) starts this program inside the sandbox on the first
-code call, as `python3 -u - --port PORT --state-dir DIR` with this source on stdin, and
-talks to it through the agent's TCP tunnel to PORT on the sandbox's loopback. One request
+The `code-interpreter` template runs this program as its start command, from the file the
+recipe put in the template, with `--prestart python`: the default Python context's kernel is
+started before the driver listens, so the sandbox is ready with its kernel up. Elsewhere the
+host (hutch-core's `interp` module) starts it inside the sandbox on the first code call, as
+`python3 -u - --port PORT --state-dir DIR` with this source on stdin. The host talks to it
+through the agent's TCP tunnel to PORT on the sandbox's loopback. One request
 per connection: one JSON line in, JSON lines out (see `docs/code-interpreter.md`).
 
 Languages: `python` through a real Jupyter kernel (ipykernel) driven by the reference
@@ -649,17 +652,29 @@ class Driver:
     def _missing(self):
         raise Refused("invalid", "context_id is required")
 
+    async def default_context(self, language):
+        """The default context of `language`, made (its kernel started) if there is none."""
+        default_id = "default-" + language
+        async with self.making_default:
+            ctx = self.contexts.get(default_id)
+            if ctx is None:
+                ctx = await self.create(language, None, {}, context_id=default_id)
+        return ctx
+
+    async def prestart(self, language):
+        """Start the default context's kernel now, before any call needs it. A context
+        recorded by an earlier driver keeps saying its state was lost (`restarted`)."""
+        ctx = await self.default_context(language)
+        async with ctx.lock:
+            await ctx.ensure_kernel()
+
     async def execute(self, request, writer):
         ctx = self.context(request)
         if ctx is None:
             language = request.get("language") or "python"
             if language not in KERNELS:
                 raise Refused("invalid", f"unknown language {language!r}")
-            default_id = "default-" + language
-            async with self.making_default:
-                ctx = self.contexts.get(default_id)
-                if ctx is None:
-                    ctx = await self.create(language, None, {}, context_id=default_id)
+            ctx = await self.default_context(language)
         out = Output(writer, int(request.get("output_cap") or (16 << 20)))
         timeout_s = (request.get("timeout_ms") or 0) / 1000
         async with ctx.lock:
@@ -742,12 +757,20 @@ async def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--prestart", action="append", default=[], choices=sorted(KERNELS),
+                        help="start this language's default context before listening")
     args = parser.parse_args()
     os.makedirs(WORK, exist_ok=True)
     # Jupyter's connection files and IPython's profile go to the sandbox's /tmp, not $HOME.
     os.environ.setdefault("JUPYTER_RUNTIME_DIR", os.path.join(WORK, "runtime"))
     os.environ.setdefault("IPYTHONDIR", os.path.join(WORK, "ipython"))
     driver = Driver(args.state_dir)
+    for language in args.prestart:
+        try:
+            await driver.prestart(language)
+        except Exception as e:  # the first call starts it (and reports why it cannot)
+            print(f"hutch-interp: the {language} kernel did not start: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
     server = await asyncio.start_server(
         lambda r, w: serve_connection(driver, r, w), "127.0.0.1", args.port,
         limit=MAX_REQUEST_BYTES,
