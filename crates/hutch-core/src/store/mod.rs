@@ -5,7 +5,7 @@
 //! implementation is [`SqliteStore`] (one embedded database per host, `store/sqlite.rs`); a
 //! store shared by many hosts (PostgreSQL) implements the same trait. Its tenancy half
 //! (tenants, keys, the create log, template owners) is [`TenancyStore`], a supertrait in
-//! `store/tenancy.rs`, and the audit log [`AuditStore`] (`store/audit.rs`) another, so callers
+//! `store/tenancy.rs`, and the audit log [`AuditStore`] (`store/audit.rs`) another, metered usage [`UsageStore`] (`store/usage.rs`) a third, so callers
 //! keep talking to one trait object.
 //!
 //! Every method is one short transaction. What a request needs is answered by lookups the
@@ -21,6 +21,7 @@
 pub mod audit;
 mod sqlite;
 pub mod tenancy;
+pub mod usage;
 
 use std::collections::BTreeMap;
 
@@ -29,6 +30,7 @@ use async_trait::async_trait;
 pub use self::audit::AuditStore;
 pub use self::sqlite::SqliteStore;
 pub use self::tenancy::TenancyStore;
+pub use self::usage::UsageStore;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
@@ -143,7 +145,7 @@ pub type SandboxChange<'a> = Box<dyn FnOnce(&mut SandboxRecord) -> CoreResult<()
 
 /// The state store (see the module docs).
 #[async_trait]
-pub trait Store: TenancyStore + AuditStore + Send + Sync {
+pub trait Store: TenancyStore + AuditStore + UsageStore + Send + Sync {
     // Sandboxes.
 
     /// Insert a new record. `Conflict` when its uid slot is taken.

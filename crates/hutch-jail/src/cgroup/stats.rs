@@ -11,6 +11,10 @@ pub struct CgroupStats {
     /// Memory charged to the sandbox now, in bytes (v1 `memory.usage_in_bytes`, v2
     /// `memory.current`).
     pub memory_bytes: u64,
+    /// The working set in bytes: the memory charged minus the file cache the kernel may
+    /// reclaim at once (`memory.stat` `inactive_file`; v1 `total_inactive_file`), what
+    /// container runtimes call the working set and what usage metering bills.
+    pub memory_working_set_bytes: u64,
     /// The memory limit in bytes; 0 when unlimited.
     pub memory_limit_bytes: u64,
     /// Highest memory use seen, in bytes (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`),
@@ -62,6 +66,11 @@ pub fn cgroup_stats(cgroups: &[PathBuf]) -> CgroupStats {
     for d in cgroups {
         if let Some(v) = read_u64(d, "memory.usage_in_bytes") {
             s.memory_bytes = v;
+            let stat = read(d, "memory.stat").unwrap_or_default();
+            let inactive = keyed(&stat, "total_inactive_file")
+                .or_else(|| keyed(&stat, "inactive_file"))
+                .unwrap_or(0);
+            s.memory_working_set_bytes = v.saturating_sub(inactive);
             s.memory_limit_bytes = read(d, "memory.limit_in_bytes")
                 .and_then(|t| limit(&t))
                 .unwrap_or(0);
@@ -71,6 +80,10 @@ pub fn cgroup_stats(cgroups: &[PathBuf]) -> CgroupStats {
                 .unwrap_or(0);
         } else if let Some(v) = read_u64(d, "memory.current") {
             s.memory_bytes = v;
+            let inactive = read(d, "memory.stat")
+                .and_then(|t| keyed(&t, "inactive_file"))
+                .unwrap_or(0);
+            s.memory_working_set_bytes = v.saturating_sub(inactive);
             s.memory_limit_bytes = read(d, "memory.max").and_then(|t| limit(&t)).unwrap_or(0);
             s.memory_peak_bytes = read_u64(d, "memory.peak");
             s.oom_kills = read(d, "memory.events")
