@@ -38,9 +38,9 @@ mod snapshots;
 mod template_delete;
 mod templates;
 mod tenants;
-mod usage;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod volumes;
 mod warm;
 mod watch;

@@ -165,7 +165,11 @@ pub struct ServeArgs {
     pub usage_interval_seconds: f64,
     /// How often the disk of snapshots, volumes and hibernated sandboxes is metered, in
     /// seconds.
-    #[arg(long, env = "HUTCH_DISK_USAGE_INTERVAL_SECONDS", default_value_t = 60.0)]
+    #[arg(
+        long,
+        env = "HUTCH_DISK_USAGE_INTERVAL_SECONDS",
+        default_value_t = 60.0
+    )]
     pub disk_usage_interval_seconds: f64,
     /// The append-only usage log, one JSON line per interval of each sandbox (default
     /// `<state-dir>/usage.jsonl`).
@@ -438,7 +442,10 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.uid_slots = args.uid_slots;
     for (name, v) in [
         ("--usage-interval-seconds", args.usage_interval_seconds),
-        ("--disk-usage-interval-seconds", args.disk_usage_interval_seconds),
+        (
+            "--disk-usage-interval-seconds",
+            args.disk_usage_interval_seconds,
+        ),
     ] {
         if !(v.is_finite() && (0.05..=86_400.0).contains(&v)) {
             bail!("{name} must be from 0.05 to 86400 seconds, got {v}");

@@ -41,7 +41,9 @@ async fn settled_totals(s: &TestServer, id: &str) -> Value {
 }
 
 fn f(v: &Value, field: &str) -> f64 {
-    v[field].as_f64().unwrap_or_else(|| panic!("{field} in {v}"))
+    v[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{field} in {v}"))
 }
 
 async fn with_probe(s: &TestServer, id: &str) {
@@ -52,9 +54,7 @@ async fn with_probe(s: &TestServer, id: &str) {
 #[tokio::test]
 async fn three_cpu_seconds_meter_as_three_and_200_mib_for_5_s_as_one_gib_second() {
     let s = TestServer::start_with(&FAST).await;
-    let id = s
-        .create_id(json!({"cpus": 1, "memory_mib": 512}))
-        .await;
+    let id = s.create_id(json!({"cpus": 1, "memory_mib": 512})).await;
     with_probe(&s, &id).await;
 
     // CPU: the probe burns exactly 3 s of its own CPU time, however busy the host is.
@@ -84,12 +84,17 @@ async fn three_cpu_seconds_meter_as_three_and_200_mib_for_5_s_as_one_gib_second(
     let wall = t0.elapsed().as_secs_f64();
     let held = f(&after, "memory_gib_seconds") - f(&before, "memory_gib_seconds") - idle_gib * wall;
     let expected = 200.0 / 1024.0 * 5.0;
-    eprintln!("200 MiB for 5 s: {held:.3} GiB-s metered, {expected:.3} expected (idle {idle_gib:.4} GiB)");
+    eprintln!(
+        "200 MiB for 5 s: {held:.3} GiB-s metered, {expected:.3} expected (idle {idle_gib:.4} GiB)"
+    );
     assert!(
         (held - expected).abs() <= expected * 0.15,
         "200 MiB held 5 s is {expected:.3} GiB-s, {held:.3} metered (idle {idle_gib:.4} GiB over {wall:.1} s)"
     );
-    assert!(after["cost_micros"].is_null(), "no rate card, no cost: {after}");
+    assert!(
+        after["cost_micros"].is_null(),
+        "no rate card, no cost: {after}"
+    );
 }
 
 #[tokio::test]
@@ -142,7 +147,10 @@ async fn usage_is_grouped_kept_over_a_restart_logged_and_hidden_from_other_tenan
         .await;
     assert_eq!(status, 403, "{v}");
     let theirs = usage(&s, Some(&a), &format!("sandbox_id={sb}")).await;
-    assert_eq!(theirs["total"]["intervals"], 0, "A sees nothing of B's sandbox: {theirs}");
+    assert_eq!(
+        theirs["total"]["intervals"], 0,
+        "A sees nothing of B's sandbox: {theirs}"
+    );
     assert_eq!(theirs["total"]["cpu_seconds"], 0.0, "{theirs}");
     let by_sandbox = usage(&s, Some(&a), "group_by=sandbox").await;
     let ids: Vec<&str> = by_sandbox["groups"]
@@ -177,7 +185,9 @@ async fn usage_is_grouped_kept_over_a_restart_logged_and_hidden_from_other_tenan
     // A window that ends before anything ran holds nothing; a bad group is 422.
     let empty = usage(&s, None, "to=2020-01-01T00:00:00Z").await;
     assert_eq!(empty["total"]["intervals"], 0, "{empty}");
-    let (status, v) = s.request(Method::GET, "/v1/usage?group_by=week", None).await;
+    let (status, v) = s
+        .request(Method::GET, "/v1/usage?group_by=week", None)
+        .await;
     assert_eq!(status, 422, "{v}");
     assert!(
         v["error"]["message"]
@@ -199,7 +209,10 @@ async fn usage_is_grouped_kept_over_a_restart_logged_and_hidden_from_other_tenan
         .await
         .expect("text");
     assert!(open.contains("\nhutch_usage_cpu_seconds_total "), "{open}");
-    assert!(!open.contains("team-a"), "no tenant names on /metrics: {open}");
+    assert!(
+        !open.contains("team-a"),
+        "no tenant names on /metrics: {open}"
+    );
 
     // The usage log: one JSON line per interval, the sandboxes' among them.
     let log = std::fs::read_to_string(s.state_dir.join("usage.jsonl")).expect("usage log");
@@ -241,5 +254,8 @@ async fn a_busy_sandbox_meters_cpu_and_memory(isolation: &str) {
         .await;
     let totals = settled_totals(&s, &id).await;
     assert!(f(&totals, "cpu_seconds") > 0.0, "{isolation}: {totals}");
-    assert!(f(&totals, "memory_gib_seconds") > 0.0, "{isolation}: {totals}");
+    assert!(
+        f(&totals, "memory_gib_seconds") > 0.0,
+        "{isolation}: {totals}"
+    );
 }

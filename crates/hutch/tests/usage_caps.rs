@@ -116,7 +116,12 @@ async fn a_keys_daily_budget_reached_hibernates_its_sandboxes_and_they_wake_when
         "{v}"
     );
     let (status, v) = s
-        .request_as(&capped, Method::POST, &format!("/v1/sandboxes/{busy}/wake"), None)
+        .request_as(
+            &capped,
+            Method::POST,
+            &format!("/v1/sandboxes/{busy}/wake"),
+            None,
+        )
         .await;
     assert_cap(status, &v, "daily_budget", 2);
     // An exec's transparent wake is refused the same way and leaves it hibernated.
@@ -145,7 +150,12 @@ async fn a_keys_daily_budget_reached_hibernates_its_sandboxes_and_they_wake_when
     assert_eq!(v["daily_budget"], 100000, "{v}");
     for id in [&busy, &idle] {
         let (status, v) = s
-            .request_as(&capped, Method::POST, &format!("/v1/sandboxes/{id}/wake"), None)
+            .request_as(
+                &capped,
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/wake"),
+                None,
+            )
             .await;
         assert_eq!(status, 200, "{v}");
         assert_eq!(s.sh_ok(id, "cat /workspace/note").await.trim(), "kept");
@@ -181,12 +191,19 @@ async fn a_tenants_budget_and_a_sandboxs_max_cost_pause_through_the_rate_card() 
     assert_cap(status, &v, "daily_budget", 1500);
     assert_eq!(v["error"]["tenant"], "acme", "{v}");
     let (status, v) = s
-        .request_as(&key, Method::POST, &format!("/v1/sandboxes/{id}/resume"), None)
+        .request_as(
+            &key,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/resume"),
+            None,
+        )
         .await;
     assert_cap(status, &v, "daily_budget", 1500);
     let (_, u) = s.request_as(&key, Method::GET, "/v1/usage", None).await;
     assert!(
-        u["total"]["cost_micros"].as_u64().is_some_and(|c| c >= 1500),
+        u["total"]["cost_micros"]
+            .as_u64()
+            .is_some_and(|c| c >= 1500),
         "{u}"
     );
     // Raising the tenant's budget lets it run again, its files and processes kept.
@@ -199,7 +216,12 @@ async fn a_tenants_budget_and_a_sandboxs_max_cost_pause_through_the_rate_card() 
         .await;
     assert_eq!(status, 200, "{v}");
     let (status, v) = s
-        .request_as(&key, Method::POST, &format!("/v1/sandboxes/{id}/resume"), None)
+        .request_as(
+            &key,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/resume"),
+            None,
+        )
         .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(s.sh_ok(&id, "cat /workspace/note").await.trim(), "kept");
@@ -213,7 +235,12 @@ async fn a_tenants_budget_and_a_sandboxs_max_cost_pause_through_the_rate_card() 
     burn(&s, &capped, 3).await;
     wait_state(&s, &capped, "paused").await;
     let (status, v) = s
-        .request_as(&key, Method::POST, &format!("/v1/sandboxes/{capped}/resume"), None)
+        .request_as(
+            &key,
+            Method::POST,
+            &format!("/v1/sandboxes/{capped}/resume"),
+            None,
+        )
         .await;
     assert_cap(status, &v, "max_cost_micros", 500);
     // The tenant's other sandbox is not its business.

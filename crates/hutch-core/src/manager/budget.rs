@@ -62,10 +62,18 @@ impl Manager {
     }
 
     /// The first cap `spender` has reached, if any.
-    pub(super) async fn budget_reached(&self, spender: &Spender) -> CoreResult<Option<QuotaExceeded>> {
+    pub(super) async fn budget_reached(
+        &self,
+        spender: &Spender,
+    ) -> CoreResult<Option<QuotaExceeded>> {
         let unit = self.budget_unit();
         let (day, month) = day_and_month_start(now_ms());
-        let refuse = |owner: &Tenant, quota: QuotaName, limit: u64, used: u64, whose: String, fix: String| {
+        let refuse = |owner: &Tenant,
+                      quota: QuotaName,
+                      limit: u64,
+                      used: u64,
+                      whose: String,
+                      fix: String| {
             QuotaExceeded {
                 tenant: owner.clone(),
                 quota,
@@ -182,8 +190,10 @@ impl Manager {
             return;
         };
         // One check per distinct spender (a tenant's hundred sandboxes cost one query).
-        let mut verdicts: std::collections::HashMap<(Option<Tenant>, Option<KeyId>), Option<QuotaExceeded>> =
-            Default::default();
+        let mut verdicts: std::collections::HashMap<
+            (Option<Tenant>, Option<KeyId>),
+            Option<QuotaExceeded>,
+        > = Default::default();
         for r in running.items {
             let shared = (r.tenant.clone(), r.created_by.clone());
             let reached = match verdicts.get(&shared) {

@@ -58,7 +58,11 @@ impl Manager {
     }
 
     /// Pause `r` (its transition lock held and its state checked).
-    pub(super) async fn pause_locked(&self, r: SandboxRecord, why: Option<String>) -> CoreResult<()> {
+    pub(super) async fn pause_locked(
+        &self,
+        r: SandboxRecord,
+        why: Option<String>,
+    ) -> CoreResult<()> {
         self.backend(r.isolation)?.pause(&r).await?;
         let r = self
             .store
@@ -67,7 +71,8 @@ impl Manager {
                 Ok(())
             })
             .await?;
-        self.events.publish("sandbox.paused", &r.id, r.tenant(), why);
+        self.events
+            .publish("sandbox.paused", &r.id, r.tenant(), why);
         Ok(())
     }
 

@@ -161,9 +161,7 @@ impl Manager {
             return;
         }
         let egress = self.traffic_all().get(r.id.as_str()).map(|t| t.bytes_out);
-        let interval = self
-            .measure(r, now_ms(), egress, true)
-            .and_then(|(i, _)| i);
+        let interval = self.measure(r, now_ms(), egress, true).and_then(|(i, _)| i);
         self.meters.live().remove(&r.id);
         self.write_usage(interval.into_iter().collect(), vec![(r.id.clone(), None)])
             .await;
@@ -267,7 +265,11 @@ impl Manager {
     }
 
     fn disk_sample_due(&self, now: i64) -> bool {
-        let mut at = self.meters.disk_at_ms.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = self
+            .meters
+            .disk_at_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let every = i64::try_from(self.cfg.disk_usage_interval.as_millis()).unwrap_or(i64::MAX);
         match *at {
             None => {
@@ -284,7 +286,11 @@ impl Manager {
     /// size) and hibernated sandboxes (what their state directory allocates).
     async fn disk_intervals(&self, now: i64) -> Vec<UsageInterval> {
         let since = {
-            let mut at = self.meters.disk_at_ms.lock().unwrap_or_else(|p| p.into_inner());
+            let mut at = self
+                .meters
+                .disk_at_ms
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             let since = at.unwrap_or(now);
             *at = Some(now);
             since
@@ -447,7 +453,8 @@ impl Manager {
         };
         let groups = self.store.usage_groups(&query).await.unwrap_or_default();
         let mut text = String::new();
-        let series: [(&str, &str, fn(&UsageTotals) -> f64); 4] = [
+        type Series = (&'static str, &'static str, fn(&UsageTotals) -> f64);
+        let series: [Series; 4] = [
             (
                 "hutch_usage_cpu_seconds_total",
                 "CPU-seconds sandboxes of a tenant used (metered).",

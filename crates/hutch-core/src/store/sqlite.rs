@@ -699,6 +699,6 @@ impl Store for SqliteStore {
 mod audit;
 mod schema;
 mod tenancy;
-mod usage;
 #[cfg(test)]
 mod tests;
+mod usage;

@@ -406,6 +406,7 @@ mod tests {
             selector: [("team".to_string(), "ml".to_string())].into(),
             expires_at_ms: Some(10),
             format: KeyFormat::Hutch,
+            budget: Default::default(),
         };
         key.validate().expect("valid");
         let r = key.record("hk_abcdefghij", 1);
@@ -430,6 +431,7 @@ mod tests {
             selector: [("team".to_string(), "ml".to_string())].into(),
             expires_at_ms: Some(1000),
             format: KeyFormat::Hutch,
+            budget: Default::default(),
         }
         .record("hk_x", 0);
         let ask = |scope, tenant: &str, selector: &[(&str, &str)], expires| NewKey {
@@ -442,6 +444,7 @@ mod tests {
                 .collect(),
             expires_at_ms: expires,
             format: KeyFormat::E2b,
+            budget: Default::default(),
         };
         let got = ask(KeyScope::ReadOnly, "acme", &[("x", "y")], None)
             .narrowed_by(&maker)

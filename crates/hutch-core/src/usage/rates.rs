@@ -35,9 +35,8 @@ impl RateCard {
     /// Read and check a rate card file.
     pub fn load(path: &Path) -> CoreResult<Self> {
         let text = std::fs::read_to_string(path).map_err(CoreError::io("read", path))?;
-        Self::parse(&text).map_err(|e| {
-            CoreError::InvalidArgument(format!("rate card {}: {e}", path.display()))
-        })
+        Self::parse(&text)
+            .map_err(|e| CoreError::InvalidArgument(format!("rate card {}: {e}", path.display())))
     }
 
     /// Parse and check a rate card.
@@ -50,9 +49,7 @@ impl RateCard {
             ("egress_gib_micros", card.egress_gib_micros),
         ] {
             if !price.is_finite() || price < 0.0 {
-                return Err(format!(
-                    "{name} must be a price of 0 or more, got {price}"
-                ));
+                return Err(format!("{name} must be a price of 0 or more, got {price}"));
             }
         }
         Ok(card)

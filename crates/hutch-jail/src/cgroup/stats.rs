@@ -147,6 +147,11 @@ mod tests {
             "oom_kill_disable 0\noom_kill 3\n",
         )
         .unwrap();
+        std::fs::write(
+            mem.join("memory.stat"),
+            "cache 300\ninactive_file 100\ntotal_inactive_file 250\n",
+        )
+        .unwrap();
         std::fs::write(acct.join("cpuacct.usage"), "555\n").unwrap();
         std::fs::write(pids.join("pids.current"), "4\n").unwrap();
         // The hybrid unified dir has cpu.stat too; cpuacct wins.
@@ -156,6 +161,8 @@ mod tests {
             s,
             CgroupStats {
                 memory_bytes: 1000,
+                // The hierarchical inactive file pages are reclaimable.
+                memory_working_set_bytes: 750,
                 memory_limit_bytes: 4096,
                 memory_peak_bytes: Some(2000),
                 oom_kills: 3,
@@ -166,10 +173,12 @@ mod tests {
 
         std::fs::write(v2.join("memory.current"), "77\n").unwrap();
         std::fs::write(v2.join("memory.max"), "max\n").unwrap();
+        std::fs::write(v2.join("memory.stat"), "anon 50\ninactive_file 20\n").unwrap();
         std::fs::write(v2.join("memory.events"), "oom 2\noom_kill 2\n").unwrap();
         std::fs::write(v2.join("pids.current"), "1\n").unwrap();
         let s = cgroup_stats(&[v2]);
         assert_eq!(s.memory_bytes, 77);
+        assert_eq!(s.memory_working_set_bytes, 57);
         assert_eq!(s.memory_limit_bytes, 0);
         assert_eq!(s.memory_peak_bytes, None);
         assert_eq!(s.oom_kills, 2);

@@ -109,7 +109,11 @@ pub async fn report(
         .map(GroupBy::parse)
         .transpose()?
         .unwrap_or_default();
-    let from_ms = q.from.as_deref().map(|v| parse_time("from", v)).transpose()?;
+    let from_ms = q
+        .from
+        .as_deref()
+        .map(|v| parse_time("from", v))
+        .transpose()?;
     let to_ms = q.to.as_deref().map(|v| parse_time("to", v)).transpose()?;
     if let (Some(f), Some(t)) = (from_ms, to_ms) {
         if f > t {
@@ -125,9 +129,11 @@ pub async fn report(
         group_by,
     };
     let groups = state.manager.usage_report(&query).await?;
-    let (total, intervals) = groups.iter().fold((UsageTotals::default(), 0), |(t, n), g| {
-        (t.plus(&g.usage), n + g.intervals)
-    });
+    let (total, intervals) = groups
+        .iter()
+        .fold((UsageTotals::default(), 0), |(t, n), g| {
+            (t.plus(&g.usage), n + g.intervals)
+        });
     Ok(Json(json!({
         "from": from_ms.map(hutch_core::time::rfc3339),
         "to": to_ms.map(hutch_core::time::rfc3339),

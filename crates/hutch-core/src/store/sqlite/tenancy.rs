@@ -487,6 +487,7 @@ mod store_tests {
             created_at_ms: 2,
             expires_at_ms: Some(99),
             last_used_ms: None,
+            budget: Default::default(),
         }
     }
 
