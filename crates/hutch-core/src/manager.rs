@@ -129,6 +129,8 @@ pub struct Manager {
     watchers: watchers::Watchers,
     /// Usage meters of live sandboxes and the usage log (`usage.rs`).
     meters: usage::Meters,
+    /// What budgeted tenants, keys and sandboxes spent (`budget.rs`).
+    spend: budget::SpendCache,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -281,6 +283,7 @@ impl Manager {
             audit: audit::AuditLog::default(),
             watchers: watchers::Watchers::default(),
             meters: usage::Meters::default(),
+            spend: budget::SpendCache::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).

@@ -104,6 +104,16 @@ async fn a_keys_daily_budget_reached_hibernates_its_sandboxes_and_they_wake_when
     wait_state(&s, &busy, "hibernated").await;
     wait_state(&s, &idle, "hibernated").await;
     assert_eq!(s.state(&other).await, "running");
+    // Stopped within about one sampling interval of reaching 2 CPU-seconds, its last
+    // interval counted once.
+    let (_, spent) = s
+        .request(Method::GET, &format!("/v1/usage?key_id={capped_id}"), None)
+        .await;
+    let cpu = spent["total"]["cpu_seconds"].as_f64().expect("cpu_seconds");
+    assert!(
+        (2.0..3.0).contains(&cpu),
+        "the key spent {cpu} CPU-seconds: {spent}"
+    );
 
     let (status, v) = s
         .request_as(&capped, Method::POST, "/v1/sandboxes", Some(json!({})))

@@ -12,8 +12,10 @@
 //!   day or month) lets them wake.
 //!
 //! Budgets count what is metered and written: a sandbox may overrun by what it uses in one
-//! sampling interval.
+//! sampling interval. What a spender spent is summed from the store once and then kept up to
+//! date as intervals are written ([`SpendCache`]), so a check costs no scan of the rows.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::Manager;
@@ -25,7 +27,65 @@ use crate::store::{PageRequest, SandboxQuery};
 use crate::tenant::quota::{Amount, QuotaExceeded, QuotaName};
 use crate::tenant::{Tenant, TenantScope, ADMIN_TENANT};
 use crate::time::now_ms;
-use crate::usage::{day_and_month_start, BudgetUnit, UsageQuery, UsageTotals};
+use crate::usage::{day_and_month_start, BudgetUnit, UsageInterval, UsageQuery, UsageTotals};
+
+/// What budgeted spenders spent in their current windows, summed from the store on first use
+/// and updated under the same lock as each batch of intervals is written (so no batch is
+/// counted twice or missed). Entries of past windows are dropped when the day changes.
+#[derive(Default)]
+pub(super) struct SpendCache {
+    inner: tokio::sync::Mutex<Spent>,
+}
+
+#[derive(Default)]
+pub(super) struct Spent {
+    /// The day window the entries are for.
+    day: i64,
+    tenants: HashMap<(Tenant, i64), UsageTotals>,
+    keys: HashMap<(KeyId, i64), UsageTotals>,
+    /// Whole lives of sandboxes with their own cap.
+    sandboxes: HashMap<String, UsageTotals>,
+}
+
+/// Most sandboxes' lifetime sums kept (past it the cache starts again from the store).
+const MAX_CACHED_SANDBOXES: usize = 100_000;
+
+impl Spent {
+    /// Count `intervals`, just written, in every entry they belong to.
+    pub(super) fn add(&mut self, intervals: &[UsageInterval]) {
+        for i in intervals {
+            for ((t, from), total) in self.tenants.iter_mut() {
+                if i.tenant.as_ref() == Some(t) && i.end_ms > *from {
+                    *total = total.plus(&i.usage);
+                }
+            }
+            if let Some(k) = &i.key_id {
+                for ((key, from), total) in self.keys.iter_mut() {
+                    if key == k && i.end_ms > *from {
+                        *total = total.plus(&i.usage);
+                    }
+                }
+            }
+            if let Some(total) = self.sandboxes.get_mut(&i.resource) {
+                *total = total.plus(&i.usage);
+            }
+        }
+    }
+}
+
+impl SpendCache {
+    /// Held while a batch of intervals is written and counted ([`Spent::add`]).
+    pub(super) async fn lock(&self) -> tokio::sync::MutexGuard<'_, Spent> {
+        self.inner.lock().await
+    }
+}
+
+/// Which sum a check asks for.
+enum Sum<'a> {
+    Tenant(&'a Tenant, i64),
+    Key(&'a KeyId, i64),
+    Sandbox(&'a str),
+}
 
 /// Whose spending an operation adds to.
 #[derive(Debug, Clone, Default)]
@@ -51,14 +111,59 @@ impl Manager {
         BudgetUnit::of(self.cfg.rate_card.as_ref())
     }
 
-    async fn spent(&self, query: UsageQuery) -> CoreResult<u64> {
+    /// What `sum` adds up to: from the cache, or summed from the store once.
+    async fn spent_total(&self, sum: Sum<'_>) -> CoreResult<UsageTotals> {
+        let mut spent = self.spend.lock().await;
+        let (day, _) = day_and_month_start(now_ms());
+        if spent.day != day {
+            spent.day = day;
+            spent.tenants.clear();
+            spent.keys.clear();
+        }
+        let cached = match &sum {
+            Sum::Tenant(t, from) => spent.tenants.get(&((*t).clone(), *from)),
+            Sum::Key(k, from) => spent.keys.get(&((*k).clone(), *from)),
+            Sum::Sandbox(id) => spent.sandboxes.get(*id),
+        };
+        if let Some(total) = cached {
+            return Ok(*total);
+        }
+        let query = match &sum {
+            Sum::Tenant(t, from) => UsageQuery::since(TenantScope::Only((*t).clone()), *from),
+            Sum::Key(k, from) => UsageQuery {
+                key_id: Some((*k).clone()),
+                ..UsageQuery::since(TenantScope::All, *from)
+            },
+            Sum::Sandbox(id) => UsageQuery {
+                resource: Some(id.to_string()),
+                ..UsageQuery::since(TenantScope::All, i64::MIN)
+            },
+        };
         let total = self
             .store
             .usage_groups(&query)
             .await?
             .iter()
             .fold(UsageTotals::default(), |t, g| t.plus(&g.usage));
-        Ok(self.budget_unit().spent(&total))
+        match sum {
+            Sum::Tenant(t, from) => {
+                spent.tenants.insert((t.clone(), from), total);
+            }
+            Sum::Key(k, from) => {
+                spent.keys.insert((k.clone(), from), total);
+            }
+            Sum::Sandbox(id) => {
+                if spent.sandboxes.len() >= MAX_CACHED_SANDBOXES {
+                    spent.sandboxes.clear();
+                }
+                spent.sandboxes.insert(id.to_string(), total);
+            }
+        }
+        Ok(total)
+    }
+
+    async fn spent(&self, sum: Sum<'_>) -> CoreResult<u64> {
+        Ok(self.budget_unit().spent(&self.spent_total(sum).await?))
     }
 
     /// The first cap `spender` has reached, if any.
@@ -94,9 +199,7 @@ impl Manager {
                     (QuotaName::MonthlyBudget, q.monthly_budget, month),
                 ] {
                     let Some(limit) = limit else { continue };
-                    let used = self
-                        .spent(UsageQuery::since(TenantScope::Only(tenant.clone()), from))
-                        .await?;
+                    let used = self.spent(Sum::Tenant(tenant, from)).await?;
                     if used >= limit {
                         return Ok(Some(refuse(
                             tenant,
@@ -117,12 +220,7 @@ impl Manager {
                     (QuotaName::MonthlyBudget, k.budget.monthly_budget, month),
                 ] {
                     let Some(limit) = limit else { continue };
-                    let used = self
-                        .spent(UsageQuery {
-                            key_id: Some(key_id.clone()),
-                            ..UsageQuery::since(TenantScope::All, from)
-                        })
-                        .await?;
+                    let used = self.spent(Sum::Key(key_id, from)).await?;
                     if used >= limit {
                         return Ok(Some(refuse(
                             &k.tenant,
@@ -137,16 +235,7 @@ impl Manager {
             }
         }
         if let (Some((id, limit)), Some(card)) = (&spender.sandbox, self.cfg.rate_card.as_ref()) {
-            let total = self
-                .store
-                .usage_groups(&UsageQuery {
-                    resource: Some(id.clone()),
-                    ..UsageQuery::since(TenantScope::All, i64::MIN)
-                })
-                .await?
-                .iter()
-                .fold(UsageTotals::default(), |t, g| t.plus(&g.usage));
-            let used = card.cost_micros(&total);
+            let used = card.cost_micros(&self.spent_total(Sum::Sandbox(id)).await?);
             if used >= *limit {
                 let owner = spender
                     .tenant

@@ -296,6 +296,8 @@ impl Manager {
             tracing::warn!(id = %r.id, error = %e, "woke, but the start command is not ready");
         }
         self.lock_agents().insert(r.id.clone(), client);
+        // Metered again from zero, on its new cgroup.
+        self.restart_meter(&r);
         let r = self
             .store
             .modify(&r.id, |r| {

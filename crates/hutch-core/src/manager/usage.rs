@@ -30,17 +30,24 @@ use crate::tenant::TenantScope;
 use crate::time::now_ms;
 use crate::usage::{ResourceKind, UsageGroup, UsageInterval, UsageQuery, UsageTotals, GIB};
 
-/// One live sandbox's meter: its stored reading and the working set at that moment.
+/// One sandbox's meter.
 #[derive(Debug, Clone, Copy)]
-struct Live {
-    reading: MeterReading,
-    working_set_bytes: Option<u64>,
+enum Meter {
+    /// Running or paused: its stored reading and the working set at that moment.
+    Live {
+        reading: MeterReading,
+        working_set_bytes: Option<u64>,
+    },
+    /// Its last interval was taken (it is hibernating or being deleted): a round that
+    /// listed it before must not start a new meter on the cgroup it still reads. Cleared by
+    /// a wake ([`Manager::restart_meter`]) or once it is no longer live.
+    Stopped,
 }
 
 /// The sampler's memory (see the module docs).
 #[derive(Default)]
 pub(super) struct Meters {
-    live: Mutex<HashMap<SandboxId, Live>>,
+    live: Mutex<HashMap<SandboxId, Meter>>,
     /// When disk was last sampled.
     disk_at_ms: Mutex<Option<i64>>,
     /// The usage log, opened on first use.
@@ -48,7 +55,7 @@ pub(super) struct Meters {
 }
 
 impl Meters {
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Live>> {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Meter>> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -77,7 +84,7 @@ impl Manager {
                 for (id, reading) in readings {
                     live.insert(
                         id,
-                        Live {
+                        Meter::Live {
                             reading,
                             working_set_bytes: None,
                         },
@@ -162,9 +169,13 @@ impl Manager {
         }
         let egress = self.traffic_all().get(r.id.as_str()).map(|t| t.bytes_out);
         let interval = self.measure(r, now_ms(), egress, true).and_then(|(i, _)| i);
-        self.meters.live().remove(&r.id);
         self.write_usage(interval.into_iter().collect(), vec![(r.id.clone(), None)])
             .await;
+    }
+
+    /// Let `r`'s meter start again from zero on its new cgroup (it woke).
+    pub(super) fn restart_meter(&self, r: &SandboxRecord) {
+        self.meters.live().remove(&r.id);
     }
 
     /// Start `r`'s meter at its counters now: what it used before is not its own (a warm
@@ -179,7 +190,7 @@ impl Manager {
             .map_or(0, |t| t.bytes_out);
         self.meters.live().insert(
             r.id.clone(),
-            Live {
+            Meter::Live {
                 reading: MeterReading {
                     cpu_ns: usage.cpu_usage_ns,
                     egress_bytes,
@@ -191,7 +202,8 @@ impl Manager {
     }
 
     /// Read `r`'s counters and make its interval since its last reading (`None` when its
-    /// backend reads nothing). `last`: the sandbox is stopping, so its meter is not kept.
+    /// backend reads nothing, or its last interval was taken already). `last`: the sandbox is
+    /// stopping: its meter is marked stopped.
     fn measure(
         &self,
         r: &SandboxRecord,
@@ -199,36 +211,40 @@ impl Manager {
         egress_bytes: Option<u64>,
         last: bool,
     ) -> Option<(Option<UsageInterval>, MeterReading)> {
-        let usage = self.backend(r.isolation).ok()?.usage(r)?;
+        let backend = self.backend(r.isolation).ok()?;
+        let interval_ms = i64::try_from(self.cfg.usage_interval.as_millis()).unwrap_or(i64::MAX);
+        // The counters are read under the lock, so two readers (a round and a sandbox's last
+        // interval) never both count from the same reading.
+        let mut live = self.meters.live();
+        let (prev, prev_working_set) = match live.get(&r.id) {
+            Some(Meter::Stopped) => return None,
+            Some(Meter::Live {
+                reading,
+                working_set_bytes,
+            }) => (*reading, *working_set_bytes),
+            // A new meter (a new sandbox, or one just woken) counts from zero, from when the
+            // sandbox started: at most one interval ago.
+            None => (
+                MeterReading {
+                    cpu_ns: 0,
+                    egress_bytes: 0,
+                    at_ms: r.created_at_ms.max(now - interval_ms),
+                },
+                Some(0),
+            ),
+        };
+        let usage = backend.usage(r)?;
         let sample = Sample {
             cpu_ns: usage.cpu_usage_ns,
             working_set_bytes: usage.memory_working_set_bytes,
             egress_bytes: egress_bytes.unwrap_or(0),
         };
-        let interval_ms = i64::try_from(self.cfg.usage_interval.as_millis()).unwrap_or(i64::MAX);
-        let mut live = self.meters.live();
-        let prev = live.get(&r.id).copied().unwrap_or(Live {
-            // A new meter (a new sandbox, or one just woken) counts from zero, from when the
-            // sandbox started: at most one interval ago.
-            reading: MeterReading {
-                cpu_ns: 0,
-                egress_bytes: 0,
-                at_ms: r.created_at_ms.max(now - interval_ms),
-            },
-            working_set_bytes: Some(0),
-        });
-        let cpu_ns = if sample.cpu_ns >= prev.reading.cpu_ns {
-            sample.cpu_ns - prev.reading.cpu_ns
-        } else {
-            sample.cpu_ns
-        };
-        let egress = if sample.egress_bytes >= prev.reading.egress_bytes {
-            sample.egress_bytes - prev.reading.egress_bytes
-        } else {
-            sample.egress_bytes
-        };
-        let seconds = (now - prev.reading.at_ms).max(0) as f64 / 1000.0;
-        let mean_bytes = match prev.working_set_bytes {
+        // A counter below its reading belongs to a new cgroup: all of it is new.
+        let grown = |now: u64, before: u64| now.checked_sub(before).unwrap_or(now);
+        let cpu_ns = grown(sample.cpu_ns, prev.cpu_ns);
+        let egress = grown(sample.egress_bytes, prev.egress_bytes);
+        let seconds = (now - prev.at_ms).max(0) as f64 / 1000.0;
+        let mean_bytes = match prev_working_set {
             Some(before) => (before as f64 + sample.working_set_bytes as f64) / 2.0,
             None => sample.working_set_bytes as f64,
         };
@@ -237,27 +253,28 @@ impl Manager {
             egress_bytes: sample.egress_bytes,
             at_ms: now,
         };
-        if !last {
-            live.insert(
-                r.id.clone(),
-                Live {
-                    reading,
-                    working_set_bytes: Some(sample.working_set_bytes),
-                },
-            );
-        }
+        let next = if last {
+            Meter::Stopped
+        } else {
+            Meter::Live {
+                reading,
+                working_set_bytes: Some(sample.working_set_bytes),
+            }
+        };
+        live.insert(r.id.clone(), next);
+        drop(live);
         let totals = UsageTotals {
             cpu_seconds: cpu_ns as f64 / 1e9,
             memory_gib_seconds: mean_bytes / GIB * seconds,
             disk_gib_hours: 0.0,
             egress_bytes: egress,
         };
-        let interval = (now > prev.reading.at_ms && !totals.is_zero()).then(|| UsageInterval {
+        let interval = (now > prev.at_ms && !totals.is_zero()).then(|| UsageInterval {
             kind: ResourceKind::Sandbox,
             resource: r.id.to_string(),
             tenant: r.tenant.clone(),
             key_id: r.created_by.clone(),
-            start_ms: prev.reading.at_ms,
+            start_ms: prev.at_ms,
             end_ms: now,
             usage: totals,
         });
@@ -384,8 +401,15 @@ impl Manager {
         if intervals.is_empty() && meters.is_empty() {
             return;
         }
-        if let Err(e) = self.store.append_usage(&intervals, &meters).await {
-            tracing::warn!(intervals = intervals.len(), error = %e, "writing usage");
+        {
+            // Written and counted in the spending caps' sums under one lock.
+            let mut spent = self.spend.lock().await;
+            match self.store.append_usage(&intervals, &meters).await {
+                Ok(()) => spent.add(&intervals),
+                Err(e) => {
+                    tracing::warn!(intervals = intervals.len(), error = %e, "writing usage")
+                }
+            }
         }
         if intervals.is_empty() {
             return;
