@@ -11,7 +11,9 @@
 //! Every method is one short transaction. What a request needs is answered by lookups the
 //! store can index: a sandbox by id (and tenant), the rows whose TTL ran out, the running
 //! rows with an idle policy, one page of a listing. Only server start and the warm pool read
-//! every row ([`Store::all_sandboxes`], [`Store::pooled_sandboxes`]).
+//! every row ([`Store::all_sandboxes`], [`Store::pooled_sandboxes`]); the usage sampler
+//! reads the running and paused rows every sampling interval and every snapshot and volume
+//! every disk interval (`manager/usage.rs`), off any request's path.
 //!
 //! Listings are paginated: a [`PageRequest`] asks for up to `limit` rows after a [`Cursor`]
 //! (opaque to callers: only the store that issued it reads it). Rows come in a stable order
