@@ -259,3 +259,66 @@ async fn a_busy_sandbox_meters_cpu_and_memory(isolation: &str) {
         "{isolation}: {totals}"
     );
 }
+
+#[tokio::test]
+async fn snapshots_volumes_and_hibernated_sandboxes_are_billed_disk_hours() {
+    let s =
+        TestServer::start_with(&[FAST[0], FAST[1], "--disk-usage-interval-seconds", "0.5"]).await;
+    let key = s.tenant_key("acme", "full").await;
+    let (status, vol) = s
+        .request_as(
+            &key,
+            Method::POST,
+            "/v1/volumes",
+            Some(json!({"name": "data", "size_mib": 16})),
+        )
+        .await;
+    assert_eq!(status, 201, "{vol}");
+    let (status, v) = s
+        .request_as(&key, Method::POST, "/v1/sandboxes", Some(json!({})))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let id = v["id"].as_str().expect("id").to_string();
+    s.sh_ok(&id, "head -c 4000000 /dev/urandom > /workspace/blob")
+        .await;
+    let (status, snap) = s
+        .request_as(
+            &key,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            Some(json!({"name": "keep"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{snap}");
+    s.act(&id, "hibernate").await;
+    let kinds = wait_until(Duration::from_secs(20), async || {
+        let v = usage(&s, Some(&key), "group_by=sandbox").await;
+        let billed: Vec<(String, String)> = v["groups"]
+            .as_array()
+            .expect("groups")
+            .iter()
+            .filter(|g| g["disk_gib_hours"].as_f64() > Some(0.0))
+            .map(|g| {
+                (
+                    g["kind"].as_str().unwrap_or_default().to_string(),
+                    g["sandbox_id"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        (billed.len() == 3).then_some(billed)
+    })
+    .await
+    .expect("disk billed for the volume, the snapshot and the hibernated sandbox");
+    for (kind, want) in [
+        ("volume", vol["id"].as_str()),
+        ("snapshot", snap["id"].as_str()),
+        ("sandbox", Some(id.as_str())),
+    ] {
+        assert!(
+            kinds
+                .iter()
+                .any(|(k, i)| k == kind && Some(i.as_str()) == want),
+            "{kind} {want:?} not billed: {kinds:?}"
+        );
+    }
+}

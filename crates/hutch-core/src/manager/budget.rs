@@ -331,3 +331,67 @@ impl Manager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::usage::ResourceKind;
+
+    fn interval(
+        tenant: &str,
+        key: Option<&str>,
+        resource: &str,
+        end_ms: i64,
+        cpu: f64,
+    ) -> UsageInterval {
+        UsageInterval {
+            kind: ResourceKind::Sandbox,
+            resource: resource.into(),
+            tenant: Some(Tenant::new(tenant)),
+            key_id: key.map(|k| k.parse().expect("key id")),
+            start_ms: end_ms - 1,
+            end_ms,
+            usage: UsageTotals {
+                cpu_seconds: cpu,
+                ..UsageTotals::default()
+            },
+        }
+    }
+
+    #[test]
+    fn written_intervals_count_in_the_windows_and_spenders_they_belong_to() {
+        let key: KeyId = "key_00000000000000000001".parse().expect("key id");
+        let acme = Tenant::new("acme");
+        let mut spent = Spent::default();
+        spent
+            .tenants
+            .insert((acme.clone(), 100), UsageTotals::default());
+        spent
+            .tenants
+            .insert((acme.clone(), 0), UsageTotals::default());
+        spent
+            .keys
+            .insert((key.clone(), 100), UsageTotals::default());
+        spent
+            .sandboxes
+            .insert("sbx_a".into(), UsageTotals::default());
+        spent.add(&[
+            interval("acme", Some(key.as_str()), "sbx_a", 50, 1.0),
+            interval("acme", Some(key.as_str()), "sbx_b", 150, 2.0),
+            interval("other", None, "sbx_c", 150, 4.0),
+        ]);
+        let cpu = |t: &UsageTotals| t.cpu_seconds;
+        assert_eq!(
+            cpu(&spent.tenants[&(acme.clone(), 100)]),
+            2.0,
+            "the day: after 100"
+        );
+        assert_eq!(cpu(&spent.tenants[&(acme, 0)]), 3.0, "the month: both");
+        assert_eq!(cpu(&spent.keys[&(key, 100)]), 2.0);
+        assert_eq!(
+            cpu(&spent.sandboxes["sbx_a"]),
+            1.0,
+            "a sandbox's whole life"
+        );
+    }
+}
