@@ -69,7 +69,32 @@ pub struct Config {
     /// How many uid slots (ranges of 65,536 ids) sandboxes may use: slots `16..16 + N`,
     /// at most [`MAX_UID_SLOTS`].
     pub uid_slots: u32,
+    /// How often live sandboxes' usage is sampled (`manager/usage.rs`).
+    pub usage_interval: Duration,
+    /// How often the disk of snapshots, volumes and hibernated sandboxes is sampled.
+    pub disk_usage_interval: Duration,
+    /// The append-only usage log (`None`: `<state_dir>/usage.jsonl`).
+    pub usage_log: Option<PathBuf>,
+    /// Prices turning usage into cost (`None`: budgets count CPU-seconds).
+    pub rate_card: Option<crate::usage::RateCard>,
+    /// What happens to the running sandboxes of whoever reached a spending cap.
+    pub budget_action: BudgetAction,
 }
+
+/// What a spending cap does to running sandboxes (`hutch serve --budget-action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BudgetAction {
+    /// Hibernate them: their state is kept on disk and they hold no CPU or memory.
+    #[default]
+    Hibernate,
+    /// Pause them: frozen in memory, resumed at once.
+    Pause,
+}
+
+/// Default of [`Config::usage_interval`].
+pub const DEFAULT_USAGE_INTERVAL: Duration = Duration::from_secs(5);
+/// Default of [`Config::disk_usage_interval`].
+pub const DEFAULT_DISK_USAGE_INTERVAL: Duration = Duration::from_secs(60);
 
 /// First uid slot handed out (slot × 65536 = uid base): keeps clear of host users.
 pub const MIN_UID_SLOT: u32 = 16;
@@ -124,6 +149,11 @@ impl Config {
             ns_disk_pool_bytes: None,
             uid_slots_dir: PathBuf::from(DEFAULT_UID_SLOTS_DIR),
             uid_slots: MAX_UID_SLOTS,
+            usage_interval: DEFAULT_USAGE_INTERVAL,
+            disk_usage_interval: DEFAULT_DISK_USAGE_INTERVAL,
+            usage_log: None,
+            rate_card: None,
+            budget_action: BudgetAction::Hibernate,
         }
     }
 

@@ -48,6 +48,7 @@ pub mod store;
 pub mod tenant;
 pub mod time;
 pub mod uid_slots;
+pub mod usage;
 pub mod volume;
 
 pub use config::Config;

@@ -17,6 +17,7 @@
 //! by a per-sandbox lock; exec and file calls take no lock.
 
 mod audit;
+mod budget;
 mod builds;
 mod create;
 mod exec;
@@ -39,6 +40,7 @@ mod templates;
 mod tenants;
 #[cfg(test)]
 mod tests;
+mod usage;
 mod volumes;
 mod warm;
 mod watch;
@@ -125,6 +127,10 @@ pub struct Manager {
     audit: audit::AuditLog,
     /// Polled file watchers (`watchers.rs`).
     watchers: watchers::Watchers,
+    /// Usage meters of live sandboxes and the usage log (`usage.rs`).
+    meters: usage::Meters,
+    /// What budgeted tenants, keys and sandboxes spent (`budget.rs`).
+    spend: budget::SpendCache,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -276,6 +282,8 @@ impl Manager {
             key_uses: keys::KeyUses::default(),
             audit: audit::AuditLog::default(),
             watchers: watchers::Watchers::default(),
+            meters: usage::Meters::default(),
+            spend: budget::SpendCache::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).
@@ -285,6 +293,7 @@ impl Manager {
         for backend in mgr.backends.all() {
             backend.recover().await;
         }
+        mgr.load_meters().await;
         mgr.readopt().await?;
         mgr.release_volumes().await;
         if let Some(net) = &mgr.network {
@@ -302,6 +311,7 @@ impl Manager {
         if let Err(e) = mgr.collect_template_revisions().await {
             tracing::warn!(error = %e, "collecting unused template revisions");
         }
+        mgr.spawn_usage_sampler();
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.cfg.reaper_interval;
         tokio::spawn(async move {
@@ -577,6 +587,8 @@ impl Manager {
 
     async fn destroy_resources(&self, r: &SandboxRecord) -> CoreResult<()> {
         let backend = self.backend(r.isolation)?;
+        // Its last interval of usage, before its cgroups go.
+        self.meter_final(r).await;
         let destroyed = backend.destroy(r).await;
         if let (Some(net), Some(i)) = (self.network.clone(), r.net_slot) {
             blocking(move || {

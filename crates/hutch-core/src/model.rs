@@ -187,6 +187,10 @@ pub struct CreateSandbox {
     pub idle_hibernate_seconds: Option<u64>,
     /// Volumes to mount (`volume` is an id or a name).
     pub volumes: Vec<crate::volume::VolumeMount>,
+    /// The API key creating it (its usage counts against the key's budgets).
+    pub created_by: Option<crate::ids::KeyId>,
+    /// Hibernate it once its metered cost reaches this (needs a rate card).
+    pub max_cost_micros: Option<u64>,
 }
 
 /// A validated update (`PATCH`).
@@ -287,6 +291,12 @@ pub struct SandboxRecord {
     /// `WORKDIR` and `USER`, kept through snapshots and forks).
     #[serde(default, skip_serializing_if = "hutch_proto::ExecDefaults::is_empty")]
     pub exec_defaults: hutch_proto::ExecDefaults,
+    /// The API key that created it (usage metering and key budgets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<crate::ids::KeyId>,
+    /// Its own spending cap, in cost micros (`manager/budget.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_micros: Option<u64>,
 }
 
 /// The sandbox object of the API.
@@ -338,6 +348,9 @@ pub struct SandboxView {
     /// Volumes mounted in it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volume::VolumeMount>,
+    /// Its spending cap in cost micros: it hibernates once its metered cost reaches it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_micros: Option<u64>,
 }
 
 /// Whole vCPUs of a vm guest given `cpus` (a fraction of a CPU is one vCPU, its bandwidth
@@ -378,6 +391,7 @@ impl SandboxRecord {
             forked_from: self.forked_from.clone(),
             idle_hibernate_seconds: self.idle_hibernate_seconds,
             volumes: self.volumes.clone(),
+            max_cost_micros: self.max_cost_micros,
         }
     }
 

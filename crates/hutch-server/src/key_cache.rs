@@ -130,6 +130,7 @@ mod tests {
                 selector: Default::default(),
                 expires_at_ms,
                 format: KeyFormat::Hutch,
+                budget: Default::default(),
             }
             .record("hk_x", 0),
         )

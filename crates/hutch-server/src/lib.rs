@@ -173,8 +173,12 @@ pub fn app(state: AppState) -> Router {
                 .delete(tenants::delete),
         )
         .route("/v1/keys", post(keys::create).get(keys::list))
-        .route("/v1/keys/{id}", get(keys::get).delete(keys::revoke))
+        .route(
+            "/v1/keys/{id}",
+            get(keys::get).patch(keys::update).delete(keys::revoke),
+        )
         .route("/v1/audit", get(routes::audit::list))
+        .route("/v1/usage", get(routes::usage::report))
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),

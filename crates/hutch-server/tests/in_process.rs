@@ -170,6 +170,7 @@ async fn a_malformed_sandbox_id_is_answered_as_an_unknown_one() {
                 selector: Default::default(),
                 expires_at_ms: None,
                 format: Default::default(),
+                budget: Default::default(),
             })
             .await
             .expect("tenant key")

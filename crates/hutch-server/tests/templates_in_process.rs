@@ -91,6 +91,7 @@ impl Api {
                 selector: Default::default(),
                 expires_at_ms: None,
                 format: Default::default(),
+                budget: Default::default(),
             })
             .await
             .expect("tenant key")

@@ -159,6 +159,39 @@ pub struct ServeArgs {
     /// ports; empty to allow all).
     #[arg(long, value_delimiter = ',')]
     pub net_blocked_ports: Option<Vec<u16>>,
+    /// How often live sandboxes' CPU, memory and egress are metered, in seconds (may be a
+    /// fraction; docs/usage.md).
+    #[arg(long, env = "HUTCH_USAGE_INTERVAL_SECONDS", default_value_t = 5.0)]
+    pub usage_interval_seconds: f64,
+    /// How often the disk of snapshots, volumes and hibernated sandboxes is metered, in
+    /// seconds.
+    #[arg(
+        long,
+        env = "HUTCH_DISK_USAGE_INTERVAL_SECONDS",
+        default_value_t = 60.0
+    )]
+    pub disk_usage_interval_seconds: f64,
+    /// The append-only usage log, one JSON line per interval of each sandbox (default
+    /// `<state-dir>/usage.jsonl`).
+    #[arg(long, env = "HUTCH_USAGE_LOG")]
+    pub usage_log: Option<PathBuf>,
+    /// A rate card (JSON: `cpu_second_micros`, `memory_gib_second_micros`,
+    /// `disk_gib_hour_micros`, `egress_gib_micros`) that turns usage into `cost_micros`;
+    /// budgets then count cost micros (without one: CPU-seconds).
+    #[arg(long, env = "HUTCH_RATE_CARD")]
+    pub rate_card: Option<PathBuf>,
+    /// What a reached spending cap does to the running sandboxes it covers.
+    #[arg(long, value_enum, default_value_t = BudgetActionArg::Hibernate)]
+    pub budget_action: BudgetActionArg,
+}
+
+/// `--budget-action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BudgetActionArg {
+    /// Hibernate them (state kept on disk; no CPU or memory held).
+    Hibernate,
+    /// Pause them (frozen in memory).
+    Pause,
 }
 
 /// `--preview-listen`.
@@ -407,6 +440,27 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     cfg.max_execs_per_sandbox = args.max_execs_per_sandbox.max(1);
     cfg.uid_slots_dir = args.uid_slots_dir.clone();
     cfg.uid_slots = args.uid_slots;
+    for (name, v) in [
+        ("--usage-interval-seconds", args.usage_interval_seconds),
+        (
+            "--disk-usage-interval-seconds",
+            args.disk_usage_interval_seconds,
+        ),
+    ] {
+        if !(v.is_finite() && (0.05..=86_400.0).contains(&v)) {
+            bail!("{name} must be from 0.05 to 86400 seconds, got {v}");
+        }
+    }
+    cfg.usage_interval = Duration::from_secs_f64(args.usage_interval_seconds);
+    cfg.disk_usage_interval = Duration::from_secs_f64(args.disk_usage_interval_seconds);
+    cfg.usage_log = args.usage_log.clone();
+    if let Some(path) = &args.rate_card {
+        cfg.rate_card = Some(hutch_core::usage::RateCard::load(path)?);
+    }
+    cfg.budget_action = match args.budget_action {
+        BudgetActionArg::Hibernate => hutch_core::config::BudgetAction::Hibernate,
+        BudgetActionArg::Pause => hutch_core::config::BudgetAction::Pause,
+    };
     std::fs::create_dir_all(&cfg.templates_dir)?;
     let store = TemplateStore::open(&cfg.templates_dir)?;
     let mut wanted = vec!["minimal"];

@@ -162,3 +162,63 @@ async fn an_operator_makes_tenants_and_keys_and_reads_the_audit_log_with_the_cli
     let (status, _) = s.request(Method::GET, "/v1/tenants/acme", None).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn an_operator_sets_budgets_and_reads_usage_with_the_cli() {
+    let s = TestServer::start_with(&["--usage-interval-seconds", "0.25"]).await;
+    let admin = s.key.clone();
+    ok(&hutch(
+        &s,
+        &admin,
+        None,
+        &["tenant", "create", "acme", "--daily-budget", "100"],
+    ));
+    let (_, t) = s.request(Method::GET, "/v1/tenants/acme", None).await;
+    assert_eq!(t["quotas"]["daily_budget"], 100, "{t}");
+    let secret = ok(&hutch(
+        &s,
+        &admin,
+        None,
+        &["key", "create", "--tenant", "acme", "--daily-budget", "50"],
+    ))
+    .trim()
+    .to_string();
+    let (_, keys) = s.request_as(&secret, Method::GET, "/v1/keys", None).await;
+    let key_id = keys["keys"][0]["id"].as_str().expect("id").to_string();
+    assert_eq!(keys["keys"][0]["daily_budget"], 50, "{keys}");
+    let set = ok(&hutch(
+        &s,
+        &admin,
+        None,
+        &["key", "set", &key_id, "--daily-budget", "70"],
+    ));
+    assert_eq!(
+        set.trim(),
+        format!("{key_id}: daily budget 70, monthly budget none")
+    );
+    let id = ok(&hutch(&s, &secret, None, &["create", "--json"]));
+    let id: Value = serde_json::from_str(&id).expect("json");
+    let id = id["id"].as_str().expect("id").to_string();
+    s.sh_ok(&id, "true").await;
+    let usage = wait_until(Duration::from_secs(20), async || {
+        let out = ok(&hutch(
+            &s,
+            &secret,
+            None,
+            &["usage", "--group-by", "tenant", "--json"],
+        ));
+        let v: Value = serde_json::from_str(&out).expect("json");
+        (v["groups"][0]["tenant"] == "acme").then_some(v)
+    })
+    .await
+    .expect("acme's usage");
+    assert!(
+        usage["total"]["memory_gib_seconds"].as_f64() > Some(0.0),
+        "{usage}"
+    );
+    let table = ok(&hutch(&s, &admin, None, &["usage", "--group-by", "key"]));
+    assert!(
+        table.contains("CPU-S") && table.contains(&key_id) && table.contains("TOTAL"),
+        "{table}"
+    );
+}

@@ -254,6 +254,19 @@ async fn another_tenants_objects_are_404_on_every_route() {
                     let (status, v) = call(&b, Method::GET, "/v1/audit?tenant=team-a", None).await;
                     assert_eq!(status, 403, "{v}");
                 }
+                ("GET", "/v1/usage") => {
+                    let (status, v) = call(&b, Method::GET, "/v1/usage?group_by=tenant", None).await;
+                    assert_eq!(status, 200, "{v}");
+                    assert!(
+                        v["groups"].as_array().is_some_and(|g| g.iter().all(|x| x["tenant"] == "team-b")),
+                        "B reads another tenant's usage: {v}"
+                    );
+                    let (status, v) = call(&b, Method::GET, "/v1/usage?tenant=team-a", None).await;
+                    assert_eq!(status, 403, "{v}");
+                    let (status, v) =
+                        call(&b, Method::GET, &format!("/v1/usage?sandbox_id={sandbox}"), None).await;
+                    assert_eq!((status, v["total"]["intervals"].clone()), (200, json!(0)), "{v}");
+                }
                 ("GET", listing) if listings.contains_key(listing) => {
                     let (collection, field, a_id) = &listings[listing];
                     let (status, v) = call(&b, Method::GET, &path, None).await;

@@ -369,7 +369,7 @@ async fn tenants_are_an_admins_and_one_owning_objects_is_not_deleted() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(
         v["quotas"],
-        json!({"max_sandboxes": 1, "max_creates_per_hour": null, "max_cpus": null, "max_memory_mib": null, "max_ttl_seconds": null, "max_sandbox_cpus": null, "max_sandbox_memory_mib": null, "max_sandbox_disk_mib": null})
+        json!({"max_sandboxes": 1, "max_creates_per_hour": null, "max_cpus": null, "max_memory_mib": null, "max_ttl_seconds": null, "max_sandbox_cpus": null, "max_sandbox_memory_mib": null, "max_sandbox_disk_mib": null, "daily_budget": null, "monthly_budget": null})
     );
     assert_eq!(v["defaults"]["ttl_seconds"], 120, "a part left out stays");
     assert_eq!(v["allowed_templates"], Value::Null);

@@ -76,6 +76,9 @@ def server() -> Iterator[Server]:
             "--no-build-base",
             "--default-template",
             "minimal",
+            # Usage metered every half second, so usage tests see it soon.
+            "--usage-interval-seconds",
+            "0.5",
         ],
         stdout=subprocess.PIPE,
         stderr=log,

@@ -81,6 +81,11 @@ def answer(req: httpx.Request) -> httpx.Response:
         "/v1/tenants": {"tenants": [TENANT]} if method == "GET" else TENANT,
         "/v1/keys": {"keys": [KEY]} if method == "GET" else dict(KEY, secret="e2b_0123"),
         "/v1/audit": {"entries": [{"id": 1, "method": "POST", "route": "/v1/sandboxes", "status": 201}]},
+        "/v1/usage": {
+            "group_by": "tenant",
+            "total": {"cpu_seconds": 3.0, "cost_micros": None, "intervals": 2},
+            "groups": [{"tenant": "acme", "cpu_seconds": 3.0, "intervals": 2}],
+        },
     }
     if path in routes:
         return httpx.Response(200, json=routes[path])
@@ -162,6 +167,8 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("client", "get_key", ("key_1",), {}),
     ("client", "revoke_key", ("key_1",), {}),
     ("client", "audit", (), {"tenant": "acme", "since": "2025-05-20T12:00:00Z"}),
+    ("client", "usage", (), {"group_by": "tenant", "since": "2025-05-20T12:00:00Z"}),
+    ("client", "set_key_budget", ("key_1",), {"daily_budget": 5}),
     ("templates", "list", (), {}),
     ("templates", "get", ("web/x",), {}),
     ("templates", "delete", ("web",), {}),

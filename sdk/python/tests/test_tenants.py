@@ -87,3 +87,36 @@ async def test_the_async_client_has_the_same_calls(server: Server) -> None:
         await admin.revoke_key(key.id)
         await admin.delete_tenant(name)
         assert name not in [x.name for x in await admin.tenants()]
+
+
+def test_usage_is_metered_per_tenant_and_keys_carry_budgets(server: Server) -> None:
+    name = f"pyu-{uuid.uuid4().hex[:8]}"
+    with Client() as admin:
+        admin.create_tenant(name, quotas={"daily_budget": 1000})
+        key = admin.create_key(tenant=name, daily_budget=500)
+        assert key.daily_budget == 500 and key.monthly_budget is None
+        assert admin.set_key_budget(key.id, daily_budget=700).daily_budget == 700
+        with Client(api_key=key.secret) as agent:
+            with pytest.raises(hutch.Forbidden):
+                agent.set_key_budget(key.id, daily_budget=10**9)
+            sbx = Sandbox.create(client=agent)
+            try:
+                sbx.exec("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done")
+                deadline = time.monotonic() + 20
+                report = agent.usage(group_by="tenant")
+                while time.monotonic() < deadline and report.total.cpu_seconds <= 0:
+                    time.sleep(0.5)
+                    report = agent.usage(group_by="tenant")
+                assert isinstance(report, hutch.UsageReport)
+                assert [g.key for g in report.groups] == [name]
+                assert report.total.cpu_seconds > 0 and report.total.memory_gib_seconds > 0
+                assert report.total.cost_micros is None, "no rate card"
+                mine = agent.usage(sandbox_id=sbx.id, group_by="sandbox")
+                assert [(g.key, g.kind) for g in mine.groups] == [(sbx.id, "sandbox")]
+                by_key = admin.usage(group_by="key", tenant=name)
+                assert [g.key for g in by_key.groups] == [key.id]
+            finally:
+                sbx.kill()
+        admin.revoke_key(key.id)
+        admin.delete_tenant(name)
+

@@ -25,8 +25,11 @@ import {
   type AuditEntry,
   type AuditFilter,
   type CreateKeyOptions,
+  type KeyBudget,
   type Tenant,
   type TenantSettings,
+  type UsageFilter,
+  type UsageReport,
 } from "./tenants.js";
 import { VERSION } from "./version.js";
 
@@ -383,6 +386,22 @@ export class Client {
   /** Revoke a key: it stops working at once, and what it holds open is closed. */
   async revokeKey(id: string): Promise<void> {
     return tenancy.revokeKey(this, id);
+  }
+
+  /**
+   * Replace a key's spending caps (absent or `null`: no cap). No key changes its own.
+   * @throws {@link Forbidden} for its own key, or a cap larger than this key's own.
+   */
+  async setKeyBudget(id: string, budget: KeyBudget): Promise<ApiKey> {
+    return tenancy.setKeyBudget(this, id, budget);
+  }
+
+  /**
+   * Metered usage (CPU-seconds, working-set GiB-seconds, disk GiB-hours, egress bytes) and its
+   * cost through the server's rate card, summed and grouped by sandbox, tenant, key or day.
+   */
+  async usage(filter: UsageFilter = {}): Promise<UsageReport> {
+    return tenancy.usage(this, filter);
   }
 
   /**

@@ -103,10 +103,15 @@ export type {
   AuditEntry,
   AuditFilter,
   CreateKeyOptions,
+  KeyBudget,
   KeyScope,
   Quotas,
   SandboxDefaults,
   Tenant,
   TenantSettings,
+  UsageFilter,
+  UsageGroupBy,
+  UsageReport,
+  UsageTotals,
 } from "./tenants.js";
 export { VERSION } from "./version.js";

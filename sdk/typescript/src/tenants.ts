@@ -1,5 +1,6 @@
 /**
- * Tenants, API keys and the audit log (docs/teams.md): the records the server shows, and the calls behind
+ * Tenants, API keys, metered usage (docs/usage.md) and the audit log (docs/teams.md): the records the
+ * server shows, and the calls behind
  * {@link Client.createTenant}, {@link Client.createKey} and their siblings.
  *
  * ```ts
@@ -25,6 +26,10 @@ export interface Quotas {
   max_sandbox_cpus?: number | null;
   max_sandbox_memory_mib?: number | null;
   max_sandbox_disk_mib?: number | null;
+  /** What its sandboxes may spend per UTC day: cost micros through the rate card, CPU-seconds without one. */
+  daily_budget?: number | null;
+  /** The same per UTC month. */
+  monthly_budget?: number | null;
 }
 
 /** What a tenant's sandboxes get when their create leaves a setting out. */
@@ -70,6 +75,10 @@ export interface ApiKey {
   createdAt: string;
   expiresAt: string | null;
   lastUsedAt: string | null;
+  /** What the sandboxes it creates may spend per UTC day; `null`: no cap of its own. */
+  dailyBudget: number | null;
+  /** The same per UTC month. */
+  monthlyBudget: number | null;
   /** The key itself (`hk_…` or `e2b_…`), shown only when it is made. */
   secret?: string;
   raw: Record<string, unknown>;
@@ -128,6 +137,93 @@ export interface CreateKeyOptions {
   expiresInSeconds?: number;
   /** `e2b`: an `e2b_…` secret, the form older E2B SDKs check. Default `hutch` (`hk_…`). */
   format?: "hutch" | "e2b";
+  /** Spending caps of the sandboxes it creates (no higher than the maker's own). */
+  dailyBudget?: number;
+  monthlyBudget?: number;
+}
+
+/** A key's spending caps ({@link Client.setKeyBudget}); absent or `null`: no cap. */
+export interface KeyBudget {
+  dailyBudget?: number | null;
+  monthlyBudget?: number | null;
+}
+
+/** How {@link Client.usage} groups its sums. */
+export type UsageGroupBy = "sandbox" | "tenant" | "key" | "day";
+
+/** Filters of {@link Client.usage}: intervals ending after `from` and at or before `to` (RFC 3339 or ms). */
+export interface UsageFilter {
+  from?: string;
+  to?: string;
+  groupBy?: UsageGroupBy;
+  /** Only this tenant's (admin keys). */
+  tenant?: string;
+  /** Only the sandboxes this key created. */
+  keyId?: string;
+  sandboxId?: string;
+}
+
+/** Metered usage summed: the answer's total, or one group's (`key` names the group). */
+export interface UsageTotals {
+  cpuSeconds: number;
+  /** Working-set memory (cgroup memory minus reclaimable file cache) over time. */
+  memoryGibSeconds: number;
+  diskGibHours: number;
+  egressBytes: number;
+  /** Through the server's rate card; `null` without one. */
+  costMicros: number | null;
+  intervals: number;
+  /** The sandbox id, tenant, key id or day (UTC) of a group. */
+  key?: string | null;
+  /** `groupBy: "sandbox"`: `sandbox`, `snapshot` or `volume`. */
+  kind?: string;
+  raw: Record<string, unknown>;
+}
+
+/** The answer of {@link Client.usage}. */
+export interface UsageReport {
+  total: UsageTotals;
+  groups: UsageTotals[];
+  groupBy: UsageGroupBy | null;
+  rateCard: Record<string, number> | null;
+  raw: Record<string, unknown>;
+}
+
+const GROUP_FIELDS: Record<UsageGroupBy, string> = {
+  sandbox: "sandbox_id",
+  tenant: "tenant",
+  key: "key_id",
+  day: "day",
+};
+
+/** Usage sums from their JSON (`keyField`: the field naming a group). */
+export function usageTotals(d: Record<string, unknown>, keyField?: string): UsageTotals {
+  const num = (v: unknown) => (typeof v === "number" ? v : 0);
+  return {
+    cpuSeconds: num(d.cpu_seconds),
+    memoryGibSeconds: num(d.memory_gib_seconds),
+    diskGibHours: num(d.disk_gib_hours),
+    egressBytes: num(d.egress_bytes),
+    costMicros: typeof d.cost_micros === "number" ? d.cost_micros : null,
+    intervals: num(d.intervals),
+    ...(keyField !== undefined ? { key: optStr(d[keyField]) } : {}),
+    ...(typeof d.kind === "string" ? { kind: d.kind } : {}),
+    raw: d,
+  };
+}
+
+/** A usage answer from its JSON. */
+export function usageReport(d: Record<string, unknown>): UsageReport {
+  const groupBy = (typeof d.group_by === "string" ? d.group_by : null) as UsageGroupBy | null;
+  const keyField = groupBy ? GROUP_FIELDS[groupBy] : undefined;
+  const groups = Array.isArray(d.groups) ? (d.groups as Record<string, unknown>[]) : [];
+  return {
+    total: usageTotals((d.total as Record<string, unknown>) ?? {}),
+    groups: groups.map((g) => usageTotals(g, keyField)),
+    groupBy,
+    rateCard: (d.rate_card as Record<string, number> | null) ?? null,
+    raw: d,
+  };
 }
 
 const SCOPES: readonly KeyScope[] = ["admin", "full", "exec", "read-only"];
@@ -177,6 +273,8 @@ export function apiKey(d: Record<string, unknown>): ApiKey {
     createdAt: str(d.created_at),
     expiresAt: optStr(d.expires_at),
     lastUsedAt: optStr(d.last_used_at),
+    dailyBudget: typeof d.daily_budget === "number" ? d.daily_budget : null,
+    monthlyBudget: typeof d.monthly_budget === "number" ? d.monthly_budget : null,
     ...(typeof secret === "string" ? { secret } : {}),
     raw,
   };
@@ -202,6 +300,8 @@ export function keyBody(o: CreateKeyOptions): Record<string, unknown> {
   if (o.name !== undefined) body.name = o.name;
   if (o.selector !== undefined) body.selector = o.selector;
   if (o.expiresInSeconds !== undefined) body.expires_in_seconds = o.expiresInSeconds;
+  if (o.dailyBudget !== undefined) body.daily_budget = o.dailyBudget;
+  if (o.monthlyBudget !== undefined) body.monthly_budget = o.monthlyBudget;
   return body;
 }
 
@@ -244,6 +344,27 @@ export const tenancy = {
   },
   async revokeKey(client: Client, id: string): Promise<void> {
     await client.request("DELETE", keyPath(id));
+  },
+  async setKeyBudget(client: Client, id: string, b: KeyBudget): Promise<ApiKey> {
+    const json = { daily_budget: b.dailyBudget ?? null, monthly_budget: b.monthlyBudget ?? null };
+    return apiKey(await client.requestJson("PATCH", keyPath(id), { json }));
+  },
+  async usage(client: Client, f: UsageFilter): Promise<UsageReport> {
+    if (f.groupBy !== undefined && !(f.groupBy in GROUP_FIELDS)) {
+      throw new TypeError(`groupBy must be one of sandbox, tenant, key or day, got ${f.groupBy}`);
+    }
+    const query: Array<[string, string]> = [];
+    for (const [k, v] of [
+      ["from", f.from],
+      ["to", f.to],
+      ["group_by", f.groupBy],
+      ["tenant", f.tenant],
+      ["key_id", f.keyId],
+      ["sandbox_id", f.sandboxId],
+    ] as const) {
+      if (v !== undefined) query.push([k, v]);
+    }
+    return usageReport(await client.requestJson("GET", "/v1/usage", { query }));
   },
   async audit(client: Client, f: AuditFilter): Promise<AuditEntry[]> {
     const q: Array<[string, string]> = [];

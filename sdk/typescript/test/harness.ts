@@ -57,6 +57,9 @@ export async function startServer(): Promise<TestServer> {
       "--no-build-base",
       "--default-template",
       "minimal",
+      // Usage metered every half second, so usage tests see it soon.
+      "--usage-interval-seconds",
+      "0.5",
     ],
     { env, stdio: ["ignore", "pipe", "pipe"] },
   );

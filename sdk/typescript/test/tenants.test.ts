@@ -65,4 +65,44 @@ describe("tenants and keys", () => {
     await admin.deleteTenant(name);
     await assert.rejects(admin.getTenant(name), (e: unknown) => e instanceof NotFoundError);
   });
+
+  test("usage per tenant, sandbox and key; key budgets", async () => {
+    const admin = new Client();
+    const name = `tsu-${randomBytes(4).toString("hex")}`;
+    await admin.createTenant(name, { quotas: { daily_budget: 1000 } });
+    const key = await admin.createKey({ tenant: name, dailyBudget: 500 });
+    assert.deepEqual([key.dailyBudget, key.monthlyBudget], [500, null]);
+    assert.equal((await admin.setKeyBudget(key.id, { dailyBudget: 700 })).dailyBudget, 700);
+    const agent = new Client({ apiKey: key.secret });
+    await assert.rejects(agent.setKeyBudget(key.id, { dailyBudget: 1e9 }), (e: unknown) => e instanceof Forbidden);
+    const sbx = await Sandbox.create({ client: agent });
+    try {
+      await sbx.exec("i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done");
+      let report = await agent.usage({ groupBy: "tenant" });
+      for (let i = 0; i < 40 && report.total.cpuSeconds <= 0; i++) {
+        await new Promise((r) => setTimeout(r, 500));
+        report = await agent.usage({ groupBy: "tenant" });
+      }
+      assert.deepEqual(
+        report.groups.map((g) => g.key),
+        [name],
+      );
+      assert.ok(report.total.cpuSeconds > 0 && report.total.memoryGibSeconds > 0, JSON.stringify(report.raw));
+      assert.equal(report.total.costMicros, null, "no rate card");
+      const mine = await agent.usage({ sandboxId: sbx.id, groupBy: "sandbox" });
+      assert.deepEqual(
+        mine.groups.map((g) => [g.key, g.kind]),
+        [[sbx.id, "sandbox"]],
+      );
+      const byKey = await admin.usage({ groupBy: "key", tenant: name });
+      assert.deepEqual(
+        byKey.groups.map((g) => g.key),
+        [key.id],
+      );
+    } finally {
+      await sbx.kill();
+    }
+    await admin.revokeKey(key.id);
+    await admin.deleteTenant(name);
+  });
 });

@@ -53,6 +53,10 @@ pub struct Started {
 pub struct Usage {
     /// Memory in use (bytes).
     pub memory_bytes: u64,
+    /// The part of it the sandbox really uses: without the file cache the kernel may drop
+    /// at once (`ns`: cgroup memory minus inactive file pages; `vm`: QEMU's, the same way,
+    /// or its resident set). What usage metering bills.
+    pub memory_working_set_bytes: u64,
     /// Memory limit (bytes).
     pub memory_limit_bytes: u64,
     /// OOM kills so far.

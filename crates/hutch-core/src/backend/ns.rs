@@ -555,6 +555,7 @@ impl Backend for NsBackend {
         let s = hutch_jail::cgroup_stats(&cgroup_paths(r));
         Some(Usage {
             memory_bytes: s.memory_bytes,
+            memory_working_set_bytes: s.memory_working_set_bytes,
             memory_limit_bytes: s.memory_limit_bytes,
             oom_kills: s.oom_kills,
             cpu_usage_ns: s.cpu_usage_ns,

@@ -590,6 +590,7 @@ impl Backend for VmBackend {
             let s = hutch_jail::cgroup_stats(&dirs);
             return Some(Usage {
                 memory_bytes: s.memory_bytes,
+                memory_working_set_bytes: s.memory_working_set_bytes,
                 memory_limit_bytes: s.memory_limit_bytes,
                 oom_kills: s.oom_kills,
                 cpu_usage_ns: s.cpu_usage_ns,
@@ -600,6 +601,7 @@ impl Backend for VmBackend {
         let (memory_bytes, cpu_usage_ns) = proc_usage(pid)?;
         Some(Usage {
             memory_bytes,
+            memory_working_set_bytes: memory_bytes,
             memory_limit_bytes: r.memory_mib << 20,
             oom_kills: 0,
             cpu_usage_ns,

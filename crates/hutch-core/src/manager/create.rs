@@ -76,6 +76,12 @@ impl Manager {
         record.forked_from = forked_from;
         let backend = self.backend(record.isolation)?;
         backend.admit(&record).await?;
+        // A tenant or key over its spending cap makes nothing.
+        self.check_budgets(&super::budget::Spender {
+            sandbox: None,
+            ..super::budget::Spender::of(&record)
+        })
+        .await?;
         let footprint = Footprint {
             sandboxes: 1,
             cpus: record.cpus,
@@ -314,6 +320,11 @@ impl Manager {
             quotas.check_ttl(&t.name, ttl_seconds, cmd.persistent)?;
         }
         let idle_hibernate_seconds = self.check_idle_seconds(cmd.idle_hibernate_seconds)?;
+        if cmd.max_cost_micros.is_some() && self.cfg.rate_card.is_none() {
+            return Err(CoreError::InvalidArgument(
+                "max_cost_micros needs a rate card, and this server has none (hutch serve --rate-card FILE)".into(),
+            ));
+        }
         let exec_defaults = defaults.exec;
         let mut env = defaults.env;
         env.extend(cmd.env.clone());
@@ -358,6 +369,8 @@ impl Manager {
             // Old records (and templates built before revisions, rev 0) follow the current one.
             template_rev: (info.rev > 0).then_some(info.rev),
             exec_defaults,
+            created_by: cmd.created_by.clone(),
+            max_cost_micros: cmd.max_cost_micros,
         })
     }
 

@@ -231,5 +231,8 @@ fn child_command(parent: &SandboxRecord, snap: &SnapshotRecord) -> CreateSandbox
             .filter(|m| m.read_only)
             .cloned()
             .collect(),
+        // Children spend for the parent's key, each with the parent's own cap.
+        created_by: parent.created_by.clone(),
+        max_cost_micros: parent.max_cost_micros,
     }
 }

@@ -12,7 +12,7 @@ use super::{write_secret, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::ids::KeyId;
 use crate::store::{Page, PageRequest};
-use crate::tenant::keys::{hash_secret, KeyFormat, KeyRecord, KeyScope, NewKey};
+use crate::tenant::keys::{hash_secret, KeyBudget, KeyFormat, KeyRecord, KeyScope, NewKey};
 use crate::tenant::{Tenant, TenantScope, ADMIN_TENANT};
 use crate::time::now_ms;
 
@@ -61,6 +61,7 @@ impl Manager {
                 selector: Default::default(),
                 expires_at_ms: None,
                 format: KeyFormat::Hutch,
+                budget: KeyBudget::default(),
             })
             .await?;
         write_secret(&path, &created.secret)?;
@@ -155,6 +156,41 @@ impl Manager {
             .filter(|k| scope.allows(Some(&k.tenant)))
             .map(|k| self.with_pending_use(k))
             .ok_or_else(|| CoreError::NotFound(format!("API key {id} does not exist")))
+    }
+
+    /// Set key `id`'s spending caps, as key `setter` asks: an admin key sets any key's; a
+    /// tenant's `full` key sets those of the other keys of its tenant, never its own (a
+    /// key cannot raise its own cap), and no higher than its own.
+    pub async fn set_key_budget(
+        &self,
+        id: &KeyId,
+        budget: KeyBudget,
+        setter: &KeyRecord,
+        scope: &TenantScope,
+    ) -> CoreResult<KeyRecord> {
+        let key = self.get_key(id, scope).await?;
+        if !setter.is_admin() {
+            if setter.id == key.id {
+                return Err(CoreError::Forbidden(
+                    "a key cannot change its own budget: ask an admin or another full key of its tenant".into(),
+                ));
+            }
+            if setter.scope != KeyScope::Full {
+                return Err(CoreError::Forbidden(
+                    "only full and admin keys set budgets".into(),
+                ));
+            }
+            if !budget.within(&setter.budget) {
+                return Err(CoreError::Forbidden(
+                    "this key cannot give another key a larger budget than its own".into(),
+                ));
+            }
+        }
+        if !self.store.set_key_budget(id, &budget).await? {
+            return Err(CoreError::NotFound(format!("API key {id} does not exist")));
+        }
+        tracing::info!(key = %id, ?budget, "API key budget set");
+        self.get_key(id, scope).await
     }
 
     /// Delete key `id` (within `scope`); it stops working at once for new requests. Returns

@@ -53,16 +53,27 @@ impl Manager {
         if !r.state.can_pause() {
             return Err(wrong_state(&r, Some("pause")));
         }
+        self.pause_locked(r, None).await?;
+        Ok(self.load(id).await?.view())
+    }
+
+    /// Pause `r` (its transition lock held and its state checked).
+    pub(super) async fn pause_locked(
+        &self,
+        r: SandboxRecord,
+        why: Option<String>,
+    ) -> CoreResult<()> {
         self.backend(r.isolation)?.pause(&r).await?;
         let r = self
             .store
-            .modify(id, |r| {
+            .modify(&r.id, |r| {
                 r.state = SandboxState::Paused;
                 Ok(())
             })
             .await?;
-        self.events.publish("sandbox.paused", id, r.tenant(), None);
-        Ok(r.view())
+        self.events
+            .publish("sandbox.paused", &r.id, r.tenant(), why);
+        Ok(())
     }
 
     /// Let a paused sandbox run again.
@@ -73,6 +84,8 @@ impl Manager {
         if !r.state.can_resume() {
             return Err(wrong_state(&r, Some("resume")));
         }
+        // Not while its tenant, key or own cap is spent: it stays paused.
+        self.check_budgets(&super::budget::Spender::of(&r)).await?;
         // Its CPUs and memory count again once it runs.
         let _admitted = self
             .admit(
@@ -124,7 +137,7 @@ impl Manager {
     }
 
     /// Hibernate `r` (its transition lock held and its state checked).
-    async fn hibernate_locked(
+    pub(super) async fn hibernate_locked(
         &self,
         r: SandboxRecord,
         why: Option<String>,
@@ -138,6 +151,8 @@ impl Manager {
             })
             .await?;
         let backend = self.backend(r.isolation)?;
+        // Its last interval of usage, before its cgroups go.
+        self.meter_final(&r).await;
         self.hang_up_agent(backend.clone(), &r).await;
         if let Err(e) = backend.hibernate(&r).await {
             tracing::error!(id = %r.id, error = %e, "hibernating");
@@ -203,7 +218,8 @@ impl Manager {
     /// Wake `r` (its transition lock held and its state checked).
     async fn wake_locked(self: &Arc<Self>, r: SandboxRecord) -> CoreResult<(SandboxRecord, u64)> {
         let t0 = Instant::now();
-        // Refused by a quota, it stays hibernated with everything it kept.
+        // Refused by a quota or a spending cap, it stays hibernated with everything it kept.
+        self.check_budgets(&super::budget::Spender::of(&r)).await?;
         let _admitted = self
             .admit(
                 r.tenant.as_ref(),
@@ -280,6 +296,8 @@ impl Manager {
             tracing::warn!(id = %r.id, error = %e, "woke, but the start command is not ready");
         }
         self.lock_agents().insert(r.id.clone(), client);
+        // Metered again from zero, on its new cgroup.
+        self.restart_meter(&r);
         let r = self
             .store
             .modify(&r.id, |r| {

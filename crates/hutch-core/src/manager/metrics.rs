@@ -60,6 +60,7 @@ impl Manager {
         for backend in self.backends.all() {
             text.push_str(&backend.metrics_text());
         }
+        text.push_str(&self.usage_metrics_text(per_sandbox).await);
         let traffic = self.traffic_all();
         if self.network.is_some() && !per_sandbox {
             use std::fmt::Write as _;

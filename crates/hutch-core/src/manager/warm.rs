@@ -175,6 +175,8 @@ impl Manager {
         match claimed {
             Ok(()) => {
                 self.lock_agents().insert(rec.id.clone(), guest.agent);
+                // Its warm-up was the pool's: it is metered from here.
+                self.start_meter(&rec);
                 Some(rec)
             }
             Err(e) => {
@@ -298,6 +300,8 @@ impl Manager {
             start: super::service::start_spec(&info),
             template_rev: (info.rev > 0).then_some(info.rev),
             exec_defaults: info.defaults.exec.clone(),
+            created_by: None,
+            max_cost_micros: None,
         };
         self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());

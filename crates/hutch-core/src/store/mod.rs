@@ -5,13 +5,15 @@
 //! implementation is [`SqliteStore`] (one embedded database per host, `store/sqlite.rs`); a
 //! store shared by many hosts (PostgreSQL) implements the same trait. Its tenancy half
 //! (tenants, keys, the create log, template owners) is [`TenancyStore`], a supertrait in
-//! `store/tenancy.rs`, and the audit log [`AuditStore`] (`store/audit.rs`) another, so callers
+//! `store/tenancy.rs`, and the audit log [`AuditStore`] (`store/audit.rs`) another, metered usage [`UsageStore`] (`store/usage.rs`) a third, so callers
 //! keep talking to one trait object.
 //!
 //! Every method is one short transaction. What a request needs is answered by lookups the
 //! store can index: a sandbox by id (and tenant), the rows whose TTL ran out, the running
 //! rows with an idle policy, one page of a listing. Only server start and the warm pool read
-//! every row ([`Store::all_sandboxes`], [`Store::pooled_sandboxes`]).
+//! every row ([`Store::all_sandboxes`], [`Store::pooled_sandboxes`]); the usage sampler
+//! reads the running and paused rows every sampling interval and every snapshot and volume
+//! every disk interval (`manager/usage.rs`), off any request's path.
 //!
 //! Listings are paginated: a [`PageRequest`] asks for up to `limit` rows after a [`Cursor`]
 //! (opaque to callers: only the store that issued it reads it). Rows come in a stable order
@@ -21,6 +23,7 @@
 pub mod audit;
 mod sqlite;
 pub mod tenancy;
+pub mod usage;
 
 use std::collections::BTreeMap;
 
@@ -29,6 +32,7 @@ use async_trait::async_trait;
 pub use self::audit::AuditStore;
 pub use self::sqlite::SqliteStore;
 pub use self::tenancy::TenancyStore;
+pub use self::usage::UsageStore;
 use crate::error::{CoreError, CoreResult};
 use crate::ids::{SandboxId, SnapshotId, VolumeId};
 use crate::model::{SandboxRecord, SandboxState};
@@ -143,7 +147,7 @@ pub type SandboxChange<'a> = Box<dyn FnOnce(&mut SandboxRecord) -> CoreResult<()
 
 /// The state store (see the module docs).
 #[async_trait]
-pub trait Store: TenancyStore + AuditStore + Send + Sync {
+pub trait Store: TenancyStore + AuditStore + UsageStore + Send + Sync {
     // Sandboxes.
 
     /// Insert a new record. `Conflict` when its uid slot is taken.

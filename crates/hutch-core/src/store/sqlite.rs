@@ -1,6 +1,6 @@
 //! [`SqliteStore`]: the state database of one host (embedded SQLite).
 //!
-//! Schema version 6 (`PRAGMA user_version`; `sqlite/schema.rs`):
+//! Schema version 7 (`PRAGMA user_version`; `sqlite/schema.rs`):
 //! - `sandboxes(id PRIMARY KEY, state, uid_slot UNIQUE, record JSON, tenant, expires_at_ms,
 //!   idle_hibernate_seconds, layer)`: one row per sandbox; `record` is a serialized
 //!   [`SandboxRecord`] without its tenant. `tenant` is the source of truth for who owns it;
@@ -23,7 +23,8 @@
 //! columns above and their indexes, moving each sandbox's `metadata.tenant_id` into its
 //! `tenant` column, 4 → 5 adds the tenancy tables and key columns (a tenant row for every
 //! tenant a record names; old admin keys become `admin` keys, others `full`), 5 → 6 adds
-//! `audit_log`. A database
+//! `audit_log`, 6 → 7 adds `usage_intervals` and `usage_meters` (`sqlite/usage.rs`) and
+//! the keys' `budget` column. A database
 //! newer than this binary is refused.
 //!
 //! Listings are ordered by `rowid` (insertion order); a cursor is the last row's `rowid`, so
@@ -700,3 +701,4 @@ mod schema;
 mod tenancy;
 #[cfg(test)]
 mod tests;
+mod usage;

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use super::{Page, PageRequest};
 use crate::error::CoreResult;
 use crate::ids::{KeyId, SandboxId};
-use crate::tenant::keys::KeyRecord;
+use crate::tenant::keys::{KeyBudget, KeyRecord};
 use crate::tenant::quota::TenantUsage;
 use crate::tenant::settings::TenantRecord;
 use crate::tenant::{Tenant, TenantScope};
@@ -64,6 +64,8 @@ pub trait TenancyStore: Send + Sync {
         scope: &TenantScope,
         page: &PageRequest,
     ) -> CoreResult<Page<KeyRecord>>;
+    /// Replace a key's spending caps; whether it exists.
+    async fn set_key_budget(&self, id: &KeyId, budget: &KeyBudget) -> CoreResult<bool>;
     /// Delete a key; whether it existed.
     async fn delete_key(&self, id: &KeyId) -> CoreResult<bool>;
     /// Write when keys were last used (a batch; times only move later).

@@ -152,6 +152,33 @@ pub struct KeyRecord {
     pub expires_at_ms: Option<i64>,
     /// When it was last used, as written to the store (uses are written in batches).
     pub last_used_ms: Option<i64>,
+    /// What the sandboxes it creates may spend (`manager/budget.rs`).
+    pub budget: KeyBudget,
+}
+
+/// A key's spending caps: what the sandboxes it creates may spend per UTC day and month,
+/// in cost micros through the rate card (CPU-seconds without one). Stored as JSON
+/// (`api_keys.budget`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyBudget {
+    /// Per UTC day.
+    pub daily_budget: Option<u64>,
+    /// Per UTC calendar month.
+    pub monthly_budget: Option<u64>,
+}
+
+impl KeyBudget {
+    /// Whether `self` stays within `ceiling` (each cap set there is set here, no higher).
+    pub fn within(&self, ceiling: &Self) -> bool {
+        let fits = |mine: Option<u64>, max: Option<u64>| match (mine, max) {
+            (_, None) => true,
+            (Some(m), Some(c)) => m <= c,
+            (None, Some(_)) => false,
+        };
+        fits(self.daily_budget, ceiling.daily_budget)
+            && fits(self.monthly_budget, ceiling.monthly_budget)
+    }
 }
 
 impl KeyRecord {
@@ -185,6 +212,8 @@ impl KeyRecord {
             "created_at": crate::time::rfc3339(self.created_at_ms),
             "expires_at": time(self.expires_at_ms),
             "last_used_at": time(self.last_used_ms),
+            "daily_budget": self.budget.daily_budget,
+            "monthly_budget": self.budget.monthly_budget,
         })
     }
 }
@@ -204,6 +233,8 @@ pub struct NewKey {
     pub expires_at_ms: Option<i64>,
     /// The form of its secret.
     pub format: KeyFormat,
+    /// Its spending caps.
+    pub budget: KeyBudget,
 }
 
 impl NewKey {
@@ -279,6 +310,16 @@ impl NewKey {
                 }
             }
         }
+        // A capped key makes keys capped no higher (each spends its own budget: the
+        // tenant's budget is the ceiling of them all).
+        if self.budget == KeyBudget::default() {
+            self.budget = creator.budget;
+        } else if !self.budget.within(&creator.budget) {
+            return Err(CoreError::Forbidden(format!(
+                "this key's budget is daily {:?}, monthly {:?}: it cannot make a key with a larger one",
+                creator.budget.daily_budget, creator.budget.monthly_budget
+            )));
+        }
         match (creator.expires_at_ms, self.expires_at_ms) {
             (Some(limit), None) => self.expires_at_ms = Some(limit),
             (Some(limit), Some(at)) if at > limit => {
@@ -304,6 +345,7 @@ impl NewKey {
             created_at_ms: now_ms,
             expires_at_ms: self.expires_at_ms,
             last_used_ms: None,
+            budget: self.budget,
         }
     }
 }
@@ -364,6 +406,7 @@ mod tests {
             selector: [("team".to_string(), "ml".to_string())].into(),
             expires_at_ms: Some(10),
             format: KeyFormat::Hutch,
+            budget: Default::default(),
         };
         key.validate().expect("valid");
         let r = key.record("hk_abcdefghij", 1);
@@ -388,6 +431,7 @@ mod tests {
             selector: [("team".to_string(), "ml".to_string())].into(),
             expires_at_ms: Some(1000),
             format: KeyFormat::Hutch,
+            budget: Default::default(),
         }
         .record("hk_x", 0);
         let ask = |scope, tenant: &str, selector: &[(&str, &str)], expires| NewKey {
@@ -400,6 +444,7 @@ mod tests {
                 .collect(),
             expires_at_ms: expires,
             format: KeyFormat::E2b,
+            budget: Default::default(),
         };
         let got = ask(KeyScope::ReadOnly, "acme", &[("x", "y")], None)
             .narrowed_by(&maker)

@@ -32,6 +32,12 @@ pub enum QuotaName {
     MaxSandboxMemoryMib,
     /// [`Quotas::max_sandbox_disk_mib`].
     MaxSandboxDiskMib,
+    /// [`Quotas::daily_budget`] (or a key's).
+    DailyBudget,
+    /// [`Quotas::monthly_budget`] (or a key's).
+    MonthlyBudget,
+    /// A sandbox's own `max_cost_micros`.
+    MaxCostMicros,
 }
 
 impl QuotaName {
@@ -46,6 +52,9 @@ impl QuotaName {
             Self::MaxSandboxCpus => "max_sandbox_cpus",
             Self::MaxSandboxMemoryMib => "max_sandbox_memory_mib",
             Self::MaxSandboxDiskMib => "max_sandbox_disk_mib",
+            Self::DailyBudget => "daily_budget",
+            Self::MonthlyBudget => "monthly_budget",
+            Self::MaxCostMicros => "max_cost_micros",
         }
     }
 }

@@ -36,6 +36,11 @@ pub struct Quotas {
     pub max_sandbox_memory_mib: Option<u64>,
     /// Largest disk one sandbox may have, in MiB.
     pub max_sandbox_disk_mib: Option<u64>,
+    /// What its sandboxes may spend per UTC day: cost micros through the rate card, or
+    /// CPU-seconds on a server without one (`manager/budget.rs`).
+    pub daily_budget: Option<u64>,
+    /// The same per UTC calendar month.
+    pub monthly_budget: Option<u64>,
 }
 
 impl Quotas {

@@ -132,6 +132,8 @@ pub async fn create(
         snapshot,
         idle_hibernate_seconds: None,
         volumes,
+        created_by: Some(caller.key.id.clone()),
+        max_cost_micros: None,
     };
     let view = state.app.manager.create(cmd).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::of(&state, &view))).into_response())

@@ -11,6 +11,10 @@ pub struct CgroupStats {
     /// Memory charged to the sandbox now, in bytes (v1 `memory.usage_in_bytes`, v2
     /// `memory.current`).
     pub memory_bytes: u64,
+    /// The working set in bytes: the memory charged minus the file cache the kernel may
+    /// reclaim at once (`memory.stat` `inactive_file`; v1 `total_inactive_file`), what
+    /// container runtimes call the working set and what usage metering bills.
+    pub memory_working_set_bytes: u64,
     /// The memory limit in bytes; 0 when unlimited.
     pub memory_limit_bytes: u64,
     /// Highest memory use seen, in bytes (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`),
@@ -62,6 +66,11 @@ pub fn cgroup_stats(cgroups: &[PathBuf]) -> CgroupStats {
     for d in cgroups {
         if let Some(v) = read_u64(d, "memory.usage_in_bytes") {
             s.memory_bytes = v;
+            let stat = read(d, "memory.stat").unwrap_or_default();
+            let inactive = keyed(&stat, "total_inactive_file")
+                .or_else(|| keyed(&stat, "inactive_file"))
+                .unwrap_or(0);
+            s.memory_working_set_bytes = v.saturating_sub(inactive);
             s.memory_limit_bytes = read(d, "memory.limit_in_bytes")
                 .and_then(|t| limit(&t))
                 .unwrap_or(0);
@@ -71,6 +80,10 @@ pub fn cgroup_stats(cgroups: &[PathBuf]) -> CgroupStats {
                 .unwrap_or(0);
         } else if let Some(v) = read_u64(d, "memory.current") {
             s.memory_bytes = v;
+            let inactive = read(d, "memory.stat")
+                .and_then(|t| keyed(&t, "inactive_file"))
+                .unwrap_or(0);
+            s.memory_working_set_bytes = v.saturating_sub(inactive);
             s.memory_limit_bytes = read(d, "memory.max").and_then(|t| limit(&t)).unwrap_or(0);
             s.memory_peak_bytes = read_u64(d, "memory.peak");
             s.oom_kills = read(d, "memory.events")
@@ -134,6 +147,11 @@ mod tests {
             "oom_kill_disable 0\noom_kill 3\n",
         )
         .unwrap();
+        std::fs::write(
+            mem.join("memory.stat"),
+            "cache 300\ninactive_file 100\ntotal_inactive_file 250\n",
+        )
+        .unwrap();
         std::fs::write(acct.join("cpuacct.usage"), "555\n").unwrap();
         std::fs::write(pids.join("pids.current"), "4\n").unwrap();
         // The hybrid unified dir has cpu.stat too; cpuacct wins.
@@ -143,6 +161,8 @@ mod tests {
             s,
             CgroupStats {
                 memory_bytes: 1000,
+                // The hierarchical inactive file pages are reclaimable.
+                memory_working_set_bytes: 750,
                 memory_limit_bytes: 4096,
                 memory_peak_bytes: Some(2000),
                 oom_kills: 3,
@@ -153,10 +173,12 @@ mod tests {
 
         std::fs::write(v2.join("memory.current"), "77\n").unwrap();
         std::fs::write(v2.join("memory.max"), "max\n").unwrap();
+        std::fs::write(v2.join("memory.stat"), "anon 50\ninactive_file 20\n").unwrap();
         std::fs::write(v2.join("memory.events"), "oom 2\noom_kill 2\n").unwrap();
         std::fs::write(v2.join("pids.current"), "1\n").unwrap();
         let s = cgroup_stats(&[v2]);
         assert_eq!(s.memory_bytes, 77);
+        assert_eq!(s.memory_working_set_bytes, 57);
         assert_eq!(s.memory_limit_bytes, 0);
         assert_eq!(s.memory_peak_bytes, None);
         assert_eq!(s.oom_kills, 2);

@@ -30,7 +30,7 @@ pub struct AuditParams {
 }
 
 /// `2025-05-20T12:00:00Z` (or with a fraction of a second) or milliseconds since the epoch.
-fn parse_time(name: &str, v: &str) -> ApiResult<i64> {
+pub(crate) fn parse_time(name: &str, v: &str) -> ApiResult<i64> {
     if let Ok(ms) = v.parse::<i64>() {
         return Ok(ms);
     }

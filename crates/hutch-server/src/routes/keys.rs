@@ -4,6 +4,7 @@
 //!   "format"?}` → 201 Key with its `secret`, shown this once
 //! - `GET /v1/keys?limit=&cursor=` → `{"keys": [...], "next_cursor"?}`
 //! - `GET /v1/keys/{id}` → Key
+//! - `PATCH /v1/keys/{id} {"daily_budget"?, "monthly_budget"?}` → Key: its spending caps
 //! - `DELETE /v1/keys/{id}` → 204: the key stops working at once, and whatever it holds
 //!   open (streams, terminals, tunnels) is closed
 //!
@@ -17,7 +18,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use hutch_core::ids::KeyId;
-use hutch_core::tenant::keys::{KeyFormat, KeyRecord, KeyScope, NewKey};
+use hutch_core::tenant::keys::{KeyBudget, KeyFormat, KeyRecord, KeyScope, NewKey};
 use hutch_core::tenant::Tenant;
 use hutch_core::CoreError;
 use serde::Deserialize;
@@ -40,6 +41,17 @@ pub struct CreateKeyBody {
     selector: Option<BTreeMap<String, String>>,
     expires_in_seconds: Option<u64>,
     format: Option<KeyFormat>,
+    daily_budget: Option<u64>,
+    monthly_budget: Option<u64>,
+}
+
+/// `PATCH /v1/keys/{id}` body: the key's spending caps, both replaced (`null` or left out:
+/// no cap).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateKeyBody {
+    daily_budget: Option<u64>,
+    monthly_budget: Option<u64>,
 }
 
 impl CreateKeyBody {
@@ -73,6 +85,10 @@ impl CreateKeyBody {
             selector: self.selector.unwrap_or_default(),
             expires_at_ms,
             format: self.format.unwrap_or_default(),
+            budget: KeyBudget {
+                daily_budget: self.daily_budget,
+                monthly_budget: self.monthly_budget,
+            },
         })
     }
 }
@@ -132,6 +148,30 @@ pub async fn get(
     if !sees(&caller, &key) {
         return Err(CoreError::NotFound(format!("API key {id} does not exist")).into());
     }
+    Ok(Json(key.view()))
+}
+
+/// `PATCH /v1/keys/{id}`: set the key's spending caps (`Manager::set_key_budget` says who
+/// may).
+pub async fn update(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<UpdateKeyBody>,
+) -> ApiResult<impl IntoResponse> {
+    let id = key_id(&id)?;
+    let key = state.manager.get_key(&id, &caller.scope()).await?;
+    if !sees(&caller, &key) {
+        return Err(CoreError::NotFound(format!("API key {id} does not exist")).into());
+    }
+    let budget = KeyBudget {
+        daily_budget: body.daily_budget,
+        monthly_budget: body.monthly_budget,
+    };
+    let key = state
+        .manager
+        .set_key_budget(&id, budget, &caller.key, &caller.scope())
+        .await?;
     Ok(Json(key.view()))
 }
 

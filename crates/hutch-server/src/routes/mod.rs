@@ -22,4 +22,5 @@ pub mod pty;
 pub mod sandboxes;
 pub mod templates;
 pub mod tenants;
+pub mod usage;
 pub mod volumes;

@@ -38,6 +38,7 @@ pub struct CreateBody {
     network: Option<hutch_core::net::policy::PolicySpec>,
     volumes: Option<Vec<hutch_core::volume::VolumeMount>>,
     idle_hibernate_seconds: Option<u64>,
+    max_cost_micros: Option<u64>,
 }
 
 /// Validate an environment map: names are non-empty, without `=` or NUL; values without NUL.
@@ -140,6 +141,8 @@ impl CreateBody {
             snapshot: self.snapshot,
             idle_hibernate_seconds: self.idle_hibernate_seconds,
             volumes: self.volumes.unwrap_or_default(),
+            created_by: Some(caller.key.id.clone()),
+            max_cost_micros: self.max_cost_micros,
         })
     }
 }

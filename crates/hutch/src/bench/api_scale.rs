@@ -166,6 +166,7 @@ impl<'a> Side<'a> {
             selector: Default::default(),
             expires_at_ms: None,
             format: KeyFormat::Hutch,
+            budget: Default::default(),
         }
         .record(&key, hutch_core::time::now_ms());
         store.insert_key(&hash_secret(&key), &record).await?;

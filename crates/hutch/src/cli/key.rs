@@ -1,4 +1,4 @@
-//! `hutch key create|ls|revoke`: API keys (a full or admin key).
+//! `hutch key create|ls|set|revoke`: API keys (a full or admin key).
 
 use std::path::Path;
 
@@ -34,6 +34,25 @@ pub enum KeyCommand {
         /// The form of its secret: `hutch` (`hk_…`) or `e2b` (`e2b_` and hex, for E2B SDKs).
         #[arg(long, default_value = "hutch")]
         format: String,
+        /// What the sandboxes it creates may spend per UTC day (cost micros through the
+        /// rate card, CPU-seconds without one).
+        #[arg(long)]
+        daily_budget: Option<u64>,
+        /// The same per UTC month.
+        #[arg(long)]
+        monthly_budget: Option<u64>,
+    },
+    /// Set a key's spending caps (both replaced; a cap left out is removed): `key set key_…
+    /// --daily-budget 5000000`. No key changes its own.
+    Set {
+        /// Key id (`key_…`).
+        id: String,
+        /// Per UTC day.
+        #[arg(long)]
+        daily_budget: Option<u64>,
+        /// Per UTC month.
+        #[arg(long)]
+        monthly_budget: Option<u64>,
     },
     /// List keys (never their secrets).
     Ls,
@@ -75,6 +94,8 @@ pub async fn run(cmd: KeyCommand, state_dir: &Path, json_out: bool) -> anyhow::R
             selectors,
             expires_in,
             format,
+            daily_budget,
+            monthly_budget,
         } => {
             let mut selector = serde_json::Map::new();
             for s in &selectors {
@@ -93,6 +114,8 @@ pub async fn run(cmd: KeyCommand, state_dir: &Path, json_out: bool) -> anyhow::R
             if let Some(e) = expires_in {
                 body["expires_in_seconds"] = parse_duration(&e)?.into();
             }
+            body["daily_budget"] = daily_budget.into();
+            body["monthly_budget"] = monthly_budget.into();
             let v = api.call(Method::POST, "/v1/keys", Some(&body)).await?;
             if json_out {
                 print_json(&v);
@@ -151,6 +174,34 @@ pub async fn run(cmd: KeyCommand, state_dir: &Path, json_out: bool) -> anyhow::R
                 ],
                 &rows,
             );
+        }
+        KeyCommand::Set {
+            id,
+            daily_budget,
+            monthly_budget,
+        } => {
+            let body = json!({"daily_budget": daily_budget, "monthly_budget": monthly_budget});
+            let v = api
+                .call(
+                    Method::PATCH,
+                    &format!("/v1/keys/{}", encode(&id)),
+                    Some(&body),
+                )
+                .await?;
+            if json_out {
+                print_json(&v);
+            } else {
+                let cap = |name: &str| match &v[name] {
+                    serde_json::Value::Null => "none".to_string(),
+                    n => n.to_string(),
+                };
+                println!(
+                    "{}: daily budget {}, monthly budget {}",
+                    field(&v, "id"),
+                    cap("daily_budget"),
+                    cap("monthly_budget")
+                );
+            }
         }
         KeyCommand::Revoke { ids } => {
             for id in &ids {

@@ -19,6 +19,7 @@ mod template;
 mod template_build;
 mod template_start;
 mod tenant;
+mod usage;
 mod volume;
 
 use std::path::PathBuf;
@@ -100,13 +101,15 @@ enum Command {
     /// `tenant inspect acme`, `tenant set acme --max-cpus 8`, `tenant rm acme`.
     #[command(subcommand)]
     Tenant(tenant::TenantCommand),
-    /// API keys: `key create --tenant acme --scope exec [--format e2b]`, `key ls`,
-    /// `key revoke key_…`.
+    /// API keys: `key create --tenant acme --scope exec [--format e2b] [--daily-budget N]`,
+    /// `key ls`, `key set key_… --daily-budget N`, `key revoke key_…`.
     #[command(subcommand)]
     Key(key::KeyCommand),
     /// Read the audit log: who changed what, which commands ran (`--tenant`, `--key`,
     /// `--sandbox`, `--since`, `--limit`).
     Audit(audit::AuditArgs),
+    /// Metered usage and its cost: `usage --group-by tenant|key|sandbox|day --from T --to T`.
+    Usage(usage::UsageArgs),
     /// Explain what isolation this host supports and why.
     Doctor,
     /// Serve the Model Context Protocol on stdio, or Streamable HTTP with `--http`
@@ -161,6 +164,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Tenant(cmd) => tenant::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Key(cmd) => key::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Audit(args) => audit::audit(args, &state_dir, json).await.map(|()| 0),
+        Command::Usage(args) => usage::usage(args, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp(args) => crate::mcp::serve(args, &state_dir).await.map(|()| 0),
         Command::Pause(a) => lifecycle::action("pause", &a, &state_dir, json)

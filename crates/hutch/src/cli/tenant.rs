@@ -53,6 +53,13 @@ pub struct SettingsArgs {
     /// Largest disk of one sandbox, in MiB.
     #[arg(long, value_parser = parse_limit)]
     max_sandbox_disk_mib: Option<Limit>,
+    /// What its sandboxes may spend per UTC day: cost micros through the server's rate
+    /// card, CPU-seconds without one.
+    #[arg(long, value_parser = parse_limit)]
+    daily_budget: Option<Limit>,
+    /// The same per UTC month.
+    #[arg(long, value_parser = parse_limit)]
+    monthly_budget: Option<Limit>,
     /// TTL of its sandboxes when a create leaves it out.
     #[arg(long, value_parser = parse_limit)]
     default_ttl_seconds: Option<Limit>,
@@ -103,6 +110,8 @@ impl SettingsArgs {
             &self.max_sandbox_memory_mib,
         );
         set(quotas, "max_sandbox_disk_mib", &self.max_sandbox_disk_mib);
+        set(quotas, "daily_budget", &self.daily_budget);
+        set(quotas, "monthly_budget", &self.monthly_budget);
         set(defaults, "ttl_seconds", &self.default_ttl_seconds);
         set(defaults, "cpus", &self.default_cpus);
         set(defaults, "memory_mib", &self.default_memory_mib);

@@ -2,6 +2,10 @@
  *   probe syscalls     try privileged syscalls; print "<name> <result>" per line
  *   probe hog MIB      allocate and touch MIB mebibytes, then print "survived"
  *   probe spin SECS    burn CPU for SECS seconds of wall time
+ *   probe burn SECS    burn CPU until this process has used SECS seconds of CPU time
+ *                      (whatever else the host runs), then print "burnt"
+ *   probe hold MIB SECS  allocate and touch MIB mebibytes, hold them SECS seconds of wall
+ *                      time, then print "held" and exit
  *   probe connect SRC DST PORT   TCP connect from source address SRC (bound with
  *                      IP_FREEBIND, so any address is accepted locally) to DST:PORT within
  *                      2 s; prints "connect OK" or "connect <errno name>"
@@ -79,6 +83,29 @@ static int spin(double secs) {
     return 0;
 }
 
+static int burn(double secs) {
+    struct timespec t;
+    volatile unsigned long n = 0;
+    do {
+        for (int i = 0; i < 100000; i++) n++;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    } while (t.tv_sec + t.tv_nsec / 1e9 < secs);
+    printf("burnt\n");
+    return 0;
+}
+
+static int hold(long mib, double secs) {
+    for (long i = 0; i < mib; i++) {
+        char *p = malloc(1 << 20);
+        if (!p) { printf("malloc failed at %ld MiB\n", i); return 2; }
+        memset(p, 1, 1 << 20);
+    }
+    struct timespec d = {.tv_sec = (time_t)secs, .tv_nsec = (long)((secs - (time_t)secs) * 1e9)};
+    while (nanosleep(&d, &d) < 0 && errno == EINTR) {}
+    printf("held\n");
+    return 0;
+}
+
 /* Refuse to run anywhere but inside a Hutch sandbox: on the host, as root, the privileged
  * calls above would succeed and change the machine (mount, umount2 /proc, sethostname). */
 static int inside_sandbox(void) {
@@ -117,7 +144,9 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "syscalls")) return syscalls();
     if (argc >= 3 && !strcmp(argv[1], "hog")) return hog(atol(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "spin")) return spin(atof(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "burn")) return burn(atof(argv[2]));
+    if (argc >= 4 && !strcmp(argv[1], "hold")) return hold(atol(argv[2]), atof(argv[3]));
     if (argc >= 5 && !strcmp(argv[1], "connect")) return connect_from(argv[2], argv[3], atoi(argv[4]));
-    fprintf(stderr, "usage: probe syscalls | hog MIB | spin SECS\n");
+    fprintf(stderr, "usage: probe syscalls | hog MIB | spin SECS | burn SECS | hold MIB SECS\n");
     return 64;
 }

@@ -64,7 +64,7 @@ from .models import (
     VolumeAttachment,
     VolumeMount,
 )
-from ._tenants import ApiKey, AuditEntry, Tenant
+from ._tenants import ApiKey, AuditEntry, Tenant, UsageReport, UsageTotals
 from ._watch import AsyncFileWatch, FileWatch
 from .sandbox import Client, EventStream, Files, PtySession, Sandbox
 
@@ -93,6 +93,8 @@ __all__ = [
     "Tenant",
     "ApiKey",
     "AuditEntry",
+    "UsageReport",
+    "UsageTotals",
     "BuildInfo",
     "BuildStep",
     "BuildLogLine",

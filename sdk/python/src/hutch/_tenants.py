@@ -1,4 +1,5 @@
-"""Tenants, API keys and the audit log (``docs/teams.md``): the models, the calls, and the
+"""Tenants, API keys, metered usage and the audit log (``docs/teams.md``,
+``docs/usage.md``): the models, the calls, and the
 methods they add to :class:`hutch.Client` and :class:`hutch.AsyncClient` (mixins that use the client's
 ``_call`` and ``_all``).
 
@@ -32,7 +33,7 @@ class Tenant:
     quotas: Dict[str, Any]
     """``max_sandboxes``, ``max_creates_per_hour``, ``max_cpus``, ``max_memory_mib``,
     ``max_ttl_seconds``, ``max_sandbox_cpus``, ``max_sandbox_memory_mib``,
-    ``max_sandbox_disk_mib``; ``None`` is no limit."""
+    ``max_sandbox_disk_mib``, ``daily_budget``, ``monthly_budget``; ``None`` is no limit."""
     defaults: Dict[str, Any]
     """``network``, ``ttl_seconds``, ``isolation``, ``cpus``, ``memory_mib``, ``disk_mib``,
     applied when a create leaves them out."""
@@ -74,6 +75,10 @@ class ApiKey:
     created_at: str
     expires_at: Optional[str]
     last_used_at: Optional[str]
+    daily_budget: Optional[int] = None
+    """What the sandboxes it creates may spend per UTC day (cost micros through the rate
+    card, CPU-seconds without one); ``None``: no cap of its own."""
+    monthly_budget: Optional[int] = None
     secret: Optional[str] = field(default=None, repr=False)
     """The key itself (``hk_…`` or ``e2b_…``), only from :meth:`~hutch.Client.create_key`."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
@@ -91,6 +96,8 @@ class ApiKey:
             created_at=str(d.get("created_at", "")),
             expires_at=opt("expires_at"),
             last_used_at=opt("last_used_at"),
+            daily_budget=d.get("daily_budget"),
+            monthly_budget=d.get("monthly_budget"),
             secret=opt("secret"),
             raw={k: v for k, v in d.items() if k != "secret"},
         )
@@ -129,6 +136,101 @@ class AuditEntry:
             status=int(d.get("status") or 0),
             raw=d,
         )
+
+
+@dataclass
+class UsageTotals:
+    """Metered usage summed (:meth:`~hutch.Client.usage`): the whole answer's, or one group's
+    (then :attr:`key` is the sandbox id, tenant, key id or day it groups by)."""
+
+    cpu_seconds: float
+    memory_gib_seconds: float
+    """Working-set memory (cgroup memory minus reclaimable file cache) over time."""
+    disk_gib_hours: float
+    egress_bytes: int
+    cost_micros: Optional[int]
+    """Through the server's rate card; ``None`` on a server without one."""
+    intervals: int
+    key: Optional[str] = None
+    kind: Optional[str] = None
+    """``group_by="sandbox"``: ``sandbox``, ``snapshot`` or ``volume``."""
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any], key_field: Optional[str] = None) -> UsageTotals:
+        cost = d.get("cost_micros")
+        return cls(
+            cpu_seconds=float(d.get("cpu_seconds") or 0.0),
+            memory_gib_seconds=float(d.get("memory_gib_seconds") or 0.0),
+            disk_gib_hours=float(d.get("disk_gib_hours") or 0.0),
+            egress_bytes=int(d.get("egress_bytes") or 0),
+            cost_micros=int(cost) if cost is not None else None,
+            intervals=int(d.get("intervals") or 0),
+            key=d.get(key_field) if key_field else None,
+            kind=d.get("kind"),
+            raw=d,
+        )
+
+
+#: The field of a usage group that names it, by ``group_by``.
+_GROUP_FIELDS = {"sandbox": "sandbox_id", "tenant": "tenant", "key": "key_id", "day": "day"}
+
+
+@dataclass
+class UsageReport:
+    """The answer of :meth:`~hutch.Client.usage`."""
+
+    total: UsageTotals
+    groups: List[UsageTotals]
+    group_by: Optional[str]
+    rate_card: Optional[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> UsageReport:
+        group_by = d.get("group_by")
+        key_field = _GROUP_FIELDS.get(str(group_by)) if group_by else None
+        return cls(
+            total=UsageTotals.from_json(d.get("total") or {}),
+            groups=[UsageTotals.from_json(g, key_field) for g in d.get("groups") or []],
+            group_by=group_by,
+            rate_card=d.get("rate_card"),
+            raw=d,
+        )
+
+
+def usage(
+    since: Optional[str],
+    until: Optional[str],
+    group_by: Optional[str],
+    tenant: Optional[str],
+    key_id: Optional[str],
+    sandbox_id: Optional[str],
+) -> ops.Call[UsageReport]:
+    if group_by is not None and group_by not in _GROUP_FIELDS:
+        raise ValueError(f"group_by must be one of sandbox, tenant, key or day, got {group_by!r}")
+    params = [
+        (k, str(v))
+        for k, v in (
+            ("from", since),
+            ("to", until),
+            ("group_by", group_by),
+            ("tenant", tenant),
+            ("key_id", key_id),
+            ("sandbox_id", sandbox_id),
+        )
+        if v is not None
+    ]
+    return ops.Call(
+        Request("GET", "/v1/usage", params=params or None), ops._one(UsageReport.from_json)
+    )
+
+
+def set_key_budget(
+    key_id: str, daily_budget: Optional[int], monthly_budget: Optional[int]
+) -> ops.Call[ApiKey]:
+    body = {"daily_budget": daily_budget, "monthly_budget": monthly_budget}
+    return ops.Call(Request("PATCH", _key_path(key_id), json=body), ops._one(ApiKey.from_json))
 
 
 def _settings(
@@ -188,6 +290,8 @@ def create_key(
     selector: Optional[Mapping[str, str]],
     expires_in_seconds: Optional[int],
     format: str,
+    daily_budget: Optional[int] = None,
+    monthly_budget: Optional[int] = None,
 ) -> ops.Call[ApiKey]:
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
@@ -201,6 +305,8 @@ def create_key(
             "selector": dict(selector) if selector else None,
             "expires_in_seconds": expires_in_seconds,
             "format": format,
+            "daily_budget": daily_budget,
+            "monthly_budget": monthly_budget,
         }
     )
     return ops.Call(Request("POST", "/v1/keys", json=body), ops._one(ApiKey.from_json))
@@ -302,16 +408,57 @@ class TenantMethods:
         selector: Optional[Mapping[str, str]] = None,
         expires_in_seconds: Optional[int] = None,
         format: str = "hutch",
+        daily_budget: Optional[int] = None,
+        monthly_budget: Optional[int] = None,
     ) -> ApiKey:
         """Make a key no wider than this client's own; :attr:`ApiKey.secret` holds it
         (shown only now). ``format="e2b"`` makes an ``e2b_…`` secret for E2B SDKs.
+        ``daily_budget``/``monthly_budget`` cap what the sandboxes it creates may spend.
 
         Raises:
             PermissionDenied: The key would be wider than this client's (403).
         """
         return self._call(  # type: ignore[no-any-return]
-            create_key(tenant, scope, name, selector, expires_in_seconds, format)
+            create_key(
+                tenant,
+                scope,
+                name,
+                selector,
+                expires_in_seconds,
+                format,
+                daily_budget,
+                monthly_budget,
+            )
         )
+
+    def set_key_budget(
+        self,
+        key_id: str,
+        *,
+        daily_budget: Optional[int] = None,
+        monthly_budget: Optional[int] = None,
+    ) -> ApiKey:
+        """Replace a key's spending caps (``None``: no cap). No key changes its own.
+
+        Raises:
+            PermissionDenied: This client's key may not (its own, or a larger cap than its own).
+        """
+        return self._call(set_key_budget(key_id, daily_budget, monthly_budget))  # type: ignore[no-any-return]
+
+    def usage(
+        self,
+        *,
+        since: Optional[str] = None,
+        until: Optional[str] = None,
+        group_by: Optional[str] = None,
+        tenant: Optional[str] = None,
+        key_id: Optional[str] = None,
+        sandbox_id: Optional[str] = None,
+    ) -> UsageReport:
+        """Metered usage (CPU-seconds, working-set GiB-seconds, disk GiB-hours, egress bytes)
+        and its cost, of the intervals ending after ``since`` and at or before ``until``
+        (RFC 3339 or milliseconds), grouped by ``sandbox``, ``tenant``, ``key`` or ``day``."""
+        return self._call(usage(since, until, group_by, tenant, key_id, sandbox_id))  # type: ignore[no-any-return]
 
     def keys(self) -> List[ApiKey]:
         """The keys this client's key may see (never their secrets)."""
@@ -394,11 +541,45 @@ class AsyncTenantMethods:
         selector: Optional[Mapping[str, str]] = None,
         expires_in_seconds: Optional[int] = None,
         format: str = "hutch",
+        daily_budget: Optional[int] = None,
+        monthly_budget: Optional[int] = None,
     ) -> ApiKey:
         """Make a key no wider than this client's own (secret shown only now)."""
         return await self._call(  # type: ignore[no-any-return]
-            create_key(tenant, scope, name, selector, expires_in_seconds, format)
+            create_key(
+                tenant,
+                scope,
+                name,
+                selector,
+                expires_in_seconds,
+                format,
+                daily_budget,
+                monthly_budget,
+            )
         )
+
+    async def set_key_budget(
+        self,
+        key_id: str,
+        *,
+        daily_budget: Optional[int] = None,
+        monthly_budget: Optional[int] = None,
+    ) -> ApiKey:
+        """Replace a key's spending caps (see :meth:`hutch.Client.set_key_budget`)."""
+        return await self._call(set_key_budget(key_id, daily_budget, monthly_budget))  # type: ignore[no-any-return]
+
+    async def usage(
+        self,
+        *,
+        since: Optional[str] = None,
+        until: Optional[str] = None,
+        group_by: Optional[str] = None,
+        tenant: Optional[str] = None,
+        key_id: Optional[str] = None,
+        sandbox_id: Optional[str] = None,
+    ) -> UsageReport:
+        """Metered usage and its cost (see :meth:`hutch.Client.usage`)."""
+        return await self._call(usage(since, until, group_by, tenant, key_id, sandbox_id))  # type: ignore[no-any-return]
 
     async def keys(self) -> List[ApiKey]:
         """The keys this client's key may see."""

@@ -2,10 +2,10 @@
 //! the module docs of `store/sqlite.rs` for what each table holds).
 
 /// The schema this binary reads and writes (`PRAGMA user_version`).
-pub(super) const SCHEMA_VERSION: i64 = 6;
+pub(super) const SCHEMA_VERSION: i64 = 7;
 
 /// The statements that bring a database from version `i` to `i + 1`.
-pub(super) const MIGRATIONS: [&str; 6] = [
+pub(super) const MIGRATIONS: [&str; 7] = [
     "CREATE TABLE IF NOT EXISTS sandboxes (
         id TEXT PRIMARY KEY,
         state TEXT NOT NULL,
@@ -105,4 +105,29 @@ pub(super) const MIGRATIONS: [&str; 6] = [
     CREATE INDEX audit_tenant ON audit_log(tenant, id);
     CREATE INDEX audit_key ON audit_log(key_id, id);
     CREATE INDEX audit_sandbox ON audit_log(sandbox, id);",
+    // Usage metering (`crate::usage`) and spending caps of keys.
+    "CREATE TABLE usage_intervals (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        tenant TEXT,
+        key_id TEXT,
+        start_ms INTEGER NOT NULL,
+        end_ms INTEGER NOT NULL,
+        cpu_seconds REAL NOT NULL,
+        memory_gib_seconds REAL NOT NULL,
+        disk_gib_hours REAL NOT NULL,
+        egress_bytes INTEGER NOT NULL
+    );
+    CREATE INDEX usage_end ON usage_intervals(end_ms);
+    CREATE INDEX usage_tenant ON usage_intervals(tenant, end_ms);
+    CREATE INDEX usage_key ON usage_intervals(key_id, end_ms);
+    CREATE INDEX usage_resource ON usage_intervals(resource, end_ms);
+    CREATE TABLE usage_meters (
+        sandbox TEXT PRIMARY KEY,
+        cpu_ns INTEGER NOT NULL,
+        egress_bytes INTEGER NOT NULL,
+        at_ms INTEGER NOT NULL
+    );
+    ALTER TABLE api_keys ADD COLUMN budget TEXT NOT NULL DEFAULT '{}';",
 ];

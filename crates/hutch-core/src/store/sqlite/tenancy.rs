@@ -16,14 +16,14 @@ use crate::error::{CoreError, CoreResult};
 use crate::ids::{KeyId, SandboxId};
 use crate::store::tenancy::{TenancyStore, CREATE_WINDOW_MS};
 use crate::store::{Page, PageRequest};
-use crate::tenant::keys::{KeyRecord, KeyScope};
+use crate::tenant::keys::{KeyBudget, KeyRecord, KeyScope};
 use crate::tenant::quota::TenantUsage;
 use crate::tenant::settings::{TenantRecord, TenantSettings};
 use crate::tenant::{Tenant, TenantScope};
 
 /// The columns a key row is read from (after its `rowid`).
 const KEY_COLUMNS: &str =
-    "id, tenant, scope, name, selector, prefix, created_at_ms, expires_at_ms, last_used_ms";
+    "id, tenant, scope, name, selector, prefix, created_at_ms, expires_at_ms, last_used_ms, budget";
 
 /// A key row of [`KEY_COLUMNS`] starting at column `at`.
 fn key_row(r: &Row<'_>, at: usize) -> rusqlite::Result<KeyRecordColumns> {
@@ -37,6 +37,7 @@ fn key_row(r: &Row<'_>, at: usize) -> rusqlite::Result<KeyRecordColumns> {
         created_at_ms: r.get(at + 6)?,
         expires_at_ms: r.get(at + 7)?,
         last_used_ms: r.get(at + 8)?,
+        budget: r.get(at + 9)?,
     })
 }
 
@@ -51,6 +52,7 @@ struct KeyRecordColumns {
     created_at_ms: i64,
     expires_at_ms: Option<i64>,
     last_used_ms: Option<i64>,
+    budget: String,
 }
 
 impl KeyRecordColumns {
@@ -75,6 +77,7 @@ impl KeyRecordColumns {
             created_at_ms: self.created_at_ms,
             expires_at_ms: self.expires_at_ms,
             last_used_ms: self.last_used_ms,
+            budget: serde_json::from_str(&self.budget).map_err(corrupt)?,
         })
     }
 }
@@ -297,10 +300,11 @@ impl TenancyStore for SqliteStore {
 
     async fn insert_key(&self, secret_hash: &str, key: &KeyRecord) -> CoreResult<()> {
         let selector = serde_json::to_string(&key.selector).map_err(corrupt)?;
+        let budget = serde_json::to_string(&key.budget).map_err(corrupt)?;
         self.lock().execute(
             "INSERT INTO api_keys (key_hash, tenant, admin, created_at_ms, id, scope, name,
-                selector, prefix, expires_at_ms, last_used_ms)
-                VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                selector, prefix, expires_at_ms, last_used_ms, budget)
+                VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             params![
                 secret_hash,
                 key.tenant.as_str(),
@@ -313,9 +317,19 @@ impl TenancyStore for SqliteStore {
                 key.prefix,
                 key.expires_at_ms,
                 key.last_used_ms,
+                budget,
             ],
         )?;
         Ok(())
+    }
+
+    async fn set_key_budget(&self, id: &KeyId, budget: &KeyBudget) -> CoreResult<bool> {
+        let budget = serde_json::to_string(budget).map_err(corrupt)?;
+        let n = self.lock().execute(
+            "UPDATE api_keys SET budget = ?2 WHERE id = ?1",
+            params![id.as_str(), budget],
+        )?;
+        Ok(n > 0)
     }
 
     async fn key_by_secret_hash(&self, secret_hash: &str) -> CoreResult<Option<KeyRecord>> {
@@ -473,6 +487,7 @@ mod store_tests {
             created_at_ms: 2,
             expires_at_ms: Some(99),
             last_used_ms: None,
+            budget: Default::default(),
         }
     }
 

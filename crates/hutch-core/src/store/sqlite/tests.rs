@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::model::Isolation;
-use crate::store::{PageRequest, TenancyStore};
+use crate::store::{PageRequest, TenancyStore, UsageStore};
 use crate::tenant::keys::{hash_secret, KeyRecord, KeyScope};
 
 /// A sandbox id written in a test (well-formed).
@@ -46,6 +46,8 @@ fn record(id: &str, slot: u32) -> SandboxRecord {
         start: None,
         template_rev: None,
         exec_defaults: Default::default(),
+        created_by: None,
+        max_cost_micros: None,
     }
 }
 
@@ -61,6 +63,7 @@ fn admin_key() -> KeyRecord {
         created_at_ms: 5,
         expires_at_ms: None,
         last_used_ms: None,
+        budget: Default::default(),
     }
 }
 
@@ -638,4 +641,114 @@ async fn a_version_4_database_gets_tenants_and_scoped_keys() {
         crate::tenant::settings::TenantSettings::default()
     );
     assert!(acme.created_at_ms > 1_600_000_000_000, "made now, in ms");
+}
+
+#[tokio::test]
+async fn usage_rows_sum_by_group_and_window_and_meters_come_back() {
+    use crate::store::usage::MeterReading;
+    use crate::usage::{GroupBy, ResourceKind, UsageInterval, UsageQuery, UsageTotals};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(&dir.path().join("state.db")).expect("open");
+    let day = 86_400_000;
+    let row = |id: &str, tenant: &str, key: Option<&str>, end_ms: i64, cpu: f64| UsageInterval {
+        kind: ResourceKind::Sandbox,
+        resource: id.into(),
+        tenant: Some(Tenant::new(tenant)),
+        key_id: key.map(|k| k.parse().expect("key id")),
+        start_ms: end_ms - 1000,
+        end_ms,
+        usage: UsageTotals {
+            cpu_seconds: cpu,
+            memory_gib_seconds: 0.5,
+            disk_gib_hours: 0.0,
+            egress_bytes: 10,
+        },
+    };
+    let k = "key_00000000000000000001";
+    store
+        .append_usage(
+            &[
+                row("sbx_a", "acme", Some(k), day + 5, 1.0),
+                row("sbx_a", "acme", Some(k), 2 * day + 5, 2.0),
+                row("sbx_b", "other", None, 2 * day + 6, 4.0),
+            ],
+            &[(
+                sid("sbx_a"),
+                Some(MeterReading {
+                    cpu_ns: 9,
+                    egress_bytes: 3,
+                    at_ms: 7,
+                }),
+            )],
+        )
+        .await
+        .expect("append");
+    let q = |scope, group_by, from_ms, to_ms| UsageQuery {
+        group_by,
+        from_ms,
+        to_ms,
+        ..UsageQuery::since(scope, 0)
+    };
+    let all = store
+        .usage_groups(&q(TenantScope::All, GroupBy::Nothing, None, None))
+        .await
+        .expect("sum");
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].usage.cpu_seconds, 7.0);
+    assert_eq!(all[0].usage.egress_bytes, 30);
+    assert_eq!(all[0].intervals, 3);
+    let acme = store
+        .usage_groups(&q(
+            TenantScope::Only(Tenant::new("acme")),
+            GroupBy::Day,
+            None,
+            None,
+        ))
+        .await
+        .expect("by day");
+    let days: Vec<(Option<&str>, f64)> = acme
+        .iter()
+        .map(|g| (g.key.as_deref(), g.usage.cpu_seconds))
+        .collect();
+    assert_eq!(days, [(Some("1970-01-02"), 1.0), (Some("1970-01-03"), 2.0)]);
+    // The window is (from, to] on each interval's end.
+    let window = store
+        .usage_groups(&q(
+            TenantScope::All,
+            GroupBy::Tenant,
+            Some(day + 5),
+            Some(2 * day + 5),
+        ))
+        .await
+        .expect("window");
+    assert_eq!(window.len(), 1);
+    assert_eq!(window[0].key.as_deref(), Some("acme"));
+    assert_eq!(window[0].usage.cpu_seconds, 2.0);
+    let by_key = store
+        .usage_groups(&q(TenantScope::All, GroupBy::Key, None, None))
+        .await
+        .expect("by key");
+    assert_eq!(by_key.len(), 2, "{by_key:?}");
+    let by_sandbox = store
+        .usage_groups(&q(TenantScope::All, GroupBy::Sandbox, None, None))
+        .await
+        .expect("by sandbox");
+    assert_eq!(by_sandbox[0].kind, Some(ResourceKind::Sandbox));
+    let none = store
+        .usage_groups(&q(
+            TenantScope::Only(Tenant::new("nobody")),
+            GroupBy::Nothing,
+            None,
+            None,
+        ))
+        .await
+        .expect("empty");
+    assert!(none.is_empty());
+    let meters = store.meter_readings().await.expect("meters");
+    assert_eq!(meters[&sid("sbx_a")].cpu_ns, 9);
+    store
+        .append_usage(&[], &[(sid("sbx_a"), None)])
+        .await
+        .expect("forget");
+    assert!(store.meter_readings().await.expect("meters").is_empty());
 }
