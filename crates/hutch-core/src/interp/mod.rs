@@ -2,7 +2,7 @@
 //! JavaScript) inside a sandbox, and the events of running code in them.
 //!
 //! The kernels are driven from inside the sandbox by the *kernel driver*
-//! (`interp/driver.py`, embedded in this crate): a small Python program that speaks the
+//! (`hutch_template::interp`, embedded in the binary): a small Python program that speaks the
 //! Jupyter messaging protocol through `jupyter_client`, the protocol's reference client, and
 //! serves the host newline-delimited JSON on TCP port [`DRIVER_PORT`] of the sandbox's
 //! loopback. The `code-interpreter` template starts it with the sandbox (its start command,
