@@ -1,5 +1,6 @@
-//! Code interpreter series (`docs/code-interpreter.md`), on `code-interpreter` sandboxes:
-//! the first `run_code` after a create (the kernel driver and ipykernel start), warm
+//! Code interpreter series (`docs/code-interpreter.md`), on `code-interpreter` sandboxes of
+//! `ns` and (with `hutch bench code`) `vm`: the first `run_code` after a create (the kernel
+//! is up once the create returns: the template's start command starts it), warm
 //! round trips of `1+1` (Python) and `echo 2` (Bash), a cell displaying a 1 MiB PNG, and an
 //! exec of `python3 -c 1` in the same sandbox for comparison. Skipped when the template is
 //! not built.
@@ -23,13 +24,13 @@ from IPython.display import Image, display\nbuf = io.BytesIO()\n\
 _I.fromarray(np.random.default_rng(1).integers(0, 255, (600, 600, 3), dtype=np.uint8))\
 .save(buf, format='PNG')\npng = buf.getvalue()\nlen(png)";
 
-async fn create(srv: &BenchServer) -> anyhow::Result<String> {
-    let v = srv
-        .post(
-            "/v1/sandboxes",
-            json!({"template": TEMPLATE, "isolation": "ns", "ttl_seconds": 600}),
-        )
-        .await?;
+async fn create(srv: &BenchServer, isolation: &str) -> anyhow::Result<String> {
+    let mut body = json!({"template": TEMPLATE, "isolation": isolation, "ttl_seconds": 600});
+    if isolation == "vm" {
+        // ipykernel and pandas want more than a vm's default 256 MiB.
+        body["memory_mib"] = json!(1024);
+    }
+    let v = srv.post("/v1/sandboxes", body).await?;
     v["id"].as_str().map(String::from).context("no id")
 }
 
@@ -53,10 +54,12 @@ async fn timed(srv: &BenchServer, id: &str, n: usize, body: Value) -> anyhow::Re
     Ok(samples)
 }
 
-/// Every series: `first` fresh sandboxes for the first call, `warm` round trips each.
+/// Every series on `isolation` (`ns` or `vm`, the series' name prefix): `first` fresh
+/// sandboxes for the first call, `warm` round trips each.
 pub async fn run_series(
     srv: &BenchServer,
     templates_dir: &Path,
+    isolation: &str,
     first: usize,
     warm: usize,
 ) -> anyhow::Result<(Vec<Summary>, Vec<Skipped>)> {
@@ -69,7 +72,7 @@ pub async fn run_series(
         return Ok((
             vec![],
             vec![Skipped {
-                name: "ns_run_code_*".into(),
+                name: format!("{isolation}_run_code_*"),
                 reason,
             }],
         ));
@@ -78,14 +81,14 @@ pub async fn run_series(
     let mut to_first = Vec::new();
     for _ in 0..first {
         let t0 = Instant::now();
-        let id = create(srv).await?;
+        let id = create(srv, isolation).await?;
         let t1 = Instant::now();
         run(srv, &id, json!({"code": "1+1"})).await?;
         firsts.push(t1.elapsed().as_secs_f64() * 1000.0);
         to_first.push(t0.elapsed().as_secs_f64() * 1000.0);
         srv.kill(&id).await?;
     }
-    let id = create(srv).await?;
+    let id = create(srv, isolation).await?;
     run(srv, &id, json!({"code": "1+1"})).await?;
     run(srv, &id, json!({"code": "echo 2", "language": "bash"})).await?;
     let python = timed(srv, &id, warm, json!({"code": "1+1"})).await?;
@@ -125,15 +128,16 @@ pub async fn run_series(
     srv.kill(&id).await?;
     eprintln!("code interpreter: the PNG cell displays {png_bytes} bytes");
     let mut series = Vec::new();
+    let name = |series: &str| format!("{isolation}_{series}");
     if first > 0 {
-        series.push(summarize("ns_run_code_first_after_create", "ms", &firsts));
-        series.push(summarize("ns_create_to_first_run_code", "ms", &to_first));
+        series.push(summarize(&name("run_code_first_after_create"), "ms", &firsts));
+        series.push(summarize(&name("create_to_first_run_code"), "ms", &to_first));
     }
     series.extend([
-        summarize("ns_run_code_warm_python", "ms", &python),
-        summarize("ns_run_code_warm_bash", "ms", &bash),
-        summarize("ns_run_code_png_1mib", "ms", &png),
-        summarize("ns_exec_python3_c_1", "ms", &exec),
+        summarize(&name("run_code_warm_python"), "ms", &python),
+        summarize(&name("run_code_warm_bash"), "ms", &bash),
+        summarize(&name("run_code_png_1mib"), "ms", &png),
+        summarize(&name("exec_python3_c_1"), "ms", &exec),
     ]);
     Ok((series, vec![]))
 }

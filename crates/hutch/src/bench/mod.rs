@@ -291,7 +291,24 @@ async fn bench_code(
     vm_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
-    let r = code::run_series(&srv, templates_dir, args.code_first, args.code).await;
+    let mut r = code::run_series(&srv, templates_dir, "ns", args.code_first, args.code).await;
+    if args.vm > 0 {
+        if let Ok((series, skipped)) = &mut r {
+            // Fewer on vm under TCG: each cell takes tenths of a second there.
+            eprintln!("code interpreter on vm…");
+            let (first, warm) = (args.code_first.min(3), args.code.min(30));
+            match code::run_series(&srv, templates_dir, "vm", first, warm).await {
+                Ok((vm_series, vm_skipped)) => {
+                    series.extend(vm_series);
+                    skipped.extend(vm_skipped);
+                }
+                Err(e) => skipped.push(baselines::Skipped {
+                    name: "vm_run_code_*".into(),
+                    reason: format!("{e:#}"),
+                }),
+            }
+        }
+    }
     if r.is_err() {
         srv.destroy_all().await;
     }
@@ -522,7 +539,7 @@ async fn measure(
 
     eprintln!("code interpreter ×{}…", args.code);
     let (code_series, code_skipped) =
-        code::run_series(srv, templates_dir, args.code_first, args.code).await?;
+        code::run_series(srv, templates_dir, "ns", args.code_first, args.code).await?;
 
     let mut series = vec![
         summarize("ns_create_to_first_exec", "ms", &c2e),
