@@ -130,8 +130,16 @@ pub async fn run_series(
     let mut series = Vec::new();
     let name = |series: &str| format!("{isolation}_{series}");
     if first > 0 {
-        series.push(summarize(&name("run_code_first_after_create"), "ms", &firsts));
-        series.push(summarize(&name("create_to_first_run_code"), "ms", &to_first));
+        series.push(summarize(
+            &name("run_code_first_after_create"),
+            "ms",
+            &firsts,
+        ));
+        series.push(summarize(
+            &name("create_to_first_run_code"),
+            "ms",
+            &to_first,
+        ));
     }
     series.extend([
         summarize(&name("run_code_warm_python"), "ms", &python),
