@@ -31,6 +31,7 @@ mod ports;
 mod processes;
 mod quota;
 mod reaper;
+mod reconcile;
 mod refresh;
 mod service;
 mod snapshots;
@@ -286,6 +287,8 @@ impl Manager {
             backend.recover().await;
         }
         mgr.readopt().await?;
+        mgr.undo_interrupted_forks().await;
+        mgr.remove_orphans().await;
         mgr.release_volumes().await;
         if let Some(net) = &mgr.network {
             let net = net.clone();

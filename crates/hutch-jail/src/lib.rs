@@ -49,8 +49,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use cgroup::{
-    cgroup_stats, create_process_cgroups, freeze, release_process_cgroups, set_process_cpu_limit,
-    thaw, CgroupStats,
+    cgroup_stats, create_process_cgroups, freeze, release_process_cgroups, sandbox_cgroups,
+    set_process_cpu_limit, thaw, CgroupStats,
 };
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
 pub use host::{find_program, host_report, HostCheck, HostReport};

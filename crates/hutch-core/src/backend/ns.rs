@@ -483,6 +483,50 @@ impl Backend for NsBackend {
         Isolation::Ns
     }
 
+    fn host_sandbox_ids(&self) -> Vec<String> {
+        let cfg = &self.jails.cfg;
+        let mut ids: Vec<String> = sandbox_entries(&cfg.state_dir.join("sandboxes"))
+            .into_iter()
+            // A vm guest's directory holds its overlay; its records are elsewhere.
+            .filter(|id| {
+                !cfg.sandbox_dir(id).join("disk.qcow2").exists()
+                    && !cfg.state_dir.join("vm-records").join(id).exists()
+            })
+            .collect();
+        if matches!(
+            self.jails.disk_quota_known(),
+            Some(DiskQuota::Enforced { .. })
+        ) {
+            for id in sandbox_entries(&cfg.disk_pool_dir()) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids
+    }
+
+    async fn remove_orphan(&self, id: &str) -> CoreResult<()> {
+        let (jails, id) = (self.jails.clone(), id.to_string());
+        blocking(move || {
+            let teardown = Teardown {
+                id: id.clone(),
+                sandbox_dir: jails.cfg.sandbox_dir(&id),
+                init_pid: None,
+                init_start_time: None,
+                cgroups: Vec::new(),
+                cgroup_parent: jails.cfg.cgroup_parent.clone(),
+            };
+            hutch_jail::destroy(&teardown).map_err(CoreError::from)?;
+            if matches!(jails.disk_quota_known(), Some(DiskQuota::Enforced { .. })) {
+                hutch_jail::btrfs::delete_subvolume(&jails.cfg.disk_pool_dir(), &id)
+                    .map_err(CoreError::from)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             live_fork: false,
@@ -663,4 +707,16 @@ impl Backend for NsBackend {
 
 fn cgroup_paths(r: &SandboxRecord) -> Vec<PathBuf> {
     r.cgroups.iter().map(PathBuf::from).collect()
+}
+
+/// The names of the sandbox entries (`sbx_…`) in `dir` (none when it does not exist).
+pub(crate) fn sandbox_entries(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| crate::ids::is_sandbox_id(name))
+        .collect()
 }

@@ -387,7 +387,15 @@ impl VmBackend {
         if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
             kill_and_wait(pid, start)?;
         }
-        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        // The recorded cgroups, and those a QEMU started for this sandbox joined before its
+        // record said so (a crash between its start and the record): killing what is in
+        // them kills that QEMU too.
+        let mut cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        for dir in hutch_jail::sandbox_cgroups(&self.cfg.cgroup_parent, &r.id) {
+            if !cgroups.contains(&dir) {
+                cgroups.push(dir);
+            }
+        }
         hutch_jail::release_process_cgroups(&r.id, &cgroups)
             .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))
     }
@@ -488,6 +496,39 @@ impl Backend for VmBackend {
             Ok(())
         })
         .await;
+    }
+
+    fn host_sandbox_ids(&self) -> Vec<String> {
+        use super::ns::sandbox_entries;
+        let mut ids = sandbox_entries(&self.cfg.state_dir.join("vm-records"));
+        for id in sandbox_entries(&self.cfg.state_dir.join("sandboxes")) {
+            if self.dir(&id).join("disk.qcow2").exists() && !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
+    async fn remove_orphan(&self, id: &str) -> CoreResult<()> {
+        let (this, id) = (self.clone(), id.to_string());
+        blocking(move || {
+            // No pid is recorded: what runs in its cgroups (its QEMU) is killed with them.
+            let cgroups = hutch_jail::sandbox_cgroups(&this.cfg.cgroup_parent, &id);
+            hutch_jail::release_process_cgroups(&id, &cgroups)
+                .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
+            // Only files here (overlay, sockets, logs): no mounts to cross.
+            match std::fs::remove_dir_all(this.dir(&id)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(CoreError::Internal(format!(
+                        "remove {}: {e}",
+                        this.dir(&id).display()
+                    )))
+                }
+                _ => {}
+            }
+            this.remove_records(&id)
+        })
+        .await
     }
 
     async fn adopt(&self, r: &SandboxRecord) -> CoreResult<()> {
