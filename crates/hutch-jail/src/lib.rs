@@ -207,6 +207,9 @@ pub enum JailError {
     /// Something did not happen in time.
     #[error("timed out waiting for {0}")]
     Timeout(String),
+    /// A host command (`mkfs.*`) did not finish within its deadline and was killed.
+    #[error("{0}")]
+    HostCommand(#[from] hutch_host_command::HostCommandError),
     /// A volume's filesystem has damage that the check would not (or could not) repair.
     #[error(
         "the volume's filesystem is damaged{}: {report}",
