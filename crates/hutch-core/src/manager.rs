@@ -582,8 +582,9 @@ impl Manager {
         let backend = self.backend(r.isolation)?;
         let destroyed = backend.destroy(r).await;
         if let (Some(net), Some(i)) = (self.network.clone(), r.net_slot) {
+            let id = r.id.clone();
             blocking(move || {
-                net.release(i);
+                net.release_held(i, &id);
                 Ok(())
             })
             .await?;
