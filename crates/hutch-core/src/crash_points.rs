@@ -7,7 +7,8 @@
 //! Points: `create.backend_started` (a sandbox's init or QEMU runs, its record does not name
 //! it yet), `vm.restore.qemu_running` (QEMU restored, its guest not yet given its identity),
 //! `fork.child_started` (one child of a fork runs, its record does not name it yet),
-//! `fork.children_created` (every child of a fork runs; no client has their ids).
+//! `fork.children_created` (every child of a fork runs; no client has their ids),
+//! `volume.image_made` (a volume's image is made, its record not inserted).
 
 /// The environment variable naming the point to crash at.
 pub const CRASH_AT_ENV: &str = "HUTCH_TEST_CRASH_AT";

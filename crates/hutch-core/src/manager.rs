@@ -290,6 +290,7 @@ impl Manager {
         mgr.undo_interrupted_forks().await;
         mgr.remove_orphans().await;
         mgr.release_volumes().await;
+        mgr.remove_orphan_volumes().await;
         if let Some(net) = &mgr.network {
             let net = net.clone();
             match blocking(move || Ok(net.prune()?)).await {

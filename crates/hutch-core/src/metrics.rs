@@ -50,15 +50,18 @@ pub struct Reconciled {
     /// Sandboxes no record names that had something on the host (processes, cgroups,
     /// mounts, directories).
     pub orphans: AtomicU64,
+    /// Volume directories (images) no record names: a volume create cut before its record.
+    pub orphan_volumes: AtomicU64,
 }
 
 impl Reconciled {
     fn render(&self, out: &mut String) {
-        out.push_str("# HELP hutch_reconciled_total What the server removed at start because an interrupted operation left it and no client could use it: creates never answered, children of forks never answered, sandboxes on the host no record names.\n# TYPE hutch_reconciled_total counter\n");
+        out.push_str("# HELP hutch_reconciled_total What the server removed at start because an interrupted operation left it and no client could use it: creates never answered, children of forks never answered, sandboxes on the host and volume images no record names.\n# TYPE hutch_reconciled_total counter\n");
         for (kind, v) in [
             ("interrupted_create", &self.interrupted_creates),
             ("fork_child", &self.fork_children),
             ("orphan", &self.orphans),
+            ("orphan_volume", &self.orphan_volumes),
         ] {
             let _ = writeln!(
                 out,

@@ -205,3 +205,28 @@ async fn a_server_killed_in_the_middle_of_a_fork_leaves_no_child(isolation: &str
 }
 
 both_backends!(a_server_killed_in_the_middle_of_a_fork_leaves_no_child);
+
+#[tokio::test]
+async fn a_server_killed_in_the_middle_of_a_volume_create_leaves_no_image() {
+    let mut s = TestServer::start().await;
+    let before = std::fs::read_dir(s.state_dir.join("volumes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    crash_at(
+        &mut s,
+        "volume.image_made",
+        "/v1/volumes",
+        json!({"name": "cut", "size_mib": 16}),
+    )
+    .await;
+    let dir = s.state_dir.join("volumes");
+    let volumes = || std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(volumes(), before + 1, "the crash left no image to sweep");
+    s.spawn_server().await;
+    assert_eq!(volumes(), before, "the orphaned image is left");
+    assert_eq!(reconciled(&s, "orphan_volume").await, 1);
+    let (_, v) = s.request(Method::GET, "/v1/volumes", None).await;
+    assert_eq!(v["volumes"], json!([]), "{v}");
+    // The name is free again.
+    s.volume("cut", 16).await;
+}

@@ -123,4 +123,46 @@ impl Manager {
             }
         }
     }
+
+    /// Remove volume directories no record names (a volume create cut between making its
+    /// image and inserting its record): never one with anything mounted in it.
+    pub(super) async fn remove_orphan_volumes(&self) {
+        let Ok(records) = self.store.all_volumes().await else {
+            return;
+        };
+        let dir = self.cfg.state_dir.join("volumes");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return;
+        };
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !crate::ids::is_volume_id(&name) || records.iter().any(|v| v.id == name) {
+                continue;
+            }
+            let path = entry.path();
+            let prefix = format!("{}/", path.display());
+            let mounted = mounts.lines().any(|l| {
+                l.split_whitespace()
+                    .nth(4)
+                    .is_some_and(|m| m == path.to_string_lossy() || m.starts_with(&prefix))
+            });
+            if mounted {
+                tracing::warn!(dir = %path.display(), "a volume directory no record names has a mount in it: left alone");
+                continue;
+            }
+            tracing::warn!(dir = %path.display(), "removing a volume image no record names (left by an interrupted create)");
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    self.metrics
+                        .reconciled
+                        .orphan_volumes
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::error!(dir = %path.display(), error = %e, "removing an orphaned volume")
+                }
+            }
+        }
+    }
 }
