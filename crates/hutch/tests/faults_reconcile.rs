@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hutch_testkit::{both_backends, on, wait_until, TestServer};
+use hutch_testkit::{both_backends, on, skip_without_vm, wait_until, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -51,21 +51,22 @@ fn sandbox_dirs(s: &TestServer) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Restart the server so that it aborts at `point`; send `method path body`, which must get
-/// no answer (the server died on the way); reap it. Returns the sandbox directories made
+/// Restart the server so that it aborts at `point`; `POST path` with `body` (none when
+/// null), which must get no answer (the server died on the way); reap it. Returns the sandbox directories made
 /// meanwhile.
 async fn crash_at(s: &mut TestServer, point: &str, path: &str, body: Value) -> Vec<String> {
     let before = sandbox_dirs(s);
     s.stop_server();
     s.set_env(CRASH_AT, Some(point));
     s.spawn_server().await;
-    let answer = reqwest::Client::new()
+    let mut request = reqwest::Client::new()
         .request(Method::POST, format!("{}{path}", s.url))
         .bearer_auth(&s.key)
-        .timeout(Duration::from_secs(300))
-        .json(&body)
-        .send()
-        .await;
+        .timeout(Duration::from_secs(300));
+    if !body.is_null() {
+        request = request.json(&body);
+    }
+    let answer = request.send().await;
     assert!(
         answer.is_err(),
         "{point}: the server answered instead of crashing: {:?}",
@@ -229,4 +230,44 @@ async fn a_server_killed_in_the_middle_of_a_volume_create_leaves_no_image() {
     assert_eq!(v["volumes"], json!([]), "{v}");
     // The name is free again.
     s.volume("cut", 16).await;
+}
+
+#[tokio::test]
+async fn a_server_killed_in_the_middle_of_a_vm_wake_leaves_no_qemu_and_the_sandbox_wakes() {
+    if skip_without_vm(module_path!()) {
+        return;
+    }
+    let mut s = TestServer::start().await;
+    let id = s
+        .create_id(json!({"isolation": "vm", "persistent": true}))
+        .await;
+    s.sh_ok(&id, "echo in-memory > /dev/shm/m").await;
+    s.act(&id, "hibernate").await;
+    assert_eq!(
+        processes_of(&id),
+        Vec::<i32>::new(),
+        "hibernated with a process"
+    );
+    let point = "vm.restore.qemu_running";
+    crash_at(
+        &mut s,
+        point,
+        &format!("/v1/sandboxes/{id}/wake"),
+        Value::Null,
+    )
+    .await;
+    assert!(
+        !processes_of(&id).is_empty(),
+        "the crash left no QEMU of the wake to reconcile"
+    );
+    s.spawn_server().await;
+    // The wake's QEMU is gone; the sandbox is hibernated with its memory, and wakes.
+    assert_eq!(
+        processes_of(&id),
+        Vec::<i32>::new(),
+        "the wake's QEMU is left"
+    );
+    assert_eq!(s.state(&id).await, "hibernated");
+    assert_eq!(s.sh_ok(&id, "cat /dev/shm/m").await, "in-memory\n");
+    assert_eq!(s.state(&id).await, "running");
 }
