@@ -227,3 +227,20 @@ pub fn list_host_links(host_ns: &OwnedFd) -> Result<Vec<u32>, NetError> {
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slots_gateway_mac_is_fixed_local_and_unicast() {
+        assert_eq!(
+            gateway_mac(0x01_02_03),
+            [0x02, 0x68, 0x7a, 0x01, 0x02, 0x03]
+        );
+        assert_eq!(gateway_mac(7), gateway_mac(7));
+        assert_ne!(gateway_mac(7), gateway_mac(8));
+        // Locally administered (bit 1), not multicast (bit 0).
+        assert_eq!(gateway_mac(9)[0] & 0b11, 0b10);
+    }
+}

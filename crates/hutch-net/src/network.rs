@@ -449,13 +449,7 @@ impl Network {
 
     /// The slot whose sandbox address is `address`, if it is one of the pool's.
     pub fn slot_of_address(&self, address: Ipv4Addr) -> Option<u32> {
-        let base = u32::from(self.inner.cfg.pool.addr);
-        let index = u32::from(address).checked_sub(base)? / 4;
-        self.inner
-            .pool
-            .slot(index)
-            .filter(|a| a.sandbox == address)
-            .map(|a| a.index)
+        self.inner.pool.slot_of(address)
     }
 
     /// Slots in use by sandboxes, built and ready for the next ones, and left in the pool.

@@ -818,18 +818,23 @@ fn hibernated_sandboxes_give_their_network_slot_back_and_wake_onto_one() {
             host_veths(&name)
         );
 
-        // Other sandboxes take the free slots until one has the first one's old address.
+        // Other sandboxes take the free slots (the warm ones, then the given-back ones) until
+        // one has the first one's old address; the others go again.
         let (first, first_address) = sandboxes[0].clone();
         let mut taken = None;
-        for _ in 0..8 {
+        let mut others = Vec::new();
+        for _ in 0..12 {
             let (other, v) = sandbox(&s, json!({"egress": "allow"})).await;
             if v["network"]["address"].as_str() == Some(first_address.as_str()) {
                 taken = Some(other);
                 break;
             }
-            assert_eq!(s.kill(&other).await, 204);
+            others.push(other);
         }
         let taken = taken.expect("no sandbox got the hibernated one's old address");
+        for other in &others {
+            assert_eq!(s.kill(other).await, 204);
+        }
 
         // A wake takes a slot again: the old address when free, else a new one; the policy
         // and the port proxy work either way. (The first wakes last: a slot it takes instead
