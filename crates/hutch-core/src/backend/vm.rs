@@ -32,6 +32,7 @@ use hutch_vm::qmp::Qmp;
 
 mod capture;
 mod fork_memory;
+mod orphans;
 mod records;
 mod resize;
 mod restore;
@@ -499,36 +500,12 @@ impl Backend for VmBackend {
     }
 
     fn host_sandbox_ids(&self) -> Vec<String> {
-        use super::ns::sandbox_entries;
-        let mut ids = sandbox_entries(&self.cfg.state_dir.join("vm-records"));
-        for id in sandbox_entries(&self.cfg.state_dir.join("sandboxes")) {
-            if self.dir(&id).join("disk.qcow2").exists() && !ids.contains(&id) {
-                ids.push(id);
-            }
-        }
-        ids
+        self.ids_on_host()
     }
 
     async fn remove_orphan(&self, id: &str) -> CoreResult<()> {
         let (this, id) = (self.clone(), id.to_string());
-        blocking(move || {
-            // No pid is recorded: what runs in its cgroups (its QEMU) is killed with them.
-            let cgroups = hutch_jail::sandbox_cgroups(&this.cfg.cgroup_parent, &id);
-            hutch_jail::release_process_cgroups(&id, &cgroups)
-                .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))?;
-            // Only files here (overlay, sockets, logs): no mounts to cross.
-            match std::fs::remove_dir_all(this.dir(&id)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(CoreError::Internal(format!(
-                        "remove {}: {e}",
-                        this.dir(&id).display()
-                    )))
-                }
-                _ => {}
-            }
-            this.remove_records(&id)
-        })
-        .await
+        blocking(move || this.remove_orphan_now(&id)).await
     }
 
     async fn adopt(&self, r: &SandboxRecord) -> CoreResult<()> {
