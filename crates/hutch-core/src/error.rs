@@ -129,6 +129,17 @@ pub enum CoreError {
     /// The sandbox could not be created or has died (409).
     #[error("sandbox failed: {0}")]
     SandboxFailed(String),
+    /// A host command a step waited on did not finish within its deadline (`hutch serve
+    /// --host-command-timeout-seconds`): it was killed and what the step made removed (504
+    /// `host_timeout`).
+    #[error("{step} timed out: {source}; what it had made was removed")]
+    HostTimeout {
+        /// The step, in words (`starting sandbox sbx_… (the jail helper)`).
+        step: String,
+        /// The command that ran out of time.
+        #[source]
+        source: hutch_host_command::HostCommandError,
+    },
     /// The `vm` backend's crate failed (status by the cause: a missing host tool is 422, a
     /// guest that died is 409, anything else 500).
     #[error("{}", vm_message(.0))]

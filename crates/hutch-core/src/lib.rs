@@ -26,6 +26,7 @@
 pub mod audit;
 pub mod backend;
 pub mod config;
+pub mod crash_points;
 pub mod error;
 pub mod events;
 pub mod exec;

@@ -32,6 +32,7 @@ mod ports;
 mod processes;
 mod quota;
 mod reaper;
+mod reconcile;
 mod refresh;
 mod service;
 mod snapshots;
@@ -295,7 +296,10 @@ impl Manager {
         }
         mgr.load_meters().await;
         mgr.readopt().await?;
+        mgr.undo_interrupted_forks().await;
+        mgr.remove_orphans().await;
         mgr.release_volumes().await;
+        mgr.remove_orphan_volumes().await;
         if let Some(net) = &mgr.network {
             let net = net.clone();
             match blocking(move || Ok(net.prune()?)).await {
@@ -591,8 +595,9 @@ impl Manager {
         self.meter_final(r).await;
         let destroyed = backend.destroy(r).await;
         if let (Some(net), Some(i)) = (self.network.clone(), r.net_slot) {
+            let id = r.id.clone();
             blocking(move || {
-                net.release(i);
+                net.release_held(i, &id);
                 Ok(())
             })
             .await?;

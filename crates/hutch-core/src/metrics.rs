@@ -34,6 +34,42 @@ pub struct Metrics {
     pub failures: AtomicU64,
     /// OOM kills observed.
     pub oom_kills: AtomicU64,
+    /// What the reconciliation at start removed, by kind.
+    pub reconciled: Reconciled,
+}
+
+/// What the reconciliation at start removed (`hutch_reconciled_total{kind}`).
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    /// Creates (and fork children) an earlier server never answered: record still
+    /// `starting`, removed with whatever they made.
+    pub interrupted_creates: AtomicU64,
+    /// Children of a fork (or explore) an earlier server never answered: running, but no
+    /// client has their ids.
+    pub fork_children: AtomicU64,
+    /// Sandboxes no record names that had something on the host (processes, cgroups,
+    /// mounts, directories).
+    pub orphans: AtomicU64,
+    /// Volume directories (images) no record names: a volume create cut before its record.
+    pub orphan_volumes: AtomicU64,
+}
+
+impl Reconciled {
+    fn render(&self, out: &mut String) {
+        out.push_str("# HELP hutch_reconciled_total What the server removed at start because an interrupted operation left it and no client could use it: creates never answered, children of forks never answered, sandboxes on the host and volume images no record names.\n# TYPE hutch_reconciled_total counter\n");
+        for (kind, v) in [
+            ("interrupted_create", &self.interrupted_creates),
+            ("fork_child", &self.fork_children),
+            ("orphan", &self.orphans),
+            ("orphan_volume", &self.orphan_volumes),
+        ] {
+            let _ = writeln!(
+                out,
+                "hutch_reconciled_total{{kind=\"{kind}\"}} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+    }
 }
 
 impl Metrics {
@@ -123,6 +159,7 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         }
+        self.reconciled.render(&mut out);
         out
     }
 }

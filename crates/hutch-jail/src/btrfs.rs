@@ -171,16 +171,22 @@ pub fn setup_pool(
         }
         drop(f);
         // `-K`: no discard of the new filesystem's blocks (it would punch the image sparse).
-        let out = Command::new("mkfs.btrfs")
-            .args(["-q", "-f", "-K"])
-            .arg(image)
-            .output();
+        let out = hutch_host_command::run(
+            Command::new("mkfs.btrfs")
+                .args(["-q", "-f", "-K"])
+                .arg(image),
+            None,
+        );
         let failed = match out {
-            Err(e) => Some(format!("run mkfs.btrfs (install btrfs-progs): {e}")),
-            Ok(o) if !o.status.success() => Some(format!(
-                "mkfs.btrfs {}: {}",
+            Err(e @ hutch_host_command::HostCommandError::Spawn { .. }) => {
+                Some(format!("{e} (install btrfs-progs)"))
+            }
+            Err(e) => Some(e.to_string()),
+            Ok(o) if !o.success() => Some(format!(
+                "mkfs.btrfs {} ({}): {}",
                 image.display(),
-                String::from_utf8_lossy(&o.stderr).trim()
+                o.how(),
+                o.stderr_text()
             )),
             Ok(_) => None,
         };

@@ -44,7 +44,9 @@ impl Reply {
             JailError::Protocol(d) => ("protocol", d.clone()),
             JailError::Refused(d) => ("refused", d.clone()),
             JailError::Timeout(d) => ("timeout", d.clone()),
-            JailError::Sys { .. } | JailError::VolumeDamaged { .. } => ("sys", e.to_string()),
+            JailError::Sys { .. } | JailError::VolumeDamaged { .. } | JailError::HostCommand(_) => {
+                ("sys", e.to_string())
+            }
         };
         Reply::Err {
             error: e.to_string(),

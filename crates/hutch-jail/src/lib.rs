@@ -49,8 +49,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use cgroup::{
-    cgroup_stats, create_process_cgroups, freeze, release_process_cgroups, set_process_cpu_limit,
-    thaw, CgroupStats,
+    cgroup_stats, create_process_cgroups, freeze, release_process_cgroups, sandbox_cgroups,
+    set_process_cpu_limit, thaw, CgroupStats,
 };
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
 pub use host::{find_program, host_report, HostCheck, HostReport};
@@ -207,6 +207,9 @@ pub enum JailError {
     /// Something did not happen in time.
     #[error("timed out waiting for {0}")]
     Timeout(String),
+    /// A host command (`mkfs.*`) did not finish within its deadline and was killed.
+    #[error("{0}")]
+    HostCommand(#[from] hutch_host_command::HostCommandError),
     /// A volume's filesystem has damage that the check would not (or could not) repair.
     #[error(
         "the volume's filesystem is damaged{}: {report}",

@@ -62,29 +62,41 @@ pub fn create_image(image: &Path, size_mib: u64) -> Result<(), JailError> {
     f.set_len(size_mib << 20)
         .map_err(io(format!("size {}", image.display())))?;
     drop(f);
-    let out = Command::new("mkfs.ext4")
-        .args([
-            "-q",
-            "-F",
-            "-m",
-            "0",
-            "-E",
-            "root_owner=0:0",
-            "-O",
-            "^has_journal",
-        ])
-        .arg(image)
-        .output()
-        .map_err(|e| JailError::Sys {
-            op: "run mkfs.ext4 (install e2fsprogs)".into(),
-            source: e,
-        })?;
-    if !out.status.success() {
+    let out = hutch_host_command::run(
+        Command::new("mkfs.ext4")
+            .args([
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-E",
+                "root_owner=0:0",
+                "-O",
+                "^has_journal",
+            ])
+            .arg(image),
+        None,
+    );
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            let _ = std::fs::remove_file(image);
+            return Err(match e {
+                hutch_host_command::HostCommandError::Spawn { source, .. } => JailError::Sys {
+                    op: "run mkfs.ext4 (install e2fsprogs)".into(),
+                    source,
+                },
+                other => JailError::HostCommand(other),
+            });
+        }
+    };
+    if !out.success() {
         let _ = std::fs::remove_file(image);
         return Err(JailError::Setup(format!(
-            "mkfs.ext4 {}: {}",
+            "mkfs.ext4 {} ({}): {}",
             image.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
+            out.how(),
+            out.stderr_text()
         )));
     }
     Ok(())

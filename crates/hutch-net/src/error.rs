@@ -22,6 +22,9 @@ pub enum NetError {
     /// `nft` failed or is missing.
     #[error("nftables: {0}")]
     Nft(String),
+    /// A host command (`nft`) did not finish within its deadline and was killed.
+    #[error("{0}")]
+    HostCommand(#[from] hutch_host_command::HostCommandError),
     /// A policy or configuration value is invalid.
     #[error("{0}")]
     Invalid(String),

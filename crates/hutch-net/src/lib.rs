@@ -33,4 +33,4 @@ mod services;
 mod error;
 
 pub use error::NetError;
-pub use network::{system_nameserver, NetConfig, Network, SlotLease, Traffic};
+pub use network::{system_nameserver, NetConfig, Network, SlotCounts, SlotLease, Traffic};

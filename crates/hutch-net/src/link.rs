@@ -118,6 +118,7 @@ async fn configure(
         .build();
     let veth = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
         .name(name.clone())
+        .address(gateway_mac(addrs.index).to_vec())
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .build();
     host.link()
@@ -158,6 +159,15 @@ async fn configure(
         .await
         .map_err(nl(format!("default route via {}", addrs.gateway)))?;
     Ok(())
+}
+
+/// The MAC address of slot `index`'s host end (its gateway): the same every time the slot is
+/// built, so a `vm` guest woken from memory onto a rebuilt slot (its slot is given back at
+/// hibernation) still reaches its gateway through the neighbour entry it kept. Locally
+/// administered, unicast: `02:68:7a` and the slot number.
+pub(crate) fn gateway_mac(index: u32) -> [u8; 6] {
+    let [_, a, b, c] = index.to_be_bytes();
+    [0x02, 0x68, 0x7a, a, b, c]
 }
 
 async fn set_up(handle: &Handle, index: u32, name: &str) -> Result<(), NetError> {
@@ -216,4 +226,21 @@ pub fn list_host_links(host_ns: &OwnedFd) -> Result<Vec<u32>, NetError> {
             Ok(out)
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slots_gateway_mac_is_fixed_local_and_unicast() {
+        assert_eq!(
+            gateway_mac(0x01_02_03),
+            [0x02, 0x68, 0x7a, 0x01, 0x02, 0x03]
+        );
+        assert_eq!(gateway_mac(7), gateway_mac(7));
+        assert_ne!(gateway_mac(7), gateway_mac(8));
+        // Locally administered (bit 1), not multicast (bit 0).
+        assert_eq!(gateway_mac(9)[0] & 0b11, 0b10);
+    }
 }

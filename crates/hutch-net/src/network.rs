@@ -73,6 +73,17 @@ pub struct SlotLease {
     pub netns_path: PathBuf,
 }
 
+/// How many slots are in each state ([`Network::slot_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SlotCounts {
+    /// Held by sandboxes (running or paused; hibernated ones hold none).
+    pub used: u64,
+    /// Built ahead of creates.
+    pub warm: u64,
+    /// Neither: left in the address pool.
+    pub free: u64,
+}
+
 /// Connections and bytes a sandbox sent out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Traffic {
@@ -134,6 +145,10 @@ type Counters = HashMap<String, (nft::Counter, nft::Counter)>;
 /// `GET` and `/metrics` within that time, so reading a sandbox does not spawn `nft`
 /// each time.
 pub(crate) const COUNTERS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long taking a preferred slot waits for its removal ([`Network::release`] removes
+/// links and rules in the background) or its build for the warm pool to finish.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// The sandbox network of one server (cheap to clone).
 #[derive(Clone)]
@@ -265,8 +280,75 @@ impl Network {
     /// Hand a slot to `sandbox` with `policy` (which must be networked). Blocks (netlink,
     /// nft) only when no warm slot is ready or the policy is not the open default.
     pub fn acquire(&self, sandbox: &str, policy: &Policy) -> Result<SlotLease, NetError> {
+        self.acquire_preferring(sandbox, policy, None)
+    }
+
+    /// [`Network::acquire`], taking slot `preferred` when it is free (a woken sandbox gets
+    /// its address back), else any slot.
+    pub fn acquire_preferring(
+        &self,
+        sandbox: &str,
+        policy: &Policy,
+        preferred: Option<u32>,
+    ) -> Result<SlotLease, NetError> {
+        let built = match preferred.and_then(|p| self.take_preferred(p)) {
+            Some(Ok(b)) => Some(b),
+            Some(Err((index, e))) => {
+                tracing::warn!(index, error = %e, "rebuilding a preferred network slot failed");
+                self.state().recycled.push(index);
+                None
+            }
+            None => None,
+        };
+        let built = match built {
+            Some(b) => b,
+            None => self.take_any()?,
+        };
+        self.lease(sandbox, policy, built)
+    }
+
+    /// Slot `index` if no sandbox holds it: a warm one as it is, a recycled or never used one
+    /// built now (`Err` with its number when the build fails). One being removed (given back
+    /// a moment ago) or built for the warm pool is waited for, a little.
+    fn take_preferred(&self, index: u32) -> Option<Result<BuiltSlot, (u32, NetError)>> {
+        if index >= self.inner.pool.capacity() {
+            return None;
+        }
+        let until = Instant::now() + RELEASE_WAIT;
+        loop {
+            {
+                let mut st = self.state();
+                if st.used.contains_key(&index) {
+                    return None;
+                }
+                if let Some(at) = st.warm.iter().position(|w| w.addrs.index == index) {
+                    return Some(Ok(st.warm.swap_remove(at)));
+                }
+                if let Some(at) = st.recycled.iter().position(|i| *i == index) {
+                    st.recycled.swap_remove(at);
+                    break;
+                }
+                if index >= st.next_index {
+                    // Never built: the numbers skipped to reach it are free for later.
+                    let skipped: Vec<u32> = (st.next_index..index).collect();
+                    st.recycled.extend(skipped);
+                    st.next_index = index + 1;
+                    break;
+                }
+            }
+            // Being removed, or built for the warm pool: either ends soon.
+            if Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Some(self.build(index).map_err(|e| (index, e)))
+    }
+
+    /// A warm slot, or a new one built now.
+    fn take_any(&self) -> Result<BuiltSlot, NetError> {
         let warm = self.state().warm.pop();
-        let built = match warm {
+        Ok(match warm {
             Some(b) => b,
             None => {
                 let index = self.take_index(&mut self.state())?;
@@ -278,7 +360,16 @@ impl Network {
                     }
                 }
             }
-        };
+        })
+    }
+
+    /// Give `built` to `sandbox` under `policy`.
+    fn lease(
+        &self,
+        sandbox: &str,
+        policy: &Policy,
+        built: BuiltSlot,
+    ) -> Result<SlotLease, NetError> {
         let index = built.addrs.index;
         if !policy.is_open() {
             let script = nft::apply_policy(index, policy, self.next_generation(), &[]);
@@ -354,6 +445,36 @@ impl Network {
     pub fn resolv_conf(&self, index: u32) -> Option<String> {
         let a = self.inner.pool.slot(index)?;
         Some(format!("# Hutch: DNS goes through the sandbox's resolver (network policy applies).\nnameserver {}\noptions edns0\n", a.gateway))
+    }
+
+    /// The slot whose sandbox address is `address`, if it is one of the pool's.
+    pub fn slot_of_address(&self, address: Ipv4Addr) -> Option<u32> {
+        self.inner.pool.slot_of(address)
+    }
+
+    /// Slots in use by sandboxes, built and ready for the next ones, and left in the pool.
+    pub fn slot_counts(&self) -> SlotCounts {
+        let st = self.state();
+        let used = st.used.len() as u64;
+        let warm = st.warm.len() as u64;
+        SlotCounts {
+            used,
+            warm,
+            free: u64::from(self.inner.pool.capacity()).saturating_sub(used + warm),
+        }
+    }
+
+    /// [`Network::release`] if `sandbox` holds slot `index` (a record's slot number may be
+    /// stale: another sandbox's now).
+    pub fn release_held(&self, index: u32, sandbox: &str) {
+        let held = self
+            .state()
+            .used
+            .get(&index)
+            .is_some_and(|s| s.sandbox == sandbox);
+        if held {
+            self.release(index);
+        }
     }
 
     /// Give slot `index` back (its sandbox is gone): rules, link and namespace removed, open

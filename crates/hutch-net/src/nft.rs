@@ -18,9 +18,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::addr::{host_ifname, Ipv4Net};
 use crate::policy::Policy;
@@ -271,28 +270,29 @@ pub fn add_pins(index: u32, ips: &[(Ipv4Addr, u32)]) -> String {
 
 /// Run an nft script in one transaction (in the calling thread's network namespace).
 pub fn run(script: &str) -> Result<(), NetError> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| NetError::Nft(format!("run nft (install the nftables package): {e}")))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .map_err(|e| NetError::Nft(format!("write to nft: {e}")))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| NetError::Nft(format!("wait for nft: {e}")))?;
-    if out.status.success() {
+    let out = hutch_host_command::run(
+        Command::new("nft").args(["-f", "-"]),
+        Some(script.as_bytes()),
+    )
+    .map_err(nft_failed)?;
+    if out.success() {
         Ok(())
     } else {
         Err(NetError::Nft(format!(
-            "nft failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            "nft failed ({}): {}",
+            out.how(),
+            out.stderr_text()
         )))
+    }
+}
+
+/// An `nft` that could not run or ran out of time.
+fn nft_failed(e: hutch_host_command::HostCommandError) -> NetError {
+    match e {
+        hutch_host_command::HostCommandError::Spawn { source, .. } => {
+            NetError::Nft(format!("run nft (install the nftables package): {source}"))
+        }
+        other => NetError::HostCommand(other),
     }
 }
 
@@ -309,14 +309,16 @@ pub struct Counter {
 pub fn counters() -> Result<HashMap<String, (Counter, Counter)>, NetError> {
     let mut out: HashMap<String, (Counter, Counter)> = HashMap::new();
     // One `nft` run lists every set of the table with its elements and their counters.
-    let res = Command::new("nft")
-        .args(["-j", "list", "sets", "table", "inet", "hutch"])
-        .output()
-        .map_err(|e| NetError::Nft(format!("run nft: {e}")))?;
-    if !res.status.success() {
+    let res = hutch_host_command::run(
+        Command::new("nft").args(["-j", "list", "sets", "table", "inet", "hutch"]),
+        None,
+    )
+    .map_err(nft_failed)?;
+    if !res.success() {
         return Err(NetError::Nft(format!(
-            "listing the counter sets: {}",
-            String::from_utf8_lossy(&res.stderr).trim()
+            "listing the counter sets ({}): {}",
+            res.how(),
+            res.stderr_text()
         )));
     }
     let v: serde_json::Value = serde_json::from_slice(&res.stdout)

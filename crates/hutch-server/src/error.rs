@@ -148,6 +148,21 @@ fn interp_status(e: &InterpError) -> (StatusCode, &'static str) {
     }
 }
 
+/// Whether a host command the failed step waited on ran out of its deadline (anywhere in
+/// the error's chain of causes: nft under a network error, qemu-img under a vm one, ...).
+fn host_command_timed_out(e: &CoreError) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<hutch_host_command::HostCommandError>()
+            .is_some_and(|h| h.timed_out())
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// Status and code of a core error, by its variant (and its cause's, where the cause decides).
 fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
     const INVALID: (StatusCode, &str) = (StatusCode::UNPROCESSABLE_ENTITY, "invalid_argument");
@@ -156,7 +171,11 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
     const QUOTA: (StatusCode, &str) = (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded");
     const SANDBOX_FAILED: (StatusCode, &str) = (StatusCode::CONFLICT, "sandbox_failed");
     const INTERNAL: (StatusCode, &str) = (StatusCode::INTERNAL_SERVER_ERROR, "internal");
+    if host_command_timed_out(e) {
+        return (StatusCode::GATEWAY_TIMEOUT, "host_timeout");
+    }
     match e {
+        CoreError::HostTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "host_timeout"),
         CoreError::InvalidArgument(_) => INVALID,
         CoreError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         CoreError::Conflict(_) | CoreError::WrongState { .. } => CONFLICT,
@@ -414,11 +433,39 @@ mod tests {
             repairable: true,
             report: "bad inode".into(),
         };
+        let timed_out = || hutch_host_command::HostCommandError::TimedOut {
+            program: "nft".into(),
+            after: std::time::Duration::from_secs(60),
+        };
         vec![
             (
                 CoreError::InvalidArgument("ttl".into()),
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_argument",
+            ),
+            (
+                CoreError::HostTimeout {
+                    step: "starting sandbox sbx_a (the jail helper)".into(),
+                    source: timed_out(),
+                },
+                StatusCode::GATEWAY_TIMEOUT,
+                "host_timeout",
+            ),
+            // A host command out of time under another error is the same 504.
+            (
+                CoreError::NetHost {
+                    action: "sandbox networking",
+                    source: NetError::HostCommand(timed_out()),
+                },
+                StatusCode::GATEWAY_TIMEOUT,
+                "host_timeout",
+            ),
+            (
+                CoreError::Vm(VmError::Disk(hutch_vm::disk::DiskError::HostCommand(
+                    timed_out(),
+                ))),
+                StatusCode::GATEWAY_TIMEOUT,
+                "host_timeout",
             ),
             (
                 CoreError::NotFound("sandbox sbx_a does not exist".into()),

@@ -239,6 +239,15 @@ impl TestServer {
         self.child = Some(child);
     }
 
+    /// Set (`Some`) or remove (`None`) an environment variable of the server process, from
+    /// the next [`TestServer::spawn_server`] on (e.g. the crash hook `HUTCH_TEST_CRASH_AT`).
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
     /// Stop the server process (SIGTERM, then wait); sandboxes keep running.
     pub fn stop_server(&mut self) {
         if let Some(mut child) = self.child.take() {

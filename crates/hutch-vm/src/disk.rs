@@ -10,6 +10,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 /// Why a disk could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +41,9 @@ pub enum DiskError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A tool did not finish within its deadline and was killed.
+    #[error("{0}")]
+    HostCommand(#[from] hutch_host_command::HostCommandError),
     /// Filesystem work around the images.
     #[error("{what}: {source}")]
     Io {
@@ -50,19 +54,36 @@ pub enum DiskError {
     },
 }
 
-fn run(tool: &'static str, package: &'static str, cmd: &mut Command) -> Result<(), DiskError> {
-    let out = cmd.output().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => DiskError::MissingTool { tool, package },
-        _ => DiskError::Io {
+/// Run `tool`; `bounded`: within the host-command deadline (a step of a create), else
+/// unbounded (a first-use build step whose time grows with a template's size).
+fn run(
+    tool: &'static str,
+    package: &'static str,
+    cmd: &mut Command,
+    bounded: bool,
+) -> Result<(), DiskError> {
+    let limit = if bounded {
+        hutch_host_command::timeout()
+    } else {
+        Duration::MAX / 4
+    };
+    let out = hutch_host_command::run_within(cmd, None, limit).map_err(|e| match e {
+        hutch_host_command::HostCommandError::Spawn { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            DiskError::MissingTool { tool, package }
+        }
+        hutch_host_command::HostCommandError::Spawn { source, .. } => DiskError::Io {
             what: format!("run {tool}"),
-            source: e,
+            source,
         },
+        other => DiskError::HostCommand(other),
     })?;
-    if !out.status.success() {
+    if !out.success() {
         return Err(DiskError::Failed {
             tool,
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            status: out.how(),
+            stderr: out.stderr_text(),
         });
     }
     Ok(())
@@ -92,6 +113,7 @@ pub fn make_ext4(root: &Path, out: &Path, size_mib: u64) -> Result<(), DiskError
             .arg(root)
             .arg(&tmp)
             .arg(format!("{size_mib}M")),
+        false,
     );
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
@@ -230,6 +252,7 @@ impl RootDisk {
                 .arg(&self.top)
                 .arg(out)
                 .arg(size.to_string()),
+            true,
         )?;
         Ok(RootDisk::qcow2(out, self.chain_below_overlay()))
     }

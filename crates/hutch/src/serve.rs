@@ -91,6 +91,11 @@ pub struct ServeArgs {
     /// of half that size; older output is dropped; at least 4096).
     #[arg(long, env = "HUTCH_VM_CONSOLE_BYTES", default_value_t = hutch_core::config::DEFAULT_VM_CONSOLE_BYTES)]
     pub vm_console_bytes: u64,
+    /// Deadline in seconds of every host command the server waits on (the ns jail helper,
+    /// nft, mkfs, qemu-img, ...): past it the command is killed, what its step made is
+    /// removed, and the API answers 504 `host_timeout` naming the step (at least 1).
+    #[arg(long, env = "HUTCH_HOST_COMMAND_TIMEOUT_SECONDS", default_value_t = hutch_host_command::DEFAULT_TIMEOUT.as_secs())]
+    pub host_command_timeout_seconds: u64,
     /// Size in GiB of the btrfs image (`<state-dir>/layers.btrfs`) holding ns sandboxes'
     /// writable layers, each a subvolume limited to the sandbox's `disk_mib`; allocated on
     /// the state disk when made, so a full host never takes its blocks (default: half the
@@ -435,6 +440,9 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     };
     cfg.ns_disk_pool_bytes = args.ns_disk_pool_gib.map(|g| g << 30);
     cfg.vm_console_bytes = args.vm_console_bytes;
+    hutch_host_command::set_timeout(Duration::from_secs(
+        args.host_command_timeout_seconds.max(1),
+    ));
     cfg.exec_output_budget_bytes = args.exec_output_budget_mib.max(1) << 20;
     cfg.output_cap_bytes = args.exec_output_cap;
     cfg.max_execs_per_sandbox = args.max_execs_per_sandbox.max(1);

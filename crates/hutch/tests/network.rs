@@ -754,6 +754,140 @@ fn the_network_survives_hibernation_and_a_server_restart() {
     });
 }
 
+/// The sandbox links (`hz<N>`, one per built slot) in the world namespace.
+fn host_veths(world: &str) -> usize {
+    let out = Command::new("ip")
+        .args(["-n", world, "-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|n| n.starts_with("hz"))
+        })
+        .count()
+}
+
+/// `hutch_network_slots{state}` from `/metrics`.
+async fn slots(s: &TestServer, state: &str) -> u64 {
+    let prefix = format!("hutch_network_slots{{state=\"{state}\"}} ");
+    s.metrics_text()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {prefix} in /metrics"))
+}
+
+#[test]
+fn hibernated_sandboxes_give_their_network_slot_back_and_wake_onto_one() {
+    let world = World::build();
+    let name = world.world.clone();
+    world.run(move || async move {
+        let s = server().await;
+        let policy = json!({"egress": "deny", "allow": ["203.0.113.10"]});
+        let mut sandboxes = Vec::new();
+        for _ in 0..3 {
+            let (id, v) = sandbox(&s, policy.clone()).await;
+            assert_eq!(check(&s, &id, "tcp 203.0.113.10 3000").await, "hello3000");
+            sandboxes.push((
+                id,
+                v["network"]["address"]
+                    .as_str()
+                    .expect("address")
+                    .to_string(),
+            ));
+        }
+        let used = slots(&s, "used").await;
+        assert_eq!(used, 3);
+        let veths = host_veths(&name);
+        for (id, _) in &sandboxes {
+            s.act(id, "hibernate").await;
+        }
+        // Their veths, namespaces and /30s are back in the pool (warm slots stay built).
+        assert_eq!(slots(&s, "used").await, 0);
+        let dropped = hutch_testkit::wait_until(Duration::from_secs(10), async || {
+            (host_veths(&name) == veths - 3).then_some(())
+        })
+        .await;
+        assert!(
+            dropped.is_some(),
+            "veths: {} before, {} now",
+            veths,
+            host_veths(&name)
+        );
+
+        // Other sandboxes take the free slots (the warm ones, then the given-back ones) until
+        // one has the first one's old address; the others go again.
+        let (first, first_address) = sandboxes[0].clone();
+        let mut taken = None;
+        let mut others = Vec::new();
+        for _ in 0..12 {
+            let (other, v) = sandbox(&s, json!({"egress": "allow"})).await;
+            if v["network"]["address"].as_str() == Some(first_address.as_str()) {
+                taken = Some(other);
+                break;
+            }
+            others.push(other);
+        }
+        let taken = taken.expect("no sandbox got the hibernated one's old address");
+        for other in &others {
+            assert_eq!(s.kill(other).await, 204);
+        }
+
+        // A wake takes a slot again: the old address when free, else a new one; the policy
+        // and the port proxy work either way. (The first wakes last: a slot it takes instead
+        // of its own may be another's old one.)
+        sandboxes.rotate_left(1);
+        for (id, address) in &sandboxes {
+            let v = s.act(id, "wake").await;
+            let now = v["network"]["address"]
+                .as_str()
+                .expect("address")
+                .to_string();
+            if *id == first {
+                assert_ne!(&now, address, "two sandboxes on one address");
+            } else {
+                assert_eq!(&now, address, "its address was free");
+            }
+            assert_eq!(check(&s, id, "tcp 203.0.113.10 3000").await, "hello3000");
+            assert!(check(&s, id, "tcp 203.0.113.20 80")
+                .await
+                .starts_with("err"));
+            let (out, _) = s.sh(id, "cat /proc/net/fib_trie").await;
+            assert!(out.contains(&now), "{now} not on its interface: {out}");
+        }
+        assert_eq!(slots(&s, "used").await, 4);
+        // The sandbox holding the old address kept its network.
+        assert_eq!(
+            check(&s, &taken, "tcp 203.0.113.10 3000").await,
+            "hello3000"
+        );
+        s.start_background(
+            &first,
+            json!([
+                "python3",
+                "-m",
+                "http.server",
+                "8000",
+                "--bind",
+                "127.0.0.1"
+            ]),
+        )
+        .await;
+        s.wait_for_port(&first, 8000).await;
+        let resp = s
+            .http
+            .get(format!("{}/v1/sandboxes/{first}/ports/8000/", s.url))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .expect("port proxy");
+        assert_eq!(resp.status().as_u16(), 200);
+    });
+}
+
 /// Create and kill one `vm` sandbox on a server outside the world, so the shared vm cache
 /// (the guest kernel from Debian's registry, the template's image and bake) is ready: inside
 /// the world nothing can be downloaded.

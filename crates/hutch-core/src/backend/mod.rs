@@ -206,6 +206,18 @@ pub trait Backend: Send + Sync {
     /// host outside any sandbox (`vm`: the shared memory of snapshots never taken). Called
     /// once at start, before sandboxes are re-adopted and before any request.
     async fn recover(&self) {}
+    /// Ids of the sandboxes this backend has something of on the host in this server's state
+    /// (a directory, records, a disk-pool subvolume), named by a record or not: what the
+    /// reconciliation at start compares with the records (blocking reads of directories).
+    fn host_sandbox_ids(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Kill and remove whatever sandbox `id`, which no record names, left on the host: its
+    /// processes (found by its cgroups, `<hierarchy>/<cgroup_parent>/<id>`), cgroups, mounts
+    /// and directories. Idempotent.
+    async fn remove_orphan(&self, _id: &str) -> CoreResult<()> {
+        Ok(())
+    }
     /// Take back a sandbox whose init survived a server restart, in the state its record
     /// says: a `running` one runs (a snapshot or a pause the crash interrupted may have left
     /// it frozen: `ns` thaws its cgroup, `vm` continues its guest), a `paused` one is frozen

@@ -16,9 +16,8 @@
 //! Every operation blocks (mounts, the helper's fork, waiting for cgroups to empty): the
 //! [`Backend`] methods run the synchronous [`NsJails`] on the blocking pool.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use hutch_jail::{JailSpec, LayerExport, Limits, SpawnedJail, Teardown};
@@ -340,56 +339,87 @@ impl NsJails {
             )));
         }
         let input = serde_json::to_vec(&spec).map_err(CoreError::Encode)?;
-        let mut child = Command::new(&self.cfg.hutch_exe)
-            .arg("__jail-spawn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(CoreError::io("run the jail helper", &self.cfg.hutch_exe))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&input).map_err(CoreError::io(
-                "write the spec to the jail helper",
-                &self.cfg.hutch_exe,
-            ))?;
-        }
-        let out = child.wait_with_output().map_err(CoreError::io(
-            "wait for the jail helper",
-            &self.cfg.hutch_exe,
-        ))?;
+        let step = || format!("starting sandbox {} (the jail helper)", record.id);
+        let out = hutch_host_command::run(
+            Command::new(&self.cfg.hutch_exe).arg("__jail-spawn"),
+            Some(&input),
+        )
+        .map_err(|source| match source {
+            hutch_host_command::HostCommandError::TimedOut { .. } => CoreError::HostTimeout {
+                step: step(),
+                source,
+            },
+            other => CoreError::SandboxFailed(format!("{}: {other}", step())),
+        })?;
         let parsed: Result<SpawnedJail, _> = serde_json::from_slice(&out.stdout);
         match parsed {
-            Ok(s) if out.status.success() => Ok(Started {
+            Ok(s) if out.success() => Ok(Started {
                 agent: None,
                 init_pid: s.init_pid,
                 init_start_time: s.init_start_time,
                 cgroups: s.cgroups,
                 disk_mib: None,
             }),
-            _ => {
-                let msg = serde_json::from_slice::<serde_json::Value>(&out.stdout)
-                    .ok()
-                    .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
-                    .unwrap_or_else(|| {
-                        format!(
-                            "{} {}",
-                            String::from_utf8_lossy(&out.stdout).trim(),
-                            String::from_utf8_lossy(&out.stderr).trim()
-                        )
-                    });
-                Err(CoreError::SandboxFailed(msg))
-            }
+            _ => Err(CoreError::SandboxFailed(helper_failure(&out))),
         }
+    }
+}
+
+/// Why the jail helper gave no jail, in words: its own error when it wrote one, else how it
+/// ended (a signal, an exit status) with whatever it wrote. Never empty.
+fn helper_failure(out: &hutch_host_command::Finished) -> String {
+    if let Some(msg) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(String::from))
+        .filter(|m| !m.trim().is_empty())
+    {
+        return msg;
+    }
+    let said: Vec<String> = [&out.stdout, &out.stderr]
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).trim().to_string())
+        .filter(|t| !t.is_empty())
+        .collect();
+    let how = if out.success() {
+        "exited without describing the jail it made".to_string()
+    } else {
+        out.how()
+    };
+    if said.is_empty() {
+        format!("the jail helper {how} before the sandbox started")
+    } else {
+        format!(
+            "the jail helper {how} before the sandbox started: {}",
+            said.join(" ")
+        )
     }
 }
 
 impl NsJails {
     fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started> {
+        self.start(record, rootfs, false)
+    }
+
+    /// Run the jail helper over the sandbox's upper layer (`waking`: the one it kept). On
+    /// failure whatever the helper made goes (an init, its cgroups and mounts, the sandbox
+    /// directory; a woken sandbox keeps its upper layer), so nothing pins the disk pool.
+    fn start(&self, record: &SandboxRecord, rootfs: &Path, waking: bool) -> CoreResult<Started> {
         let fresh = self.prepare_upper(record)?;
         let started = self.spawn(record, rootfs);
-        if started.is_err() && fresh {
-            if let Err(e) = self.delete_upper(record) {
-                tracing::warn!(id = %record.id, error = %e, "deleting the subvolume of a failed create");
+        if started.is_err() {
+            let teardown = self.teardown(record);
+            let cleaned = if waking {
+                hutch_jail::stop(&teardown)
+            } else {
+                hutch_jail::destroy(&teardown)
+            };
+            if let Err(e) = cleaned {
+                tracing::error!(id = %record.id, error = %e, "removing what a failed jail helper made");
+            }
+            if fresh {
+                if let Err(e) = self.delete_upper(record) {
+                    tracing::warn!(id = %record.id, error = %e, "deleting the subvolume of a failed create");
+                }
             }
         }
         started
@@ -413,7 +443,7 @@ impl NsJails {
         self.hibernate(r)?;
         // Never a wake onto an empty layer: its files must be where it left them.
         self.kept_files(r)?;
-        self.create(r, rootfs)
+        self.start(r, rootfs, true)
     }
 
     /// `Ok` when the upper layer `r` ran with is there to run on again (its sandbox
@@ -481,6 +511,50 @@ impl NsJails {
 impl Backend for NsBackend {
     fn isolation(&self) -> Isolation {
         Isolation::Ns
+    }
+
+    fn host_sandbox_ids(&self) -> Vec<String> {
+        let cfg = &self.jails.cfg;
+        let mut ids: Vec<String> = sandbox_entries(&cfg.state_dir.join("sandboxes"))
+            .into_iter()
+            // A vm guest's directory holds its overlay; its records are elsewhere.
+            .filter(|id| {
+                !cfg.sandbox_dir(id).join("disk.qcow2").exists()
+                    && !cfg.state_dir.join("vm-records").join(id).exists()
+            })
+            .collect();
+        if matches!(
+            self.jails.disk_quota_known(),
+            Some(DiskQuota::Enforced { .. })
+        ) {
+            for id in sandbox_entries(&cfg.disk_pool_dir()) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        ids
+    }
+
+    async fn remove_orphan(&self, id: &str) -> CoreResult<()> {
+        let (jails, id) = (self.jails.clone(), id.to_string());
+        blocking(move || {
+            let teardown = Teardown {
+                id: id.clone(),
+                sandbox_dir: jails.cfg.sandbox_dir(&id),
+                init_pid: None,
+                init_start_time: None,
+                cgroups: Vec::new(),
+                cgroup_parent: jails.cfg.cgroup_parent.clone(),
+            };
+            hutch_jail::destroy(&teardown).map_err(CoreError::from)?;
+            if matches!(jails.disk_quota_known(), Some(DiskQuota::Enforced { .. })) {
+                hutch_jail::btrfs::delete_subvolume(&jails.cfg.disk_pool_dir(), &id)
+                    .map_err(CoreError::from)?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -664,4 +738,16 @@ impl Backend for NsBackend {
 
 fn cgroup_paths(r: &SandboxRecord) -> Vec<PathBuf> {
     r.cgroups.iter().map(PathBuf::from).collect()
+}
+
+/// The names of the sandbox entries (`sbx_…`) in `dir` (none when it does not exist).
+pub(crate) fn sandbox_entries(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| crate::ids::is_sandbox_id(name))
+        .collect()
 }

@@ -32,6 +32,7 @@ use hutch_vm::qmp::Qmp;
 
 mod capture;
 mod fork_memory;
+mod orphans;
 mod records;
 mod resize;
 mod restore;
@@ -387,7 +388,15 @@ impl VmBackend {
         if let (Some(pid), Some(start)) = (r.init_pid, r.init_start_time) {
             kill_and_wait(pid, start)?;
         }
-        let cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        // The recorded cgroups, and those a QEMU started for this sandbox joined before its
+        // record said so (a crash between its start and the record): killing what is in
+        // them kills that QEMU too.
+        let mut cgroups: Vec<PathBuf> = r.cgroups.iter().map(PathBuf::from).collect();
+        for dir in hutch_jail::sandbox_cgroups(&self.cfg.cgroup_parent, &r.id) {
+            if !cgroups.contains(&dir) {
+                cgroups.push(dir);
+            }
+        }
         hutch_jail::release_process_cgroups(&r.id, &cgroups)
             .map_err(|e| CoreError::Internal(format!("QEMU cgroups: {e}")))
     }
@@ -488,6 +497,15 @@ impl Backend for VmBackend {
             Ok(())
         })
         .await;
+    }
+
+    fn host_sandbox_ids(&self) -> Vec<String> {
+        self.ids_on_host()
+    }
+
+    async fn remove_orphan(&self, id: &str) -> CoreResult<()> {
+        let (this, id) = (self.clone(), id.to_string());
+        blocking(move || this.remove_orphan_now(&id)).await
     }
 
     async fn adopt(&self, r: &SandboxRecord) -> CoreResult<()> {

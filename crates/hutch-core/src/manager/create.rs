@@ -149,6 +149,11 @@ impl Manager {
                 return Err(e);
             }
         };
+        crate::crash_points::crash_point(if record.forked_from.is_some() {
+            "fork.child_started"
+        } else {
+            "create.backend_started"
+        });
         record.init_pid = Some(started.init_pid);
         record.init_start_time = Some(started.init_start_time);
         if let Some(disk_mib) = started.disk_mib {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use super::quota::TenantRecordNeeded;
+use super::reconcile::ForkIntent;
 use super::{wrong_state, Manager};
 use crate::error::{CoreError, CoreResult};
 use crate::exec::ExecCommand;
@@ -34,6 +35,18 @@ impl Manager {
         id: &SandboxId,
         cmd: ForkCommand,
     ) -> CoreResult<Vec<SandboxView>> {
+        let (children, intent) = self.fork_recorded(id, cmd).await?;
+        intent.finish();
+        Ok(children)
+    }
+
+    /// [`Manager::fork`], with the record of its intent still held: until the caller
+    /// finishes it, a crash destroys the children at the next start (`reconcile.rs`).
+    async fn fork_recorded(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        cmd: ForkCommand,
+    ) -> CoreResult<(Vec<SandboxView>, ForkIntent)> {
         let parent = self.touch(id).await?;
         let backend = self.backend(parent.isolation)?;
         if cmd.mode == ForkMode::Live && !backend.capabilities().live_fork {
@@ -79,11 +92,19 @@ impl Manager {
                 .await?
         };
         let snapshot_ms = t0.elapsed().as_millis() as u64;
+        let intent = match self.record_fork_intent(&snap.id) {
+            Ok(i) => i,
+            Err(e) => {
+                self.release_layer(Some(&snap.id)).await;
+                return Err(e);
+            }
+        };
         let created = join_all(
             (0..cmd.count)
                 .map(|_| self.create_sandbox(child_command(&parent, &snap), Some(id.to_string()))),
         )
         .await;
+        crate::crash_points::crash_point("fork.children_created");
         let mut children = Vec::new();
         let mut failure = None;
         for c in created {
@@ -99,6 +120,7 @@ impl Manager {
                 }
             }
             self.release_layer(Some(&snap.id)).await;
+            intent.finish();
             return Err(e);
         }
         // No child: nothing holds the snapshot (a concurrent kill of every child).
@@ -111,7 +133,7 @@ impl Manager {
             ms = t0.elapsed().as_millis() as u64,
             "forked"
         );
-        Ok(children)
+        Ok((children, intent))
     }
 
     /// Run each command in its own disk fork of sandbox `id`, score the outcomes, keep the
@@ -122,8 +144,8 @@ impl Manager {
         cmd: ExploreCommand,
     ) -> CoreResult<ExploreResult> {
         let count = u32::try_from(cmd.commands.len()).unwrap_or(u32::MAX);
-        let children = self
-            .fork(id, ForkCommand::new(count, ForkMode::Disk)?)
+        let (children, intent) = self
+            .fork_recorded(id, ForkCommand::new(count, ForkMode::Disk)?)
             .await?;
         let runs = children.iter().zip(&cmd.commands).map(|(child, command)| {
             let exec = ExecCommand {
@@ -182,8 +204,10 @@ impl Manager {
             })
             .collect();
         let scores: Vec<f64> = outcomes.iter().map(|o| o.score).collect();
-        let winner =
-            best(&scores).ok_or_else(|| CoreError::Internal("explore ran no command".into()))?;
+        let Some(winner) = best(&scores) else {
+            intent.finish();
+            return Err(CoreError::Internal("explore ran no command".into()));
+        };
         let losers = outcomes
             .iter()
             .filter(|o| o.index != winner)
@@ -197,6 +221,8 @@ impl Manager {
                 tracing::error!(id = %o.sandbox_id, error = %e, "removing a losing explore child");
             }
         }
+        // The winner is the client's from here on.
+        intent.finish();
         outcomes[winner].kept = true;
         tracing::info!(parent = %id, winner, score = outcomes[winner].score, "explored");
         Ok(ExploreResult {

@@ -173,12 +173,23 @@ impl Manager {
             }
             return Err(self.blame_full_disk(e, "hibernate the sandbox"));
         }
+        // Its network slot (veth, namespace, /30) goes back to the pool: its open
+        // connections are reset; its address is kept as the one its wake asks for.
+        if let (Some(net), Some(index)) = (self.network.clone(), r.net_slot) {
+            let id = r.id.clone();
+            let _ = super::blocking(move || {
+                net.release_held(index, &id);
+                Ok(())
+            })
+            .await;
+        }
         let r = self
             .store
             .modify(&r.id, |r| {
                 r.init_pid = None;
                 r.init_start_time = None;
                 r.cgroups.clear();
+                r.net_slot = None;
                 Ok(())
             })
             .await?;

@@ -61,6 +61,15 @@ impl Manager {
             text.push_str(&backend.metrics_text());
         }
         text.push_str(&self.usage_metrics_text(per_sandbox).await);
+        if let Some(net) = &self.network {
+            use std::fmt::Write as _;
+            let c = net.slot_counts();
+            let _ = writeln!(
+                text,
+                "# HELP hutch_network_slots Network slots (a veth, a namespace and a /30 each) by state: used by running or paused sandboxes (hibernated ones hold none), warm (built ahead of creates), free (left in the address pool).\n# TYPE hutch_network_slots gauge\nhutch_network_slots{{state=\"used\"}} {}\nhutch_network_slots{{state=\"warm\"}} {}\nhutch_network_slots{{state=\"free\"}} {}",
+                c.used, c.warm, c.free
+            );
+        }
         let traffic = self.traffic_all();
         if self.network.is_some() && !per_sandbox {
             use std::fmt::Write as _;

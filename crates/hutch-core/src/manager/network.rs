@@ -1,5 +1,6 @@
 //! Sandbox networking in the manager: the policy a create asks for, the slot a networked
-//! sandbox holds while it has processes or is hibernated, live policy changes and traffic.
+//! sandbox holds while it has processes (a hibernated one gives it back and keeps only its
+//! address, which its wake takes again when free), live policy changes and traffic.
 
 use std::sync::Arc;
 
@@ -62,7 +63,11 @@ impl Manager {
         {
             return Ok(());
         }
-        let lease = net.acquire(&r.id, &policy).map_err(CoreError::from)?;
+        // A woken sandbox gets its address back when no other sandbox took it meanwhile.
+        let preferred = record_address(r).and_then(|a| net.slot_of_address(a));
+        let lease = net
+            .acquire_preferring(&r.id, &policy, preferred)
+            .map_err(CoreError::from)?;
         r.net_slot = Some(lease.index);
         r.network = Some(SandboxNetwork {
             policy,
@@ -71,10 +76,10 @@ impl Manager {
         Ok(())
     }
 
-    /// Give back `r`'s slot (blocking).
+    /// Give back `r`'s slot if it holds it (blocking).
     pub(super) fn detach_network(&self, r: &SandboxRecord) {
         if let (Some(net), Some(i)) = (&self.network, r.net_slot) {
-            net.release(i);
+            net.release_held(i, &r.id);
         }
     }
 

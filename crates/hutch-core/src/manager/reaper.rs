@@ -90,9 +90,15 @@ impl Manager {
     /// A create the server never answered (its record still `starting` at start): no client
     /// has its id, so whatever it made goes and so does its record.
     async fn forget_interrupted_create(&self, r: SandboxRecord) {
-        tracing::info!(id = %r.id, "removing a create interrupted by the restart");
-        if let Err(e) = self.remove(r, None).await {
-            tracing::error!(error = %e, "removing an interrupted create");
+        tracing::warn!(id = %r.id, isolation = r.isolation.as_str(), "removing a create no client got an answer from (interrupted by the restart)");
+        match self.remove(r, None).await {
+            Ok(()) => {
+                self.metrics
+                    .reconciled
+                    .interrupted_creates
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => tracing::error!(error = %e, "removing an interrupted create"),
         }
     }
 

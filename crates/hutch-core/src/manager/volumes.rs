@@ -159,7 +159,11 @@ impl Manager {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(CoreError::Volume(e));
         }
-        self.store.insert_volume(&record).await?;
+        crate::crash_points::crash_point("volume.image_made");
+        if let Err(e) = self.store.insert_volume(&record).await {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
         self.events.publish(
             "volume.created",
             &record.id,

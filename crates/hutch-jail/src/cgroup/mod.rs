@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 
 pub use control::{freeze, thaw};
 pub(crate) use control::{kill_all, remove_dirs, wait_empty, CGROUP_TIMEOUT};
-pub use process::{create_process_cgroups, release_process_cgroups, set_process_cpu_limit};
+pub use process::{
+    create_process_cgroups, release_process_cgroups, sandbox_cgroups, set_process_cpu_limit,
+};
 pub use stats::{cgroup_stats, CgroupStats};
 
 use crate::mountinfo::MountEntry;

@@ -57,3 +57,17 @@ pub fn set_process_cpu_limit(dirs: &[PathBuf], cpu_millis: u32) -> Result<(), Ja
     }
     Ok(())
 }
+
+/// The cgroup directories of sandbox `id` under `parent` that exist now, in every hierarchy
+/// (`<hierarchy>/<parent>/<id>`): what a process started for the sandbox joined, whether or
+/// not its caller lived to record them.
+pub fn sandbox_cgroups(parent: &str, id: &str) -> Vec<PathBuf> {
+    match Layout::detect() {
+        Ok(layout) => layout
+            .sandbox_dirs(parent, id)
+            .into_iter()
+            .filter(|d| d.is_dir())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}

@@ -260,6 +260,7 @@ impl VmBackend {
             .await
             .map_err(CoreError::from)?;
         // On failure from here on, dropping `guest` kills QEMU.
+        crate::crash_points::crash_point("vm.restore.qemu_running");
         let mut identity = Self::identity(r)?;
         identity.network = guest_net.filter(|_| !warm);
         // A woken guest has its volumes mounted already (they are in its memory).
