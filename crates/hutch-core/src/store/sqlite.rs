@@ -214,9 +214,20 @@ fn state_values(states: &[SandboxState]) -> Vec<Value> {
 /// Adds `AND tenant = ?` for a one-tenant scope.
 fn scope_clause(scope: &TenantScope, sql: &mut String, params: &mut Vec<Value>) {
     if let Some(t) = scope.tenant() {
-        params.push(Value::Text(t.as_str().to_string()));
-        sql.push_str(&format!(" AND tenant = ?{}", params.len()));
+        and_where(
+            sql,
+            params,
+            "tenant",
+            "=",
+            Value::Text(t.as_str().to_string()),
+        );
     }
+}
+
+/// Appends ` AND {column} {op} ?N` to `sql`, with `value` as its parameter N.
+fn and_where(sql: &mut String, params: &mut Vec<Value>, column: &str, op: &str, value: Value) {
+    params.push(value);
+    sql.push_str(&format!(" AND {column} {op} ?{}", params.len()));
 }
 
 /// Adds the cursor and the limit (one row more than asked, to know whether more follow).
@@ -245,13 +256,12 @@ fn sandbox_page_sql(query: &SandboxQuery, page: &PageRequest) -> CoreResult<(Str
     let mut params = Vec::new();
     scope_clause(&query.scope, &mut sql, &mut params);
     if let Some(s) = query.state {
-        params.push(Value::Text(s.as_str().to_string()));
-        sql.push_str(&format!(" AND state = ?{}", params.len()));
+        let state = Value::Text(s.as_str().to_string());
+        and_where(&mut sql, &mut params, "state", "=", state);
     }
     for (k, v) in &query.metadata {
         if k == "tenant_id" {
-            params.push(Value::Text(v.clone()));
-            sql.push_str(&format!(" AND tenant = ?{}", params.len()));
+            and_where(&mut sql, &mut params, "tenant", "=", Value::Text(v.clone()));
         } else {
             params.push(Value::Text(k.clone()));
             params.push(Value::Text(v.clone()));

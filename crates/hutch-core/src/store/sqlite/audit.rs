@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter};
 
-use super::{corrupt, page_clause, SqliteStore};
+use super::{and_where, corrupt, page_clause, SqliteStore};
 use crate::audit::{AuditEntry, AuditQuery};
 use crate::error::CoreResult;
 use crate::store::audit::AuditStore;
@@ -56,24 +56,38 @@ impl AuditStore for SqliteStore {
                 FROM audit_log WHERE 1",
         );
         let mut params: Vec<Value> = Vec::new();
-        let mut and = |column: &str, op: &str, v: Value, sql: &mut String| {
-            params.push(v);
-            sql.push_str(&format!(" AND {column} {op} ?{}", params.len()));
-        };
         if let Some(t) = query.scope.tenant() {
-            and("tenant", "=", Value::Text(t.to_string()), &mut sql);
+            and_where(
+                &mut sql,
+                &mut params,
+                "tenant",
+                "=",
+                Value::Text(t.to_string()),
+            );
         }
         if let Some(k) = &query.key_id {
-            and("key_id", "=", Value::Text(k.to_string()), &mut sql);
+            and_where(
+                &mut sql,
+                &mut params,
+                "key_id",
+                "=",
+                Value::Text(k.to_string()),
+            );
         }
         if let Some(s) = &query.sandbox {
-            and("sandbox", "=", Value::Text(s.to_string()), &mut sql);
+            and_where(
+                &mut sql,
+                &mut params,
+                "sandbox",
+                "=",
+                Value::Text(s.to_string()),
+            );
         }
         if let Some(at) = query.since_ms {
-            and("at_ms", ">=", Value::Integer(at), &mut sql);
+            and_where(&mut sql, &mut params, "at_ms", ">=", Value::Integer(at));
         }
         if let Some(at) = query.until_ms {
-            and("at_ms", "<", Value::Integer(at), &mut sql);
+            and_where(&mut sql, &mut params, "at_ms", "<", Value::Integer(at));
         }
         page_clause("audit_log", page, &mut sql, &mut params)?;
         let conn = self.lock();

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter};
 
-use super::SqliteStore;
+use super::{and_where, SqliteStore};
 use crate::error::CoreResult;
 use crate::ids::SandboxId;
 use crate::store::usage::{MeterReading, UsageStore};
@@ -89,24 +89,38 @@ impl UsageStore for SqliteStore {
                 FROM usage_intervals WHERE 1"
         );
         let mut params: Vec<Value> = Vec::new();
-        let mut and = |column: &str, op: &str, v: Value, sql: &mut String| {
-            params.push(v);
-            sql.push_str(&format!(" AND {column} {op} ?{}", params.len()));
-        };
         if let Some(t) = query.scope.tenant() {
-            and("tenant", "=", Value::Text(t.to_string()), &mut sql);
+            and_where(
+                &mut sql,
+                &mut params,
+                "tenant",
+                "=",
+                Value::Text(t.to_string()),
+            );
         }
         if let Some(k) = &query.key_id {
-            and("key_id", "=", Value::Text(k.to_string()), &mut sql);
+            and_where(
+                &mut sql,
+                &mut params,
+                "key_id",
+                "=",
+                Value::Text(k.to_string()),
+            );
         }
         if let Some(r) = &query.resource {
-            and("resource", "=", Value::Text(r.clone()), &mut sql);
+            and_where(
+                &mut sql,
+                &mut params,
+                "resource",
+                "=",
+                Value::Text(r.clone()),
+            );
         }
         if let Some(at) = query.from_ms {
-            and("end_ms", ">", Value::Integer(at), &mut sql);
+            and_where(&mut sql, &mut params, "end_ms", ">", Value::Integer(at));
         }
         if let Some(at) = query.to_ms {
-            and("end_ms", "<=", Value::Integer(at), &mut sql);
+            and_where(&mut sql, &mut params, "end_ms", "<=", Value::Integer(at));
         }
         if query.group_by != GroupBy::Nothing {
             sql.push_str(&format!(" GROUP BY {key}, {kind} ORDER BY {key}"));
