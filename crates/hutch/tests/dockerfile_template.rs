@@ -197,9 +197,11 @@ async fn a_builds_resources_are_its_sandboxes_defaults() {
         "&cpus=1.5&memory_mib=384&disk_mib=600",
     )
     .await;
+    let mut made = Vec::new();
     let v = s
         .create(json!({"template": "sized", "isolation": "ns"}))
         .await;
+    made.push(v["id"].as_str().expect("id").to_string());
     assert_eq!(
         (&v["cpus"], &v["memory_mib"], &v["disk_mib"]),
         (&json!(1.5), &json!(384), &json!(600)),
@@ -208,6 +210,7 @@ async fn a_builds_resources_are_its_sandboxes_defaults() {
     let v = s
         .create(json!({"template": "sized", "isolation": "ns", "memory_mib": 200}))
         .await;
+    made.push(v["id"].as_str().expect("id").to_string());
     assert_eq!(
         (&v["cpus"], &v["memory_mib"]),
         (&json!(1.5), &json!(200)),
@@ -217,6 +220,7 @@ async fn a_builds_resources_are_its_sandboxes_defaults() {
     let v = s
         .create(json!({"template": "sized", "isolation": "ns"}))
         .await;
+    made.push(v["id"].as_str().expect("id").to_string());
     assert_eq!(v["memory_mib"], 512, "the rebuild's default: {v}");
     let resp = s
         .http
@@ -236,6 +240,17 @@ async fn a_builds_resources_are_its_sandboxes_defaults() {
         v["error"]["message"], "memory_mib must be a number from 16 to 1048576, got \"a lot\"",
         "{v}"
     );
-    let (st, v) = s.request(Method::DELETE, "/v1/templates/sized", None).await;
-    assert!(st == 200 || st == 204, "{st} {v}");
+    for id in &made {
+        assert_eq!(s.kill(id).await, 204);
+    }
+    // A killed sandbox lets go of its template revision once it is gone.
+    let deleted = hutch_testkit::wait_until(Duration::from_secs(30), async || {
+        let (st, _) = s.request(Method::DELETE, "/v1/templates/sized", None).await;
+        (st == 200 || st == 204).then_some(())
+    })
+    .await;
+    assert!(
+        deleted.is_some(),
+        "the template is deleted once its sandboxes are gone"
+    );
 }

@@ -13,6 +13,7 @@ mod network;
 mod server;
 mod stats;
 mod templates;
+mod tenants;
 mod vm;
 mod vm_lifecycle;
 
@@ -41,6 +42,10 @@ pub enum BenchSection {
     /// (`bench/e2b.rs`; needs `--python`).
     #[value(name = "e2b")]
     E2b,
+    /// Per-request cost of tenant keys (5,000 of them) and quota accounting versus the admin
+    /// key (`bench/tenants.rs`).
+    #[value(name = "tenants")]
+    Tenants,
 }
 
 /// Options of `hutch bench`.
@@ -52,6 +57,12 @@ pub struct BenchArgs {
     /// Sandbox records of the api_scale series (0 skips it in a full run).
     #[arg(long, default_value_t = 5000)]
     pub api_scale_records: usize,
+    /// Warm execs per key of the tenants section.
+    #[arg(long, default_value_t = 500)]
+    pub tenants_samples: usize,
+    /// Rounds of `--concurrent` creates per caller in the tenants section.
+    #[arg(long, default_value_t = 3)]
+    pub tenants_rounds: usize,
     /// Requests per api_scale series.
     #[arg(long, default_value_t = 300)]
     pub api_scale_samples: usize,
@@ -189,6 +200,9 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     if args.section == Some(BenchSection::E2b) {
         return bench_e2b(&args, &templates_dir, &vm_dir).await;
     }
+    if args.section == Some(BenchSection::Tenants) {
+        return bench_tenants(&args, &templates_dir, &vm_dir).await;
+    }
     let net = if args.vm_only {
         network::NetSeries {
             series: vec![],
@@ -265,6 +279,38 @@ async fn run_api_scale(
         println!("{line}");
     }
     Ok(r)
+}
+
+/// `hutch bench tenants`: only that section, on its own server.
+async fn bench_tenants(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
+    eprintln!(
+        "tenants: 100 tenants × 50 keys; {} execs per key, {} rounds of {} concurrent creates…",
+        args.tenants_samples, args.tenants_rounds, args.concurrent
+    );
+    let r = tenants::run(
+        &srv,
+        args.tenants_samples,
+        args.concurrent,
+        args.tenants_rounds,
+    )
+    .await;
+    if r.is_err() {
+        srv.destroy_all().await;
+    }
+    srv.stop();
+    let r = r?;
+    println!("{}", machine_info());
+    for line in r.lines() {
+        println!("{line}");
+    }
+    let doc = json!({"machine": machine_info(), "tenants": r});
+    write_json_out(args, &doc)?;
+    Ok(())
 }
 
 /// `hutch bench api_scale`: only that section, on its own server.
