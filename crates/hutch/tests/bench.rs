@@ -185,3 +185,66 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
         assert_eq!(Path::new(dir).exists(), existed, "{dir}");
     }
 }
+
+/// `hutch bench tenants` measures a tenant key (of 5,000 in the store) against the admin
+/// key, and concurrent creates under quotas against none, and says the ratios.
+#[test]
+fn the_tenants_section_measures_tenant_keys_against_the_admin_key() {
+    let state = tempfile::Builder::new()
+        .prefix("hutch-test-bench-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let json_out = state.path().join("tenants.json");
+    let out = Command::new(hutch_bin())
+        .args(["bench", "tenants", "--state-dir"])
+        .arg(state.path().join("state"))
+        .arg("--templates-dir")
+        .arg(templates_dir())
+        .args([
+            "--tenants-samples",
+            "3",
+            "--concurrent",
+            "2",
+            "--tenants-rounds",
+            "1",
+        ])
+        .arg("--json-out")
+        .arg(&json_out)
+        .output()
+        .expect("run hutch bench tenants");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "hutch bench tenants failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("tenants: exec with a tenant key (of 5000) / admin key"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_out).expect("json written")).expect("json");
+    let t = &doc["tenants"];
+    assert_eq!(t["keys"], 5000, "{t}");
+    let names: Vec<&str> = t["series"]
+        .as_array()
+        .expect("series")
+        .iter()
+        .filter(|s| s["n"].as_u64().unwrap_or(0) > 0)
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "tenants_exec_round_trip_tenant_key",
+            "tenants_exec_round_trip_admin_key",
+            "tenants_concurrent_2_creates_quota",
+            "tenants_concurrent_2_creates_no_quota"
+        ],
+        "{t}"
+    );
+    for ratio in ["exec_ratio_p50", "concurrent_create_ratio_p50"] {
+        let r = t[ratio].as_f64().unwrap_or(f64::NAN);
+        assert!(r.is_finite() && r > 0.0, "{ratio}: {t}");
+    }
+}
