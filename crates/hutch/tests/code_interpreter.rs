@@ -547,6 +547,8 @@ async fn the_cli_runs_code_prints_results_and_saves_charts() {
 async fn concurrent_first_calls_start_one_driver_and_one_default_context() {
     let s = TestServer::start().await;
     let id = sandbox(&s).await;
+    // The template's start command started the driver (and the default Python kernel)
+    // with the sandbox: concurrent first calls use it, and none starts another.
     let (a, b) = tokio::join!(
         run(&s, &id, json!({"code": "a = 1"})),
         run(&s, &id, json!({"code": "b = 2"})),
@@ -566,7 +568,7 @@ async fn concurrent_first_calls_start_one_driver_and_one_default_context() {
         .sh_ok(
             &id,
             "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done \
-             | grep -c '^python3 -u - [-]-port 49999'",
+             | grep -c '^python3 -u [^ ]* [-]-port 49999'",
         )
         .await;
     assert_eq!(drivers.trim(), "1", "one kernel driver");
