@@ -574,6 +574,51 @@ async fn concurrent_first_calls_start_one_driver_and_one_default_context() {
     assert_eq!(drivers.trim(), "1", "one kernel driver");
 }
 
+/// A driver that died (here: killed from inside) is started again by the host on the next
+/// call, from stdin: concurrent calls start one, share the default context, and the first to
+/// run says the context restarted (its kernel's state is gone).
+#[tokio::test]
+async fn a_killed_driver_is_started_again_by_the_next_calls() {
+    let s = TestServer::start().await;
+    let id = sandbox(&s).await;
+    run(&s, &id, json!({"code": "before = 1"})).await;
+    s.sh_ok(
+        &id,
+        "for p in /proc/[0-9]*; do \
+           if tr '\\0' ' ' < $p/cmdline 2>/dev/null \
+              | grep -q '^python3 -u /usr/local/lib/hutch/interp-driver[.]py'; \
+           then kill ${p#/proc/}; fi; done; sleep 0.5",
+    )
+    .await;
+    let (a, b) = tokio::join!(
+        run(&s, &id, json!({"code": "a = 1"})),
+        run(&s, &id, json!({"code": "b = 2"})),
+    );
+    assert_eq!(a["context_id"], b["context_id"], "{a} {b}");
+    let restarted = [&a, &b]
+        .iter()
+        .filter(|v| v["context_restarted"] == true)
+        .count();
+    assert_eq!(
+        restarted, 1,
+        "the first cell in the new kernel says so: {a} {b}"
+    );
+    let sum = run(&s, &id, json!({"code": "a + b + ('before' in globals())"})).await;
+    assert_eq!(
+        main_text(&sum),
+        "3",
+        "both ran in the new kernel, which lost `before`"
+    );
+    let drivers = s
+        .sh_ok(
+            &id,
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done \
+             | grep -c '^python3 -u - [-]-port 49999'",
+        )
+        .await;
+    assert_eq!(drivers.trim(), "1", "one driver started by the host");
+}
+
 #[tokio::test]
 async fn a_running_cell_counts_against_the_sandboxs_cap_of_execs() {
     let s = TestServer::start_with(&["--max-execs-per-sandbox", "1"]).await;
