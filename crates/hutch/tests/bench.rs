@@ -110,6 +110,16 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json_out).expect("bench.json")).expect("json");
 
+    // The server's own memory, descriptors and threads before and after the run.
+    for when in ["before", "after"] {
+        let p = &doc["server_process"][when];
+        for field in ["rss_kib", "fds", "threads"] {
+            assert!(
+                p[field].as_u64().unwrap_or(0) > 0,
+                "server_process.{when}.{field}: {p}"
+            );
+        }
+    }
     let measured = doc["baselines"].as_array().expect("baselines");
     let skipped = doc["skipped"].as_array().expect("skipped");
     let ratios = &doc["alternatives_vs_ns_create_to_first_exec"];

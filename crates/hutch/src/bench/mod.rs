@@ -218,6 +218,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         tokio::task::spawn_blocking(move || network::run(&dir, &tpl, &vm, n)).await?
     };
     let srv = server::BenchServer::start(&templates_dir, &args.template, &vm_dir, false, 0).await?;
+    let server_before = srv.process_stats();
     let result = async {
         let mut doc = if args.vm_only {
             json!({"machine": machine_info()})
@@ -246,6 +247,11 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
                 doc["vm_lifecycle"] = json!({"series": l.series, "siblings": l.siblings});
             }
         }
+        // What the run left in the server: its memory, descriptors and threads before and
+        // after (every sandbox deleted by then).
+        let server_after = srv.process_stats();
+        println!("server process before: {server_before}; after: {server_after}");
+        doc["server_process"] = json!({"before": server_before, "after": server_after});
         write_json_out(&args, &doc)?;
         Ok::<_, anyhow::Error>(())
     }

@@ -113,6 +113,24 @@ impl BenchServer {
         self.child.id()
     }
 
+    /// The server process's resident memory (KiB), open descriptors and threads now.
+    pub fn process_stats(&self) -> serde_json::Value {
+        let pid = self.child.id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        serde_json::json!({"rss_kib": field("VmRSS:"), "fds": fds, "threads": field("Threads:")})
+    }
+
     /// The server's state directory (its `state.db`).
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
