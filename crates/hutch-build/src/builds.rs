@@ -88,6 +88,13 @@ pub struct SandboxResources {
 }
 
 impl SandboxResources {
+    /// The `cpus` a build may give.
+    pub const CPUS: std::ops::RangeInclusive<f64> = 0.05..=256.0;
+    /// The `memory_mib` a build may give.
+    pub const MEMORY_MIB: std::ops::RangeInclusive<u64> = 16..=1 << 20;
+    /// The `disk_mib` a build may give.
+    pub const DISK_MIB: std::ops::RangeInclusive<u64> = 16..=1 << 24;
+
     /// `defaults` with these set.
     pub fn apply(&self, defaults: &mut hutch_template::ResourceDefaults) {
         if let Some(cpus) = self.cpus {

@@ -108,11 +108,23 @@ struct BuildRequestV3 {
 impl BuildRequestV3 {
     /// The sandbox defaults asked for, checked as Hutch's own build query checks them.
     fn resources(&self) -> E2bResult<SandboxResources> {
-        if self.cpu_count.is_some_and(|n| !(1..=256).contains(&n)) {
-            return Err(E2bError::bad_request("cpuCount must be from 1 to 256"));
+        let cpus = SandboxResources::CPUS;
+        if self
+            .cpu_count
+            .is_some_and(|n| n == 0 || !cpus.contains(&f64::from(n)))
+        {
+            return Err(E2bError::bad_request(format!(
+                "cpuCount must be from 1 to {}",
+                cpus.end()
+            )));
         }
-        if self.memory_mb.is_some_and(|m| !(16..=1 << 20).contains(&m)) {
-            return Err(E2bError::bad_request("memoryMB must be from 16 to 1048576"));
+        let memory = SandboxResources::MEMORY_MIB;
+        if self.memory_mb.is_some_and(|m| !memory.contains(&m)) {
+            return Err(E2bError::bad_request(format!(
+                "memoryMB must be from {} to {}",
+                memory.start(),
+                memory.end()
+            )));
         }
         Ok(SandboxResources {
             cpus: self.cpu_count.map(f64::from),

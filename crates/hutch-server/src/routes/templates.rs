@@ -107,11 +107,15 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
             "dockerfile" => q.dockerfile = Some(v),
             "target" => q.target = Some(v),
             "no_cache" => q.no_cache = parse_bool("no_cache", &v)?,
-            "cpus" => q.resources.cpus = Some(parse_number("cpus", &v, 0.05..=256.0)?),
+            "cpus" => q.resources.cpus = Some(parse_number("cpus", &v, SandboxResources::CPUS)?),
             "memory_mib" => {
-                q.resources.memory_mib = Some(parse_number("memory_mib", &v, 16..=1 << 20)?);
+                let mib = parse_number("memory_mib", &v, SandboxResources::MEMORY_MIB)?;
+                q.resources.memory_mib = Some(mib);
             }
-            "disk_mib" => q.resources.disk_mib = Some(parse_number("disk_mib", &v, 16..=1 << 24)?),
+            "disk_mib" => {
+                let mib = parse_number("disk_mib", &v, SandboxResources::DISK_MIB)?;
+                q.resources.disk_mib = Some(mib);
+            }
             "build_arg" => {
                 let (key, value) = v.split_once('=').ok_or_else(|| {
                     ApiError::bad_request(format!("build_arg must be KEY=VALUE, got {v:?}"))
