@@ -77,15 +77,15 @@ impl ApiScale {
     }
 }
 
-/// Requests as the bench tenant.
-struct TenantClient<'a> {
-    url: &'a str,
-    key: String,
-    http: &'a reqwest::Client,
+/// Requests with one key (a tenant's, or the admin key) to a bench server.
+pub(super) struct TenantClient<'a> {
+    pub(super) url: &'a str,
+    pub(super) key: String,
+    pub(super) http: &'a reqwest::Client,
 }
 
 impl TenantClient<'_> {
-    async fn send(
+    pub(super) async fn send(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -112,7 +112,7 @@ impl TenantClient<'_> {
         Ok(r.json().await?)
     }
 
-    async fn create(&self, template: &str) -> anyhow::Result<String> {
+    pub(super) async fn create(&self, template: &str) -> anyhow::Result<String> {
         let v = self
             .send(
                 reqwest::Method::POST,
@@ -123,7 +123,7 @@ impl TenantClient<'_> {
         v["id"].as_str().map(String::from).context("no id")
     }
 
-    async fn exec_true(&self, id: &str) -> anyhow::Result<()> {
+    pub(super) async fn exec_true(&self, id: &str) -> anyhow::Result<()> {
         let v = self
             .send(
                 reqwest::Method::POST,
@@ -135,6 +135,16 @@ impl TenantClient<'_> {
             bail!("true failed: {v}");
         }
         Ok(())
+    }
+
+    pub(super) async fn kill(&self, id: &str) -> anyhow::Result<()> {
+        self.send(
+            reqwest::Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            None,
+        )
+        .await
+        .map(drop)
     }
 }
 
@@ -298,13 +308,7 @@ pub async fn run(
         (&one, Some(one.id.clone())),
     ] {
         if let Some(id) = id {
-            side.client
-                .send(
-                    reqwest::Method::DELETE,
-                    &format!("/v1/sandboxes/{id}"),
-                    None,
-                )
-                .await?;
+            side.client.kill(&id).await?;
         }
     }
     let series = measured?;

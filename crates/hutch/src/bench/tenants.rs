@@ -10,15 +10,15 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use futures_util::future::join_all;
 use hutch_core::store::{SqliteStore, TenancyStore};
 use hutch_core::tenant::keys::{hash_secret, KeyFormat, KeyScope, NewKey};
 use hutch_core::tenant::settings::{Quotas, TenantRecord, TenantSettings};
 use hutch_core::tenant::Tenant;
 use serde::Serialize;
-use serde_json::{json, Value};
 
+use super::api_scale::TenantClient;
 use super::server::BenchServer;
 use super::stats::{summarize, Summary};
 
@@ -66,100 +66,30 @@ impl TenantsBench {
     }
 }
 
-/// One caller: a key on the bench server.
-struct Caller<'a> {
-    url: &'a str,
-    key: String,
-    http: &'a reqwest::Client,
-}
-
-impl Caller<'_> {
-    async fn send(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Value,
-    ) -> anyhow::Result<Value> {
-        let r = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.url))
-            .bearer_auth(&self.key)
-            .json(&body)
-            .send()
-            .await?;
-        let status = r.status();
-        if !status.is_success() {
-            bail!(
-                "{method} {path}: {status} {}",
-                r.text().await.unwrap_or_default()
-            );
+/// `n` creates at once by `caller`; the wall time until all answered, and their ids.
+async fn concurrent_creates(
+    caller: &TenantClient<'_>,
+    template: &str,
+    n: usize,
+) -> anyhow::Result<(f64, Vec<String>)> {
+    let t0 = Instant::now();
+    let made = join_all((0..n).map(|_| caller.create(template))).await;
+    let took = t0.elapsed().as_secs_f64() * 1000.0;
+    let mut ids = Vec::with_capacity(n);
+    let mut failed = None;
+    for m in made {
+        match m {
+            Ok(id) => ids.push(id),
+            Err(e) => failed = Some(e),
         }
-        if status.as_u16() == 204 {
-            return Ok(Value::Null);
+    }
+    if let Some(e) = failed {
+        for id in &ids {
+            let _ = caller.kill(id).await;
         }
-        Ok(r.json().await?)
+        return Err(e);
     }
-
-    async fn create(&self, template: &str) -> anyhow::Result<String> {
-        let v = self
-            .send(
-                reqwest::Method::POST,
-                "/v1/sandboxes",
-                json!({"template": template, "ttl_seconds": 600}),
-            )
-            .await?;
-        v["id"].as_str().map(String::from).context("no id")
-    }
-
-    async fn exec_true(&self, id: &str) -> anyhow::Result<()> {
-        let v = self
-            .send(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{id}/exec"),
-                json!({"cmd": ["true"]}),
-            )
-            .await?;
-        if v["exit_code"] != 0 {
-            bail!("true failed: {v}");
-        }
-        Ok(())
-    }
-
-    async fn kill(&self, id: &str) -> anyhow::Result<()> {
-        self.send(
-            reqwest::Method::DELETE,
-            &format!("/v1/sandboxes/{id}"),
-            Value::Null,
-        )
-        .await
-        .map(drop)
-    }
-
-    /// `n` creates at once; the wall time until all answered, and their ids.
-    async fn concurrent_creates(
-        &self,
-        template: &str,
-        n: usize,
-    ) -> anyhow::Result<(f64, Vec<String>)> {
-        let t0 = Instant::now();
-        let made = join_all((0..n).map(|_| self.create(template))).await;
-        let took = t0.elapsed().as_secs_f64() * 1000.0;
-        let mut ids = Vec::with_capacity(n);
-        let mut failed = None;
-        for m in made {
-            match m {
-                Ok(id) => ids.push(id),
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let Some(e) = failed {
-            for id in &ids {
-                let _ = self.kill(id).await;
-            }
-            return Err(e);
-        }
-        Ok((took, ids))
-    }
+    Ok((took, ids))
 }
 
 /// Write the tenants and their keys into the store; the first tenant's first key, whose
@@ -232,12 +162,12 @@ pub async fn run(
         SqliteStore::open(&srv.state_dir().join("state.db")).context("the bench server's store")?;
     let tenant_key = fill(&store, concurrent).await?;
     let (url, admin_key, http) = srv.endpoint();
-    let admin = Caller {
+    let admin = TenantClient {
         url,
         key: admin_key.to_string(),
         http,
     };
-    let tenant = Caller {
+    let tenant = TenantClient {
         url,
         key: tenant_key,
         http,
@@ -259,7 +189,7 @@ pub async fn run(
         let (mut quota, mut free) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             for (caller, out) in [(&tenant, &mut quota), (&admin, &mut free)] {
-                let (took, ids) = caller.concurrent_creates(template, concurrent).await?;
+                let (took, ids) = concurrent_creates(caller, template, concurrent).await?;
                 out.push(took);
                 for id in ids {
                     caller.kill(&id).await?;
