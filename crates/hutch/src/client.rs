@@ -251,6 +251,22 @@ impl Api {
     }
 }
 
+/// `path`, with `?name=value&…` of the pairs that have a value (values percent-encoded).
+pub fn with_query<'a>(
+    path: &str,
+    pairs: impl IntoIterator<Item = (&'a str, Option<String>)>,
+) -> String {
+    let query: Vec<String> = pairs
+        .into_iter()
+        .filter_map(|(name, value)| value.map(|v| format!("{name}={}", encode(&v))))
+        .collect();
+    if query.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", query.join("&"))
+    }
+}
+
 /// Percent-encode a query value.
 pub fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

@@ -6,7 +6,7 @@ use anyhow::Context;
 use reqwest::Method;
 
 use super::output::{field, print_json, table};
-use crate::client::{encode, Api};
+use crate::client::{with_query, Api};
 
 /// `hutch audit [--tenant T] [--key ID] [--sandbox ID] [--since T] [--until T] [--limit N]`.
 #[derive(Debug, clap::Args)]
@@ -37,25 +37,18 @@ pub struct AuditArgs {
 /// Run `hutch audit`.
 pub async fn audit(args: AuditArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
     let api = Api::from_env(state_dir)?;
-    let mut query = Vec::new();
-    for (name, value) in [
-        ("tenant", args.tenant),
-        ("key_id", args.key),
-        ("sandbox_id", args.sandbox),
-        ("since", args.since),
-        ("until", args.until),
-        ("limit", args.limit.map(|n| n.to_string())),
-        ("cursor", args.cursor),
-    ] {
-        if let Some(v) = value {
-            query.push(format!("{name}={}", encode(&v)));
-        }
-    }
-    let path = if query.is_empty() {
-        "/v1/audit".to_string()
-    } else {
-        format!("/v1/audit?{}", query.join("&"))
-    };
+    let path = with_query(
+        "/v1/audit",
+        [
+            ("tenant", args.tenant),
+            ("key_id", args.key),
+            ("sandbox_id", args.sandbox),
+            ("since", args.since),
+            ("until", args.until),
+            ("limit", args.limit.map(|n| n.to_string())),
+            ("cursor", args.cursor),
+        ],
+    );
     let v = api.call(Method::GET, &path, None).await?;
     if json_out {
         print_json(&v);

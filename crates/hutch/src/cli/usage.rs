@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::output::{print_json, table};
-use crate::client::{encode, Api};
+use crate::client::{with_query, Api};
 
 /// `hutch usage [--from T] [--to T] [--group-by sandbox|tenant|key|day] [--tenant T]
 /// [--key ID] [--sandbox ID]`.
@@ -59,24 +59,17 @@ fn row(label: String, v: &Value) -> Vec<String> {
 pub async fn usage(args: UsageArgs, state_dir: &Path, json_out: bool) -> anyhow::Result<()> {
     let api = Api::from_env(state_dir)?;
     let group_by = args.group_by.clone();
-    let mut query = Vec::new();
-    for (name, value) in [
-        ("from", args.from),
-        ("to", args.to),
-        ("group_by", args.group_by),
-        ("tenant", args.tenant),
-        ("key_id", args.key),
-        ("sandbox_id", args.sandbox),
-    ] {
-        if let Some(v) = value {
-            query.push(format!("{name}={}", encode(&v)));
-        }
-    }
-    let path = if query.is_empty() {
-        "/v1/usage".to_string()
-    } else {
-        format!("/v1/usage?{}", query.join("&"))
-    };
+    let path = with_query(
+        "/v1/usage",
+        [
+            ("from", args.from),
+            ("to", args.to),
+            ("group_by", args.group_by),
+            ("tenant", args.tenant),
+            ("key_id", args.key),
+            ("sandbox_id", args.sandbox),
+        ],
+    );
     let v = api.call(Method::GET, &path, None).await?;
     if json_out {
         print_json(&v);
