@@ -10,6 +10,7 @@
 //!   state disk), unmounted and detached when dropped.
 //! - [`TestCa`]: a CA of the test's own and a server certificate it signed, for
 //!   `hutch serve --tls-cert` ([`TestServer::trust_root`] makes the clients trust it).
+//! - [`PrivatePostgres`]: a PostgreSQL server of the test's own (cluster-mode tests).
 //! - [`wait_until`]: polling instead of sleeping (and [`wait_until_blocking`] for tests
 //!   without a runtime).
 //! - [`both_backends!`]: one behaviour case, an `ns` and a `vm` test; the `vm` one skips,
@@ -22,6 +23,7 @@
 
 mod backends;
 mod paths;
+mod postgres;
 mod programs;
 mod server;
 mod small_disk;
@@ -31,6 +33,7 @@ mod wait;
 
 pub use backends::{on, skip_without_vm, vm_unavailable};
 pub use paths::{agent_bin, ensure_template, hutch_bin, repo_root, templates_dir, vm_cache_dir};
+pub use postgres::PrivatePostgres;
 pub use programs::{path_without, static_c_binary};
 pub use server::TestServer;
 pub use small_disk::SmallDisk;

@@ -1,0 +1,1 @@
+//! Cluster mode (docs/cluster.md).

@@ -1,0 +1,139 @@
+//! [`Db`]: the connection pool and the schema migrations.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::NoTls;
+
+use crate::schema::MIGRATIONS;
+
+/// How long a connection attempt, or a wait for a free pooled connection, may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The advisory lock the migrating node holds (any constant every node agrees on).
+const MIGRATION_LOCK: i64 = 0x6875_7463_6801;
+
+/// A failure of the database or of talking to it.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The connection URL does not parse.
+    #[error("database URL: {0}")]
+    Url(#[source] tokio_postgres::Error),
+    /// No connection could be had (the server is down, unreachable or refuses us).
+    #[error("database unreachable: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    /// A statement failed.
+    #[error("database: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    /// The database's schema is newer than this binary knows.
+    #[error("database schema is at version {found}, newer than this hutch knows ({known}): upgrade this node")]
+    SchemaTooNew {
+        /// The database's version.
+        found: i64,
+        /// The newest this binary has.
+        known: i64,
+    },
+    /// The pool could not be built.
+    #[error("database pool: {0}")]
+    Build(#[from] deadpool_postgres::BuildError),
+}
+
+impl DbError {
+    /// Whether the database could not be reached (as opposed to refusing a statement).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            DbError::Pool(_) => true,
+            DbError::Query(e) => e.is_closed() || e.as_db_error().is_none(),
+            _ => false,
+        }
+    }
+}
+
+/// A pool of connections to the cluster's database.
+#[derive(Clone)]
+pub struct Db {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db").finish_non_exhaustive()
+    }
+}
+
+impl Db {
+    /// A pool of up to `max_size` connections to `url` (`postgres://user:pass@host/db`, or
+    /// the key=value form). Connects lazily: a database that is down fails the first use.
+    pub fn connect(url: &str, max_size: usize) -> Result<Self, DbError> {
+        let mut cfg: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
+        if cfg.get_connect_timeout().is_none() {
+            cfg.connect_timeout(CONNECT_TIMEOUT);
+        }
+        cfg.application_name("hutch");
+        let manager = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(max_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .build()?;
+        Ok(Self { pool })
+    }
+
+    /// A pooled connection.
+    pub async fn client(&self) -> Result<deadpool_postgres::Client, DbError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Bring the schema to this binary's version: each missing migration in a transaction
+    /// of its own, under an advisory lock so that nodes starting together migrate once.
+    /// Returns the version reached.
+    pub async fn migrate(&self) -> Result<i64, DbError> {
+        let mut client = self.client().await?;
+        client
+            .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+            .await?;
+        let result = migrate_locked(&mut client).await;
+        let unlock = client
+            .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+            .await;
+        let version = result?;
+        unlock?;
+        Ok(version)
+    }
+}
+
+async fn migrate_locked(client: &mut deadpool_postgres::Client) -> Result<i64, DbError> {
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS hutch_schema (
+                version BIGINT PRIMARY KEY,
+                applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+            )",
+        )
+        .await?;
+    let row = client
+        .query_one("SELECT coalesce(max(version), 0) FROM hutch_schema", &[])
+        .await?;
+    let found: i64 = row.get(0);
+    let known = MIGRATIONS.len() as i64;
+    if found > known {
+        return Err(DbError::SchemaTooNew { found, known });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i as i64 + 1;
+        let tx = client.transaction().await?;
+        tx.batch_execute(sql).await?;
+        tx.execute("INSERT INTO hutch_schema (version) VALUES ($1)", &[&version])
+            .await?;
+        tx.commit().await?;
+        tracing::info!(version, "database schema migrated");
+    }
+    Ok(known)
+}

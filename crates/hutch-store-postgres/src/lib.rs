@@ -1,0 +1,19 @@
+//! The state store on PostgreSQL: the database every node of a cluster shares
+//! (`docs/cluster.md`).
+//!
+//! - [`Db`]: a pool of connections (`deadpool-postgres` over `tokio-postgres`) and the
+//!   versioned schema migrations, applied by the first node that starts under an advisory
+//!   lock (`schema.rs`).
+//! - [`NodeFence`]: which node this process is and the epoch (fencing token) it registered
+//!   with; every write of a node's own rows is guarded by both, so a node the cluster has
+//!   declared dead can no longer change anything.
+//!
+//! The cluster's membership, placement and routing (`hutch-cluster`) use the same [`Db`] and
+//! its `nodes` and `placements` tables.
+
+mod db;
+mod fence;
+pub mod schema;
+
+pub use db::{Db, DbError};
+pub use fence::NodeFence;
