@@ -26,6 +26,9 @@ pub enum SandboxState {
     Stopped,
     /// Died or could not be created; see `error`.
     Failed,
+    /// Its node was declared dead (cluster mode, `docs/cluster.md`): its processes are gone
+    /// or being killed, and it can never run again; see `error`.
+    Lost,
     /// A warm `vm` guest waiting in the pool to become a sandbox (`manager/warm.rs`): never
     /// shown by the API, not in [`SandboxState::ALL`].
     Pooled,
@@ -33,13 +36,14 @@ pub enum SandboxState {
 
 impl SandboxState {
     /// Every state, for metrics.
-    pub const ALL: [SandboxState; 6] = [
+    pub const ALL: [SandboxState; 7] = [
         Self::Starting,
         Self::Running,
         Self::Paused,
         Self::Hibernated,
         Self::Stopped,
         Self::Failed,
+        Self::Lost,
     ];
 
     /// The wire name.
@@ -51,6 +55,7 @@ impl SandboxState {
             Self::Hibernated => "hibernated",
             Self::Stopped => "stopped",
             Self::Failed => "failed",
+            Self::Lost => "lost",
             Self::Pooled => "pooled",
         }
     }
@@ -116,6 +121,9 @@ impl SandboxState {
             ),
             Self::Starting => "wait until it is running".into(),
             Self::Failed | Self::Stopped => "it cannot run again: create a new sandbox".into(),
+            Self::Lost => format!(
+                "its node was declared dead and it cannot run again: delete it (DELETE /v1/sandboxes/{id}) and create a new sandbox"
+            ),
             Self::Running | Self::Pooled => String::new(),
         }
     }

@@ -219,7 +219,7 @@ async fn exchange(
 }
 
 /// Join the client's and the service's upgraded connections (WebSocket and the like).
-async fn splice(client: hyper::upgrade::OnUpgrade, service: hyper::upgrade::OnUpgrade) {
+pub async fn splice(client: hyper::upgrade::OnUpgrade, service: hyper::upgrade::OnUpgrade) {
     let (client, service) = match tokio::try_join!(client, service) {
         Ok(both) => both,
         Err(e) => {
@@ -253,7 +253,7 @@ pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// Remove hop-by-hop headers, including those named by `Connection`, and `Upgrade`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

@@ -14,7 +14,6 @@ pub const MIGRATIONS: &[&str] = &[
         state TEXT NOT NULL,
         role TEXT NOT NULL,
         capacity JSONB NOT NULL,
-        in_use JSONB NOT NULL,
         profile JSONB NOT NULL,
         lease_ms BIGINT NOT NULL,
         registered_at TIMESTAMPTZ NOT NULL DEFAULT now(),

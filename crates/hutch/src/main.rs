@@ -8,6 +8,7 @@ mod client;
 mod mcp;
 mod paths;
 mod serve;
+mod serve_cluster;
 
 use clap::Parser;
 

@@ -188,6 +188,9 @@ pub struct ServeArgs {
     /// What a reached spending cap does to the running sandboxes it covers.
     #[arg(long, value_enum, default_value_t = BudgetActionArg::Hibernate)]
     pub budget_action: BudgetActionArg,
+    /// Cluster mode.
+    #[command(flatten)]
+    pub cluster: crate::serve_cluster::ClusterArgs,
 }
 
 /// `--budget-action`.
@@ -485,7 +488,16 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             .await??;
         }
     }
-    let manager = Manager::start(cfg).await?;
+    let cluster_cfg = args.cluster.config(args.listen)?;
+    let (manager, cluster) = match cluster_cfg {
+        None => (Manager::start(cfg).await?, None),
+        Some(cc) => {
+            let (cluster, store) = crate::serve_cluster::join(cc).await?;
+            let manager = Manager::start_with_store(cfg, store).await?;
+            cluster.run(manager.clone());
+            (manager, Some(cluster))
+        }
+    };
     manager.ensure_admin_key().await?;
     // Build contexts a previous server was given (this one holds the state directory now):
     // their builds died with it.
@@ -586,7 +598,15 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     println!("hutch listening on {scheme}://{addr}");
     println!("admin key in {}", manager.admin_key_path().display());
     let stats = state.connection_stats();
-    let app = hutch_server::app(state);
+    let app = match cluster {
+        None => hutch_server::app(state),
+        Some(cluster) => {
+            println!("hutch node {} in the cluster", cluster.node_id());
+            let app = hutch_server::app(state.clone())
+                .merge(hutch_cluster::api::router(cluster.clone(), state.clone()));
+            hutch_cluster::routing::layer(app, cluster, state)
+        }
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(hutch_server::serve::serve(
         listener,

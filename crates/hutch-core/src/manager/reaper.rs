@@ -20,6 +20,10 @@ impl Manager {
     pub async fn readopt(self: &Arc<Self>) -> CoreResult<()> {
         self.drain_warm().await;
         for r in self.store.all_sandboxes().await? {
+            if r.state == SandboxState::Lost {
+                self.stop_lost(&r).await;
+                continue;
+            }
             if r.state != SandboxState::Hibernated && !r.state.holds_resources() {
                 continue;
             }
@@ -57,6 +61,35 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// Stop what this server still runs of the sandboxes the cluster declared lost: their
+    /// node (this one) was declared dead while it ran on cut off from the cluster's
+    /// database, and their state moved to `lost` (`docs/cluster.md`). Called when this node
+    /// learns it was fenced, before it registers again, so that no sandbox runs twice. Their
+    /// records stay, in state `lost`, until a client deletes them. Returns how many there were.
+    pub async fn stop_lost_sandboxes(&self) -> CoreResult<usize> {
+        let mut n = 0;
+        for r in self.store.all_sandboxes().await? {
+            if r.state == SandboxState::Lost {
+                self.stop_lost(&r).await;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Kill lost sandbox `r`'s processes and release what it held on this host (its record
+    /// is the cluster's and is not written).
+    async fn stop_lost(&self, r: &SandboxRecord) {
+        self.lock_agents().remove(&r.id);
+        self.refreshes.forget(&r.id);
+        match self.destroy_resources(r).await {
+            Ok(()) => tracing::warn!(id = %r.id, "stopped a sandbox the cluster declared lost"),
+            Err(e) => {
+                tracing::error!(id = %r.id, error = %e, "stopping a sandbox the cluster declared lost")
+            }
+        }
     }
 
     /// What to do with hibernated record `r` at start ([`Backend::recover_hibernated`]):

@@ -64,6 +64,7 @@ fn refusal(op: Op, id: &str, s: SandboxState) -> String {
         SandboxState::Hibernated => format!(": wake it first (POST /v1/sandboxes/{id}/wake; exec and file calls wake it by themselves)"),
         SandboxState::Starting => ": wait until it is running".into(),
         SandboxState::Failed | SandboxState::Stopped => ": it cannot run again: create a new sandbox".into(),
+        SandboxState::Lost => format!(": its node was declared dead and it cannot run again: delete it (DELETE /v1/sandboxes/{id}) and create a new sandbox"),
         SandboxState::Running | SandboxState::Pooled => String::new(),
     };
     // A failed sandbox says why.

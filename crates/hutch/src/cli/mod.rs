@@ -8,6 +8,7 @@ mod key;
 mod lifecycle;
 mod logs;
 mod network;
+mod node;
 mod output;
 mod ports;
 mod process;
@@ -110,6 +111,10 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Metered usage and its cost: `usage --group-by tenant|key|sandbox|day --from T --to T`.
     Usage(usage::UsageArgs),
+    /// The nodes of a cluster (admin key): `node ls`, `node cordon n2`, `node uncordon n2`,
+    /// `node drain n2`.
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// Explain what isolation this host supports and why.
     Doctor,
     /// Serve the Model Context Protocol on stdio, or Streamable HTTP with `--http`
@@ -165,6 +170,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Key(cmd) => key::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Audit(args) => audit::audit(args, &state_dir, json).await.map(|()| 0),
         Command::Usage(args) => usage::usage(args, &state_dir, json).await.map(|()| 0),
+        Command::Node(cmd) => node::run(cmd, &state_dir, json).await.map(|()| 0),
         Command::Doctor => doctor::doctor(&state_dir, json).await,
         Command::Mcp(args) => crate::mcp::serve(args, &state_dir).await.map(|()| 0),
         Command::Pause(a) => lifecycle::action("pause", &a, &state_dir, json)

@@ -1,0 +1,323 @@
+//! Routing: the middleware in front of the API that makes any node answer for every
+//! sandbox.
+//!
+//! - A call that carries the cluster's node token was forwarded by a node: it is served
+//!   here, whatever the owner table says (a call is forwarded at most once).
+//! - `POST /v1/sandboxes` is placed (`placement.rs`) and served here or forwarded to the
+//!   node chosen; when that node fails the create (it cannot be reached, or answers 5xx),
+//!   the reservation goes and one other node is tried.
+//! - `/v1/sandboxes/{id}` and everything below it go to the sandbox's owner: served here
+//!   when this node owns it (or nobody does: the local answer is the 404), forwarded
+//!   otherwise. A sandbox whose owner was declared dead is answered here from its row
+//!   (`lost`), and `DELETE` of it deletes the row.
+//! - Everything else is served here (every node reads the same database).
+//!
+//! A client's bearer key is checked here before a call is forwarded or placed, so a call
+//! without a valid key never costs a peer anything; the owner checks it again.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hutch_core::ids::SandboxId;
+use hutch_core::model::SandboxState;
+use hutch_core::tenant::keys::Permission;
+use hutch_server::error::ApiError;
+use hutch_server::AppState;
+
+use crate::error::ClusterError;
+use crate::forward::{forward, Peer, FORWARDED_BY, NODE_TOKEN};
+use crate::placement::{self, Demand};
+use crate::Cluster;
+
+/// Memory assumed for a create that names none when its template says none either.
+const FALLBACK_MEMORY_MIB: u64 = 512;
+
+/// `app` with cluster routing in front of it.
+pub fn layer(app: Router, cluster: Arc<Cluster>, state: AppState) -> Router {
+    app.layer(axum::middleware::from_fn_with_state(
+        (cluster, state),
+        route,
+    ))
+}
+
+/// What a call is, for routing.
+#[derive(Debug, PartialEq, Eq)]
+enum Target {
+    /// Served by whichever node gets it.
+    Any,
+    /// A create: placed.
+    Create,
+    /// A call on one sandbox (`exact`: on `/v1/sandboxes/{id}` itself).
+    Sandbox { id: String, exact: bool },
+}
+
+fn classify(method: &Method, path: &str) -> Target {
+    let Some(rest) = path.strip_prefix("/v1/sandboxes") else {
+        return Target::Any;
+    };
+    if rest.is_empty() || rest == "/" {
+        return if method == Method::POST {
+            Target::Create
+        } else {
+            Target::Any
+        };
+    }
+    let Some(rest) = rest.strip_prefix('/') else {
+        return Target::Any;
+    };
+    let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    if !id.starts_with("sbx_") {
+        return Target::Any;
+    }
+    Target::Sandbox {
+        id: id.to_string(),
+        exact: tail.is_empty(),
+    }
+}
+
+async fn route(
+    State((cluster, state)): State<(Arc<Cluster>, AppState)>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if cluster.is_peer_call(req.headers()) {
+        return next.run(req).await;
+    }
+    req.headers_mut().remove(NODE_TOKEN);
+    req.headers_mut().remove(FORWARDED_BY);
+    let result = match classify(req.method(), req.uri().path()) {
+        Target::Any => return next.run(req).await,
+        Target::Create => create(&cluster, &state, req, next).await,
+        Target::Sandbox { id, exact } => on_sandbox(&cluster, &state, &id, exact, req, next).await,
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The bearer key of a call, checked: `Ok(None)` when it has none (the node that serves it
+/// answers, a signed file URL for one).
+async fn check_key(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<hutch_server::auth::Caller>, ApiError> {
+    let Some(secret) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return Ok(None);
+    };
+    state.authenticate(secret.trim()).await.map(Some)
+}
+
+fn unavailable(code: &'static str, message: String) -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        code,
+        message,
+        details: None,
+    }
+}
+
+fn cluster_error(e: ClusterError) -> ApiError {
+    match &e {
+        ClusterError::NoCapacity(_) => unavailable("no_capacity", e.to_string()),
+        ClusterError::Peer { .. } | ClusterError::PeerHttp { .. } => {
+            ApiError::bad_gateway(e.to_string())
+        }
+        _ if e.is_db_unreachable() => unavailable("store_unavailable", e.to_string()),
+        _ => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "internal",
+            message: e.to_string(),
+            details: None,
+        },
+    }
+}
+
+async fn on_sandbox(
+    cluster: &Cluster,
+    state: &AppState,
+    id: &str,
+    exact: bool,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let owner = cluster.owner_of(id).await.map_err(cluster_error)?;
+    let Some(owner) = owner else {
+        return Ok(next.run(req).await);
+    };
+    if owner.node == cluster.node_id() {
+        return Ok(next.run(req).await);
+    }
+    if owner.dead {
+        if exact && req.method() == Method::DELETE {
+            return delete_lost(cluster, state, id, req.headers()).await;
+        }
+        return Ok(next.run(req).await);
+    }
+    check_key(state, req.headers()).await?;
+    let peer = Peer {
+        id: owner.node,
+        advertise: owner.advertise,
+    };
+    forward(&peer, cluster.node_id(), cluster.secret(), req)
+        .await
+        .map_err(cluster_error)
+}
+
+/// `DELETE /v1/sandboxes/{id}` of a sandbox whose node was declared dead: its row goes (its
+/// processes died with the node, or were stopped when it came back).
+async fn delete_lost(
+    cluster: &Cluster,
+    state: &AppState,
+    id: &str,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let Some(caller) = check_key(state, headers).await? else {
+        return Err(ApiError::unauthorized("missing API key (Authorization: Bearer …)"));
+    };
+    if !caller.permits(Permission::Manage) {
+        return Err(ApiError::forbidden(
+            "this key may not delete sandboxes (it lacks the manage permission)",
+        ));
+    }
+    let sandbox: SandboxId = id.parse().map_err(|e: hutch_core::ids::MalformedId| ApiError::not_found(e.to_string()))?;
+    let record = state
+        .manager
+        .store()
+        .get_sandbox_for(&sandbox, &caller.scope())
+        .await
+        .map_err(|e| unavailable("store_unavailable", e.to_string()))?
+        .filter(|r| caller.selects(&r.metadata));
+    let Some(record) = record else {
+        return Err(ApiError::not_found(format!("sandbox {id} not found")));
+    };
+    if record.state != SandboxState::Lost {
+        return Err(ApiError::conflict(format!(
+            "sandbox {id} is {} on a node that is not answering: try again once the cluster declared the node dead",
+            record.state.as_str()
+        )));
+    }
+    cluster.delete_lost(id).await.map_err(cluster_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The memory a create asks for: its `memory_mib`, else its template's default.
+fn demand_of(state: &AppState, body: &[u8]) -> Demand {
+    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    if let Some(m) = json.get("memory_mib").and_then(|v| v.as_u64()) {
+        return Demand { memory_mib: m };
+    }
+    let name = json
+        .get("template")
+        .and_then(|v| v.as_str())
+        .map(|t| t.split([':', '@']).next().unwrap_or(t).to_string())
+        .unwrap_or_else(|| state.manager.config().default_template.clone());
+    let memory_mib = state
+        .manager
+        .templates()
+        .get(&name)
+        .map(|t| t.defaults.memory_mib)
+        .unwrap_or(FALLBACK_MEMORY_MIB);
+    Demand { memory_mib }
+}
+
+async fn create(
+    cluster: &Cluster,
+    state: &AppState,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if check_key(state, req.headers()).await?.is_none() {
+        // No key: the local answer is the 401.
+        return Ok(next.run(req).await);
+    }
+    let (parts, body) = req.into_parts();
+    let limit = state.json_body_limit();
+    let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::payload_too_large(format!("the request body is over {limit} bytes"))
+    })?;
+    let demand = demand_of(state, &body);
+    let mut next = Some(next);
+    let mut exclude: Vec<String> = Vec::new();
+    let mut last_error = None;
+    for _attempt in 0..2 {
+        let placed = placement::place(cluster.db(), cluster.config(), demand, &exclude).await;
+        let placed = match placed {
+            Ok(p) => p,
+            // After a failed attempt, that node's error says more than "no room elsewhere".
+            Err(ClusterError::NoCapacity(_)) if last_error.is_some() => break,
+            Err(e) => return Err(cluster_error(e)),
+        };
+        let request = Request::from_parts(parts.clone(), Body::from(body.clone()));
+        let answer = if placed.node == cluster.node_id() {
+            match next.take() {
+                Some(next) => Ok(next.run(request).await),
+                None => Err(ApiError::bad_gateway("this node already failed the create")),
+            }
+        } else {
+            let peer = Peer {
+                id: placed.node.clone(),
+                advertise: placed.advertise.clone(),
+            };
+            forward(&peer, cluster.node_id(), cluster.secret(), request)
+                .await
+                .map_err(cluster_error)
+        };
+        if let Err(e) = placement::release(cluster.db(), &placed).await {
+            tracing::warn!(error = %e, "releasing a placement (it expires on its own)");
+        }
+        match answer {
+            Ok(r) if !r.status().is_server_error() => return Ok(r),
+            Ok(r) => {
+                tracing::warn!(node = %placed.node, status = %r.status(), "a create failed on its node: trying one other");
+                last_error = Some(Ok(r));
+            }
+            Err(e) => {
+                tracing::warn!(node = %placed.node, error = %e.message, "a create's node did not answer: trying one other");
+                last_error = Some(Err(e));
+            }
+        }
+        exclude.push(placed.node);
+    }
+    match last_error {
+        Some(Ok(r)) => Ok(r),
+        Some(Err(e)) => Err(e),
+        None => Err(cluster_error(ClusterError::NoCapacity(
+            "no node could take it".into(),
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_classified_by_path() {
+        assert_eq!(classify(&Method::POST, "/v1/sandboxes"), Target::Create);
+        assert_eq!(classify(&Method::GET, "/v1/sandboxes"), Target::Any);
+        assert_eq!(
+            classify(&Method::POST, "/v1/sandboxes/sbx_abc/exec"),
+            Target::Sandbox {
+                id: "sbx_abc".into(),
+                exact: false
+            }
+        );
+        assert_eq!(
+            classify(&Method::DELETE, "/v1/sandboxes/sbx_abc"),
+            Target::Sandbox {
+                id: "sbx_abc".into(),
+                exact: true
+            }
+        );
+        assert_eq!(classify(&Method::GET, "/v1/snapshots"), Target::Any);
+        assert_eq!(classify(&Method::GET, "/v1/sandboxesx"), Target::Any);
+        assert_eq!(classify(&Method::GET, "/v1/sandboxes/other"), Target::Any);
+    }
+}
