@@ -384,3 +384,53 @@ async fn a_stopped_database_is_unavailable_and_the_same_store_recovers() {
     assert!(back.is_some());
     a.insert_sandbox(&record("sbx_b", 2)).await.expect("writes again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_delete_and_an_insert_for_that_tenant_never_interleave() {
+    let cluster = Cluster::start().await;
+    let a = cluster.node("a").await;
+    a.insert_tenant(&support::tenant("acme")).await.expect("tenant");
+    let db = cluster.db();
+    // An insert in flight for acme (what `insert_sandbox` does in one statement, held
+    // open here): the tenant's row locked FOR KEY SHARE, the row written, not committed.
+    let mut inserting = db.client().await.expect("client");
+    let tx = inserting.transaction().await.expect("begin");
+    tx.execute("SELECT 1 FROM tenants WHERE name = 'acme' FOR KEY SHARE", &[])
+        .await
+        .expect("lock");
+    tx.execute(
+        "INSERT INTO sandboxes (id, node_id, state, uid_slot, record, tenant)
+            SELECT 'sbx_x', 'a', 'running', 1, record, 'acme' FROM (SELECT $1::jsonb AS record) r",
+        &[&serde_json::to_value(record("sbx_x", 1)).expect("json")],
+    )
+    .await
+    .expect("insert");
+    let delete = tokio::spawn(async move {
+        let r = a.delete_tenant(&Tenant::new("acme")).await;
+        (a, r)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!delete.is_finished(), "the delete waits for the insert");
+    tx.commit().await.expect("commit");
+    let (a, r) = delete.await.expect("join");
+    let e = r.expect_err("the sandbox committed before the count");
+    assert_eq!(e.to_string(), "tenant acme still owns 1 sandbox: delete them first");
+    // The other way round: a delete in flight holds off an insert for its tenant.
+    assert!(a.delete_sandbox(&sid("sbx_x")).await.expect("delete"));
+    let tx = inserting.transaction().await.expect("begin");
+    tx.execute("SELECT 1 FROM tenants WHERE name = 'acme' FOR UPDATE", &[])
+        .await
+        .expect("lock");
+    let insert = tokio::spawn(async move {
+        let r = a.insert_sandbox(&record("sbx_y", 2)).await;
+        (a, r)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!insert.is_finished(), "the insert waits for the delete");
+    tx.execute("DELETE FROM tenants WHERE name = 'acme'", &[])
+        .await
+        .expect("delete");
+    tx.commit().await.expect("commit");
+    let (_a, r) = insert.await.expect("join");
+    r.expect("the insert goes on after the delete, as it would after it on SQLite");
+}
