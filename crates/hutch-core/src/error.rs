@@ -226,6 +226,22 @@ pub enum CoreError {
     /// The state database cannot be used (its files, its schema) (500).
     #[error("state database: {0}")]
     Database(String),
+    /// This node was declared dead by the cluster (the reaper bumped its epoch): it may no
+    /// longer change the rows it owns in the cluster database, and changed nothing (503
+    /// `node_fenced`).
+    #[error("this node ({node}, epoch {epoch}) is no longer a member of the cluster: it was declared dead")]
+    NodeFenced {
+        /// The node's id.
+        node: String,
+        /// The epoch it held (no longer its row's).
+        epoch: i64,
+    },
+    /// The cluster database (PostgreSQL) refused or failed a statement (500).
+    #[error("cluster database: {0}")]
+    SharedStore(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The cluster database could not be reached (503 `store_unavailable`).
+    #[error("cluster database unreachable: {0}")]
+    StoreUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The code interpreter refused or failed (an unknown context is 404, a template that
     /// cannot run code or a bad value 422, a failed driver 502).
     #[error("{0}")]
@@ -558,6 +574,24 @@ mod tests {
             e.source().and_then(|s| s.downcast_ref::<ClientError>()),
             Some(ClientError::Transport(_))
         ));
+    }
+
+    #[test]
+    fn a_fenced_node_says_it_was_declared_dead() {
+        let e = CoreError::NodeFenced {
+            node: "node-a".into(),
+            epoch: 3,
+        };
+        assert_eq!(
+            e.to_string(),
+            "this node (node-a, epoch 3) is no longer a member of the cluster: it was declared dead"
+        );
+        let e = CoreError::StoreUnavailable("connection refused".into());
+        assert_eq!(
+            e.to_string(),
+            "cluster database unreachable: connection refused"
+        );
+        assert!(e.source().is_some());
     }
 
     #[test]

@@ -199,6 +199,8 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         | CoreError::FilesLost(_)
         | CoreError::SandboxFailed(_) => SANDBOX_FAILED,
         CoreError::NoSpace { .. } => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
+        CoreError::NodeFenced { .. } => (StatusCode::SERVICE_UNAVAILABLE, "node_fenced"),
+        CoreError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
         CoreError::Vm(cause) if error::vm_unavailable(cause) => NOT_SUPPORTED,
         CoreError::Vm(cause) if error::vm_guest_failed(cause) => SANDBOX_FAILED,
         CoreError::Volume(cause) if error::volume_damaged(cause) => CONFLICT,
@@ -221,6 +223,7 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         | CoreError::Sqlite(_)
         | CoreError::CorruptRecord(_)
         | CoreError::Database(_)
+        | CoreError::SharedStore(_)
         | CoreError::Internal(_) => INTERNAL,
     }
 }
@@ -720,6 +723,24 @@ mod tests {
                 CoreError::Database("schema 9".into()),
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
+            ),
+            (
+                CoreError::NodeFenced {
+                    node: "node-a".into(),
+                    epoch: 3,
+                },
+                StatusCode::SERVICE_UNAVAILABLE,
+                "node_fenced",
+            ),
+            (
+                CoreError::SharedStore("syntax error".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+            ),
+            (
+                CoreError::StoreUnavailable("connection refused".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
             ),
             (
                 CoreError::Internal("bug".into()),
