@@ -238,3 +238,26 @@ fn bad_urls_and_missing_credentials_are_typed_errors_with_exact_messages() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn a_multipart_upload_that_fails_is_aborted() {
+    // moto made to want 16 MiB parts: completing an upload of 8 MiB parts fails
+    // (EntityTooSmall) after its parts went up.
+    let Some(s3) = S3Server::start_with_env(&[("S3_UPLOAD_PART_MIN_SIZE", "16777216")]) else {
+        return;
+    };
+    let store = s3_store(&s3, "abort");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let big = file_of(scratch.path(), "big", 17 << 20, 12);
+    let e = store.put_file("snaps/too-small-parts", &big).await.expect_err("refused");
+    assert!(
+        matches!(&e, ObjectStoreError::Rejected { status: 400, reason, .. }
+            if reason.starts_with("EntityTooSmall")),
+        "{e:?}"
+    );
+    let (status, uploads) = s3.get("/abort?uploads");
+    assert_eq!(status, 200, "{uploads}");
+    assert!(uploads.contains("ListMultipartUploadsResult"), "{uploads}");
+    assert!(!uploads.contains("<UploadId>"), "no upload is left: {uploads}");
+    assert_eq!(store.head("snaps/too-small-parts").await.expect("head"), None);
+}

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 /// A running moto S3 server (see the module docs).
 pub struct S3Server {
     python: PathBuf,
+    env: Vec<(String, String)>,
     port: u16,
     dir: PathBuf,
     child: Option<Child>,
@@ -23,6 +24,12 @@ impl S3Server {
     /// Start moto on a free port and wait until it answers. `None` (after saying so on
     /// stderr) when `HUTCH_TEST_PYTHON` is unset: the caller skips its test.
     pub fn start() -> Option<Self> {
+        Self::start_with_env(&[])
+    }
+
+    /// [`S3Server::start`] with environment variables of moto's own (its settings, such as
+    /// `S3_UPLOAD_PART_MIN_SIZE`), kept for [`S3Server::start_again`].
+    pub fn start_with_env(env: &[(&str, &str)]) -> Option<Self> {
         let Some(python) = std::env::var_os("HUTCH_TEST_PYTHON") else {
             eprintln!(
                 "skipped: HUTCH_TEST_PYTHON is unset (set it to $(scripts/venv.sh), which \
@@ -41,6 +48,10 @@ impl S3Server {
             .keep();
         let mut server = Self {
             python: PathBuf::from(python),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             port,
             dir,
             child: None,
@@ -55,6 +66,7 @@ impl S3Server {
             .args(["-m", "moto.server", "-H", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
             .env("PYTHONUNBUFFERED", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -76,6 +88,17 @@ impl S3Server {
 
     /// One HTTP/1.1 request without a body; the status, or `None` if nothing answered.
     fn request(&self, method: &str, path: &str) -> Option<u16> {
+        self.request_text(method, path).map(|(status, _)| status)
+    }
+
+    /// An unsigned GET of `path_and_query` (moto checks no signature): the status and body,
+    /// for what the store under test cannot ask, such as `/BUCKET?uploads`.
+    pub fn get(&self, path_and_query: &str) -> (u16, String) {
+        self.request_text("GET", path_and_query)
+            .unwrap_or_else(|| panic!("GET {path_and_query}: no answer: {}", self.log()))
+    }
+
+    fn request_text(&self, method: &str, path: &str) -> Option<(u16, String)> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
@@ -89,7 +112,9 @@ impl S3Server {
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).ok()?;
         let answer = String::from_utf8_lossy(&answer);
-        answer.split_whitespace().nth(1)?.parse().ok()
+        let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((status, body.to_string()))
     }
 
     /// moto's log so far.
