@@ -185,8 +185,7 @@ impl ObjectStore for FsObjectStore {
         check_key(key)?;
         let stored = self.read_meta(key).await?;
         let mut partial = PartialFile::beside(dest).await?;
-        let (actual, bytes) =
-            copy_hashing(&self.object_path(key), &mut partial, Some(key)).await?;
+        let (actual, bytes) = copy_hashing(&self.object_path(key), &mut partial, Some(key)).await?;
         let expected = match (expected_sha256, stored) {
             (Some(e), _) => e.to_ascii_lowercase(),
             (None, Some(m)) => m.sha256,

@@ -100,7 +100,10 @@ mod tests {
             ("./a", "it has a . or .. segment"),
             ("a b", "it has ' ', which is not visible ASCII (! to ~)"),
             ("a\nb", "it has '\\n', which is not visible ASCII (! to ~)"),
-            ("caf\u{e9}", "it has '\u{e9}', which is not visible ASCII (! to ~)"),
+            (
+                "caf\u{e9}",
+                "it has '\u{e9}', which is not visible ASCII (! to ~)",
+            ),
         ];
         for (key, want) in cases {
             assert_eq!(reason(check_key(key)), want, "key {key:?}");

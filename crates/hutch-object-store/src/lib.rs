@@ -3,15 +3,15 @@
 //! Ceph RGW, Garage, a cloud bucket), or a directory for a single host or a shared
 //! filesystem.
 //!
-//! - [`ObjectStore`]: the one trait, object-safe: `put_file` (multipart above the part
+//! - [`ObjectStore`], the one trait, object-safe: `put_file` (multipart above the part
 //!   size, sha256 stored with the object), `get_to_file` (streamed to a temporary file
 //!   beside the destination, verified, renamed into place), `head`, `delete`, `list`.
-//! - [`S3ObjectStore`]: `s3://BUCKET[/PREFIX]?endpoint=...&region=...&path_style=...`,
+//! - [`S3ObjectStore`], for `s3://BUCKET[/PREFIX]?endpoint=...&region=...&path_style=...`,
 //!   requests signed by `rusty-s3` and sent with `reqwest`.
-//! - [`FsObjectStore`]: `file:///path`, atomic renames.
-//! - [`UploadQueue`]: uploads that must not be lost while the store is down: one JSON file
+//! - [`FsObjectStore`], for `file:///path`: atomic renames.
+//! - [`UploadQueue`], for uploads that must not be lost while the store is down: one JSON file
 //!   per job, retried with capped exponential backoff, resumed by the next process.
-//! - [`open`]: the store a URL names.
+//! - [`open`], the store a URL names.
 //!
 //! Keys are checked before any request ([`check_key`]): visible ASCII, no `..`, no leading
 //! `/`.
@@ -33,9 +33,7 @@ pub use error::ObjectStoreError;
 pub use fs::FsObjectStore;
 pub use key::{check_key, check_prefix, MAX_KEY_LEN};
 pub use location::{Location, S3Location};
-pub use queue::{
-    CompletedUpload, OnUploaded, PendingUpload, QueueError, RetryPolicy, UploadQueue,
-};
+pub use queue::{CompletedUpload, OnUploaded, PendingUpload, QueueError, RetryPolicy, UploadQueue};
 pub use s3::{S3Credentials, S3ObjectStore, S3Options, DEFAULT_PART_SIZE, MIN_PART_SIZE};
 
 /// An object as the store has it.

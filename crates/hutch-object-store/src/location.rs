@@ -101,9 +101,7 @@ impl Location {
                     .map_err(|()| bad("a file:// URL must be file:///ABSOLUTE/PATH"))?;
                 Ok(Self::Fs(path))
             }
-            other => Err(bad(&format!(
-                "the scheme is {other}:, not s3: or file:"
-            ))),
+            other => Err(bad(&format!("the scheme is {other}:, not s3: or file:"))),
         }
     }
 }
@@ -193,8 +191,7 @@ fn check_bucket(bucket: &str) -> Result<(), String> {
 }
 
 fn parse_endpoint(value: &str) -> Result<Url, String> {
-    let endpoint =
-        Url::parse(value).map_err(|e| format!("endpoint {:?}: {e}", redact(value)))?;
+    let endpoint = Url::parse(value).map_err(|e| format!("endpoint {:?}: {e}", redact(value)))?;
     if !matches!(endpoint.scheme(), "http" | "https") {
         return Err(format!(
             "endpoint {:?} is not http:// or https://",
@@ -202,9 +199,11 @@ fn parse_endpoint(value: &str) -> Result<Url, String> {
         ));
     }
     if !endpoint.username().is_empty() || endpoint.password().is_some() {
-        return Err("credentials do not belong in the endpoint: set AWS_ACCESS_KEY_ID and \
+        return Err(
+            "credentials do not belong in the endpoint: set AWS_ACCESS_KEY_ID and \
                     AWS_SECRET_ACCESS_KEY"
-            .to_string());
+                .to_string(),
+        );
     }
     if endpoint.query().is_some() || endpoint.fragment().is_some() {
         return Err(format!("endpoint {value:?} has a query or fragment"));
@@ -363,6 +362,9 @@ mod tests {
         );
         let msg = refused("s3://bucket?endpoint=http://AKIA:secret@127.0.0.1:9000");
         assert!(!msg.contains("secret"), "{msg}");
-        assert!(msg.contains("credentials do not belong in the endpoint"), "{msg}");
+        assert!(
+            msg.contains("credentials do not belong in the endpoint"),
+            "{msg}"
+        );
     }
 }

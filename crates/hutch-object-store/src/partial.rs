@@ -21,12 +21,13 @@ impl PartialFile {
     pub(crate) async fn create_in(dir: &Path, name: &str) -> Result<Self, ObjectStoreError> {
         let mut random = [0u8; 8];
         getrandom::fill(&mut random).map_err(|e| {
-            ObjectStoreError::io("make a temporary name in", dir, std::io::Error::other(e.to_string()))
+            ObjectStoreError::io(
+                "make a temporary name in",
+                dir,
+                std::io::Error::other(e.to_string()),
+            )
         })?;
-        let path = dir.join(format!(
-            ".{name}.{}.partial",
-            crate::checksum::hex(&random)
-        ));
+        let path = dir.join(format!(".{name}.{}.partial", crate::checksum::hex(&random)));
         let file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

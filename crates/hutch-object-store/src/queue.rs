@@ -163,7 +163,9 @@ struct Shared {
 
 impl Shared {
     fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Job>> {
-        self.jobs.lock().expect("no thread panics holding the job table")
+        self.jobs
+            .lock()
+            .expect("no thread panics holding the job table")
     }
 
     fn job_path(&self, id: &str) -> PathBuf {
@@ -270,8 +272,13 @@ impl UploadQueue {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let mut random = [0u8; 4];
-        getrandom::fill(&mut random)
-            .map_err(|e| io("make an id in", &self.shared.dir, std::io::Error::other(e.to_string())))?;
+        getrandom::fill(&mut random).map_err(|e| {
+            io(
+                "make an id in",
+                &self.shared.dir,
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
         let upload = PendingUpload {
             id: format!("{created_unix_ms:013}-{}", crate::checksum::hex(&random)),
             key: key.to_string(),

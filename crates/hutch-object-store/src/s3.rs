@@ -52,7 +52,10 @@ impl std::fmt::Debug for S3Credentials {
         f.debug_struct("S3Credentials")
             .field("access_key_id", &self.access_key_id)
             .field("secret_access_key", &"<redacted>")
-            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
             .finish()
     }
 }
@@ -239,7 +242,9 @@ impl S3ObjectStore {
             return Err(changed(key, path));
         }
         let mut action = self.bucket.put_object(Some(&self.credentials), full);
-        action.headers_mut().insert(SHA256_HEADER, sha256.to_string());
+        action
+            .headers_mut()
+            .insert(SHA256_HEADER, sha256.to_string());
         let url = action.sign(SIGNED_FOR);
         let req = self
             .http
@@ -263,7 +268,9 @@ impl S3ObjectStore {
         let mut action = self
             .bucket
             .create_multipart_upload(Some(&self.credentials), full);
-        action.headers_mut().insert(SHA256_HEADER, sha256.to_string());
+        action
+            .headers_mut()
+            .insert(SHA256_HEADER, sha256.to_string());
         let url = action.sign(SIGNED_FOR);
         let req = self
             .http
@@ -312,9 +319,9 @@ impl S3ObjectStore {
             }
             hasher.update(&part);
             let number = u16::try_from(etags.len() + 1).expect("at most 10,000 parts");
-            let action =
-                self.bucket
-                    .upload_part(Some(&self.credentials), full, number, upload_id);
+            let action = self
+                .bucket
+                .upload_part(Some(&self.credentials), full, number, upload_id);
             let url = action.sign(SIGNED_FOR);
             let len = part.len();
             let req = self
@@ -375,7 +382,9 @@ impl S3ObjectStore {
         let req = self.http.delete(url).timeout(self.options.request_timeout);
         match self.send("DELETE", key, req).await {
             Ok(_) => tracing::info!(key, upload_id, "aborted a failed multipart upload"),
-            Err(e) => tracing::warn!(key, upload_id, error = %e, "could not abort a multipart upload"),
+            Err(e) => {
+                tracing::warn!(key, upload_id, error = %e, "could not abort a multipart upload")
+            }
         }
     }
 }
@@ -512,7 +521,10 @@ impl ObjectStore for S3ObjectStore {
             let url = action.sign(SIGNED_FOR);
             let req = self.http.get(url).timeout(self.options.request_timeout);
             let resp = self.send("LIST", prefix, req).await?;
-            let body = resp.text().await.map_err(|e| transport("LIST", prefix, e))?;
+            let body = resp
+                .text()
+                .await
+                .map_err(|e| transport("LIST", prefix, e))?;
             let page = ListObjectsV2::parse_response(&body)
                 .map_err(|e| unreadable("LIST", prefix, "ListObjectsV2", &e, &body))?;
             for object in page.contents {
@@ -675,16 +687,29 @@ mod tests {
         let doc = "<?xml version=\"1.0\"?><Error><Code>AccessDenied</Code>\
                    <Message>Access Denied</Message></Error>";
         let e = answer_error("GET", "k", 403, doc);
-        assert_eq!(e.to_string(), "object store denied GET k: AccessDenied: Access Denied");
+        assert_eq!(
+            e.to_string(),
+            "object store denied GET k: AccessDenied: Access Denied"
+        );
         assert!(!e.is_unavailable());
         assert!(answer_error("HEAD", "k", 404, "").is_not_found());
-        assert!(!answer_error("GET", "k", 404, "<Error><Code>NoSuchBucket</Code></Error>")
-            .is_not_found());
-        assert!(answer_error("PUT", "k", 503, "<Error><Code>SlowDown</Code></Error>")
-            .is_unavailable());
-        assert!(answer_error("PUT", "k", 200, "<Error><Code>InternalError</Code></Error>")
-            .is_unavailable());
-        let e = answer_error("PUT", "k", 400, "<Error><Code>EntityTooSmall</Code></Error>");
+        assert!(
+            !answer_error("GET", "k", 404, "<Error><Code>NoSuchBucket</Code></Error>")
+                .is_not_found()
+        );
+        assert!(
+            answer_error("PUT", "k", 503, "<Error><Code>SlowDown</Code></Error>").is_unavailable()
+        );
+        assert!(
+            answer_error("PUT", "k", 200, "<Error><Code>InternalError</Code></Error>")
+                .is_unavailable()
+        );
+        let e = answer_error(
+            "PUT",
+            "k",
+            400,
+            "<Error><Code>EntityTooSmall</Code></Error>",
+        );
         assert_eq!(
             e.to_string(),
             "object store refused PUT k: HTTP 400: EntityTooSmall"
@@ -699,6 +724,9 @@ mod tests {
         };
         let shown = format!("{c:?}");
         assert!(shown.contains("AKIA1"));
-        assert!(!shown.contains("very-secret") && !shown.contains("tok\""), "{shown}");
+        assert!(
+            !shown.contains("very-secret") && !shown.contains("tok\""),
+            "{shown}"
+        );
     }
 }

@@ -14,7 +14,10 @@ async fn a_directory_store_round_trips() {
     assert_eq!(store.describe(), url);
     round_trip(store.as_ref(), scratch.path()).await;
     refuses_bad_keys(store.as_ref(), scratch.path()).await;
-    assert!(files_in(&root.path().join("tmp")).is_empty(), "no temporary file is left");
+    assert!(
+        files_in(&root.path().join("tmp")).is_empty(),
+        "no temporary file is left"
+    );
 }
 
 #[tokio::test]
@@ -71,6 +74,9 @@ async fn a_missing_key_is_not_found_and_a_missing_root_is_refused() {
     let e = FsObjectStore::open(&gone).expect_err("a missing root");
     assert_eq!(
         e.to_string(),
-        format!("open {}: No such file or directory (os error 2)", gone.display())
+        format!(
+            "open {}: No such file or directory (os error 2)",
+            gone.display()
+        )
     );
 }

@@ -41,7 +41,9 @@ fn job_files(dir: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn a_job_waits_while_the_store_is_down_and_completes_when_it_is_back() {
-    let Some(mut s3) = S3Server::start() else { return };
+    let Some(mut s3) = S3Server::start() else {
+        return;
+    };
     let store: Arc<dyn ObjectStore> = Arc::new(s3_store(&s3, "queue"));
     s3.stop();
     let scratch = tempfile::tempdir().expect("scratch");
@@ -66,10 +68,13 @@ async fn a_job_waits_while_the_store_is_down_and_completes_when_it_is_back() {
         "{error}"
     );
     // The job file has it too.
-    let text = std::fs::read_to_string(jobs.path().join(format!("{}.json", job.id)))
-        .expect("job file");
+    let text =
+        std::fs::read_to_string(jobs.path().join(format!("{}.json", job.id))).expect("job file");
     assert!(text.contains("could not connect"), "{text}");
-    assert!(done.try_recv().is_err(), "no completion while the store is down");
+    assert!(
+        done.try_recv().is_err(),
+        "no completion while the store is down"
+    );
 
     s3.start_again();
     s3.create_bucket("queue");
@@ -84,7 +89,10 @@ async fn a_job_waits_while_the_store_is_down_and_completes_when_it_is_back() {
     assert!(completed.failed_attempts >= 2);
     assert_eq!(
         completed.info.sha256,
-        hutch_object_store::sha256_file(&file).await.expect("hash").0
+        hutch_object_store::sha256_file(&file)
+            .await
+            .expect("hash")
+            .0
     );
     wait_until(Duration::from_secs(5), async || {
         queue.pending().is_empty().then_some(())
@@ -92,7 +100,11 @@ async fn a_job_waits_while_the_store_is_down_and_completes_when_it_is_back() {
     .await
     .expect("the job is gone");
     assert!(job_files(jobs.path()).is_empty(), "its file is removed");
-    let head = store.head("snaps/q/disk").await.expect("head").expect("uploaded");
+    let head = store
+        .head("snaps/q/disk")
+        .await
+        .expect("head")
+        .expect("uploaded");
     assert_eq!(head, completed.info);
     assert!(file.exists(), "the local file is the caller's");
     queue.shutdown().await;
@@ -100,7 +112,9 @@ async fn a_job_waits_while_the_store_is_down_and_completes_when_it_is_back() {
 
 #[tokio::test]
 async fn a_queue_reopened_on_the_same_directory_resumes_its_jobs() {
-    let Some(mut s3) = S3Server::start() else { return };
+    let Some(mut s3) = S3Server::start() else {
+        return;
+    };
     let store: Arc<dyn ObjectStore> = Arc::new(s3_store(&s3, "resume"));
     s3.stop();
     let scratch = tempfile::tempdir().expect("scratch");
@@ -112,8 +126,14 @@ async fn a_queue_reopened_on_the_same_directory_resumes_its_jobs() {
     let queue = UploadQueue::open(jobs.path(), store.clone(), FAST, on)
         .await
         .expect("queue");
-    let a = queue.enqueue("snaps/one", &first).await.expect("enqueue one");
-    let b = queue.enqueue("snaps/two", &second).await.expect("enqueue two");
+    let a = queue
+        .enqueue("snaps/one", &first)
+        .await
+        .expect("enqueue one");
+    let b = queue
+        .enqueue("snaps/two", &second)
+        .await
+        .expect("enqueue two");
     wait_until(Duration::from_secs(20), async || {
         queue
             .pending()
@@ -140,7 +160,9 @@ async fn a_queue_reopened_on_the_same_directory_resumes_its_jobs() {
         [a.id.as_str(), b.id.as_str()],
         "both, oldest first"
     );
-    assert!(resumed.iter().all(|p| p.attempts >= 1 && p.last_error.is_some()));
+    assert!(resumed
+        .iter()
+        .all(|p| p.attempts >= 1 && p.last_error.is_some()));
     let mut ids = Vec::new();
     for _ in 0..2 {
         let c = tokio::time::timeout(Duration::from_secs(30), done.recv())
@@ -178,7 +200,10 @@ async fn enqueue_refuses_bad_keys_and_relative_paths_and_forget_drops_a_job() {
 
     let e = queue.enqueue("a/../b", &file).await.expect_err("bad key");
     assert!(matches!(e, QueueError::Key(_)));
-    assert_eq!(e.to_string(), "bad object key \"a/../b\": it has a . or .. segment");
+    assert_eq!(
+        e.to_string(),
+        "bad object key \"a/../b\": it has a . or .. segment"
+    );
     let e = queue
         .enqueue("ok", Path::new("relative/file"))
         .await
@@ -188,7 +213,10 @@ async fn enqueue_refuses_bad_keys_and_relative_paths_and_forget_drops_a_job() {
         "upload queue: the file to upload must be an absolute path, not relative/file"
     );
     let missing = scratch.path().join("missing");
-    let e = queue.enqueue("ok", &missing).await.expect_err("missing file");
+    let e = queue
+        .enqueue("ok", &missing)
+        .await
+        .expect_err("missing file");
     assert_eq!(
         e.to_string(),
         format!(
@@ -196,15 +224,15 @@ async fn enqueue_refuses_bad_keys_and_relative_paths_and_forget_drops_a_job() {
             missing.display()
         )
     );
-    assert!(job_files(jobs.path()).is_empty(), "refused jobs leave no file");
+    assert!(
+        job_files(jobs.path()).is_empty(),
+        "refused jobs leave no file"
+    );
 
     std::fs::remove_dir_all(root.path().join("tmp")).expect("break the store");
     let job = queue.enqueue("snaps/f", &file).await.expect("enqueue");
     wait_until(Duration::from_secs(10), async || {
-        queue
-            .pending()
-            .into_iter()
-            .find(|p| p.last_error.is_some())
+        queue.pending().into_iter().find(|p| p.last_error.is_some())
     })
     .await
     .expect("it fails");
@@ -212,7 +240,10 @@ async fn enqueue_refuses_bad_keys_and_relative_paths_and_forget_drops_a_job() {
     assert!(!queue.forget(&job.id).await.expect("forget again"));
     assert!(queue.pending().is_empty());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(job_files(jobs.path()).is_empty(), "a forgotten job's file is gone");
+    assert!(
+        job_files(jobs.path()).is_empty(),
+        "a forgotten job's file is gone"
+    );
     assert!(done.try_recv().is_err());
     queue.shutdown().await;
 }

@@ -5,9 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use hutch_object_store::{
-    sha256_file, ObjectStore, ObjectStoreError, S3ObjectStore, S3Options,
-};
+use hutch_object_store::{sha256_file, ObjectStore, ObjectStoreError, S3ObjectStore, S3Options};
 use hutch_testkit::S3Server;
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 use support::{credentials, file_of, files_in, refuses_bad_keys, round_trip, s3_store};
@@ -50,7 +48,13 @@ async fn a_prefix_in_the_url_keeps_the_keys_under_it() {
     let scratch = tempfile::tempdir().expect("scratch");
     let file = file_of(scratch.path(), "f", 10, 4);
     a.put_file("snaps/1", &file).await.expect("put");
-    let keys: Vec<String> = a.list("").await.expect("list").into_iter().map(|o| o.key).collect();
+    let keys: Vec<String> = a
+        .list("")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
     assert_eq!(keys, ["snaps/1"]);
     let keys: Vec<String> = whole
         .list("")
@@ -59,8 +63,14 @@ async fn a_prefix_in_the_url_keeps_the_keys_under_it() {
         .into_iter()
         .map(|o| o.key)
         .collect();
-    assert_eq!(keys, ["cluster-a/snaps/1"], "the bucket has it under the prefix");
-    assert!(a.describe().starts_with("s3://shared/cluster-a at http://127.0.0.1:"));
+    assert_eq!(
+        keys,
+        ["cluster-a/snaps/1"],
+        "the bucket has it under the prefix"
+    );
+    assert!(a
+        .describe()
+        .starts_with("s3://shared/cluster-a at http://127.0.0.1:"));
     a.delete("snaps/1").await.expect("delete");
 }
 
@@ -77,15 +87,23 @@ async fn a_20_mib_file_goes_up_in_parts_and_comes_back_byte_exact() {
 
     // The object's ETag says how many parts made it: 8 + 8 + 4 MiB.
     let (bucket, creds) = raw_bucket(&s3, "multipart");
-    let url = bucket.head_object(Some(&creds), "snaps/big").sign(Duration::from_secs(60));
+    let url = bucket
+        .head_object(Some(&creds), "snaps/big")
+        .sign(Duration::from_secs(60));
     let resp = reqwest::Client::new().head(url).send().await.expect("head");
     let etag = resp.headers()["etag"].to_str().expect("etag").to_string();
-    assert!(etag.trim_matches('"').ends_with("-3"), "a 3-part upload: {etag}");
+    assert!(
+        etag.trim_matches('"').ends_with("-3"),
+        "a 3-part upload: {etag}"
+    );
 
     let head = store.head("snaps/big").await.expect("head").expect("there");
     assert_eq!(head, info);
     let dest = scratch.path().join("big.back");
-    let got = store.get_to_file("snaps/big", &dest, Some(&sha)).await.expect("get");
+    let got = store
+        .get_to_file("snaps/big", &dest, Some(&sha))
+        .await
+        .expect("get");
     assert_eq!(got, info);
     assert!(
         std::fs::read(&dest).expect("read back") == std::fs::read(&big).expect("read"),
@@ -104,7 +122,8 @@ async fn a_tampered_object_is_refused_with_a_checksum_error_and_leaves_no_file()
     // Other bytes under the same key, with the original's sha256 as metadata.
     let (bucket, creds) = raw_bucket(&s3, "tamper");
     let mut put = bucket.put_object(Some(&creds), "snaps/t");
-    put.headers_mut().insert("x-amz-meta-sha256", info.sha256.clone());
+    put.headers_mut()
+        .insert("x-amz-meta-sha256", info.sha256.clone());
     let url = put.sign(Duration::from_secs(60));
     let resp = reqwest::Client::new()
         .put(url)
@@ -146,7 +165,10 @@ async fn a_missing_key_is_not_found() {
         .get_to_file("snaps/none", &downloads.path().join("x"), None)
         .await
         .expect_err("missing");
-    assert!(matches!(&e, ObjectStoreError::NotFound { key } if key == "snaps/none"), "{e:?}");
+    assert!(
+        matches!(&e, ObjectStoreError::NotFound { key } if key == "snaps/none"),
+        "{e:?}"
+    );
     assert!(!e.is_unavailable());
     assert!(files_in(downloads.path()).is_empty());
     assert_eq!(store.head("snaps/none").await.expect("head"), None);
@@ -154,12 +176,17 @@ async fn a_missing_key_is_not_found() {
 
 #[tokio::test]
 async fn with_the_server_down_every_operation_is_unavailable() {
-    let Some(mut s3) = S3Server::start() else { return };
+    let Some(mut s3) = S3Server::start() else {
+        return;
+    };
     let store = s3_store(&s3, "down");
     let scratch = tempfile::tempdir().expect("scratch");
     let small = file_of(scratch.path(), "small", 1000, 8);
     let big = file_of(scratch.path(), "big", 6 << 20, 9);
-    store.put_file("snaps/there", &small).await.expect("put while up");
+    store
+        .put_file("snaps/there", &small)
+        .await
+        .expect("put while up");
     s3.stop();
 
     for path in [&small, &big] {
@@ -170,7 +197,10 @@ async fn with_the_server_down_every_operation_is_unavailable() {
                 .starts_with("object store unavailable: PUT snaps/s: could not connect"),
             "{e}"
         );
-        assert!(!e.to_string().contains("X-Amz-Signature"), "no signature in {e}");
+        assert!(
+            !e.to_string().contains("X-Amz-Signature"),
+            "no signature in {e}"
+        );
     }
     let dest = scratch.path().join("d");
     let e = store
@@ -179,14 +209,25 @@ async fn with_the_server_down_every_operation_is_unavailable() {
         .expect_err("down");
     assert!(e.is_unavailable(), "{e:?}");
     assert!(!dest.exists());
-    assert!(store.head("snaps/there").await.expect_err("down").is_unavailable());
+    assert!(store
+        .head("snaps/there")
+        .await
+        .expect_err("down")
+        .is_unavailable());
     assert!(store.list("").await.expect_err("down").is_unavailable());
-    assert!(store.delete("snaps/there").await.expect_err("down").is_unavailable());
+    assert!(store
+        .delete("snaps/there")
+        .await
+        .expect_err("down")
+        .is_unavailable());
 
     // Back (empty: moto keeps nothing), the same store works again.
     s3.start_again();
     s3.create_bucket("down");
-    store.put_file("snaps/s", &small).await.expect("put once it is back");
+    store
+        .put_file("snaps/s", &small)
+        .await
+        .expect("put once it is back");
 }
 
 #[tokio::test]
@@ -210,8 +251,11 @@ async fn a_stalled_server_times_out_as_unavailable() {
 
 #[test]
 fn bad_urls_and_missing_credentials_are_typed_errors_with_exact_messages() {
-    let e = hutch_object_store::open("s3://bucket?endpoint=ftp://127.0.0.1:9", Some(credentials()))
-        .expect_err("ftp");
+    let e = hutch_object_store::open(
+        "s3://bucket?endpoint=ftp://127.0.0.1:9",
+        Some(credentials()),
+    )
+    .expect_err("ftp");
     assert!(matches!(e, ObjectStoreError::BadUrl { .. }));
     assert_eq!(
         e.to_string(),
@@ -249,7 +293,10 @@ async fn a_multipart_upload_that_fails_is_aborted() {
     let store = s3_store(&s3, "abort");
     let scratch = tempfile::tempdir().expect("scratch");
     let big = file_of(scratch.path(), "big", 17 << 20, 12);
-    let e = store.put_file("snaps/too-small-parts", &big).await.expect_err("refused");
+    let e = store
+        .put_file("snaps/too-small-parts", &big)
+        .await
+        .expect_err("refused");
     assert!(
         matches!(&e, ObjectStoreError::Rejected { status: 400, reason, .. }
             if reason.starts_with("EntityTooSmall")),
@@ -258,6 +305,12 @@ async fn a_multipart_upload_that_fails_is_aborted() {
     let (status, uploads) = s3.get("/abort?uploads");
     assert_eq!(status, 200, "{uploads}");
     assert!(uploads.contains("ListMultipartUploadsResult"), "{uploads}");
-    assert!(!uploads.contains("<UploadId>"), "no upload is left: {uploads}");
-    assert_eq!(store.head("snaps/too-small-parts").await.expect("head"), None);
+    assert!(
+        !uploads.contains("<UploadId>"),
+        "no upload is left: {uploads}"
+    );
+    assert_eq!(
+        store.head("snaps/too-small-parts").await.expect("head"),
+        None
+    );
 }

@@ -78,10 +78,18 @@ impl S3Server {
             if self.request("GET", "/").is_some() {
                 return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("moto exited ({status}): {}", self.log());
             }
-            assert!(Instant::now() < deadline, "moto did not start: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "moto did not start: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -101,7 +109,9 @@ impl S3Server {
     fn request_text(&self, method: &str, path: &str) -> Option<(u16, String)> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .ok()?;
         write!(
             stream,
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\

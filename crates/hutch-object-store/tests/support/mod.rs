@@ -82,7 +82,10 @@ pub async fn round_trip(store: &dyn ObjectStore, scratch: &Path) {
         .collect();
     assert_eq!(
         listed,
-        [("snaps/x/disk.img".to_string(), 100_000), ("snaps/y/mem".to_string(), 3)]
+        [
+            ("snaps/x/disk.img".to_string(), 100_000),
+            ("snaps/y/mem".to_string(), 3)
+        ]
     );
     assert_eq!(store.list("").await.expect("list all").len(), 3);
     assert_eq!(store.list("snaps/x").await.expect("list x").len(), 1);
@@ -120,13 +123,23 @@ pub async fn round_trip(store: &dyn ObjectStore, scratch: &Path) {
     );
 
     // Replacing an object replaces its sha256.
-    let replaced = store.put_file("snaps/x/disk.img", &b).await.expect("replace");
-    let head = store.head("snaps/x/disk.img").await.expect("head").expect("there");
+    let replaced = store
+        .put_file("snaps/x/disk.img", &b)
+        .await
+        .expect("replace");
+    let head = store
+        .head("snaps/x/disk.img")
+        .await
+        .expect("head")
+        .expect("there");
     assert_eq!(head.sha256, replaced.sha256);
     assert_eq!(head.bytes, 3);
 
     store.delete("snaps/x/disk.img").await.expect("delete");
-    store.delete("snaps/x/disk.img").await.expect("deleting twice is fine");
+    store
+        .delete("snaps/x/disk.img")
+        .await
+        .expect("deleting twice is fine");
     assert_eq!(store.head("snaps/x/disk.img").await.expect("head"), None);
     let e = store
         .get_to_file("snaps/x/disk.img", &scratch.join("gone"), None)
@@ -151,7 +164,10 @@ pub async fn round_trip(store: &dyn ObjectStore, scratch: &Path) {
 pub async fn refuses_bad_keys(store: &dyn ObjectStore, scratch: &Path) {
     let file = file_of(scratch, "k.bin", 10, 3);
     for (key, message) in [
-        ("../etc/passwd", "bad object key \"../etc/passwd\": it has a . or .. segment"),
+        (
+            "../etc/passwd",
+            "bad object key \"../etc/passwd\": it has a . or .. segment",
+        ),
         ("/abs", "bad object key \"/abs\": it starts with /"),
         ("", "bad object key \"\": it is empty"),
         (
@@ -174,5 +190,8 @@ pub async fn refuses_bad_keys(store: &dyn ObjectStore, scratch: &Path) {
         }
     }
     let e = store.list("a//").await.expect_err("a bad prefix");
-    assert_eq!(e.to_string(), "bad object key \"a//\": it has an empty segment (//)");
+    assert_eq!(
+        e.to_string(),
+        "bad object key \"a//\": it has an empty segment (//)"
+    );
 }
