@@ -26,11 +26,13 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::FutureExt as _;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::task::JoinHandle;
@@ -412,7 +414,12 @@ async fn run(
         };
         let result = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = store.put_file(&upload.key, &upload.path) => r,
+            r = AssertUnwindSafe(store.put_file(&upload.key, &upload.path)).catch_unwind() => r,
+        };
+        let Ok(result) = result else {
+            tracing::error!(id = upload.id, "the store panicked uploading a queued job");
+            failed(&shared, &policy, upload, "the store panicked").await;
+            continue;
         };
         match result {
             Ok(info) => {
@@ -422,9 +429,15 @@ async fn run(
                     info,
                     failed_attempts: upload.attempts,
                 };
-                tokio::select! {
+                let called = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    () = on_uploaded(done) => {}
+                    r = AssertUnwindSafe(on_uploaded(done)).catch_unwind() => r,
+                };
+                if called.is_err() {
+                    // The job stays: it is uploaded and reported again later.
+                    tracing::error!(id = upload.id, "the completion callback panicked");
+                    failed(&shared, &policy, upload, "the completion callback panicked").await;
+                    continue;
                 }
                 shared.jobs().remove(&upload.id);
                 if let Err(e) = shared.remove(&upload.id).await {
@@ -432,18 +445,13 @@ async fn run(
                 }
                 tracing::info!(id = upload.id, key = upload.key, "queued upload done");
             }
-            Err(e) => failed(&shared, &policy, upload, &e).await,
+            Err(e) => failed(&shared, &policy, upload, &e.to_string()).await,
         }
     }
 }
 
 /// Record a failed attempt and when the next one is due.
-async fn failed(
-    shared: &Shared,
-    policy: &RetryPolicy,
-    mut upload: PendingUpload,
-    error: &ObjectStoreError,
-) {
+async fn failed(shared: &Shared, policy: &RetryPolicy, mut upload: PendingUpload, error: &str) {
     upload.attempts += 1;
     upload.last_error = Some(error.to_string());
     let wait = policy.delay(upload.attempts);
@@ -452,7 +460,7 @@ async fn failed(
         key = upload.key,
         attempts = upload.attempts,
         retry_in_ms = wait.as_millis() as u64,
-        error = %error,
+        error,
         "queued upload failed"
     );
     {

@@ -247,3 +247,44 @@ async fn enqueue_refuses_bad_keys_and_relative_paths_and_forget_drops_a_job() {
     assert!(done.try_recv().is_err());
     queue.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_callback_that_panics_keeps_the_job_for_another_try() {
+    let root = tempfile::tempdir().expect("root");
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(hutch_object_store::FsObjectStore::open(root.path()).expect("store"));
+    let jobs = tempfile::tempdir().expect("jobs");
+    let scratch = tempfile::tempdir().expect("scratch");
+    let file = file_of(scratch.path(), "f", 100, 51);
+    let (tx, mut done) = mpsc::unbounded_channel();
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = calls.clone();
+    let on: OnUploaded = Arc::new(move |c: CompletedUpload| {
+        let tx = tx.clone();
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            assert!(n > 0, "the first call panics");
+            let _ = tx.send(c);
+        })
+    });
+    let queue = UploadQueue::open(jobs.path(), store, FAST, on)
+        .await
+        .expect("queue");
+    let job = queue.enqueue("snaps/p", &file).await.expect("enqueue");
+    let c = tokio::time::timeout(Duration::from_secs(10), done.recv())
+        .await
+        .expect("the second call completes it")
+        .expect("a completion");
+    assert_eq!(c.id, job.id);
+    assert_eq!(
+        c.failed_attempts, 1,
+        "the panic counted as a failed attempt"
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    wait_until(Duration::from_secs(5), async || {
+        job_files(jobs.path()).is_empty().then_some(())
+    })
+    .await
+    .expect("its file is removed");
+    queue.shutdown().await;
+}

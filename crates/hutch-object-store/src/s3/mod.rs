@@ -19,10 +19,16 @@ use rusty_s3::actions::{CompleteMultipartUploadResponse, CreateMultipartUpload, 
 use rusty_s3::{Bucket, S3Action, UrlStyle};
 use tokio::io::AsyncReadExt;
 
+mod answer;
+mod config;
+
+pub use config::{S3Credentials, S3Options};
+
 use crate::checksum::{sha256_file, Hasher};
 use crate::key::{check_key, check_prefix};
 use crate::partial::PartialFile;
 use crate::{ListedObject, ObjectInfo, ObjectStore, ObjectStoreError, S3Location};
+use answer::{answer_error, transport, unreadable};
 
 /// The smallest part S3 accepts (every part but the last).
 pub const MIN_PART_SIZE: u64 = 5 * 1024 * 1024;
@@ -35,92 +41,6 @@ const MAX_PARTS: u64 = 10_000;
 const SIGNED_FOR: Duration = Duration::from_secs(15 * 60);
 /// The user metadata that carries an object's sha256.
 const SHA256_HEADER: &str = "x-amz-meta-sha256";
-
-/// Credentials for S3 (static, or temporary with a session token).
-#[derive(Clone)]
-pub struct S3Credentials {
-    /// `AWS_ACCESS_KEY_ID`.
-    pub access_key_id: String,
-    /// `AWS_SECRET_ACCESS_KEY`.
-    pub secret_access_key: String,
-    /// `AWS_SESSION_TOKEN`, for temporary credentials.
-    pub session_token: Option<String>,
-}
-
-impl std::fmt::Debug for S3Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Credentials")
-            .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &"<redacted>")
-            .field(
-                "session_token",
-                &self.session_token.as_ref().map(|_| "<redacted>"),
-            )
-            .finish()
-    }
-}
-
-impl S3Credentials {
-    /// Static credentials.
-    pub fn new(access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
-        Self {
-            access_key_id: access_key_id.into(),
-            secret_access_key: secret_access_key.into(),
-            session_token: None,
-        }
-    }
-
-    /// The standard environment variables: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`
-    /// and, if set, `AWS_SESSION_TOKEN`; `None` unless both of the first two are set.
-    pub fn from_env() -> Option<Self> {
-        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
-        Some(Self {
-            access_key_id: var("AWS_ACCESS_KEY_ID")?,
-            secret_access_key: var("AWS_SECRET_ACCESS_KEY")?,
-            session_token: var("AWS_SESSION_TOKEN"),
-        })
-    }
-
-    fn signing(&self) -> rusty_s3::Credentials {
-        match &self.session_token {
-            Some(token) => rusty_s3::Credentials::new_with_token(
-                &self.access_key_id,
-                &self.secret_access_key,
-                token,
-            ),
-            None => rusty_s3::Credentials::new(&self.access_key_id, &self.secret_access_key),
-        }
-    }
-}
-
-/// Sizes and timeouts of an [`S3ObjectStore`].
-#[derive(Debug, Clone)]
-pub struct S3Options {
-    /// Files larger than this go up in parts of this size (at least [`MIN_PART_SIZE`];
-    /// larger for a file that would need more than 10,000 parts).
-    pub part_size: u64,
-    /// Connecting to the server.
-    pub connect_timeout: Duration,
-    /// A whole small request: HEAD, DELETE, a list page, starting, completing or aborting a
-    /// multipart upload.
-    pub request_timeout: Duration,
-    /// A whole PUT of one object or one part (up to `part_size` bytes).
-    pub part_timeout: Duration,
-    /// A download, between two reads.
-    pub read_timeout: Duration,
-}
-
-impl Default for S3Options {
-    fn default() -> Self {
-        Self {
-            part_size: DEFAULT_PART_SIZE,
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(30),
-            part_timeout: Duration::from_secs(300),
-            read_timeout: Duration::from_secs(30),
-        }
-    }
-}
 
 /// An S3 bucket (and prefix) as an [`ObjectStore`] (see the module docs).
 pub struct S3ObjectStore {
@@ -356,11 +276,12 @@ impl S3ObjectStore {
             etags.iter().map(String::as_str),
         );
         let url = action.sign(SIGNED_FOR);
+        // Completing can take S3 a while for a large object: the long timeout.
         let req = self
             .http
             .post(url)
             .body(action.body())
-            .timeout(self.options.request_timeout);
+            .timeout(self.options.part_timeout);
         let resp = self.send("PUT", key, req).await?;
         let body = resp.text().await.map_err(|e| transport("PUT", key, e))?;
         // S3 may answer 200 and still fail: the body then holds an <Error>.
@@ -590,87 +511,6 @@ fn changed(key: &str, path: &Path) -> ObjectStoreError {
     }
 }
 
-/// A transport error (nothing usable came back): the store is unavailable. The message
-/// drops the URL, whose query string is a signature.
-fn transport(op: &'static str, key: &str, e: reqwest::Error) -> ObjectStoreError {
-    let kind = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "could not connect"
-    } else {
-        "the connection failed"
-    };
-    let mut reason = kind.to_string();
-    let e = e.without_url();
-    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(&e);
-    while let Some(s) = source {
-        reason.push_str(": ");
-        reason.push_str(&s.to_string());
-        source = s.source();
-    }
-    ObjectStoreError::Unavailable {
-        op,
-        key: key.to_string(),
-        reason,
-    }
-}
-
-/// The error an HTTP answer (`status`, an S3 error document in `body`) means.
-fn answer_error(op: &'static str, key: &str, status: u16, body: &str) -> ObjectStoreError {
-    let code = xml_text(body, "Code");
-    let message = xml_text(body, "Message");
-    let reason = match (code, message) {
-        (Some(c), Some(m)) => format!("{c}: {m}"),
-        (Some(c), None) => c.to_string(),
-        (None, _) => format!("HTTP {status} without an S3 error document"),
-    };
-    let key = key.to_string();
-    let server_trouble = matches!(
-        code,
-        Some("InternalError" | "SlowDown" | "ServiceUnavailable" | "RequestTimeout")
-    );
-    match status {
-        404 if !matches!(code, Some("NoSuchBucket" | "NoSuchUpload")) => {
-            ObjectStoreError::NotFound { key }
-        }
-        401 | 403 => ObjectStoreError::Denied { op, key, reason },
-        429 | 500..=599 => ObjectStoreError::Unavailable { op, key, reason },
-        _ if server_trouble => ObjectStoreError::Unavailable { op, key, reason },
-        _ => ObjectStoreError::Rejected {
-            op,
-            key,
-            status,
-            reason,
-        },
-    }
-}
-
-fn unreadable(
-    op: &'static str,
-    key: &str,
-    what: &str,
-    e: &dyn std::fmt::Display,
-    body: &str,
-) -> ObjectStoreError {
-    if body.contains("<Error>") {
-        return answer_error(op, key, 200, body);
-    }
-    ObjectStoreError::Rejected {
-        op,
-        key: key.to_string(),
-        status: 200,
-        reason: format!("an unreadable {what} answer: {e}"),
-    }
-}
-
-/// The text of the first `<tag>` in `xml` (S3 error documents are flat and small).
-fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
-    let open = format!("<{tag}>");
-    let start = xml.find(&open)? + open.len();
-    let end = xml[start..].find("</")? + start;
-    Some(xml[start..end].trim())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,53 +520,5 @@ mod tests {
         assert_eq!(part_size_for(20 << 20, DEFAULT_PART_SIZE), 8 << 20);
         // 100 GiB in 8 MiB parts would be 12,800 of them: 11 MiB parts instead.
         assert_eq!(part_size_for(100 << 30, DEFAULT_PART_SIZE), 11 << 20);
-    }
-
-    #[test]
-    fn answers_map_to_typed_errors() {
-        let doc = "<?xml version=\"1.0\"?><Error><Code>AccessDenied</Code>\
-                   <Message>Access Denied</Message></Error>";
-        let e = answer_error("GET", "k", 403, doc);
-        assert_eq!(
-            e.to_string(),
-            "object store denied GET k: AccessDenied: Access Denied"
-        );
-        assert!(!e.is_unavailable());
-        assert!(answer_error("HEAD", "k", 404, "").is_not_found());
-        assert!(
-            !answer_error("GET", "k", 404, "<Error><Code>NoSuchBucket</Code></Error>")
-                .is_not_found()
-        );
-        assert!(
-            answer_error("PUT", "k", 503, "<Error><Code>SlowDown</Code></Error>").is_unavailable()
-        );
-        assert!(
-            answer_error("PUT", "k", 200, "<Error><Code>InternalError</Code></Error>")
-                .is_unavailable()
-        );
-        let e = answer_error(
-            "PUT",
-            "k",
-            400,
-            "<Error><Code>EntityTooSmall</Code></Error>",
-        );
-        assert_eq!(
-            e.to_string(),
-            "object store refused PUT k: HTTP 400: EntityTooSmall"
-        );
-    }
-
-    #[test]
-    fn credentials_never_show_in_debug() {
-        let c = S3Credentials {
-            session_token: Some("tok".into()),
-            ..S3Credentials::new("AKIA1", "very-secret")
-        };
-        let shown = format!("{c:?}");
-        assert!(shown.contains("AKIA1"));
-        assert!(
-            !shown.contains("very-secret") && !shown.contains("tok\""),
-            "{shown}"
-        );
     }
 }
