@@ -82,7 +82,9 @@ async fn a_20_mib_file_goes_up_in_parts_and_comes_back_byte_exact() {
     let big = file_of(scratch.path(), "big", 20 << 20, 11);
     let (sha, _) = sha256_file(&big).await.expect("hash");
 
+    let started = std::time::Instant::now();
     let info = store.put_file("snaps/big", &big).await.expect("put");
+    let put_took = started.elapsed();
     assert_eq!((info.bytes, info.sha256.as_str()), (20 << 20, sha.as_str()));
 
     // The object's ETag says how many parts made it: 8 + 8 + 4 MiB.
@@ -100,10 +102,15 @@ async fn a_20_mib_file_goes_up_in_parts_and_comes_back_byte_exact() {
     let head = store.head("snaps/big").await.expect("head").expect("there");
     assert_eq!(head, info);
     let dest = scratch.path().join("big.back");
+    let started = std::time::Instant::now();
     let got = store
         .get_to_file("snaps/big", &dest, Some(&sha))
         .await
         .expect("get");
+    eprintln!(
+        "measured: 20 MiB put (hash + 3 parts) {put_took:?}, get (stream + verify) {:?}",
+        started.elapsed()
+    );
     assert_eq!(got, info);
     assert!(
         std::fs::read(&dest).expect("read back") == std::fs::read(&big).expect("read"),

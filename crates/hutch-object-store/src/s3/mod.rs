@@ -449,7 +449,10 @@ impl ObjectStore for S3ObjectStore {
             let page = ListObjectsV2::parse_response(&body)
                 .map_err(|e| unreadable("LIST", prefix, "ListObjectsV2", &e, &body))?;
             for object in page.contents {
-                if let Some(key) = self.location.relative_key(&object.key) {
+                // Keys Hutch could not have written (a console's "folder" marker `dir/`,
+                // say) are left out: no operation here would take them.
+                let key = self.location.relative_key(&object.key);
+                if let Some(key) = key.filter(|k| check_key(k).is_ok()) {
                     out.push(ListedObject {
                         key: key.to_string(),
                         bytes: object.size.unwrap_or(0),
