@@ -33,6 +33,12 @@ if ! "$VENV/bin/python" -c 'import e2b, e2b_code_interpreter, h2' 2>/dev/null; t
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
         "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "h2>=4,<5" >&2
 fi
+# moto's S3 server, the real S3 API that crates/hutch-object-store/tests/ run against
+# (hutch_testkit::S3Server starts `python -m moto.server`); `[server]` brings its HTTP
+# server (flask, werkzeug) and boto3.
+if ! "$VENV/bin/python" -c 'import moto, moto.server, flask' 2>/dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]==5.2.5" >&2
+fi
 # The oldest e2b the E2B API supports (2.7.0, the first release that reads E2B_SANDBOX_URL),
 # in a virtual environment of its own beside this one: tests/e2b_python.rs runs its
 # `basics` scenario with it.
