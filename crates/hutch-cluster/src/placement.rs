@@ -108,10 +108,10 @@ pub async fn place(
         return Err(ClusterError::NoCapacity(why));
     };
     let token = format!("pl_{}", hutch_core::ids::random_token(20));
-    let hold_ms = cfg.placement_hold.as_millis() as i64;
+    let hold_ms = cfg.placement_hold.as_millis() as f64;
     tx.execute(
         "INSERT INTO placements (sandbox, node_id, cpus, memory_mib, expires_at)
-         VALUES ($1, $2, 0, $3, now() + $4 * interval '1 millisecond')",
+         VALUES ($1, $2, 0, $3, now() + $4::float8 * interval '1 millisecond')",
         &[&token, &node, &want, &hold_ms],
     )
     .await?;

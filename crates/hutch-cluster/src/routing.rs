@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -33,6 +33,9 @@ use crate::error::ClusterError;
 use crate::forward::{forward, Peer, FORWARDED_BY, NODE_TOKEN};
 use crate::placement::{self, Demand};
 use crate::Cluster;
+
+/// The header of every answer naming the node that served the call.
+pub const SERVED_BY: HeaderName = HeaderName::from_static("x-hutch-node");
 
 /// Memory assumed for a create that names none when its template says none either.
 const FALLBACK_MEMORY_MIB: u64 = 512;
@@ -85,17 +88,25 @@ async fn route(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if cluster.is_peer_call(req.headers()) {
-        return next.run(req).await;
-    }
-    req.headers_mut().remove(NODE_TOKEN);
-    req.headers_mut().remove(FORWARDED_BY);
-    let result = match classify(req.method(), req.uri().path()) {
-        Target::Any => return next.run(req).await,
-        Target::Create => create(&cluster, &state, req, next).await,
-        Target::Sandbox { id, exact } => on_sandbox(&cluster, &state, &id, exact, req, next).await,
+    let mut response = if cluster.is_peer_call(req.headers()) {
+        next.run(req).await
+    } else {
+        req.headers_mut().remove(NODE_TOKEN);
+        req.headers_mut().remove(FORWARDED_BY);
+        let result = match classify(req.method(), req.uri().path()) {
+            Target::Any => Ok(next.run(req).await),
+            Target::Create => create(&cluster, &state, req, next).await,
+            Target::Sandbox { id, exact } => {
+                on_sandbox(&cluster, &state, &id, exact, req, next).await
+            }
+        };
+        result.unwrap_or_else(IntoResponse::into_response)
     };
-    result.unwrap_or_else(IntoResponse::into_response)
+    // The node that served the call (a forwarded answer carries its owner's).
+    if let Ok(node) = HeaderValue::from_str(cluster.node_id()) {
+        response.headers_mut().entry(SERVED_BY).or_insert(node);
+    }
+    response
 }
 
 /// The bearer key of a call, checked: `Ok(None)` when it has none (the node that serves it

@@ -1,0 +1,122 @@
+//! Membership and placement: every node registers and sees the others; creates go where
+//! there is room, through any node, and never past a node's capacity.
+
+use std::collections::BTreeMap;
+
+use reqwest::Method;
+use serde_json::json;
+
+use crate::TestCluster;
+
+#[tokio::test]
+async fn every_node_registers_and_any_node_lists_them_for_admins_only() {
+    let c = TestCluster::start(&[2, 2, 2]).await;
+    for via in 0..3 {
+        let v = c.node_list(via).await;
+        assert_eq!(v["this_node"], format!("n{}", via + 1), "{v}");
+        assert_eq!(v["this_node_health"], "member", "{v}");
+        let nodes = v["nodes"].as_array().expect("nodes");
+        let ids: Vec<&str> = nodes.iter().filter_map(|n| n["id"].as_str()).collect();
+        assert_eq!(ids, ["n1", "n2", "n3"], "{v}");
+        for n in nodes {
+            assert_eq!(n["state"], "ready", "{n}");
+            assert_eq!(n["role"], "all", "{n}");
+            assert!(n["epoch"].as_i64().expect("epoch") >= 1, "{n}");
+            assert_eq!(n["capacity"]["sandboxes"], 2, "{n}");
+            assert!(n["heartbeat_age_ms"].as_i64().expect("age") < 2500, "{n}");
+        }
+    }
+    // A tenant's key may not see the cluster; no key is 401.
+    let key = c.nodes[0].tenant_key("acme", "full").await;
+    let (status, v) = c.nodes[1]
+        .request_as(&key, Method::GET, "/v1/cluster/nodes", None)
+        .await;
+    assert_eq!(status, 403, "{v}");
+    let status = c.nodes[2]
+        .http
+        .get(format!("{}/v1/cluster/nodes", c.nodes[2].url))
+        .send()
+        .await
+        .expect("request")
+        .status();
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn creates_follow_capacity_and_a_full_cluster_is_503_no_capacity() {
+    let c = TestCluster::start(&[1, 2, 3]).await;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..6 {
+        let resp = c.nodes[0]
+            .http
+            .post(format!("{}/v1/sandboxes", c.nodes[0].url))
+            .bearer_auth(&c.nodes[0].key)
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(resp.status(), 201);
+        let served_by = resp
+            .headers()
+            .get("x-hutch-node")
+            .and_then(|v| v.to_str().ok())
+            .expect("x-hutch-node")
+            .to_string();
+        let v: serde_json::Value = resp.json().await.expect("json");
+        let id = v["id"].as_str().expect("id");
+        assert_eq!(c.owner(id), served_by, "the node that answered owns it");
+        *per_node.entry(served_by).or_default() += 1;
+    }
+    let expected: BTreeMap<String, usize> =
+        [("n1".to_string(), 1), ("n2".to_string(), 2), ("n3".to_string(), 3)].into();
+    assert_eq!(per_node, expected);
+    let (status, v) = c.nodes[1].post("/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "no_capacity", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap_or("").contains("n3: 3/3 sandboxes"),
+        "{v}"
+    );
+    // Freeing room on n1 lets the next create land there.
+    let on_n1 = c
+        .pg
+        .psql("hutch", "SELECT id FROM sandboxes WHERE node_id = 'n1'");
+    assert_eq!(c.nodes[2].kill(&on_n1).await, 204);
+    let id = c.nodes[2].create_id(json!({})).await;
+    assert_eq!(c.owner(&id), "n1");
+}
+
+#[tokio::test]
+async fn parallel_creates_through_every_node_never_oversubscribe_a_node() {
+    let c = TestCluster::start(&[3, 3, 3]).await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let node = &c.nodes[i % 3];
+        let (http, url, key) = (node.http.clone(), node.url.clone(), node.key.clone());
+        tasks.push(tokio::spawn(async move {
+            http.post(format!("{url}/v1/sandboxes"))
+                .bearer_auth(key)
+                .json(&json!({}))
+                .send()
+                .await
+                .expect("create")
+                .status()
+                .as_u16()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    let created = statuses.iter().filter(|s| **s == 201).count();
+    let refused = statuses.iter().filter(|s| **s == 503).count();
+    assert_eq!((created, refused), (9, 11), "{statuses:?}");
+    let counts = c.pg.psql(
+        "hutch",
+        "SELECT string_agg(node_id || '=' || n, ',' ORDER BY node_id) FROM
+            (SELECT node_id, count(*) AS n FROM sandboxes GROUP BY node_id) x",
+    );
+    assert_eq!(counts, "n1=3,n2=3,n3=3");
+    let placements = c.pg.psql("hutch", "SELECT count(*) FROM placements");
+    assert_eq!(placements, "0", "every reservation was released");
+}
