@@ -199,6 +199,10 @@ pub struct CreateSandbox {
     pub created_by: Option<crate::ids::KeyId>,
     /// Hibernate it once its metered cost reaches this (needs a rate card).
     pub max_cost_micros: Option<u64>,
+    /// The id to give it (`None`: a new one). Only a cluster's placement sets it: it chose
+    /// the id when it reserved room for the sandbox, so that the reservation and the record
+    /// are counted once (`docs/cluster.md`).
+    pub id: Option<crate::ids::SandboxId>,
 }
 
 /// A validated update (`PATCH`).

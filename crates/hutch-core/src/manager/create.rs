@@ -340,7 +340,7 @@ impl Manager {
             .as_ref()
             .map_or(TenantScope::All, |t| TenantScope::Only(t.clone()));
         Ok(SandboxRecord {
-            id: ids::new_sandbox_id(),
+            id: cmd.id.clone().unwrap_or_else(ids::new_sandbox_id),
             template,
             isolation,
             state: SandboxState::Starting,

@@ -260,5 +260,6 @@ fn child_command(parent: &SandboxRecord, snap: &SnapshotRecord) -> CreateSandbox
         // Children spend for the parent's key, each with the parent's own cap.
         created_by: parent.created_by.clone(),
         max_cost_micros: parent.max_cost_micros,
+        id: None,
     }
 }

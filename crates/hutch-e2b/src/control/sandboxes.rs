@@ -134,6 +134,7 @@ pub async fn create(
         volumes,
         created_by: Some(caller.key.id.clone()),
         max_cost_micros: None,
+        id: None,
     };
     let view = state.app.manager.create(cmd).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::of(&state, &view))).into_response())

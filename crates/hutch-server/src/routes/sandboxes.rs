@@ -143,6 +143,7 @@ impl CreateBody {
             volumes: self.volumes.unwrap_or_default(),
             created_by: Some(caller.key.id.clone()),
             max_cost_micros: self.max_cost_micros,
+            id: None,
         })
     }
 }
@@ -151,10 +152,12 @@ impl CreateBody {
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    placed: Option<Extension<crate::PlacedSandboxId>>,
     JsonBytes(body): JsonBytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateBody = json_or_default(&body)?;
     let mut cmd = body.into_command(&caller)?;
+    cmd.id = placed.map(|Extension(p)| p.0);
     if let Some(s) = &cmd.snapshot {
         cmd.snapshot = Some(super::lifecycle::resolve_snapshot(&state, &caller, s).await?);
     }
@@ -178,7 +181,7 @@ pub async fn list(
         } else if k == "state" {
             filter.state = Some(SandboxState::parse(&v).ok_or_else(|| {
                 ApiError::bad_request(format!(
-                    "unknown state {v:?}; expected one of starting, running, paused, hibernated, stopped, failed"
+                    "unknown state {v:?}; expected one of starting, running, paused, hibernated, stopped, failed, lost"
                 ))
             })?);
         } else if let Some(key) = k.strip_prefix("metadata.") {
