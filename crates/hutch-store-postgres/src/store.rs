@@ -75,9 +75,9 @@ use deadpool_postgres::GenericClient;
 use hutch_core::ids::{SandboxId, SnapshotId, VolumeId};
 use hutch_core::model::{SandboxRecord, SandboxState};
 use hutch_core::snapshot::SnapshotRecord;
+use hutch_core::store::{Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store};
 #[cfg(doc)]
 use hutch_core::store::{TenancyStore, UsageStore};
-use hutch_core::store::{Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store};
 use hutch_core::tenant::{Tenant, TenantScope};
 use hutch_core::volume::VolumeRecord;
 use hutch_core::{CoreError, CoreResult};
