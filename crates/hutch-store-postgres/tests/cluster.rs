@@ -21,6 +21,16 @@ use hutch_core::CoreError;
 use hutch_store_postgres::PostgresStore;
 use support::{ids, record, sandbox_of, sid, snapshot, volume, Cluster};
 
+/// Wait until a session waits on a lock: the call under test is blocked.
+async fn until_a_session_waits_on_a_lock(cluster: &Cluster) {
+    let waiting = hutch_testkit::wait_until(Duration::from_secs(10), async || {
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'";
+        (cluster.sql(sql) != "0").then_some(())
+    })
+    .await;
+    assert!(waiting.is_some(), "no session waits on a lock");
+}
+
 fn everything() -> SandboxQuery {
     SandboxQuery {
         scope: TenantScope::All,
@@ -412,7 +422,7 @@ async fn a_write_in_flight_holds_off_the_reaper_and_none_slips_in_after_it() {
         let r = a.insert_sandbox(&record("sbx_late", 2)).await;
         (a, r)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_a_session_waits_on_a_lock(&cluster).await;
     assert!(
         !write.is_finished(),
         "the write waits for the reaper's transaction"
@@ -546,7 +556,7 @@ async fn a_tenant_delete_and_an_insert_for_that_tenant_never_interleave() {
         let r = a.delete_tenant(&Tenant::new("acme")).await;
         (a, r)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_a_session_waits_on_a_lock(&cluster).await;
     assert!(!delete.is_finished(), "the delete waits for the insert");
     tx.commit().await.expect("commit");
     let (a, r) = delete.await.expect("join");
@@ -565,7 +575,7 @@ async fn a_tenant_delete_and_an_insert_for_that_tenant_never_interleave() {
         let r = a.insert_sandbox(&record("sbx_y", 2)).await;
         (a, r)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_a_session_waits_on_a_lock(&cluster).await;
     assert!(!insert.is_finished(), "the insert waits for the delete");
     tx.execute("DELETE FROM tenants WHERE name = 'acme'", &[])
         .await
@@ -573,4 +583,34 @@ async fn a_tenant_delete_and_an_insert_for_that_tenant_never_interleave() {
     tx.commit().await.expect("commit");
     let (_a, r) = insert.await.expect("join");
     r.expect("the insert goes on after the delete, as it would after it on SQLite");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_the_server_cuts_off_is_unavailable_and_the_next_call_reconnects() {
+    let cluster = Cluster::start().await;
+    let a = cluster.node("a").await;
+    a.insert_sandbox(&record("sbx_a", 1)).await.expect("insert");
+    // Another session holds the row, so node a's modify waits on it...
+    let db = cluster.db();
+    let mut other = db.client().await.expect("client");
+    let tx = other.transaction().await.expect("begin");
+    tx.execute("SELECT 1 FROM sandboxes WHERE id = 'sbx_a' FOR UPDATE", &[])
+        .await
+        .expect("lock");
+    let modify = tokio::spawn(async move {
+        let r = a.modify_sandbox(&sid("sbx_a"), Box::new(|_| Ok(()))).await;
+        (a, r)
+    });
+    until_a_session_waits_on_a_lock(&cluster).await;
+    // ... until the server ends its session, as a server shutting down does (57P01).
+    cluster.sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    );
+    let (a, r) = modify.await.expect("join");
+    assert!(matches!(r, Err(CoreError::StoreUnavailable(_))), "{r:?}");
+    tx.rollback().await.expect("rollback");
+    let back = a.get_sandbox(&sid("sbx_a")).await;
+    assert!(back
+        .expect("the pool replaced the lost connection")
+        .is_some());
 }
