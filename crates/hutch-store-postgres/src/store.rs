@@ -175,6 +175,33 @@ impl PostgresStore {
         Ok(count(get(&row, "n")?))
     }
 
+    /// In a transaction: this node's sandbox rows (`id`, `record`, `tenant`) that
+    /// `condition` (with `$3`… as `params`) selects, locked `FOR UPDATE` in id order by the
+    /// statement that also holds the fence; `NodeFenced` when the node's epoch is gone.
+    async fn lock_own_sandboxes<C: GenericClient>(
+        &self,
+        tx: &C,
+        condition: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> CoreResult<Vec<tokio_postgres::Row>> {
+        let epoch = self.fence.epoch();
+        let node = self.fence.node_id();
+        let sql = format!(
+            "WITH fence AS MATERIALIZED ({FENCE})
+            SELECT id, record, tenant FROM sandboxes
+            WHERE node_id = $1 AND EXISTS (SELECT 1 FROM fence) AND {condition}
+            ORDER BY id FOR UPDATE"
+        );
+        let mut all: Vec<&(dyn ToSql + Sync)> = vec![&node, &epoch];
+        all.extend_from_slice(params);
+        let locked = rows(tx, &sql, &all).await?;
+        if locked.is_empty() {
+            // No row: none selected, or no fence (the rare case asks which).
+            self.hold_fence(tx).await?;
+        }
+        Ok(locked)
+    }
+
     /// This node's sandboxes that `condition` (with `$2`… as `params`) keeps, in `order`.
     async fn own_sandboxes(
         &self,
@@ -286,13 +313,9 @@ impl Store for PostgresStore {
         let node = self.fence.node_id();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        self.hold_fence(&tx).await?;
-        let locked = rows(
-            &tx,
-            "SELECT record, tenant FROM sandboxes WHERE id = $1 AND node_id = $2 FOR UPDATE",
-            &[&id.as_str(), &node],
-        )
-        .await?;
+        let locked = self
+            .lock_own_sandboxes(&tx, "id = $3", &[&id.as_str()])
+            .await?;
         let Some(row) = locked.first() else {
             return Err(missing_sandbox(id));
         };
@@ -311,15 +334,10 @@ impl Store for PostgresStore {
         let ids: Vec<String> = batch.iter().map(|(id, _)| id.to_string()).collect();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        self.hold_fence(&tx).await?;
         // Locked in one order, so two batches never wait on each other in a cycle.
-        let locked = rows(
-            &tx,
-            "SELECT id, record, tenant FROM sandboxes WHERE id = ANY($1) AND node_id = $2
-                ORDER BY id FOR UPDATE",
-            &[&ids, &node],
-        )
-        .await?;
+        let locked = self
+            .lock_own_sandboxes(&tx, "id = ANY($3)", &[&ids])
+            .await?;
         let mut records = std::collections::BTreeMap::new();
         for row in &locked {
             // A record this batch cannot decode is skipped: one bad row must not keep
