@@ -42,7 +42,7 @@ pub enum DbError {
 impl DbError {
     /// Whether the database could not be reached (as opposed to refusing a statement): no
     /// connection, a connection lost, or the server ending ours (it is shutting down, or
-    /// was told to: [`lost_connection`]).
+    /// was told to).
     pub fn is_unreachable(&self) -> bool {
         match self {
             DbError::Pool(_) => true,

@@ -41,7 +41,9 @@
 //! happens only while the `nodes` row of this node still has the epoch this node holds and
 //! is not `dead`, checked in the same statement or transaction that writes: a single
 //! statement reads the node row `FOR SHARE` in a CTE (`fence`) its write depends on; a
-//! transaction reads it `FOR SHARE` first. The lock is held until the write commits, so the
+//! transaction reads it so in its first statement (with the rows it locks, for
+//! [`Store::modify_sandbox`] and [`Store::refresh_sandboxes`]). The lock is held until the
+//! write commits, so the
 //! reaper's `UPDATE nodes SET epoch = epoch + 1, state = 'dead'` waits for a write in
 //! flight and every write after it is refused: [`CoreError::NodeFenced`], nothing changed.
 //! (The node's heartbeat updates the same row, and so waits for a write in flight too:
