@@ -61,7 +61,9 @@
 //! A database that cannot be reached is [`CoreError::StoreUnavailable`] (503); a unique
 //! violation [`CoreError::Conflict`]; any other failure [`CoreError::SharedStore`] (500)
 //! ([`db_error`]). The pool reconnects by itself: a store keeps working once its database
-//! is back. JSONB cannot hold the character U+0000: a record with one in a string is
+//! is back. (A pooled connection the server ended can still be handed out until its task
+//! has seen it close, so a call or two after a lost connection may fail as unavailable
+//! too.) JSONB cannot hold the character U+0000: a record with one in a string is
 //! refused (`SharedStore`), where SQLite's store keeps it.
 
 mod audit;

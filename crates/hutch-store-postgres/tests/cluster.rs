@@ -586,7 +586,7 @@ async fn a_tenant_delete_and_an_insert_for_that_tenant_never_interleave() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_statement_the_server_cuts_off_is_unavailable_and_the_next_call_reconnects() {
+async fn a_statement_the_server_cuts_off_is_unavailable_and_the_store_reconnects() {
     let cluster = Cluster::start().await;
     let a = cluster.node("a").await;
     a.insert_sandbox(&record("sbx_a", 1)).await.expect("insert");
@@ -609,8 +609,16 @@ async fn a_statement_the_server_cuts_off_is_unavailable_and_the_next_call_reconn
     let (a, r) = modify.await.expect("join");
     assert!(matches!(r, Err(CoreError::StoreUnavailable(_))), "{r:?}");
     tx.rollback().await.expect("rollback");
-    let back = a.get_sandbox(&sid("sbx_a")).await;
-    assert!(back
-        .expect("the pool replaced the lost connection")
-        .is_some());
+    // The pool drops the lost connection once it has seen it closed: until then a call on
+    // it fails as unavailable too, never otherwise.
+    let back = hutch_testkit::wait_until(Duration::from_secs(10), async || {
+        match a.get_sandbox(&sid("sbx_a")).await {
+            Ok(r) => Some(r),
+            Err(CoreError::StoreUnavailable(_)) => None,
+            Err(e) => panic!("a lost connection is StoreUnavailable: {e:?}"),
+        }
+    })
+    .await;
+    let back = back.expect("the pool replaced the lost connection");
+    assert!(back.is_some());
 }
