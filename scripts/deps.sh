@@ -45,8 +45,9 @@ declare -A provider=(
     [skopeo]=skopeo                      # the image-template tests push their images
     [htpasswd]=apache2-utils             # the local registry's basic auth
 )
-# Packages that provide no command we call by name, but are needed.
-extra=(libc6-dev ca-certificates python3-venv python3-pip binutils)
+# Packages that provide no command we call by name, but are needed (postgresql-15: the
+# cluster store's tests start a private server with its initdb, not on PATH).
+extra=(libc6-dev ca-certificates python3-venv python3-pip binutils postgresql-15)
 # Node.js for the TypeScript SDK: the machine's own if present, else Debian's.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     provider[node]=nodejs
@@ -66,6 +67,9 @@ missing_commands() {
     fi
     if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
         echo "python3-venv python3-venv"
+    fi
+    if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+        echo "initdb(postgresql) postgresql-15"
     fi
     if command -v qemu-system-x86_64 >/dev/null 2>&1 && ! qemu_new_enough; then
         echo "qemu-system-x86_64(>=7.2) qemu-system-x86"

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 use crate::schema::MIGRATIONS;
@@ -39,14 +40,32 @@ pub enum DbError {
 }
 
 impl DbError {
-    /// Whether the database could not be reached (as opposed to refusing a statement).
+    /// Whether the database could not be reached (as opposed to refusing a statement): no
+    /// connection, a connection lost, or the server ending ours (it is shutting down, or
+    /// was told to).
     pub fn is_unreachable(&self) -> bool {
         match self {
             DbError::Pool(_) => true,
-            DbError::Query(e) => e.is_closed() || e.as_db_error().is_none(),
+            DbError::Query(e) => {
+                e.is_closed() || e.as_db_error().is_none_or(|d| lost_connection(d.code()))
+            }
             _ => false,
         }
     }
+}
+
+/// Whether the server's answer says our connection is gone rather than our statement
+/// wrong: class 08 (connection exception), and a server shutting down, crashed, or not
+/// accepting connections yet (57P01 to 57P03; a statement in flight when the server stops
+/// gets 57P01).
+fn lost_connection(code: &SqlState) -> bool {
+    code.code().starts_with("08")
+        || [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+        ]
+        .contains(code)
 }
 
 /// A pool of connections to the cluster's database.
@@ -130,8 +149,11 @@ async fn migrate_locked(client: &mut deadpool_postgres::Client) -> Result<i64, D
         let version = i as i64 + 1;
         let tx = client.transaction().await?;
         tx.batch_execute(sql).await?;
-        tx.execute("INSERT INTO hutch_schema (version) VALUES ($1)", &[&version])
-            .await?;
+        tx.execute(
+            "INSERT INTO hutch_schema (version) VALUES ($1)",
+            &[&version],
+        )
+        .await?;
         tx.commit().await?;
         tracing::info!(version, "database schema migrated");
     }

@@ -41,7 +41,9 @@
 //! happens only while the `nodes` row of this node still has the epoch this node holds and
 //! is not `dead`, checked in the same statement or transaction that writes: a single
 //! statement reads the node row `FOR SHARE` in a CTE (`fence`) its write depends on; a
-//! transaction reads it `FOR SHARE` first. The lock is held until the write commits, so the
+//! transaction reads it so in its first statement (with the rows it locks, for
+//! [`Store::modify_sandbox`] and [`Store::refresh_sandboxes`]). The lock is held until the
+//! write commits, so the
 //! reaper's `UPDATE nodes SET epoch = epoch + 1, state = 'dead'` waits for a write in
 //! flight and every write after it is refused: [`CoreError::NodeFenced`], nothing changed.
 //! (The node's heartbeat updates the same row, and so waits for a write in flight too:
@@ -59,7 +61,9 @@
 //! A database that cannot be reached is [`CoreError::StoreUnavailable`] (503); a unique
 //! violation [`CoreError::Conflict`]; any other failure [`CoreError::SharedStore`] (500)
 //! ([`db_error`]). The pool reconnects by itself: a store keeps working once its database
-//! is back. JSONB cannot hold the character U+0000: a record with one in a string is
+//! is back. (A pooled connection the server ended can still be handed out until its task
+//! has seen it close, so a call or two after a lost connection may fail as unavailable
+//! too.) JSONB cannot hold the character U+0000: a record with one in a string is
 //! refused (`SharedStore`), where SQLite's store keeps it.
 
 mod audit;
@@ -75,9 +79,9 @@ use deadpool_postgres::GenericClient;
 use hutch_core::ids::{SandboxId, SnapshotId, VolumeId};
 use hutch_core::model::{SandboxRecord, SandboxState};
 use hutch_core::snapshot::SnapshotRecord;
+use hutch_core::store::{Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store};
 #[cfg(doc)]
 use hutch_core::store::{TenancyStore, UsageStore};
-use hutch_core::store::{Page, PageRequest, SandboxChange, SandboxQuery, SandboxRefresh, Store};
 use hutch_core::tenant::{Tenant, TenantScope};
 use hutch_core::volume::VolumeRecord;
 use hutch_core::{CoreError, CoreResult};
@@ -173,6 +177,33 @@ impl PostgresStore {
             return Err(self.fenced(epoch));
         }
         Ok(count(get(&row, "n")?))
+    }
+
+    /// In a transaction: this node's sandbox rows (`id`, `record`, `tenant`) that
+    /// `condition` (with `$3`… as `params`) selects, locked `FOR UPDATE` in id order by the
+    /// statement that also holds the fence; `NodeFenced` when the node's epoch is gone.
+    async fn lock_own_sandboxes<C: GenericClient>(
+        &self,
+        tx: &C,
+        condition: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> CoreResult<Vec<tokio_postgres::Row>> {
+        let epoch = self.fence.epoch();
+        let node = self.fence.node_id();
+        let sql = format!(
+            "WITH fence AS MATERIALIZED ({FENCE})
+            SELECT id, record, tenant FROM sandboxes
+            WHERE node_id = $1 AND EXISTS (SELECT 1 FROM fence) AND {condition}
+            ORDER BY id FOR UPDATE"
+        );
+        let mut all: Vec<&(dyn ToSql + Sync)> = vec![&node, &epoch];
+        all.extend_from_slice(params);
+        let locked = rows(tx, &sql, &all).await?;
+        if locked.is_empty() {
+            // No row: none selected, or no fence (the rare case asks which).
+            self.hold_fence(tx).await?;
+        }
+        Ok(locked)
     }
 
     /// This node's sandboxes that `condition` (with `$2`… as `params`) keeps, in `order`.
@@ -286,13 +317,9 @@ impl Store for PostgresStore {
         let node = self.fence.node_id();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        self.hold_fence(&tx).await?;
-        let locked = rows(
-            &tx,
-            "SELECT record, tenant FROM sandboxes WHERE id = $1 AND node_id = $2 FOR UPDATE",
-            &[&id.as_str(), &node],
-        )
-        .await?;
+        let locked = self
+            .lock_own_sandboxes(&tx, "id = $3", &[&id.as_str()])
+            .await?;
         let Some(row) = locked.first() else {
             return Err(missing_sandbox(id));
         };
@@ -311,15 +338,10 @@ impl Store for PostgresStore {
         let ids: Vec<String> = batch.iter().map(|(id, _)| id.to_string()).collect();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        self.hold_fence(&tx).await?;
         // Locked in one order, so two batches never wait on each other in a cycle.
-        let locked = rows(
-            &tx,
-            "SELECT id, record, tenant FROM sandboxes WHERE id = ANY($1) AND node_id = $2
-                ORDER BY id FOR UPDATE",
-            &[&ids, &node],
-        )
-        .await?;
+        let locked = self
+            .lock_own_sandboxes(&tx, "id = ANY($3)", &[&ids])
+            .await?;
         let mut records = std::collections::BTreeMap::new();
         for row in &locked {
             // A record this batch cannot decode is skipped: one bad row must not keep

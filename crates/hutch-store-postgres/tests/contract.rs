@@ -7,14 +7,14 @@
 
 mod support;
 
-#[path = "contract/sandboxes.rs"]
-mod sandboxes;
-#[path = "contract/records.rs"]
-mod records;
-#[path = "contract/tenancy.rs"]
-mod tenancy;
 #[path = "contract/logs.rs"]
 mod logs;
+#[path = "contract/records.rs"]
+mod records;
+#[path = "contract/sandboxes.rs"]
+mod sandboxes;
+#[path = "contract/tenancy.rs"]
+mod tenancy;
 
 /// One `#[tokio::test]` per case and backend.
 macro_rules! contract {

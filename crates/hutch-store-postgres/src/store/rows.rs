@@ -49,10 +49,7 @@ pub(crate) fn volume_row(row: &Row) -> CoreResult<VolumeRecord> {
 }
 
 /// A row of a page: its `seq` and its record decoded by `decode`.
-pub(crate) fn seq_and<T>(
-    row: &Row,
-    decode: fn(&Row) -> CoreResult<T>,
-) -> CoreResult<(i64, T)> {
+pub(crate) fn seq_and<T>(row: &Row, decode: fn(&Row) -> CoreResult<T>) -> CoreResult<(i64, T)> {
     Ok((get(row, "seq")?, decode(row)?))
 }
 

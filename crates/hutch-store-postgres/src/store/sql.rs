@@ -238,8 +238,12 @@ mod tests {
         let node = q.bind("a".to_string());
         q.push(&format!("node_id = {node}"));
         q.and("tenant =", "acme".to_string());
-        q.page("sandboxes", "seq", &PageRequest::new(Some(5), Some(encode_cursor("sandboxes", 7))).expect("page"))
-            .expect("clause");
+        q.page(
+            "sandboxes",
+            "seq",
+            &PageRequest::new(Some(5), Some(encode_cursor("sandboxes", 7))).expect("page"),
+        )
+        .expect("clause");
         assert_eq!(
             q.sql(),
             "SELECT 1 FROM sandboxes WHERE node_id = $1 AND tenant = $2 AND seq > $3 ORDER BY seq LIMIT $4"

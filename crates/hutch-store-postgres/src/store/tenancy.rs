@@ -222,7 +222,12 @@ impl TenancyStore for PostgresStore {
     ) -> CoreResult<TenantUsage> {
         let excluding: Vec<String> = excluding.iter().map(|id| id.to_string()).collect();
         let client = self.client().await?;
-        let row = one(&client, USAGE_SQL, &[&tenant.as_str(), &excluding, &since_ms]).await?;
+        let row = one(
+            &client,
+            USAGE_SQL,
+            &[&tenant.as_str(), &excluding, &since_ms],
+        )
+        .await?;
         Ok(TenantUsage {
             sandboxes: count(get(&row, "sandboxes")?),
             cpus: get(&row, "cpus")?,
@@ -290,7 +295,9 @@ impl TenancyStore for PostgresStore {
         scope: &TenantScope,
         page: &PageRequest,
     ) -> CoreResult<Page<KeyRecord>> {
-        let mut q = Query::new(format!("SELECT seq, {KEY_COLUMNS} FROM api_keys WHERE true"));
+        let mut q = Query::new(format!(
+            "SELECT seq, {KEY_COLUMNS} FROM api_keys WHERE true"
+        ));
         q.scope(scope);
         q.page("api_keys", "seq", page)?;
         let client = self.client().await?;
@@ -335,8 +342,10 @@ impl TenancyStore for PostgresStore {
             let at_most = latest.entry(id.as_str()).or_insert(*at);
             *at_most = (*at_most).max(*at);
         }
-        let (ids, ats): (Vec<String>, Vec<i64>) =
-            latest.into_iter().map(|(id, at)| (id.to_string(), at)).unzip();
+        let (ids, ats): (Vec<String>, Vec<i64>) = latest
+            .into_iter()
+            .map(|(id, at)| (id.to_string(), at))
+            .unzip();
         let client = self.client().await?;
         execute(
             &client,
@@ -367,7 +376,10 @@ impl TenancyStore for PostgresStore {
         let found = rows(&client, "SELECT name, tenant FROM template_owners", &[]).await?;
         let mut out = BTreeMap::new();
         for row in &found {
-            out.insert(get(row, "name")?, Tenant::new(get::<String>(row, "tenant")?));
+            out.insert(
+                get(row, "name")?,
+                Tenant::new(get::<String>(row, "tenant")?),
+            );
         }
         Ok(out)
     }

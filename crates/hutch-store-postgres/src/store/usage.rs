@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use async_trait::async_trait;
 use hutch_core::ids::SandboxId;
 use hutch_core::store::usage::{MeterReading, UsageStore};
-use hutch_core::usage::{GroupBy, ResourceKind, UsageGroup, UsageInterval, UsageQuery, UsageTotals};
+use hutch_core::usage::{
+    GroupBy, ResourceKind, UsageGroup, UsageInterval, UsageQuery, UsageTotals,
+};
 use hutch_core::CoreResult;
 
 use super::sql::{big, count, execute, get, pg, rows, Query};
@@ -34,11 +36,19 @@ impl UsageStore for PostgresStore {
         self.hold_fence(&tx).await?;
         if !intervals.is_empty() {
             let n = intervals.len();
-            let (mut kind, mut resource, mut tenant, mut key_id) =
-                (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+            let (mut kind, mut resource, mut tenant, mut key_id) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
             let (mut start, mut end) = (Vec::with_capacity(n), Vec::with_capacity(n));
-            let (mut cpu, mut memory, mut disk, mut egress) =
-                (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+            let (mut cpu, mut memory, mut disk, mut egress) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
             for i in intervals {
                 kind.push(i.kind.as_str().to_string());
                 resource.push(i.resource.clone());
@@ -59,8 +69,7 @@ impl UsageStore for PostgresStore {
                     $5::bigint[], $6::bigint[], $7::float8[], $8::float8[], $9::float8[],
                     $10::bigint[])",
                 &[
-                    &kind, &resource, &tenant, &key_id, &start, &end, &cpu, &memory, &disk,
-                    &egress,
+                    &kind, &resource, &tenant, &key_id, &start, &end, &cpu, &memory, &disk, &egress,
                 ],
             )
             .await?;
@@ -116,7 +125,10 @@ impl UsageStore for PostgresStore {
             GroupBy::Sandbox => (
                 "resource",
                 "kind",
-                Some(("resource, kind", "resource COLLATE \"C\", kind COLLATE \"C\"")),
+                Some((
+                    "resource, kind",
+                    "resource COLLATE \"C\", kind COLLATE \"C\"",
+                )),
             ),
             GroupBy::Tenant => (
                 "tenant",

@@ -41,7 +41,9 @@ pub async fn audit_entries_page_in_order_by_every_filter(s: &dyn Store) {
     ])
     .await
     .expect("append");
-    s.append_audit(&[entry(40, None, None, Some("sbx_a"))]).await.expect("append");
+    s.append_audit(&[entry(40, None, None, Some("sbx_a"))])
+        .await
+        .expect("append");
     s.append_audit(&[]).await.expect("nothing to append");
     let times = |p: &Page<AuditEntry>| p.items.iter().map(|e| e.at_ms).collect::<Vec<_>>();
     let all = s
@@ -50,14 +52,20 @@ pub async fn audit_entries_page_in_order_by_every_filter(s: &dyn Store) {
         .expect("all");
     assert_eq!(times(&all), [10, 20, 30, 40], "in the order appended");
     let mut ids: Vec<i64> = all.items.iter().map(|e| e.id).collect();
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "the store numbers them: {ids:?}");
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "the store numbers them: {ids:?}"
+    );
     ids.dedup();
     assert_eq!(ids.len(), 4);
     let mut first = entry(10, Some("acme"), Some("key_a"), Some("sbx_a"));
     first.id = all.items[0].id;
     assert_eq!(all.items[0], first, "an entry reads back as written");
     let first_page = s
-        .list_audit(&query(TenantScope::All), &PageRequest::new(Some(3), None).expect("page"))
+        .list_audit(
+            &query(TenantScope::All),
+            &PageRequest::new(Some(3), None).expect("page"),
+        )
         .await
         .expect("page");
     assert_eq!(times(&first_page), [10, 20, 30]);
@@ -71,7 +79,11 @@ pub async fn audit_entries_page_in_order_by_every_filter(s: &dyn Store) {
     assert_eq!((times(&rest), rest.next), (vec![40], None));
     let acme = TenantScope::Only(Tenant::new("acme"));
     let listed = |q: AuditQuery| async move {
-        times(&s.list_audit(&q, &PageRequest::default()).await.expect("list"))
+        times(
+            &s.list_audit(&q, &PageRequest::default())
+                .await
+                .expect("list"),
+        )
     };
     assert_eq!(listed(query(acme.clone())).await, [10, 30]);
     let by_key = AuditQuery {
@@ -92,7 +104,13 @@ pub async fn audit_entries_page_in_order_by_every_filter(s: &dyn Store) {
     assert_eq!(listed(window).await, [20, 30], "[since, until)");
 }
 
-fn interval(id: &str, tenant: Option<&str>, key: Option<&str>, end_ms: i64, cpu: f64) -> UsageInterval {
+fn interval(
+    id: &str,
+    tenant: Option<&str>,
+    key: Option<&str>,
+    end_ms: i64,
+    cpu: f64,
+) -> UsageInterval {
     UsageInterval {
         kind: ResourceKind::Sandbox,
         resource: id.into(),
@@ -165,7 +183,13 @@ pub async fn usage_rows_sum_by_group_and_window_and_meters_come_back(s: &dyn Sto
         ]
     );
     // The window is (from, to] on each interval's end.
-    let window = sum(q(TenantScope::All, GroupBy::Tenant, Some(day + 5), Some(2 * day + 6))).await;
+    let window = sum(q(
+        TenantScope::All,
+        GroupBy::Tenant,
+        Some(day + 5),
+        Some(2 * day + 6),
+    ))
+    .await;
     let tenants: Vec<(Option<String>, f64, u64)> = window
         .into_iter()
         .map(|g| (g.key, g.usage.cpu_seconds, g.intervals))
@@ -185,7 +209,8 @@ pub async fn usage_rows_sum_by_group_and_window_and_meters_come_back(s: &dyn Sto
         "no tenant first, then in order"
     );
     let by_key = sum(q(TenantScope::All, GroupBy::Key, None, None)).await;
-    let keys: Vec<(Option<String>, u64)> = by_key.into_iter().map(|g| (g.key, g.intervals)).collect();
+    let keys: Vec<(Option<String>, u64)> =
+        by_key.into_iter().map(|g| (g.key, g.intervals)).collect();
     assert_eq!(keys, [(None, 3), (Some(k.to_string()), 2)]);
     let by_sandbox = sum(q(acme.clone(), GroupBy::Sandbox, None, None)).await;
     let resources: Vec<(Option<String>, Option<ResourceKind>)> =
@@ -207,11 +232,22 @@ pub async fn usage_rows_sum_by_group_and_window_and_meters_come_back(s: &dyn Sto
         ..q(TenantScope::All, GroupBy::Nothing, None, None)
     };
     assert_eq!(sum(one_resource).await[0].intervals, 1);
-    let none = sum(q(TenantScope::Only(Tenant::new("nobody")), GroupBy::Nothing, None, None)).await;
+    let none = sum(q(
+        TenantScope::Only(Tenant::new("nobody")),
+        GroupBy::Nothing,
+        None,
+        None,
+    ))
+    .await;
     assert!(none.is_empty(), "an empty selection is no group");
-    assert!(sum(q(TenantScope::Only(Tenant::new("nobody")), GroupBy::Day, None, None))
-        .await
-        .is_empty());
+    assert!(sum(q(
+        TenantScope::Only(Tenant::new("nobody")),
+        GroupBy::Day,
+        None,
+        None
+    ))
+    .await
+    .is_empty());
     let meters = s.meter_readings().await.expect("meters");
     assert_eq!(meters.len(), 3);
     assert_eq!(meters[&sid("sbx_a")], reading(9));

@@ -58,11 +58,15 @@ pub async fn records_are_inserted_updated_and_deleted(s: &dyn Store) {
     assert!(s.get_sandbox(&sid("sbx_a")).await.expect("get").is_none());
     assert!(s.count_by_state().await.expect("count").is_empty());
     // Its slot is free again.
-    s.insert_sandbox(&record("sbx_b", 20)).await.expect("slot reused");
+    s.insert_sandbox(&record("sbx_b", 20))
+        .await
+        .expect("slot reused");
 }
 
 pub async fn modify_changes_one_record_and_can_refuse(s: &dyn Store) {
-    s.insert_sandbox(&record("sbx_a", 20)).await.expect("insert");
+    s.insert_sandbox(&record("sbx_a", 20))
+        .await
+        .expect("insert");
     let a = sid("sbx_a");
     let r = s
         .modify_sandbox(
@@ -89,9 +93,20 @@ pub async fn modify_changes_one_record_and_can_refuse(s: &dyn Store) {
             }),
         )
         .await;
-    assert!(matches!(refused, Err(CoreError::Conflict(_))), "{refused:?}");
-    let kept = s.get_sandbox(&sid("sbx_a")).await.expect("get").expect("row");
-    assert_eq!(kept.state, SandboxState::Paused, "a refused change changed nothing");
+    assert!(
+        matches!(refused, Err(CoreError::Conflict(_))),
+        "{refused:?}"
+    );
+    let kept = s
+        .get_sandbox(&sid("sbx_a"))
+        .await
+        .expect("get")
+        .expect("row");
+    assert_eq!(
+        kept.state,
+        SandboxState::Paused,
+        "a refused change changed nothing"
+    );
     assert!(matches!(
         s.modify_sandbox(&sid("sbx_zz"), Box::new(|_| Ok(()))).await,
         Err(CoreError::NotFound(_))
@@ -99,13 +114,18 @@ pub async fn modify_changes_one_record_and_can_refuse(s: &dyn Store) {
 }
 
 pub async fn concurrent_modifies_never_undo_each_other(s: &dyn Store) {
-    s.insert_sandbox(&record("sbx_a", 20)).await.expect("insert");
+    s.insert_sandbox(&record("sbx_a", 20))
+        .await
+        .expect("insert");
     let a = sid("sbx_a");
     let bump = |_| {
         s.modify_sandbox(
             &a,
             Box::new(|r| {
-                let n: u32 = r.metadata.get("n").map_or(0, |n| n.parse().expect("a count"));
+                let n: u32 = r
+                    .metadata
+                    .get("n")
+                    .map_or(0, |n| n.parse().expect("a count"));
                 r.metadata.insert("n".into(), (n + 1).to_string());
                 Ok(())
             }),
@@ -115,14 +135,18 @@ pub async fn concurrent_modifies_never_undo_each_other(s: &dyn Store) {
     for r in results {
         r.expect("modify");
     }
-    let r = s.get_sandbox(&sid("sbx_a")).await.expect("get").expect("row");
+    let r = s
+        .get_sandbox(&sid("sbx_a"))
+        .await
+        .expect("get")
+        .expect("row");
     assert_eq!(r.metadata.get("n").map(String::as_str), Some("20"));
 }
 
-pub async fn a_scoped_lookup_finds_only_the_tenants_sandbox_and_never_a_warm_guest(
-    s: &dyn Store,
-) {
-    s.insert_sandbox(&record("sbx_a", 20)).await.expect("insert");
+pub async fn a_scoped_lookup_finds_only_the_tenants_sandbox_and_never_a_warm_guest(s: &dyn Store) {
+    s.insert_sandbox(&record("sbx_a", 20))
+        .await
+        .expect("insert");
     let mut pooled = record("sbx_p", 21);
     pooled.state = SandboxState::Pooled;
     pooled.tenant = None;
@@ -135,9 +159,16 @@ pub async fn a_scoped_lookup_finds_only_the_tenants_sandbox_and_never_a_warm_gue
             .map(|r| r.id.to_string())
     };
     assert_eq!(found(acme(), "sbx_a").await.as_deref(), Some("sbx_a"));
-    assert_eq!(found(TenantScope::All, "sbx_a").await.as_deref(), Some("sbx_a"));
+    assert_eq!(
+        found(TenantScope::All, "sbx_a").await.as_deref(),
+        Some("sbx_a")
+    );
     assert_eq!(found(other, "sbx_a").await, None);
-    assert_eq!(found(TenantScope::All, "sbx_p").await, None, "never a warm guest");
+    assert_eq!(
+        found(TenantScope::All, "sbx_p").await,
+        None,
+        "never a warm guest"
+    );
     assert!(s.get_sandbox(&sid("sbx_p")).await.expect("get").is_some());
     assert_eq!(ids(&s.pooled_sandboxes().await.expect("pool")), ["sbx_p"]);
     assert_eq!(ids(&s.all_sandboxes().await.expect("all")), ["sbx_a"]);
@@ -145,14 +176,20 @@ pub async fn a_scoped_lookup_finds_only_the_tenants_sandbox_and_never_a_warm_gue
         .list_sandboxes(&everything(TenantScope::All), &PageRequest::default())
         .await
         .expect("list");
-    assert_eq!(ids(&listed.items), ["sbx_a"], "warm guests are never listed");
+    assert_eq!(
+        ids(&listed.items),
+        ["sbx_a"],
+        "warm guests are never listed"
+    );
 }
 
 pub async fn pages_return_every_row_once_while_rows_are_inserted_and_deleted(s: &dyn Store) {
     let mut before = Vec::new();
     for i in 0..25u32 {
         let id = format!("sbx_{i:03}");
-        s.insert_sandbox(&record(&id, 100 + i)).await.expect("insert");
+        s.insert_sandbox(&record(&id, 100 + i))
+            .await
+            .expect("insert");
         before.push(id);
     }
     let mut other = record("sbx_zother", 99);
@@ -170,7 +207,9 @@ pub async fn pages_return_every_row_once_while_rows_are_inserted_and_deleted(s: 
         pages += 1;
         // Between pages: a new row, one row not yet seen deleted, one seen deleted.
         let id = format!("sbx_new{pages:03}");
-        s.insert_sandbox(&record(&id, 1000 + pages)).await.expect("insert");
+        s.insert_sandbox(&record(&id, 1000 + pages))
+            .await
+            .expect("insert");
         if pages == 2 {
             assert!(s.delete_sandbox(&sid("sbx_024")).await.expect("delete"));
             assert!(s.delete_sandbox(&sid("sbx_000")).await.expect("delete"));
@@ -187,7 +226,10 @@ pub async fn pages_return_every_row_once_while_rows_are_inserted_and_deleted(s: 
     for id in before.iter().filter(|id| id.as_str() != "sbx_024") {
         assert!(seen.contains(id), "{id} missing from {seen:?}");
     }
-    assert!(!seen.contains(&"sbx_zother".to_string()), "only acme's rows");
+    assert!(
+        !seen.contains(&"sbx_zother".to_string()),
+        "only acme's rows"
+    );
     let all = s
         .list_sandboxes(&query, &PageRequest::default())
         .await
@@ -196,7 +238,12 @@ pub async fn pages_return_every_row_once_while_rows_are_inserted_and_deleted(s: 
     assert_eq!(all.items.len(), 23 + pages as usize);
     // An exact last page says no more follow.
     let exact = PageRequest::new(Some(all.items.len()), None).expect("page");
-    assert!(s.list_sandboxes(&query, &exact).await.expect("page").next.is_none());
+    assert!(s
+        .list_sandboxes(&query, &exact)
+        .await
+        .expect("page")
+        .next
+        .is_none());
     // A cursor is opaque and belongs to its listing.
     let first = s
         .list_sandboxes(&query, &PageRequest::new(Some(1), None).expect("page"))
@@ -205,10 +252,16 @@ pub async fn pages_return_every_row_once_while_rows_are_inserted_and_deleted(s: 
     let cursor = first.next.expect("more follow");
     let foreign = PageRequest::new(Some(1), Some(cursor)).expect("page");
     let refused = s.list_volumes(&TenantScope::All, &foreign).await;
-    assert!(matches!(refused, Err(CoreError::InvalidArgument(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(CoreError::InvalidArgument(_))),
+        "{refused:?}"
+    );
     let garbage = PageRequest::new(Some(2), Some(Cursor::from_client("garbage"))).expect("page");
     let refused = s.list_sandboxes(&query, &garbage).await;
-    assert!(matches!(refused, Err(CoreError::InvalidArgument(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(CoreError::InvalidArgument(_))),
+        "{refused:?}"
+    );
 }
 
 pub async fn listings_filter_by_state_and_metadata(s: &dyn Store) {
@@ -242,11 +295,18 @@ pub async fn listings_filter_by_state_and_metadata(s: &dyn Store) {
     assert_eq!(listed(Some(SandboxState::Paused), &[]).await, ["sbx_b"]);
     assert_eq!(listed(Some(SandboxState::Running), &[]).await, ["sbx_a"]);
     assert_eq!(listed(None, &[("role", "ci")]).await, ["sbx_a"]);
-    assert_eq!(listed(None, &[("role", "ci"), ("team", "ml")]).await, ["sbx_a"]);
-    assert!(listed(None, &[("role", "ci"), ("team", "web")]).await.is_empty());
+    assert_eq!(
+        listed(None, &[("role", "ci"), ("team", "ml")]).await,
+        ["sbx_a"]
+    );
+    assert!(listed(None, &[("role", "ci"), ("team", "web")])
+        .await
+        .is_empty());
     assert_eq!(listed(None, &[("tenant_id", "other")]).await, ["sbx_b"]);
     assert!(listed(None, &[("role", "qa")]).await.is_empty());
-    assert!(listed(Some(SandboxState::Paused), &[("role", "ci")]).await.is_empty());
+    assert!(listed(Some(SandboxState::Paused), &[("role", "ci")])
+        .await
+        .is_empty());
 }
 
 fn mount(volume: &str) -> VolumeMount {
@@ -286,28 +346,49 @@ pub async fn the_reaper_idle_layer_and_volume_queries_select_their_rows(s: &dyn 
         ["sbx_soon", "sbx_late"],
         "soonest first; never a persistent sandbox or a warm guest"
     );
-    assert_eq!(ids(&s.expired_sandboxes(9).await.expect("expired")), Vec::<String>::new());
+    assert_eq!(
+        ids(&s.expired_sandboxes(9).await.expect("expired")),
+        Vec::<String>::new()
+    );
     assert_eq!(ids(&s.idle_candidates().await.expect("idle")), ["sbx_soon"]);
     assert_eq!(
         ids(&s.sandboxes_on_layer("snap_x").await.expect("layer")),
         ["sbx_soon", "sbx_kept"]
     );
-    assert!(s.sandboxes_on_layer("snap_y").await.expect("layer").is_empty());
+    assert!(s
+        .sandboxes_on_layer("snap_y")
+        .await
+        .expect("layer")
+        .is_empty());
     let running = [SandboxState::Running];
     let live = [SandboxState::Running, SandboxState::Paused];
     assert_eq!(
-        ids(&s.sandboxes_with_volume("vol_a", &running).await.expect("users")),
+        ids(&s
+            .sandboxes_with_volume("vol_a", &running)
+            .await
+            .expect("users")),
         ["sbx_soon", "sbx_kept"]
     );
     assert_eq!(
-        ids(&s.sandboxes_with_volume("vol_c", &live).await.expect("users")),
+        ids(&s
+            .sandboxes_with_volume("vol_c", &live)
+            .await
+            .expect("users")),
         ["sbx_paused"]
     );
-    assert!(s.sandboxes_with_volume("vol_c", &running).await.expect("users").is_empty());
+    assert!(s
+        .sandboxes_with_volume("vol_c", &running)
+        .await
+        .expect("users")
+        .is_empty());
     let mut in_use = s.volumes_in_use(&live).await.expect("in use");
     in_use.sort();
     assert_eq!(in_use, ["vol_a", "vol_b", "vol_c"]);
-    assert!(s.volumes_in_use(&[SandboxState::Failed]).await.expect("none").is_empty());
+    assert!(s
+        .volumes_in_use(&[SandboxState::Failed])
+        .await
+        .expect("none")
+        .is_empty());
     let mut counts = s.count_by_state().await.expect("count");
     counts.sort_by_key(|(state, _)| state.as_str());
     assert_eq!(
@@ -341,8 +422,18 @@ pub async fn refreshes_move_times_only_later_and_skip_deleted_records(s: &dyn St
     assert_eq!((a.expires_at_ms, a.last_used_ms), (5_000, 500));
     let b = s.get_sandbox(&sid("sbx_b")).await.expect("get").expect("b");
     assert_eq!((b.expires_at_ms, b.last_used_ms), (2, 900));
-    assert!(s.get_sandbox(&sid("sbx_gone")).await.expect("get").is_none());
-    assert!(s.expired_sandboxes(4_999).await.expect("due").is_empty(), "the column moved");
-    assert_eq!(ids(&s.expired_sandboxes(5_000).await.expect("due")), ["sbx_a"]);
+    assert!(s
+        .get_sandbox(&sid("sbx_gone"))
+        .await
+        .expect("get")
+        .is_none());
+    assert!(
+        s.expired_sandboxes(4_999).await.expect("due").is_empty(),
+        "the column moved"
+    );
+    assert_eq!(
+        ids(&s.expired_sandboxes(5_000).await.expect("due")),
+        ["sbx_a"]
+    );
     s.refresh_sandboxes(&[]).await.expect("an empty batch");
 }
