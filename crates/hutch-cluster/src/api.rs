@@ -35,6 +35,15 @@ struct NodeList {
     this_node_health: NodeHealth,
     /// Every node.
     nodes: Vec<NodeView>,
+    /// How this node found sandboxes' owners since it started.
+    owner_lookups: OwnerLookups,
+}
+
+/// Owner lookups of the node that answered: from its cache, or from the database.
+#[derive(Debug, Serialize)]
+struct OwnerLookups {
+    cached: u64,
+    database: u64,
 }
 
 async fn require_admin(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -71,6 +80,10 @@ async fn list(
         this_node: cluster.node_id().to_string(),
         this_node_health: cluster.membership().health(),
         nodes,
+        owner_lookups: {
+            let (cached, database) = cluster.owners().counts();
+            OwnerLookups { cached, database }
+        },
     }))
 }
 
@@ -90,7 +103,12 @@ async fn change(
             )))
         }
     };
-    match cluster.membership().set_state(&id, to).await.map_err(db_error)? {
+    match cluster
+        .membership()
+        .set_state(&id, to)
+        .await
+        .map_err(db_error)?
+    {
         Some(view) => Ok(Json(view)),
         None => Err(ApiError::not_found(format!("node {id} not found"))),
     }

@@ -19,6 +19,9 @@ pub enum ClusterError {
         /// The epoch it held.
         epoch: i64,
     },
+    /// The manager's store refused (a tenant's quota, among others).
+    #[error(transparent)]
+    Core(#[from] hutch_core::CoreError),
     /// No node that runs sandboxes has room for the create.
     #[error("no node has room for this sandbox ({0})")]
     NoCapacity(String),

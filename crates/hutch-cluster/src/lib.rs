@@ -19,6 +19,7 @@ pub mod config;
 mod error;
 pub mod forward;
 pub mod membership;
+pub mod owners;
 pub mod placement;
 pub mod reaper;
 pub mod routing;
@@ -54,6 +55,7 @@ pub struct Cluster {
     db: Db,
     fence: Arc<NodeFence>,
     membership: Membership,
+    owners: owners::OwnerCache,
     secret: HeaderValue,
 }
 
@@ -77,6 +79,7 @@ impl Cluster {
             db,
             fence,
             membership,
+            owners: owners::OwnerCache::default(),
             secret,
         }))
     }
@@ -126,6 +129,13 @@ impl Cluster {
         tokio::spawn(async move { me.heartbeat_loop(manager).await });
         let me = self.clone();
         tokio::spawn(async move { me.reaper_loop().await });
+        let me = self.clone();
+        tokio::spawn(async move { me.owners.keep_in_sync(&me.db, me.cfg.heartbeat).await });
+    }
+
+    /// The owner cache.
+    pub fn owners(&self) -> &owners::OwnerCache {
+        &self.owners
     }
 
     async fn heartbeat_loop(self: Arc<Self>, manager: Arc<Manager>) {
@@ -144,7 +154,10 @@ impl Cluster {
                     tracing::error!(node, epoch, "this node was declared dead: stopping its lost sandboxes, then registering again");
                     self.membership.set_health(NodeHealth::Fenced);
                     match manager.stop_lost_sandboxes().await {
-                        Ok(n) => tracing::warn!(stopped = n, "stopped the sandboxes the cluster declared lost"),
+                        Ok(n) => tracing::warn!(
+                            stopped = n,
+                            "stopped the sandboxes the cluster declared lost"
+                        ),
                         Err(e) => {
                             tracing::error!(error = %e, "listing lost sandboxes (trying again at the next heartbeat)");
                             continue;
@@ -174,21 +187,9 @@ impl Cluster {
         }
     }
 
-    /// Who owns sandbox `id` (`None`: no row).
+    /// Who owns sandbox `id` (`None`: no row): from the owner cache, else the database.
     pub async fn owner_of(&self, id: &str) -> Result<Option<Owner>, ClusterError> {
-        let client = self.db.client().await?;
-        let row = client
-            .query_opt(
-                "SELECT s.node_id, n.advertise, n.state = 'dead'
-                 FROM sandboxes s JOIN nodes n ON n.id = s.node_id WHERE s.id = $1",
-                &[&id],
-            )
-            .await?;
-        Ok(row.map(|r| Owner {
-            node: r.get(0),
-            advertise: r.get(1),
-            dead: r.get(2),
-        }))
+        self.owners.owner_of(&self.db, id).await
     }
 
     /// Delete the row of lost sandbox `id` whose node was declared dead.

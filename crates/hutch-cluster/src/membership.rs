@@ -176,6 +176,13 @@ impl Membership {
             )
             .await?;
         let epoch: i64 = row.get(0);
+        // Owner caches reload the nodes (this one's address or liveness may have changed).
+        client
+            .execute(
+                "SELECT pg_notify($1, 'registered')",
+                &[&crate::reaper::CHANNEL],
+            )
+            .await?;
         self.fence.set_epoch(epoch);
         self.set_health(NodeHealth::Member);
         tracing::info!(node = %self.cfg.node_id, epoch, advertise = %self.cfg.advertise, "registered in the cluster");

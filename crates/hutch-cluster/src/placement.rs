@@ -9,9 +9,23 @@
 //! node until [`release`] deletes it once the create answered — so twenty creates through
 //! three nodes at once never put more on a node than it offers.
 //!
+//! A tenant's create is also checked against the tenant's quotas in the same transaction:
+//! what its sandboxes hold on every node plus its creates placed and not finished
+//! (`TenancyStore::tenant_usage` counts both), so creates through different nodes never
+//! overshoot a quota together. The placement row carries the id the sandbox will have
+//! ([`PlacedSandboxId`](hutch_server::PlacedSandboxId)), so the node that creates it leaves
+//! its own reservation out of its own admission, and counts every other.
+//!
 //! Candidates are the nodes in state `ready`, of role `all`, whose heartbeat is within their
 //! lease by the database's clock, and not excluded (a node a create just failed on).
 
+use hutch_core::ids::SandboxId;
+use hutch_core::store::tenancy::CREATE_WINDOW_MS;
+use hutch_core::store::Store;
+use hutch_core::tenant::quota::Footprint;
+use hutch_core::tenant::settings::Quotas;
+use hutch_core::tenant::Tenant;
+use hutch_core::CoreError;
 use hutch_store_postgres::Db;
 
 use crate::config::ClusterConfig;
@@ -22,10 +36,22 @@ use crate::membership::ACTIVE_STATES;
 pub const PLACEMENT_LOCK: i64 = 0x6875_7463_6803;
 
 /// What a create asks of a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Demand {
+    /// Its CPUs.
+    pub cpus: f64,
     /// Its memory limit in MiB.
     pub memory_mib: u64,
+}
+
+/// The tenant a create is for, with its quotas and the store to count its use in.
+pub struct TenantCheck<'a> {
+    /// The tenant.
+    pub tenant: &'a Tenant,
+    /// Its quotas.
+    pub quotas: Quotas,
+    /// The cluster's store.
+    pub store: &'a dyn Store,
 }
 
 /// Where a create was placed, holding its reservation until [`release`].
@@ -35,21 +61,38 @@ pub struct Placement {
     pub node: String,
     /// Its API address.
     pub advertise: String,
-    /// The reservation's key in `placements`.
-    pub token: String,
+    /// The reservation's key in `placements`: the id the sandbox will have.
+    pub sandbox: SandboxId,
 }
 
-/// Place one create (see the module docs). `NoCapacity` when no candidate has room.
+/// Place the create of sandbox `sandbox` (see the module docs). `NoCapacity` when no
+/// candidate has room; `QuotaExceeded` (in [`ClusterError::Core`]) when the tenant's quotas
+/// do not take it.
 pub async fn place(
     db: &Db,
     cfg: &ClusterConfig,
     demand: Demand,
     exclude: &[String],
+    sandbox: &SandboxId,
+    tenant: Option<TenantCheck<'_>>,
 ) -> Result<Placement, ClusterError> {
     let mut client = db.client().await?;
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PLACEMENT_LOCK])
         .await?;
+    if let Some(t) = &tenant {
+        let since = hutch_core::time::now_ms() - CREATE_WINDOW_MS;
+        let usage = t.store.tenant_usage(t.tenant, &[], since).await?;
+        let adding = Footprint {
+            sandboxes: 1,
+            cpus: demand.cpus,
+            memory_mib: demand.memory_mib,
+            creates: 1,
+        };
+        t.quotas
+            .check_usage(t.tenant, &usage, &adding)
+            .map_err(CoreError::from)?;
+    }
     let active: Vec<&str> = ACTIVE_STATES.to_vec();
     let rows = tx
         .query(
@@ -107,19 +150,26 @@ pub async fn place(
         };
         return Err(ClusterError::NoCapacity(why));
     };
-    let token = format!("pl_{}", hutch_core::ids::random_token(20));
     let hold_ms = cfg.placement_hold.as_millis() as f64;
+    let tenant_name = tenant.as_ref().map(|t| t.tenant.as_str());
     tx.execute(
-        "INSERT INTO placements (sandbox, node_id, cpus, memory_mib, expires_at)
-         VALUES ($1, $2, 0, $3, now() + $4::float8 * interval '1 millisecond')",
-        &[&token, &node, &want, &hold_ms],
+        "INSERT INTO placements (sandbox, node_id, tenant, cpus, memory_mib, expires_at)
+         VALUES ($1, $2, $3, $4, $5, now() + $6::float8 * interval '1 millisecond')",
+        &[
+            &sandbox.as_str(),
+            &node,
+            &tenant_name,
+            &demand.cpus,
+            &want,
+            &hold_ms,
+        ],
     )
     .await?;
     tx.commit().await?;
     Ok(Placement {
         node,
         advertise,
-        token,
+        sandbox: sandbox.clone(),
     })
 }
 
@@ -130,7 +180,7 @@ pub async fn release(db: &Db, placement: &Placement) -> Result<(), ClusterError>
         .await?
         .execute(
             "DELETE FROM placements WHERE sandbox = $1",
-            &[&placement.token],
+            &[&placement.sandbox.as_str()],
         )
         .await?;
     Ok(())

@@ -27,11 +27,11 @@ use hutch_core::ids::SandboxId;
 use hutch_core::model::SandboxState;
 use hutch_core::tenant::keys::Permission;
 use hutch_server::error::ApiError;
-use hutch_server::AppState;
+use hutch_server::{AppState, PlacedSandboxId};
 
 use crate::error::ClusterError;
 use crate::forward::{forward, Peer, FORWARDED_BY, NODE_TOKEN};
-use crate::placement::{self, Demand};
+use crate::placement::{self, Demand, TenantCheck};
 use crate::Cluster;
 
 /// The header of every answer naming the node that served the call.
@@ -39,6 +39,13 @@ pub const SERVED_BY: HeaderName = HeaderName::from_static("x-hutch-node");
 
 /// Memory assumed for a create that names none when its template says none either.
 const FALLBACK_MEMORY_MIB: u64 = 512;
+
+/// CPUs assumed likewise.
+const FALLBACK_CPUS: f64 = 1.0;
+
+/// The header of a create forwarded by the node that placed it: the id placement chose
+/// (and reserved under), which the sandbox is created with.
+pub const PLACED_ID: HeaderName = HeaderName::from_static("x-hutch-sandbox-id");
 
 /// `app` with cluster routing in front of it.
 pub fn layer(app: Router, cluster: Arc<Cluster>, state: AppState) -> Router {
@@ -89,10 +96,19 @@ async fn route(
     next: Next,
 ) -> Response {
     let mut response = if cluster.is_peer_call(req.headers()) {
+        let placed = req
+            .headers()
+            .get(PLACED_ID)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<SandboxId>().ok());
+        if let Some(id) = placed {
+            req.extensions_mut().insert(PlacedSandboxId(id));
+        }
         next.run(req).await
     } else {
         req.headers_mut().remove(NODE_TOKEN);
         req.headers_mut().remove(FORWARDED_BY);
+        req.headers_mut().remove(PLACED_ID);
         let result = match classify(req.method(), req.uri().path()) {
             Target::Any => Ok(next.run(req).await),
             Target::Create => create(&cluster, &state, req, next).await,
@@ -135,6 +151,13 @@ fn unavailable(code: &'static str, message: String) -> ApiError {
 }
 
 fn cluster_error(e: ClusterError) -> ApiError {
+    match e {
+        ClusterError::Core(core) => ApiError::from(core),
+        e => other_cluster_error(e),
+    }
+}
+
+fn other_cluster_error(e: ClusterError) -> ApiError {
     match &e {
         ClusterError::NoCapacity(_) => unavailable("no_capacity", e.to_string()),
         ClusterError::Peer { .. } | ClusterError::PeerHttp { .. } => {
@@ -176,9 +199,12 @@ async fn on_sandbox(
         id: owner.node,
         advertise: owner.advertise,
     };
-    forward(&peer, cluster.node_id(), cluster.secret(), req)
-        .await
-        .map_err(cluster_error)
+    let answer = forward(&peer, cluster.node_id(), cluster.secret(), req).await;
+    if answer.is_err() {
+        // The next call reads the owner's row again.
+        cluster.owners().distrust(&peer.id);
+    }
+    answer.map_err(cluster_error)
 }
 
 /// `DELETE /v1/sandboxes/{id}` of a sandbox whose node was declared dead: its row goes (its
@@ -190,14 +216,18 @@ async fn delete_lost(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let Some(caller) = check_key(state, headers).await? else {
-        return Err(ApiError::unauthorized("missing API key (Authorization: Bearer …)"));
+        return Err(ApiError::unauthorized(
+            "missing API key (Authorization: Bearer …)",
+        ));
     };
     if !caller.permits(Permission::Manage) {
         return Err(ApiError::forbidden(
             "this key may not delete sandboxes (it lacks the manage permission)",
         ));
     }
-    let sandbox: SandboxId = id.parse().map_err(|e: hutch_core::ids::MalformedId| ApiError::not_found(e.to_string()))?;
+    let sandbox: SandboxId = id
+        .parse()
+        .map_err(|e: hutch_core::ids::MalformedId| ApiError::not_found(e.to_string()))?;
     let record = state
         .manager
         .store()
@@ -218,24 +248,33 @@ async fn delete_lost(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// The memory a create asks for: its `memory_mib`, else its template's default.
-fn demand_of(state: &AppState, body: &[u8]) -> Demand {
+/// What a create asks for: its `cpus` and `memory_mib`, else its tenant's defaults, else
+/// its template's.
+fn demand_of(
+    state: &AppState,
+    body: &[u8],
+    tenant_defaults: Option<&hutch_core::tenant::settings::SandboxDefaults>,
+) -> Demand {
     let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    if let Some(m) = json.get("memory_mib").and_then(|v| v.as_u64()) {
-        return Demand { memory_mib: m };
-    }
     let name = json
         .get("template")
         .and_then(|v| v.as_str())
         .map(|t| t.split([':', '@']).next().unwrap_or(t).to_string())
         .unwrap_or_else(|| state.manager.config().default_template.clone());
-    let memory_mib = state
-        .manager
-        .templates()
-        .get(&name)
-        .map(|t| t.defaults.memory_mib)
+    let template = state.manager.templates().get(&name);
+    let memory_mib = json
+        .get("memory_mib")
+        .and_then(|v| v.as_u64())
+        .or_else(|| tenant_defaults.and_then(|d| d.memory_mib))
+        .or_else(|| template.as_ref().map(|t| t.defaults.memory_mib))
         .unwrap_or(FALLBACK_MEMORY_MIB);
-    Demand { memory_mib }
+    let cpus = json
+        .get("cpus")
+        .and_then(|v| v.as_f64())
+        .or_else(|| tenant_defaults.and_then(|d| d.cpus))
+        .or_else(|| template.as_ref().map(|t| t.defaults.cpus))
+        .unwrap_or(FALLBACK_CPUS);
+    Demand { cpus, memory_mib }
 }
 
 async fn create(
@@ -244,28 +283,62 @@ async fn create(
     req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if check_key(state, req.headers()).await?.is_none() {
+    let Some(caller) = check_key(state, req.headers()).await? else {
         // No key: the local answer is the 401.
         return Ok(next.run(req).await);
+    };
+    if !caller.permits(Permission::Manage) {
+        // The local answer is the 403.
+        return Ok(next.run(req).await);
     }
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let limit = state.json_body_limit();
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
         ApiError::payload_too_large(format!("the request body is over {limit} bytes"))
     })?;
-    let demand = demand_of(state, &body);
+    let store = state.manager.store();
+    let owner = caller.owner();
+    let tenant_record = match &owner {
+        Some(t) => store.get_tenant(t).await.map_err(ApiError::from)?,
+        None => None,
+    };
+    let demand = demand_of(
+        state,
+        &body,
+        tenant_record.as_ref().map(|t| &t.settings.defaults),
+    );
+
     let mut next = Some(next);
     let mut exclude: Vec<String> = Vec::new();
     let mut last_error = None;
     for _attempt in 0..2 {
-        let placed = placement::place(cluster.db(), cluster.config(), demand, &exclude).await;
+        // A new id per attempt: a node that failed a create may keep its row.
+        let sandbox = SandboxId::random();
+        let check = owner
+            .as_ref()
+            .zip(tenant_record.as_ref())
+            .map(|(tenant, record)| TenantCheck {
+                tenant,
+                quotas: record.settings.quotas.clone(),
+                store: store.as_ref(),
+            });
+        let placed = placement::place(
+            cluster.db(),
+            cluster.config(),
+            demand,
+            &exclude,
+            &sandbox,
+            check,
+        )
+        .await;
         let placed = match placed {
             Ok(p) => p,
             // After a failed attempt, that node's error says more than "no room elsewhere".
             Err(ClusterError::NoCapacity(_)) if last_error.is_some() => break,
             Err(e) => return Err(cluster_error(e)),
         };
-        let request = Request::from_parts(parts.clone(), Body::from(body.clone()));
+        parts.extensions.insert(PlacedSandboxId(sandbox.clone()));
+        let mut request = Request::from_parts(parts.clone(), Body::from(body.clone()));
         let answer = if placed.node == cluster.node_id() {
             match next.take() {
                 Some(next) => Ok(next.run(request).await),
@@ -276,6 +349,9 @@ async fn create(
                 id: placed.node.clone(),
                 advertise: placed.advertise.clone(),
             };
+            if let Ok(v) = HeaderValue::from_str(sandbox.as_str()) {
+                request.headers_mut().insert(PLACED_ID, v);
+            }
             forward(&peer, cluster.node_id(), cluster.secret(), request)
                 .await
                 .map_err(cluster_error)

@@ -138,12 +138,12 @@ pub fn default_build_settings(manager: &Manager) -> BuildSettings {
     settings
 }
 
-/// The whole API.
 /// The id a cluster's placement chose for the create it forwards here (a request extension
 /// only the cluster's routing sets, from a node-to-node call: `hutch-cluster`).
 #[derive(Debug, Clone)]
 pub struct PlacedSandboxId(pub hutch_core::ids::SandboxId);
 
+/// The whole API.
 pub fn app(state: AppState) -> Router {
     use routes::{
         build_logs, code, exec, files, files_url, files_watch, keys, lifecycle, logs, misc,

@@ -68,10 +68,30 @@ fn lost_connection(code: &SqlState) -> bool {
         .contains(code)
 }
 
+/// A connection listening for notifications ([`Db::listen`]).
+pub struct Listener {
+    client: tokio_postgres::Client,
+    rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Listener {
+    /// The next notification's payload; `None` once the connection ended.
+    pub async fn recv(&mut self) -> Option<String> {
+        self.rx.recv().await
+    }
+
+    /// Check the connection still works (a round trip).
+    pub async fn ping(&self) -> Result<(), DbError> {
+        self.client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+}
+
 /// A pool of connections to the cluster's database.
 #[derive(Clone)]
 pub struct Db {
     pool: Pool,
+    cfg: tokio_postgres::Config,
 }
 
 impl std::fmt::Debug for Db {
@@ -90,7 +110,7 @@ impl Db {
         }
         cfg.application_name("hutch");
         let manager = Manager::from_config(
-            cfg,
+            cfg.clone(),
             NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
@@ -102,7 +122,36 @@ impl Db {
             .wait_timeout(Some(CONNECT_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .build()?;
-        Ok(Self { pool })
+        Ok(Self { pool, cfg })
+    }
+
+    /// A connection of its own, outside the pool, that `LISTEN`s on `channel` (a plain
+    /// identifier). Each notification's payload arrives on [`Listener::recv`] until the
+    /// connection ends; [`Listener::ping`] checks that it still lives.
+    pub async fn listen(&self, channel: &str) -> Result<Listener, DbError> {
+        let (client, mut connection) = self.cfg.connect(NoTls).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                        if tx.send(n.payload().to_string()).is_err() {
+                            break;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "the listening connection ended");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "")))
+            .await?;
+        Ok(Listener { client, rx })
     }
 
     /// A pooled connection.

@@ -19,6 +19,6 @@ mod fence;
 pub mod schema;
 mod store;
 
-pub use db::{Db, DbError};
+pub use db::{Db, DbError, Listener};
 pub use fence::NodeFence;
 pub use store::{db_error, PostgresStore};

@@ -67,20 +67,26 @@ async fn creates_follow_capacity_and_a_full_cluster_is_503_no_capacity() {
         assert_eq!(c.owner(id), served_by, "the node that answered owns it");
         *per_node.entry(served_by).or_default() += 1;
     }
-    let expected: BTreeMap<String, usize> =
-        [("n1".to_string(), 1), ("n2".to_string(), 2), ("n3".to_string(), 3)].into();
+    let expected: BTreeMap<String, usize> = [
+        ("n1".to_string(), 1),
+        ("n2".to_string(), 2),
+        ("n3".to_string(), 3),
+    ]
+    .into();
     assert_eq!(per_node, expected);
     let (status, v) = c.nodes[1].post("/v1/sandboxes", json!({})).await;
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["error"]["code"], "no_capacity", "{v}");
     assert!(
-        v["error"]["message"].as_str().unwrap_or("").contains("n3: 3/3 sandboxes"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("n3: 3/3 sandboxes"),
         "{v}"
     );
     // Freeing room on n1 lets the next create land there.
-    let on_n1 = c
-        .pg
-        .psql("hutch", "SELECT id FROM sandboxes WHERE node_id = 'n1'");
+    let on_n1 =
+        c.pg.psql("hutch", "SELECT id FROM sandboxes WHERE node_id = 'n1'");
     assert_eq!(c.nodes[2].kill(&on_n1).await, 204);
     let id = c.nodes[2].create_id(json!({})).await;
     assert_eq!(c.owner(&id), "n1");
@@ -119,4 +125,70 @@ async fn parallel_creates_through_every_node_never_oversubscribe_a_node() {
     assert_eq!(counts, "n1=3,n2=3,n3=3");
     let placements = c.pg.psql("hutch", "SELECT count(*) FROM placements");
     assert_eq!(placements, "0", "every reservation was released");
+}
+
+#[tokio::test]
+async fn a_tenants_quota_holds_across_nodes_under_parallel_creates() {
+    let c = TestCluster::start(&[4, 4, 4]).await;
+    c.nodes[0]
+        .tenant("acme", json!({"quotas": {"max_sandboxes": 5}}))
+        .await;
+    let key = c.nodes[0].tenant_key("acme", "full").await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let node = &c.nodes[i % 3];
+        let (http, url, key) = (node.http.clone(), node.url.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let resp = http
+                .post(format!("{url}/v1/sandboxes"))
+                .bearer_auth(key)
+                .json(&json!({}))
+                .send()
+                .await
+                .expect("create");
+            let status = resp.status().as_u16();
+            let v: serde_json::Value = resp.json().await.unwrap_or_default();
+            (status, v)
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.expect("task"));
+    }
+    let created = answers.iter().filter(|(s, _)| *s == 201).count();
+    let refused: Vec<&serde_json::Value> = answers
+        .iter()
+        .filter(|(s, _)| *s == 429)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!((created, refused.len()), (5, 15), "{answers:?}");
+    for v in &refused {
+        assert_eq!(v["error"]["code"], "quota_exceeded", "{v}");
+        assert_eq!(v["error"]["quota"], "max_sandboxes", "{v}");
+        assert_eq!(v["error"]["limit"], 5, "{v}");
+    }
+    let spread = c.pg.psql(
+        "hutch",
+        "SELECT count(DISTINCT node_id) || '/' || count(*) FROM sandboxes WHERE tenant = 'acme'",
+    );
+    let (nodes, total) = spread.split_once('/').expect("spread");
+    assert_eq!(total, "5", "{spread}");
+    assert!(
+        nodes.parse::<u32>().expect("nodes") >= 2,
+        "placed on several nodes: {spread}"
+    );
+    assert_eq!(c.pg.psql("hutch", "SELECT count(*) FROM placements"), "0");
+    // Room again once one goes, through another node than the one that made it.
+    let id = answers.iter().find(|(s, _)| *s == 201).expect("one").1["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let (status, _) = c.nodes[1]
+        .request_as(&key, Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, 204);
+    let (status, v) = c.nodes[2]
+        .request_as(&key, Method::POST, "/v1/sandboxes", Some(json!({})))
+        .await;
+    assert_eq!(status, 201, "{v}");
 }
