@@ -49,7 +49,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the API server.
-    Serve(crate::serve::ServeArgs),
+    Serve(Box<crate::serve::ServeArgs>),
     /// Create a sandbox, run one command in it, print its output, destroy it.
     Run(sandbox::RunArgs),
     /// Create a sandbox and print its id.
@@ -146,7 +146,7 @@ pub async fn run(cli: Cli) -> i32 {
         .unwrap_or_else(crate::paths::default_state_dir);
     let json = cli.json;
     let result = match cli.command {
-        Command::Serve(args) => crate::serve::serve(args, state_dir).await.map(|()| 0),
+        Command::Serve(args) => crate::serve::serve(*args, state_dir).await.map(|()| 0),
         Command::Run(args) => sandbox::run(args, &state_dir, json).await,
         Command::Create(args) => sandbox::create(args, &state_dir, json).await.map(|()| 0),
         Command::Exec(args) => sandbox::exec(args, &state_dir, json).await,
