@@ -90,7 +90,12 @@ async fn change(
             )))
         }
     };
-    match cluster.membership().set_state(&id, to).await.map_err(db_error)? {
+    match cluster
+        .membership()
+        .set_state(&id, to)
+        .await
+        .map_err(db_error)?
+    {
         Some(view) => Ok(Json(view)),
         None => Err(ApiError::not_found(format!("node {id} not found"))),
     }

@@ -102,10 +102,9 @@ impl ClusterConfig {
                 "--node-id {id:?}: use 1 to 63 lowercase letters, digits and '-', not starting with '-'"
             )));
         }
-        let advertise_ok = self
-            .advertise
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+        let advertise_ok = self.advertise.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
         if !advertise_ok {
             return Err(ClusterError::Config(format!(
                 "--advertise {:?}: give the host:port the other nodes reach this node's API at",
@@ -149,16 +148,32 @@ mod tests {
         config().validate().expect("valid");
         let mut c = config();
         c.node_id = "N_1".into();
-        assert!(c.validate().expect_err("bad id").to_string().contains("--node-id"));
+        assert!(c
+            .validate()
+            .expect_err("bad id")
+            .to_string()
+            .contains("--node-id"));
         let mut c = config();
         c.advertise = "10.0.0.1".into();
-        assert!(c.validate().expect_err("no port").to_string().contains("--advertise"));
+        assert!(c
+            .validate()
+            .expect_err("no port")
+            .to_string()
+            .contains("--advertise"));
         let mut c = config();
         c.node_secret = "short".into();
-        assert!(c.validate().expect_err("short").to_string().contains("--node-secret"));
+        assert!(c
+            .validate()
+            .expect_err("short")
+            .to_string()
+            .contains("--node-secret"));
         let mut c = config();
         c.lease = c.heartbeat;
-        assert!(c.validate().expect_err("lease").to_string().contains("lease"));
+        assert!(c
+            .validate()
+            .expect_err("lease")
+            .to_string()
+            .contains("lease"));
     }
 
     #[test]

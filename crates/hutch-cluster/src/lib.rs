@@ -144,7 +144,10 @@ impl Cluster {
                     tracing::error!(node, epoch, "this node was declared dead: stopping its lost sandboxes, then registering again");
                     self.membership.set_health(NodeHealth::Fenced);
                     match manager.stop_lost_sandboxes().await {
-                        Ok(n) => tracing::warn!(stopped = n, "stopped the sandboxes the cluster declared lost"),
+                        Ok(n) => tracing::warn!(
+                            stopped = n,
+                            "stopped the sandboxes the cluster declared lost"
+                        ),
                         Err(e) => {
                             tracing::error!(error = %e, "listing lost sandboxes (trying again at the next heartbeat)");
                             continue;

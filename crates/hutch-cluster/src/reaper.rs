@@ -143,10 +143,15 @@ async fn declare_dead(client: &mut tokio_postgres::Client) -> Result<Reaped, Clu
     .await?;
     tx.execute("DELETE FROM placements WHERE node_id = ANY($1)", &[&nodes])
         .await?;
-    tx.execute("SELECT pg_notify($1, 'dead')", &[&CHANNEL]).await?;
+    tx.execute("SELECT pg_notify($1, 'dead')", &[&CHANNEL])
+        .await?;
     tx.commit().await?;
     for node in &nodes {
-        tracing::warn!(node, sandboxes_lost, "declared a node dead: its lease ran out");
+        tracing::warn!(
+            node,
+            sandboxes_lost,
+            "declared a node dead: its lease ran out"
+        );
     }
     Ok(Reaped {
         nodes,

@@ -195,14 +195,18 @@ async fn delete_lost(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let Some(caller) = check_key(state, headers).await? else {
-        return Err(ApiError::unauthorized("missing API key (Authorization: Bearer …)"));
+        return Err(ApiError::unauthorized(
+            "missing API key (Authorization: Bearer …)",
+        ));
     };
     if !caller.permits(Permission::Manage) {
         return Err(ApiError::forbidden(
             "this key may not delete sandboxes (it lacks the manage permission)",
         ));
     }
-    let sandbox: SandboxId = id.parse().map_err(|e: hutch_core::ids::MalformedId| ApiError::not_found(e.to_string()))?;
+    let sandbox: SandboxId = id
+        .parse()
+        .map_err(|e: hutch_core::ids::MalformedId| ApiError::not_found(e.to_string()))?;
     let record = state
         .manager
         .store()

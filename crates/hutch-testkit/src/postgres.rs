@@ -35,7 +35,10 @@ fn bin_dir() -> PathBuf {
         })
         .collect();
     found.sort();
-    found.pop().expect("no PostgreSQL initdb under /usr/lib/postgresql").1
+    found
+        .pop()
+        .expect("no PostgreSQL initdb under /usr/lib/postgresql")
+        .1
 }
 
 fn free_port(addr: IpAddr) -> u16 {
@@ -120,16 +123,30 @@ impl PrivatePostgres {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let ready = Command::new(self.bin.join("pg_isready"))
-                .args(["-q", "-h", &self.listen.to_string(), "-p", &self.port.to_string()])
+                .args([
+                    "-q",
+                    "-h",
+                    &self.listen.to_string(),
+                    "-p",
+                    &self.port.to_string(),
+                ])
                 .status()
                 .expect("pg_isready");
             if ready.success() {
                 return;
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("postgres exited ({status}): {}", self.log());
             }
-            assert!(Instant::now() < deadline, "postgres did not start: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -149,7 +166,15 @@ impl PrivatePostgres {
         let out = Command::new(self.bin.join("psql"))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
             .arg(&self.root)
-            .args(["-p", &self.port.to_string(), "-U", SUPERUSER, "-d", "postgres", "-c"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                SUPERUSER,
+                "-d",
+                "postgres",
+                "-c",
+            ])
             .arg(format!("CREATE DATABASE \"{name}\""))
             .output()
             .expect("run psql");
@@ -175,7 +200,16 @@ impl PrivatePostgres {
         let out = Command::new(self.bin.join("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
             .arg(&self.root)
-            .args(["-p", &self.port.to_string(), "-U", SUPERUSER, "-d", db, "-c", sql])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                SUPERUSER,
+                "-d",
+                db,
+                "-c",
+                sql,
+            ])
             .output()
             .expect("run psql");
         assert!(

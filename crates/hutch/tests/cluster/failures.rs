@@ -17,7 +17,10 @@ async fn create_on(c: &TestCluster, name: &str) -> String {
         .collect();
     for n in &others {
         let (status, v) = c.nodes[0]
-            .post(&format!("/v1/cluster/nodes/{n}/cordon"), serde_json::Value::Null)
+            .post(
+                &format!("/v1/cluster/nodes/{n}/cordon"),
+                serde_json::Value::Null,
+            )
             .await;
         assert_eq!(status, 200, "{v}");
         assert_eq!(v["state"], "cordoned", "{v}");
@@ -26,7 +29,10 @@ async fn create_on(c: &TestCluster, name: &str) -> String {
     assert_eq!(c.owner(&id), name);
     for n in &others {
         let (status, v) = c.nodes[0]
-            .post(&format!("/v1/cluster/nodes/{n}/uncordon"), serde_json::Value::Null)
+            .post(
+                &format!("/v1/cluster/nodes/{n}/uncordon"),
+                serde_json::Value::Null,
+            )
             .await;
         assert_eq!((status, v["state"].as_str()), (200, Some("ready")), "{v}");
     }
@@ -34,7 +40,10 @@ async fn create_on(c: &TestCluster, name: &str) -> String {
 }
 
 async fn node_state(c: &TestCluster, via: usize, id: &str) -> String {
-    c.node(via, id).await["state"].as_str().unwrap_or("").to_string()
+    c.node(via, id).await["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 #[tokio::test]
@@ -47,7 +56,10 @@ async fn a_killed_node_is_declared_dead_its_sandboxes_are_lost_and_creates_avoid
 
     let killed_at = Instant::now();
     c.nodes[1].kill_server();
-    eventually("n2 declared dead", async || node_state(&c, 0, "n2").await == "dead").await;
+    eventually("n2 declared dead", async || {
+        node_state(&c, 0, "n2").await == "dead"
+    })
+    .await;
     let noticed = killed_at.elapsed();
     assert!(
         noticed >= Duration::from_millis(LEASE_MS),
@@ -58,10 +70,20 @@ async fn a_killed_node_is_declared_dead_its_sandboxes_are_lost_and_creates_avoid
     // Its sandboxes are lost, seen from any node; a call on one is refused plainly.
     assert_eq!(c.nodes[2].state(&kept).await, "lost");
     let (status, v) = c.nodes[0]
-        .request(Method::POST, &format!("/v1/sandboxes/{kept}/exec"), Some(json!({"cmd": "true"})))
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{kept}/exec"),
+            Some(json!({"cmd": "true"})),
+        )
         .await;
     assert_eq!(status, 409, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap_or("").contains("declared dead"), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("declared dead"),
+        "{v}"
+    );
 
     // New creates avoid the dead node.
     for _ in 0..4 {
@@ -83,7 +105,11 @@ async fn a_killed_node_is_declared_dead_its_sandboxes_are_lost_and_creates_avoid
         !std::path::Path::new(&format!("/proc/{init}")).exists()
     })
     .await;
-    assert_eq!(c.nodes[0].state(&kept).await, "lost", "a lost sandbox never runs again");
+    assert_eq!(
+        c.nodes[0].state(&kept).await,
+        "lost",
+        "a lost sandbox never runs again"
+    );
     assert_eq!(c.nodes[0].kill(&kept).await, 204);
 }
 
@@ -98,7 +124,10 @@ async fn a_node_cut_off_past_its_lease_comes_back_fenced_stops_its_sandboxes_and
     let pid = c.nodes[2].server_pid() as i32;
     // SAFETY: signalling the server process this test started, by its pid.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    eventually("n3 declared dead", async || node_state(&c, 0, "n3").await == "dead").await;
+    eventually("n3 declared dead", async || {
+        node_state(&c, 0, "n3").await == "dead"
+    })
+    .await;
     assert_eq!(c.nodes[1].state(&id).await, "lost");
     assert!(std::path::Path::new(&format!("/proc/{init}")).exists());
 
@@ -110,12 +139,22 @@ async fn a_node_cut_off_past_its_lease_comes_back_fenced_stops_its_sandboxes_and
         !std::path::Path::new(&format!("/proc/{init}")).exists()
     })
     .await;
-    eventually("n3 registered again", async || node_state(&c, 0, "n3").await == "ready").await;
+    eventually("n3 registered again", async || {
+        node_state(&c, 0, "n3").await == "ready"
+    })
+    .await;
     let n3 = c.node(1, "n3").await;
-    assert!(n3["epoch"].as_i64().expect("epoch") > epoch_before + 1, "{n3}");
+    assert!(
+        n3["epoch"].as_i64().expect("epoch") > epoch_before + 1,
+        "{n3}"
+    );
     assert_eq!(c.nodes[0].state(&id).await, "lost");
     let (status, _) = c.nodes[0]
-        .request(Method::POST, &format!("/v1/sandboxes/{id}/exec"), Some(json!({"cmd": "true"})))
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"cmd": "true"})),
+        )
         .await;
     assert_eq!(status, 409);
     // And it takes new sandboxes again.

@@ -100,13 +100,18 @@ impl TestCluster {
 
     /// The node that owns sandbox `id`, from the database.
     pub fn owner(&self, id: &str) -> String {
-        self.pg
-            .psql("hutch", &format!("SELECT node_id FROM sandboxes WHERE id = '{id}'"))
+        self.pg.psql(
+            "hutch",
+            &format!("SELECT node_id FROM sandboxes WHERE id = '{id}'"),
+        )
     }
 
     /// Index of node `name` (`n2` → 1).
     pub fn index(name: &str) -> usize {
-        name.trim_start_matches('n').parse::<usize>().expect("node name") - 1
+        name.trim_start_matches('n')
+            .parse::<usize>()
+            .expect("node name")
+            - 1
     }
 }
 

@@ -67,20 +67,26 @@ async fn creates_follow_capacity_and_a_full_cluster_is_503_no_capacity() {
         assert_eq!(c.owner(id), served_by, "the node that answered owns it");
         *per_node.entry(served_by).or_default() += 1;
     }
-    let expected: BTreeMap<String, usize> =
-        [("n1".to_string(), 1), ("n2".to_string(), 2), ("n3".to_string(), 3)].into();
+    let expected: BTreeMap<String, usize> = [
+        ("n1".to_string(), 1),
+        ("n2".to_string(), 2),
+        ("n3".to_string(), 3),
+    ]
+    .into();
     assert_eq!(per_node, expected);
     let (status, v) = c.nodes[1].post("/v1/sandboxes", json!({})).await;
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["error"]["code"], "no_capacity", "{v}");
     assert!(
-        v["error"]["message"].as_str().unwrap_or("").contains("n3: 3/3 sandboxes"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("n3: 3/3 sandboxes"),
         "{v}"
     );
     // Freeing room on n1 lets the next create land there.
-    let on_n1 = c
-        .pg
-        .psql("hutch", "SELECT id FROM sandboxes WHERE node_id = 'n1'");
+    let on_n1 =
+        c.pg.psql("hutch", "SELECT id FROM sandboxes WHERE node_id = 'n1'");
     assert_eq!(c.nodes[2].kill(&on_n1).await, 204);
     let id = c.nodes[2].create_id(json!({})).await;
     assert_eq!(c.owner(&id), "n1");

@@ -25,9 +25,14 @@ async fn exec_stream_files_and_lifecycle_work_through_a_node_that_does_not_own_t
     let n2 = &c.nodes[1];
     let n3 = &c.nodes[2];
 
-    let v = n2.exec(&id, json!({"cmd": "echo hi from $(hostname); exit 3"})).await;
+    let v = n2
+        .exec(&id, json!({"cmd": "echo hi from $(hostname); exit 3"}))
+        .await;
     assert_eq!(v["exit_code"], 3, "{v}");
-    assert!(v["stdout"].as_str().unwrap_or("").starts_with("hi from"), "{v}");
+    assert!(
+        v["stdout"].as_str().unwrap_or("").starts_with("hi from"),
+        "{v}"
+    );
 
     // The answer says which node served it.
     let resp = n2
@@ -54,16 +59,23 @@ async fn exec_stream_files_and_lifecycle_work_through_a_node_that_does_not_own_t
     while let Some(chunk) = body.next().await {
         text.push_str(&String::from_utf8_lossy(&chunk.expect("chunk")));
     }
-    let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
     assert_eq!(events, ["start", "stdout", "stderr", "exit"], "{text}");
     assert!(text.contains("\"exit_code\":5"), "{text}");
 
     // Files: a 3 MiB upload through n3, read back through n2 byte for byte.
     let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
-    n3.put_file(&id, "/tmp/blob.bin", "0644", data.clone()).await;
+    n3.put_file(&id, "/tmp/blob.bin", "0644", data.clone())
+        .await;
     let got = n2
         .http
-        .get(format!("{}/v1/sandboxes/{id}/files?path=/tmp/blob.bin", n2.url))
+        .get(format!(
+            "{}/v1/sandboxes/{id}/files?path=/tmp/blob.bin",
+            n2.url
+        ))
         .bearer_auth(&n2.key)
         .send()
         .await
@@ -72,7 +84,10 @@ async fn exec_stream_files_and_lifecycle_work_through_a_node_that_does_not_own_t
         .await
         .expect("bytes");
     assert_eq!(got.len(), data.len());
-    assert!(got.as_ref() == data.as_slice(), "the file came back changed");
+    assert!(
+        got.as_ref() == data.as_slice(),
+        "the file came back changed"
+    );
 
     // Lifecycle through the hop.
     assert_eq!(n2.act(&id, "pause").await["state"], "paused");
@@ -80,7 +95,13 @@ async fn exec_stream_files_and_lifecycle_work_through_a_node_that_does_not_own_t
 
     // Delete through n3: the row goes and n1 no longer runs it.
     assert_eq!(n3.kill(&id).await, 204);
-    assert_eq!(c.pg.psql("hutch", &format!("SELECT count(*) FROM sandboxes WHERE id = '{id}'")), "0");
+    assert_eq!(
+        c.pg.psql(
+            "hutch",
+            &format!("SELECT count(*) FROM sandboxes WHERE id = '{id}'")
+        ),
+        "0"
+    );
     let (status, _) = n2
         .request(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await;
@@ -100,10 +121,14 @@ async fn a_terminal_and_the_port_proxy_work_through_a_node_that_does_not_own_the
         "authorization",
         format!("Bearer {}", n2.key).parse().expect("header"),
     );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.expect("connect");
-    ws.send(Message::Binary(b"stty size; echo mark-$((40+2))\n".to_vec().into()))
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
         .await
-        .expect("send");
+        .expect("connect");
+    ws.send(Message::Binary(
+        b"stty size; echo mark-$((40+2))\n".to_vec().into(),
+    ))
+    .await
+    .expect("send");
     let mut seen = String::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !seen.contains("mark-42") && std::time::Instant::now() < deadline {
@@ -142,10 +167,14 @@ async fn a_terminal_and_the_port_proxy_work_through_a_node_that_does_not_own_the
     // The node secret that carried the hop stops at the owner: the service never sees it
     // (a CGI script prints the request's headers as httpd passes them on).
     let script = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n'\nenv\n";
-    n3.put_file(&id, "/srv/www/cgi-bin/env", "0755", script.to_vec()).await;
+    n3.put_file(&id, "/srv/www/cgi-bin/env", "0755", script.to_vec())
+        .await;
     let env = n3
         .http
-        .get(format!("{}/v1/sandboxes/{id}/ports/8080/cgi-bin/env", n3.url))
+        .get(format!(
+            "{}/v1/sandboxes/{id}/ports/8080/cgi-bin/env",
+            n3.url
+        ))
         .bearer_auth(&n3.key)
         .send()
         .await
@@ -161,7 +190,8 @@ async fn a_terminal_and_the_port_proxy_work_through_a_node_that_does_not_own_the
 }
 
 #[tokio::test]
-async fn a_call_with_a_forged_node_token_is_routed_like_any_other_and_a_bad_key_never_leaves_the_node() {
+async fn a_call_with_a_forged_node_token_is_routed_like_any_other_and_a_bad_key_never_leaves_the_node(
+) {
     let (c, id) = sandbox_on_n1().await;
     let n2 = &c.nodes[1];
     // A client that sends a node token of its own is not taken for a node: its call is
