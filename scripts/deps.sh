@@ -35,6 +35,7 @@ declare -A provider=(
     [gcc]=gcc                            # tests compile small probes
     [python3]=python3
     [shellcheck]=shellcheck              # scripts are linted in the test suite
+    [systemd-analyze]=systemd            # scripts/check-deploy.sh verifies deploy/*.service
     [runsc]=runsc                        # bench baseline: gVisor
     [crun]=crun                          # bench baseline: an OCI runtime
     [runc]=runc                          # bench baseline: the OCI runtime that runs on hybrid cgroups

@@ -12,6 +12,8 @@ echo "== lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 shellcheck scripts/*.sh .ci/run
+# deploy/: the Kubernetes manifests against their schemas, the systemd units (offline).
+scripts/check-deploy.sh
 
 echo "== python (the tests' own virtual environment)"
 HUTCH_TEST_PYTHON=$(scripts/venv.sh)

@@ -39,6 +39,11 @@ fi
 if ! "$VENV/bin/python" -c 'import moto, moto.server, flask' 2>/dev/null; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]==5.2.5" >&2
 fi
+# kubernetes-validate and the Kubernetes schemas it ships, that scripts/check-deploy.sh
+# checks deploy/k8s/ against offline.
+if ! "$VENV/bin/python" -c 'import kubernetes_validate' 2>/dev/null; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "kubernetes-validate==1.37.0" >&2
+fi
 # The oldest e2b the E2B API supports (2.7.0, the first release that reads E2B_SANDBOX_URL),
 # in a virtual environment of its own beside this one: tests/e2b_python.rs runs its
 # `basics` scenario with it.

@@ -2,7 +2,9 @@
 //! sandbox.
 //!
 //! - A call that carries the cluster's node token was forwarded by a node: it is served
-//!   here, whatever the owner table says (a call is forwarded at most once).
+//!   here, whatever the owner table says (a call is forwarded at most once). The token is
+//!   removed from the call before it is served, so no handler (the port proxy's service
+//!   inside the sandbox above all) ever sees the secret.
 //! - `POST /v1/sandboxes` is placed (`placement.rs`) and served here or forwarded to the
 //!   node chosen; when that node fails the create (it cannot be reached, or answers 5xx),
 //!   the reservation goes and one other node is tried.
@@ -96,6 +98,9 @@ async fn route(
     next: Next,
 ) -> Response {
     let mut response = if cluster.is_peer_call(req.headers()) {
+        // The secret stops here: nothing past routing needs it, and the port proxy would
+        // hand it to the service inside the sandbox.
+        req.headers_mut().remove(NODE_TOKEN);
         let placed = req
             .headers()
             .get(PLACED_ID)
@@ -104,6 +109,7 @@ async fn route(
         if let Some(id) = placed {
             req.extensions_mut().insert(PlacedSandboxId(id));
         }
+        req.headers_mut().remove(PLACED_ID);
         next.run(req).await
     } else {
         req.headers_mut().remove(NODE_TOKEN);

@@ -1,8 +1,8 @@
 /** Plain data returned by the SDK. Each keeps the server's JSON in `raw`. Times are RFC 3339 strings. */
 import { HutchError } from "./errors.js";
 
-/** Lifecycle states. */
-export type SandboxState = "starting" | "running" | "paused" | "hibernated" | "stopped" | "failed";
+/** Lifecycle states. `lost`: in cluster mode, the node that ran it was declared dead; it never runs again (delete it). */
+export type SandboxState = "starting" | "running" | "paused" | "hibernated" | "stopped" | "failed" | "lost";
 
 /** A sandbox as the server last described it. */
 export interface SandboxInfo {
@@ -22,7 +22,7 @@ export interface SandboxInfo {
   ttlSeconds: number | undefined;
   persistent: boolean;
   network: Record<string, unknown>;
-  /** Why the sandbox failed; only when `state === "failed"`. */
+  /** Why the sandbox failed or was lost; only when `state` is `"failed"` or `"lost"`. */
   error: string | undefined;
   /** The named snapshot (`snap_…`) this sandbox was created from, if any. */
   snapshot: string | undefined;

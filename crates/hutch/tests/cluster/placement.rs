@@ -32,6 +32,23 @@ async fn every_node_registers_and_any_node_lists_them_for_admins_only() {
         .request_as(&key, Method::GET, "/v1/cluster/nodes", None)
         .await;
     assert_eq!(status, 403, "{v}");
+    for action in ["cordon", "uncordon", "drain"] {
+        let (status, v) = c.nodes[0]
+            .request_as(
+                &key,
+                Method::POST,
+                &format!("/v1/cluster/nodes/n2/{action}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 403, "{action}: {v}");
+    }
+    assert_eq!(c.node(0, "n2").await["state"], "ready");
+    // An unknown node or action is 404.
+    for path in ["/v1/cluster/nodes/n9/cordon", "/v1/cluster/nodes/n2/reboot"] {
+        let (status, v) = c.nodes[1].post(path, serde_json::Value::Null).await;
+        assert_eq!(status, 404, "{path}: {v}");
+    }
     let status = c.nodes[2]
         .http
         .get(format!("{}/v1/cluster/nodes", c.nodes[2].url))

@@ -163,6 +163,30 @@ async fn a_terminal_and_the_port_proxy_work_through_a_node_that_does_not_own_the
         .await
         .expect("text");
     assert_eq!(body, "served on n1\n");
+
+    // The node secret that carried the hop stops at the owner: the service never sees it
+    // (a CGI script prints the request's headers as httpd passes them on).
+    let script = b"#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n\\r\\n'\nenv\n";
+    n3.put_file(&id, "/srv/www/cgi-bin/env", "0755", script.to_vec())
+        .await;
+    let env = n3
+        .http
+        .get(format!(
+            "{}/v1/sandboxes/{id}/ports/8080/cgi-bin/env",
+            n3.url
+        ))
+        .bearer_auth(&n3.key)
+        .send()
+        .await
+        .expect("proxy")
+        .text()
+        .await
+        .expect("text");
+    assert!(env.contains("REQUEST_METHOD=GET"), "{env}");
+    assert!(
+        !env.contains(crate::NODE_SECRET),
+        "the service inside the sandbox saw the node secret: {env}"
+    );
 }
 
 #[tokio::test]

@@ -53,7 +53,8 @@ class SandboxInfo:
     isolation: str
     """``ns`` or ``vm``."""
     state: str
-    """``starting``, ``running``, ``paused``, ``hibernated``, ``stopped`` or ``failed``."""
+    """``starting``, ``running``, ``paused``, ``hibernated``, ``stopped``, ``failed`` or ``lost``
+    (cluster mode: the node that ran it was declared dead; it never runs again)."""
     metadata: Dict[str, str]
     cpus: float
     memory_mib: int
@@ -66,7 +67,7 @@ class SandboxInfo:
     persistent: bool
     network: Dict[str, Any]
     error: Optional[str] = None
-    """Why the sandbox failed; only when ``state == "failed"``."""
+    """Why the sandbox failed or was lost; only when ``state`` is ``"failed"`` or ``"lost"``."""
     snapshot: Optional[str] = None
     """The named snapshot (``snap_…``) this sandbox was created from, if any."""
     forked_from: Optional[str] = None
