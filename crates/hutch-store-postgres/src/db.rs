@@ -91,7 +91,7 @@ impl Listener {
 #[derive(Clone)]
 pub struct Db {
     pool: Pool,
-    cfg: tokio_postgres::Config,
+    cfg: std::sync::Arc<tokio_postgres::Config>,
 }
 
 impl std::fmt::Debug for Db {
@@ -122,7 +122,10 @@ impl Db {
             .wait_timeout(Some(CONNECT_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .build()?;
-        Ok(Self { pool, cfg })
+        Ok(Self {
+            pool,
+            cfg: std::sync::Arc::new(cfg),
+        })
     }
 
     /// A connection of its own, outside the pool, that `LISTEN`s on `channel` (a plain
