@@ -211,3 +211,27 @@ async fn migrate_locked(client: &mut deadpool_postgres::Client) -> Result<i64, D
     }
     Ok(known)
 }
+
+/// Run `CREATE DATABASE "name"` (or, with `drop`, `DROP DATABASE IF EXISTS "name" WITH
+/// (FORCE)`) on the server `url` points at, over a connection of its own: for tools that
+/// make a scratch database (`hutch bench cluster`). `name` is a plain identifier.
+pub async fn create_or_drop_database(url: &str, name: &str, drop: bool) -> Result<(), DbError> {
+    let mut cfg: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
+    cfg.connect_timeout(CONNECT_TIMEOUT);
+    let (client, connection) = cfg.connect(NoTls).await?;
+    let task = tokio::spawn(connection);
+    let name = name.replace('"', "");
+    let sql = if drop {
+        format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")
+    } else {
+        format!("CREATE DATABASE \"{name}\"")
+    };
+    let result = client.batch_execute(&sql).await;
+    drop_client(client, task).await;
+    result.map_err(DbError::from)
+}
+
+async fn drop_client<T>(client: tokio_postgres::Client, task: tokio::task::JoinHandle<T>) {
+    drop(client);
+    let _ = task.await;
+}

@@ -258,3 +258,76 @@ fn the_tenants_section_measures_tenant_keys_against_the_admin_key() {
         assert!(r.is_finite() && r > 0.0, "{ratio}: {t}");
     }
 }
+
+/// `hutch bench cluster` runs a single-node server and two cluster nodes on a PostgreSQL of
+/// the test's own, reports every path with its ratio, and drops its scratch database.
+#[test]
+fn the_cluster_section_measures_the_owner_and_the_hop_against_a_single_node() {
+    let pg = hutch_testkit::PrivatePostgres::start();
+    let state = tempfile::Builder::new()
+        .prefix("hutch-test-bench-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let json_out = state.path().join("cluster.json");
+    let out = Command::new(hutch_bin())
+        .args(["bench", "cluster", "--state-dir"])
+        .arg(state.path().join("state"))
+        .arg("--templates-dir")
+        .arg(templates_dir())
+        .args(["--execs", "5", "--cluster-creates", "2", "--cluster-db"])
+        .arg(pg.url("postgres"))
+        .arg("--json-out")
+        .arg(&json_out)
+        .output()
+        .expect("run hutch bench cluster");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "hutch bench cluster failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("cluster: exec on the owner node / single node"),
+        "{stdout}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_out).expect("json written")).expect("json");
+    let c = &doc["cluster"];
+    let names: Vec<(&str, u64)> = c["series"]
+        .as_array()
+        .expect("series")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or(""),
+                s["n"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("cluster_exec_single_node", 5),
+            ("cluster_exec_owner_node", 5),
+            ("cluster_exec_forwarded", 5),
+            ("cluster_create_delete_single_node", 2),
+            ("cluster_create_delete_placed_here", 2),
+            ("cluster_create_delete_forwarded", 2)
+        ],
+        "{c}"
+    );
+    for ratio in [
+        "exec_owner_vs_single_p50",
+        "exec_forwarded_vs_owner_p50",
+        "create_local_vs_single_p50",
+        "create_forwarded_vs_local_p50",
+    ] {
+        let r = c[ratio].as_f64().unwrap_or(f64::NAN);
+        assert!(r.is_finite() && r > 0.0, "{ratio}: {c}");
+    }
+    let left = pg.psql(
+        "postgres",
+        "SELECT count(*) FROM pg_database WHERE datname LIKE 'hutch_bench_%'",
+    );
+    assert_eq!(left, "0", "the scratch database was dropped");
+}

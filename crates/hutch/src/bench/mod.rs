@@ -3,6 +3,7 @@
 
 mod api_scale;
 mod baselines;
+mod cluster;
 mod code;
 mod containers;
 mod density;
@@ -46,6 +47,10 @@ pub enum BenchSection {
     /// key (`bench/tenants.rs`).
     #[value(name = "tenants")]
     Tenants,
+    /// What cluster mode adds to an exec and a create: single node versus the owning node
+    /// versus through another node (`bench/cluster.rs`; needs `--cluster-db`).
+    #[value(name = "cluster")]
+    Cluster,
 }
 
 /// Options of `hutch bench`.
@@ -60,6 +65,13 @@ pub struct BenchArgs {
     /// Warm execs per key of the tenants section.
     #[arg(long, default_value_t = 500)]
     pub tenants_samples: usize,
+    /// A PostgreSQL server for the cluster section (`postgres://user@host/db`): a scratch
+    /// database is made on it and dropped after.
+    #[arg(long, env = "HUTCH_BENCH_CLUSTER_DB")]
+    pub cluster_db: Option<String>,
+    /// Create + delete rounds per path of the cluster section.
+    #[arg(long, default_value_t = 20)]
+    pub cluster_creates: usize,
     /// Rounds of `--concurrent` creates per caller in the tenants section.
     #[arg(long, default_value_t = 3)]
     pub tenants_rounds: usize,
@@ -203,6 +215,9 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
     if args.section == Some(BenchSection::Tenants) {
         return bench_tenants(&args, &templates_dir, &vm_dir).await;
     }
+    if args.section == Some(BenchSection::Cluster) {
+        return bench_cluster(&args, &templates_dir, &vm_dir).await;
+    }
     let net = if args.vm_only {
         network::NetSeries {
             series: vec![],
@@ -315,6 +330,39 @@ async fn bench_tenants(
         println!("{line}");
     }
     let doc = json!({"machine": machine_info(), "tenants": r});
+    write_json_out(args, &doc)?;
+    Ok(())
+}
+
+/// `hutch bench cluster`: single node, owner node and a forwarding node, in one run.
+async fn bench_cluster(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    let Some(db) = &args.cluster_db else {
+        anyhow::bail!(
+            "hutch bench cluster needs a PostgreSQL server: --cluster-db postgres://user@host/db (or HUTCH_BENCH_CLUSTER_DB)"
+        );
+    };
+    eprintln!(
+        "cluster: {} execs and {} creates per path (single node, owner node, forwarded)…",
+        args.execs, args.cluster_creates
+    );
+    let r = cluster::run(
+        templates_dir,
+        &args.template,
+        vm_dir,
+        db,
+        args.execs,
+        args.cluster_creates,
+    )
+    .await?;
+    println!("{}", machine_info());
+    for line in r.lines() {
+        println!("{line}");
+    }
+    let doc = json!({"machine": machine_info(), "cluster": r});
     write_json_out(args, &doc)?;
     Ok(())
 }

@@ -31,6 +31,30 @@ impl BenchServer {
         network: bool,
         vm_warm: usize,
     ) -> anyhow::Result<Self> {
+        let none: [&str; 0] = [];
+        Self::start_with(
+            templates_dir,
+            template,
+            vm_dir,
+            network,
+            vm_warm,
+            "127.0.0.1:0",
+            &none,
+        )
+        .await
+    }
+
+    /// [`BenchServer::start`] listening on `listen`, with `extra` flags of `hutch serve`
+    /// (a cluster node's) and the environment they need.
+    pub async fn start_with(
+        templates_dir: &Path,
+        template: &str,
+        vm_dir: &Path,
+        network: bool,
+        vm_warm: usize,
+        listen: &str,
+        extra: &[impl AsRef<std::ffi::OsStr>],
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let state_dir = tempfile::Builder::new()
             .prefix("hutch-bench-")
@@ -41,7 +65,7 @@ impl BenchServer {
             .arg("serve")
             .args([
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--network",
                 if network { "on" } else { "off" },
                 "--no-build-base",
@@ -55,6 +79,7 @@ impl BenchServer {
             .arg("--vm-dir")
             .arg(vm_dir)
             .args(["--vm-warm", &vm_warm.to_string()])
+            .args(extra)
             // The ns disk pool is allocated on the host when made; the bench's sandboxes
             // write little, so not the default share of the free space.
             .args(["--ns-disk-pool-gib", "4"])
