@@ -136,3 +136,39 @@ fn source_text(e: &dyn std::error::Error) -> String {
     }
     cur.to_string()
 }
+
+/// A WebSocket upgrade whose rejections (no `Upgrade: websocket`, a wrong version, no key)
+/// are answered in Hutch's error format with axum's status (400, 405, 426), not as plain
+/// text.
+pub struct WsUpgrade(pub axum::extract::ws::WebSocketUpgrade);
+
+impl<S> FromRequestParts<S> for WsUpgrade
+where
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        use axum::response::IntoResponse;
+        match axum::extract::ws::WebSocketUpgrade::from_request_parts(parts, state).await {
+            Ok(ws) => Ok(Self(ws)),
+            Err(rej) => {
+                let message = format!(
+                    "this route is a WebSocket: {} (send Connection: upgrade, Upgrade: websocket, Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key)",
+                    rej.body_text()
+                );
+                let status = rej.into_response().status();
+                Err(ApiError {
+                    status,
+                    code: if status == axum::http::StatusCode::UPGRADE_REQUIRED {
+                        "upgrade_required"
+                    } else {
+                        "bad_request"
+                    },
+                    message,
+                    details: None,
+                })
+            }
+        }
+    }
+}

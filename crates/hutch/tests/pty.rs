@@ -102,3 +102,78 @@ async fn pty_needs_auth_and_a_known_sandbox() {
         other => panic!("expected a 404, got {:?}", other.map(|_| ())),
     }
 }
+
+/// A terminal whose process cannot start (a relative or missing cwd, an unknown user) is an
+/// ordinary JSON error before the upgrade, never a 101 and then an error frame; a plain GET
+/// without the upgrade headers is a JSON 4xx too.
+#[tokio::test]
+async fn a_terminal_that_cannot_start_is_an_http_error_before_the_upgrade() {
+    let s = TestServer::start().await;
+    let id = s.create_id(json!({})).await;
+    let base = format!("{}/v1/sandboxes/{id}/pty", s.url.replacen("http", "ws", 1));
+    for (query, status, words) in [
+        ("cwd=", 400, "absolute"),
+        ("cwd=/no/such/dir", 404, "/no/such/dir"),
+        ("user=nobody-at-all", 400, "nobody-at-all"),
+    ] {
+        let mut req = format!("{base}?{query}")
+            .into_client_request()
+            .expect("request");
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", s.key).parse().expect("header"),
+        );
+        match tokio_tungstenite::connect_async(req).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), status, "{query}");
+                let body = resp.body().as_deref().unwrap_or_default();
+                let v: serde_json::Value = serde_json::from_slice(body).expect("a JSON error");
+                let message = v["error"]["message"].as_str().unwrap_or("");
+                assert!(message.contains(words), "{query}: {v}");
+            }
+            other => panic!(
+                "{query}: expected an HTTP error, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    // The terminal still opens with good parameters.
+    let mut req = format!("{base}?cwd=/tmp")
+        .into_client_request()
+        .expect("request");
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", s.key).parse().expect("header"),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req)
+        .await
+        .expect("connect");
+    ws.send(Message::Binary("pwd\n".into()))
+        .await
+        .expect("send");
+    let mut seen = String::new();
+    assert!(read_until(&mut ws, "/tmp", &mut seen).await, "{seen}");
+    // No upgrade headers at all: a JSON 400, like every other error.
+    for path in [
+        format!("/v1/sandboxes/{id}/pty"),
+        format!("/v1/sandboxes/{id}/tunnel/8080"),
+    ] {
+        let resp = s
+            .http
+            .get(format!("{}{path}", s.url))
+            .bearer_auth(&s.key)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(resp.status(), 400, "{path}");
+        let v: serde_json::Value = resp.json().await.expect("a JSON error");
+        assert_eq!(v["error"]["code"], "bad_request", "{path}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("WebSocket"),
+            "{path}: {v}"
+        );
+    }
+}

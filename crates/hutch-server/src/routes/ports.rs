@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, WebSocket};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -212,7 +212,7 @@ pub async fn tunnel(
     Extension(caller): Extension<Caller>,
     sandbox: AuthorizedSandbox,
     Path(params): PortParams,
-    ws: WebSocketUpgrade,
+    crate::extract::WsUpgrade(ws): crate::extract::WsUpgrade,
 ) -> ApiResult<Response> {
     let raw_port = params.get("port").map(String::as_str).unwrap_or_default();
     let port = hutch_core::manager::parse_port(raw_port)?;

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, WebSocket};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::Extension;
@@ -22,6 +22,10 @@ use crate::AppState;
 
 /// The interactive login shell: bash where the template has it, sh elsewhere.
 const DEFAULT_SHELL: &str = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi";
+
+/// How long the terminal waits for the agent to say the process started before it upgrades
+/// anyway (the agent answers within milliseconds; this only bounds a stuck one).
+const FIRST_EVENT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Query of the PTY route.
 #[derive(Debug, Deserialize)]
@@ -46,7 +50,7 @@ pub async fn pty(
     Extension(caller): Extension<Caller>,
     sandbox: AuthorizedSandbox,
     ApiQuery(q): ApiQuery<PtyQuery>,
-    ws: WebSocketUpgrade,
+    crate::extract::WsUpgrade(ws): crate::extract::WsUpgrade,
 ) -> ApiResult<impl IntoResponse> {
     let id = sandbox.id;
     let size = PtySize {
@@ -74,6 +78,33 @@ pub async fn pty(
         Ok(started) => started,
         Err(e) => return Ok(super::exec::with_argv(Err::<(), _>(e.into()), argv)),
     };
+    // The agent says whether the process started (a bad cwd or user is its error, sent
+    // instead of `started`): an error is an ordinary HTTP error, never a 101 and then an
+    // error frame.
+    let (input, mut events) = session.into_parts();
+    let first = tokio::time::timeout(FIRST_EVENT_WAIT, events.next()).await;
+    let first = match first {
+        Ok(Some(Ok(ExecEvent::Error(e)))) => {
+            let e = hutch_core::CoreError::Agent {
+                code: e.code,
+                message: e.message,
+            };
+            return Ok(super::exec::with_argv(Err::<(), _>(e.into()), argv));
+        }
+        Ok(Some(Ok(ev))) => Some(ev),
+        Ok(Some(Err(e))) => {
+            return Err(ApiError::from(hutch_core::CoreError::SandboxFailed(
+                format!("the sandbox's agent went away before the terminal started: {e}"),
+            )))
+        }
+        Ok(None) => {
+            return Err(ApiError::from(hutch_core::CoreError::SandboxFailed(
+                "the sandbox's agent went away before the terminal started".into(),
+            )))
+        }
+        // Not said yet: the terminal opens and the bridge reads on.
+        Err(_) => None,
+    };
     // An open terminal keeps an idle-hibernating sandbox up.
     let guard = state.manager.session_guard(&id);
     let exit = slot.exit_recorder();
@@ -81,7 +112,7 @@ pub async fn pty(
     let mut response = ws.on_upgrade(move |socket| async move {
         // A revoked key's terminal closes at once; dropping the session ends its process.
         tokio::select! {
-            () = bridge(socket, session, exit) => {}
+            () = bridge(socket, input, events, first, exit) => {}
             () = revoked => {}
         }
         drop((guard, slot));
@@ -92,13 +123,14 @@ pub async fn pty(
 
 async fn bridge(
     mut socket: WebSocket,
-    session: hutch_proto::client::ExecSession,
+    input: hutch_proto::client::ExecInput,
+    mut events: hutch_proto::client::ExecEvents,
+    mut first: Option<ExecEvent>,
     exit_recorder: hutch_core::manager::ExitRecorder,
 ) {
-    let (input, mut events) = session.into_parts();
     loop {
         tokio::select! {
-            ev = events.next() => match ev {
+            ev = async { match first.take() { Some(ev) => Some(Ok(ev)), None => events.next().await } } => match ev {
                 Some(Ok(ExecEvent::Stdout(b))) | Some(Ok(ExecEvent::Stderr(b))) => {
                     if socket.send(Message::Binary(b)).await.is_err() {
                         return;
