@@ -53,4 +53,13 @@ if ! [ -x "$OLDEST/bin/python" ] || ! "$OLDEST/bin/python" -c 'import e2b' 2>/de
     python3 -m venv "$OLDEST" >&2
     "$OLDEST/bin/python" -m pip install --quiet --disable-pip-version-check "e2b==2.7.0" >&2
 fi
+# schemathesis, that tests/openapi_fuzz.rs runs over the served OpenAPI document, in a
+# virtual environment of its own (its pins of jsonschema, hypothesis and werkzeug are not
+# the other tools').
+FUZZ="$VENV-schemathesis"
+if ! [ -x "$FUZZ/bin/schemathesis" ] || ! "$FUZZ/bin/schemathesis" --version 2>/dev/null | grep -q "4.32.5"; then
+    rm -rf "$FUZZ"
+    python3 -m venv "$FUZZ" >&2
+    "$FUZZ/bin/python" -m pip install --quiet --disable-pip-version-check "schemathesis==4.32.5" >&2
+fi
 echo "$VENV/bin/python"
