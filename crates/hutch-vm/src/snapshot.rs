@@ -370,7 +370,17 @@ pub async fn bake(
         .wait_port_reopened(crate::qemu::AGENT_PORT_ID, QUIESCE)
         .await?
     {
-        tracing::warn!("the agent did not reopen its port after the hang-up; baking anyway");
+        // A bake of a guest whose agent still holds the old session would restore guests no
+        // host can reach (every claim fails "channel closed"), and bakes are cached: fail
+        // this one instead, so the next attempt bakes afresh.
+        let console = guest.console_tail();
+        let _ = guest.shutdown().await;
+        return Err(VmError::AgentTimeout {
+            seconds: QUIESCE.as_secs_f64(),
+            last: "the agent did not reopen its port after the host hung up, so no bake was taken"
+                .into(),
+            console,
+        });
     }
 
     let saving = Instant::now();
