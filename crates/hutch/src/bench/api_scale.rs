@@ -55,13 +55,7 @@ pub struct ApiScale {
 impl ApiScale {
     /// The report lines.
     pub fn lines(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for s in &self.series {
-            out.push(format!(
-                "{:<38} {:>5} {:>9.3} {:>9.3} (p90) {:>9.3} (p99)",
-                s.name, s.n, s.p50, s.p90, s.p99
-            ));
-        }
+        let mut out = super::stats::series_lines(&self.series);
         for (name, r) in &self.ratio_p50 {
             out.push(format!(
                 "api_scale {name}: {} records / 1 record = {:.3} at p50, {:.3} at p90",

@@ -39,16 +39,7 @@ pub struct ClusterBench {
 impl ClusterBench {
     /// The report lines.
     pub fn lines(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .series
-            .iter()
-            .map(|s| {
-                format!(
-                    "{:<38} {:>5} {:>9.3} {:>9.3} (p90) {:>9.3} (p99)",
-                    s.name, s.n, s.p50, s.p90, s.p99
-                )
-            })
-            .collect();
+        let mut out = super::stats::series_lines(&self.series);
         out.push(format!(
             "cluster: exec on the owner node / single node = {:.3}, through another node / on the owner = {:.3} at p50",
             self.exec_owner_vs_single_p50, self.exec_forwarded_vs_owner_p50

@@ -59,6 +59,19 @@ pub fn summarize(name: &str, unit: &'static str, samples: &[f64]) -> Summary {
     }
 }
 
+/// One report line per series: name, samples, p50, p90, p99.
+pub fn series_lines(series: &[Summary]) -> Vec<String> {
+    series
+        .iter()
+        .map(|s| {
+            format!(
+                "{:<38} {:>5} {:>9.3} {:>9.3} (p90) {:>9.3} (p99)",
+                s.name, s.n, s.p50, s.p90, s.p99
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,16 +44,7 @@ pub struct TenantsBench {
 impl TenantsBench {
     /// The report lines.
     pub fn lines(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .series
-            .iter()
-            .map(|s| {
-                format!(
-                    "{:<38} {:>5} {:>9.3} {:>9.3} (p90) {:>9.3} (p99)",
-                    s.name, s.n, s.p50, s.p90, s.p99
-                )
-            })
-            .collect();
+        let mut out = super::stats::series_lines(&self.series);
         out.push(format!(
             "tenants: exec with a tenant key (of {}) / admin key = {:.3} at p50",
             self.keys, self.exec_ratio_p50
