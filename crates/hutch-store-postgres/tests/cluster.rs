@@ -478,13 +478,15 @@ async fn tenant_usage_counts_the_placements_not_yet_written() {
     // sbx_run (1 CPU, 100 MiB), sbx_paused (no CPUs), two live placements (0.5, 64 each):
     // not the expired one, not the one whose sandbox has its row, not another tenant's.
     assert_eq!((u.sandboxes, u.cpus, u.memory_mib), (4, 2.0, 228));
+    // The live placements are creates in flight: counted against creates per hour too.
+    assert_eq!(u.creates_last_hour, 2);
     let u = b
         .tenant_usage(&acme, &[sid("sbx_placed"), sid("sbx_run")], 0)
         .await
         .expect("usage");
     assert_eq!(
-        (u.sandboxes, u.cpus, u.memory_mib),
-        (2, 0.5, 64),
+        (u.sandboxes, u.cpus, u.memory_mib, u.creates_last_hour),
+        (2, 0.5, 64, 1),
         "excluded ones left out"
     );
 }

@@ -79,18 +79,20 @@ fn owned_things(counts: &[(i64, &str, &str)]) -> String {
 /// What `tenant` (`$1`) uses on every node, leaving out the sandboxes `$2` names, with its
 /// creates after `$3`: its sandboxes starting, running or paused (the CPUs and memory of
 /// those not paused), and its placements (creates placed on a node, counted as starting)
-/// whose sandbox has no row yet and that have not expired.
+/// whose sandbox has no row yet and that have not expired, which count as creates too
+/// (creates in flight on other nodes, not yet logged in `tenant_creates`).
 const USAGE_SQL: &str = "SELECT count(*) AS sandboxes,
         coalesce(sum(cpus) FILTER (WHERE state <> 'paused'), 0)::float8 AS cpus,
         coalesce(sum(memory_mib) FILTER (WHERE state <> 'paused'), 0)::bigint AS memory_mib,
-        (SELECT count(*) FROM tenant_creates WHERE tenant = $1 AND at_ms > $3) AS creates
+        (SELECT count(*) FROM tenant_creates WHERE tenant = $1 AND at_ms > $3)
+            + count(*) FILTER (WHERE placed) AS creates
     FROM (
         SELECT state, (record->>'cpus')::float8 AS cpus,
-            (record->>'memory_mib')::bigint AS memory_mib
+            (record->>'memory_mib')::bigint AS memory_mib, false AS placed
         FROM sandboxes
         WHERE tenant = $1 AND state IN ('starting', 'running', 'paused') AND id <> ALL($2)
         UNION ALL
-        SELECT 'starting', p.cpus, p.memory_mib FROM placements AS p
+        SELECT 'starting', p.cpus, p.memory_mib, true FROM placements AS p
         WHERE p.tenant = $1 AND p.expires_at > now() AND p.sandbox <> ALL($2)
             AND NOT EXISTS (SELECT 1 FROM sandboxes AS s WHERE s.id = p.sandbox)
     ) AS live";
