@@ -155,6 +155,22 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
     assert!(series
         .iter()
         .any(|s| s["name"] == "ns_create_to_first_exec"));
+    // Small GETs on kept-alive connections, next to /healthz, as many as the execs.
+    let execs = series
+        .iter()
+        .find(|s| s["name"] == "ns_exec_round_trip_warm")
+        .map(|s| s["n"].clone())
+        .expect("warm execs");
+    for name in [
+        "api_healthz_keepalive",
+        "api_get_sandbox_keepalive",
+        "api_file_read_1k_keepalive",
+    ] {
+        let s = series.iter().find(|s| s["name"] == name);
+        let s = s.unwrap_or_else(|| panic!("{name} missing: {doc}"));
+        assert_eq!(s["n"], execs, "{s}");
+        assert!(s["p99"].as_f64().is_some_and(|v| v > 0.0), "{s}");
+    }
     // The code interpreter's series, measured when its template is built, else skipped.
     let code = series
         .iter()

@@ -600,6 +600,30 @@ async fn measure(
         rt.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     let seq_total_s = t_seq.elapsed().as_secs_f64();
+    // Small requests one after another on kept-alive connections: a 40 ms mode (Nagle's
+    // algorithm against delayed ACKs) would show in their p99; `/healthz` (no auth, no
+    // store) is the baseline.
+    eprintln!("keep-alive GETs ×{}…", args.execs);
+    srv.post(
+        &format!("/v1/sandboxes/{id}/exec"),
+        json!({"cmd": "head -c 1024 /dev/zero > /tmp/k"}),
+    )
+    .await?;
+    let (mut health, mut get_sandbox, mut read_file) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.execs {
+        for (path, into) in [
+            ("/healthz".to_string(), &mut health),
+            (format!("/v1/sandboxes/{id}"), &mut get_sandbox),
+            (
+                format!("/v1/sandboxes/{id}/files?path=/tmp/k"),
+                &mut read_file,
+            ),
+        ] {
+            let t = Instant::now();
+            srv.get_ok(&path).await?;
+            into.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
     let stream_mb_s = srv.stream_throughput(&id, 64).await?;
     let (write_mb_s, read_mb_s) = srv.file_throughput(&id, 100).await?;
     srv.kill(&id).await?;
@@ -647,6 +671,9 @@ async fn measure(
         summarize("ns_kill", "ms", &kill_ms),
         summarize("ns_concurrent_create_to_first_exec", "ms", &conc),
         summarize("ns_exec_round_trip_warm", "ms", &rt),
+        summarize("api_healthz_keepalive", "ms", &health),
+        summarize("api_get_sandbox_keepalive", "ms", &get_sandbox),
+        summarize("api_file_read_1k_keepalive", "ms", &read_file),
     ];
     series.extend(life);
     series.extend(tmpl);
@@ -663,6 +690,10 @@ async fn measure(
     let exec_python = series
         .iter()
         .find(|s| s.name == "ns_exec_python3_c_1")
+        .cloned();
+    let healthz = series
+        .iter()
+        .find(|s| s.name == "api_healthz_keepalive")
         .cloned();
     let bwrap = find("bwrap_unshare_all_true");
     let forkexec = find("fork_exec_true");
@@ -683,6 +714,7 @@ async fn measure(
             | "ns_kill"
             | "ns_concurrent_create_to_first_exec" => bwrap.or(forkexec),
             "ns_create_to_first_exec_net_on" => net_off.as_ref(),
+            "api_get_sandbox_keepalive" | "api_file_read_1k_keepalive" => healthz.as_ref(),
             // Template series compare with one of their own; lifecycle operations have no
             // counterpart among the baselines.
             other => templates::baseline(other, &series),

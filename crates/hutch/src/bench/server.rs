@@ -183,6 +183,20 @@ impl BenchServer {
             .with_context(|| format!("no {name} in /metrics"))
     }
 
+    /// GET a path with the admin key and read its whole body (on the client's kept-alive
+    /// connections); fails on a non-2xx answer.
+    pub async fn get_ok(&self, path: &str) -> anyhow::Result<()> {
+        self.http
+            .get(format!("{}{}", self.url, path))
+            .bearer_auth(&self.key)
+            .send()
+            .await?
+            .error_for_status()?
+            .bytes()
+            .await?;
+        Ok(())
+    }
+
     /// The template every sandbox is created from.
     pub fn template(&self) -> &str {
         &self.template
