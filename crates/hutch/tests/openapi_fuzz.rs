@@ -5,6 +5,10 @@
 //! no 5xx, a status and a content type the document lists for the operation, a body (and
 //! every SSE event) its schema allows.
 //!
+//! One worker: the cases then come in the seed's order on every run, and schemathesis's
+//! workers are threads that, on CPython 3.11, can trip over each other's `ast` parsing
+//! inside hypothesis ("AST constructor recursion depth mismatch", seen in CI).
+//!
 //! Left out, each for a reason schemathesis cannot work around: `DELETE /v1/keys/{id}`
 //! (a generated id can be the run's own admin key, after which every call is 401),
 //! `PUT /v1/sandboxes/{id}/files/archive` (a tar body schemathesis cannot generate),
@@ -60,7 +64,7 @@ async fn every_operation_answers_as_the_openapi_document_says() {
             .arg(format!("{url}/v1/openapi.json"))
             .args(["--url", &url])
             .args(["-H", &format!("Authorization: Bearer {key}")])
-            .args(["--seed", "1", "--max-examples", "3", "--workers", "4"])
+            .args(["--seed", "1", "--max-examples", "3", "--workers", "1"])
             .args(["--phases", "examples,coverage,fuzzing"])
             .args([
                 "--checks",
