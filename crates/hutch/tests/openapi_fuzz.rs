@@ -9,8 +9,9 @@
 //! workers are threads that, on CPython 3.11, can trip over each other's `ast` parsing
 //! inside hypothesis ("AST constructor recursion depth mismatch", seen in CI).
 //!
-//! Left out, each for a reason schemathesis cannot work around: `DELETE /v1/keys/{id}`
-//! (a generated id can be the run's own admin key, after which every call is 401),
+//! Left out, each for a reason schemathesis cannot work around: `DELETE` and `PATCH
+//! /v1/keys/{id}` (a generated id can be the run's own admin key: revoked, every call is
+//! 401; given a budget of 0, every call on a sandbox is 429 `quota_exceeded`; seen in CI),
 //! `PUT /v1/sandboxes/{id}/files/archive` (a tar body schemathesis cannot generate),
 //! `GET /v1/sandboxes/{id}/logs` (`follow=true` streams until the sandbox ends, which the
 //! run's read timeout reports as a network error), the WebSocket routes (`pty`, `tunnel`:
@@ -72,6 +73,7 @@ async fn every_operation_answers_as_the_openapi_document_says() {
             ])
             .args(["--request-timeout", "20"])
             .args(["--exclude-name", "DELETE /v1/keys/{id}"])
+            .args(["--exclude-name", "PATCH /v1/keys/{id}"])
             .args(["--exclude-name", "PUT /v1/sandboxes/{id}/files/archive"])
             .args(["--exclude-name", "GET /v1/sandboxes/{id}/logs"])
             .args(["--exclude-name", "GET /v1/sandboxes/{id}/pty"])
