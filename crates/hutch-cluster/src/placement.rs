@@ -49,7 +49,7 @@ pub struct TenantCheck<'a> {
     /// The tenant.
     pub tenant: &'a Tenant,
     /// Its quotas.
-    pub quotas: Quotas,
+    pub quotas: &'a Quotas,
     /// The cluster's store.
     pub store: &'a dyn Store,
 }

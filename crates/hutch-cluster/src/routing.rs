@@ -102,14 +102,12 @@ async fn route(
         // hand it to the service inside the sandbox.
         req.headers_mut().remove(NODE_TOKEN);
         let placed = req
-            .headers()
-            .get(PLACED_ID)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<SandboxId>().ok());
+            .headers_mut()
+            .remove(PLACED_ID)
+            .and_then(|v| v.to_str().ok()?.parse::<SandboxId>().ok());
         if let Some(id) = placed {
             req.extensions_mut().insert(PlacedSandboxId(id));
         }
-        req.headers_mut().remove(PLACED_ID);
         next.run(req).await
     } else {
         req.headers_mut().remove(NODE_TOKEN);
@@ -159,18 +157,12 @@ fn unavailable(code: &'static str, message: String) -> ApiError {
 fn cluster_error(e: ClusterError) -> ApiError {
     match e {
         ClusterError::Core(core) => ApiError::from(core),
-        e => other_cluster_error(e),
-    }
-}
-
-fn other_cluster_error(e: ClusterError) -> ApiError {
-    match &e {
-        ClusterError::NoCapacity(_) => unavailable("no_capacity", e.to_string()),
-        ClusterError::Peer { .. } | ClusterError::PeerHttp { .. } => {
+        e @ ClusterError::NoCapacity(_) => unavailable("no_capacity", e.to_string()),
+        e @ (ClusterError::Peer { .. } | ClusterError::PeerHttp { .. }) => {
             ApiError::bad_gateway(e.to_string())
         }
-        _ if e.is_db_unreachable() => unavailable("store_unavailable", e.to_string()),
-        _ => ApiError {
+        e if e.is_db_unreachable() => unavailable("store_unavailable", e.to_string()),
+        e => ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             code: "internal",
             message: e.to_string(),
@@ -325,7 +317,7 @@ async fn create(
             .zip(tenant_record.as_ref())
             .map(|(tenant, record)| TenantCheck {
                 tenant,
-                quotas: record.settings.quotas.clone(),
+                quotas: &record.settings.quotas,
                 store: store.as_ref(),
             });
         let placed = placement::place(

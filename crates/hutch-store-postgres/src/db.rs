@@ -212,26 +212,32 @@ async fn migrate_locked(client: &mut deadpool_postgres::Client) -> Result<i64, D
     Ok(known)
 }
 
-/// Run `CREATE DATABASE "name"` (or, with `drop`, `DROP DATABASE IF EXISTS "name" WITH
-/// (FORCE)`) on the server `url` points at, over a connection of its own: for tools that
-/// make a scratch database (`hutch bench cluster`). `name` is a plain identifier.
-pub async fn create_or_drop_database(url: &str, name: &str, drop: bool) -> Result<(), DbError> {
+/// `CREATE DATABASE "name"` on the server `url` points at, over a connection of its own:
+/// for tools that make a scratch database (`hutch bench cluster`). `name` is a plain
+/// identifier.
+pub async fn create_database(url: &str, name: &str) -> Result<(), DbError> {
+    let name = name.replace('"', "");
+    execute_once(url, &format!("CREATE DATABASE \"{name}\"")).await
+}
+
+/// `DROP DATABASE IF EXISTS "name" WITH (FORCE)`, likewise ([`create_database`]).
+pub async fn drop_database(url: &str, name: &str) -> Result<(), DbError> {
+    let name = name.replace('"', "");
+    execute_once(
+        url,
+        &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
+    )
+    .await
+}
+
+/// Run `sql` on a connection of its own to `url`, then close it.
+async fn execute_once(url: &str, sql: &str) -> Result<(), DbError> {
     let mut cfg: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
     cfg.connect_timeout(CONNECT_TIMEOUT);
     let (client, connection) = cfg.connect(NoTls).await?;
     let task = tokio::spawn(connection);
-    let name = name.replace('"', "");
-    let sql = if drop {
-        format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")
-    } else {
-        format!("CREATE DATABASE \"{name}\"")
-    };
-    let result = client.batch_execute(&sql).await;
-    drop_client(client, task).await;
-    result.map_err(DbError::from)
-}
-
-async fn drop_client<T>(client: tokio_postgres::Client, task: tokio::task::JoinHandle<T>) {
+    let result = client.batch_execute(sql).await;
     drop(client);
     let _ = task.await;
+    result.map_err(DbError::from)
 }

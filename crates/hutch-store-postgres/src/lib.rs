@@ -19,6 +19,6 @@ mod fence;
 pub mod schema;
 mod store;
 
-pub use db::{create_or_drop_database, Db, DbError, Listener};
+pub use db::{create_database, drop_database, Db, DbError, Listener};
 pub use fence::NodeFence;
 pub use store::{db_error, PostgresStore};

@@ -163,26 +163,7 @@ impl PrivatePostgres {
 
     /// Make database `name` and return its `postgres://` URL.
     pub fn create_database(&self, name: &str) -> String {
-        let out = Command::new(self.bin.join("psql"))
-            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
-            .arg(&self.root)
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                SUPERUSER,
-                "-d",
-                "postgres",
-                "-c",
-            ])
-            .arg(format!("CREATE DATABASE \"{name}\""))
-            .output()
-            .expect("run psql");
-        assert!(
-            out.status.success(),
-            "create database {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\""));
         self.url(name)
     }
 

@@ -109,7 +109,7 @@ pub async fn run(
     creates: usize,
 ) -> anyhow::Result<ClusterBench> {
     let name = format!("hutch_bench_{}", std::process::id());
-    hutch_store_postgres::create_or_drop_database(cluster_db, &name, false)
+    hutch_store_postgres::create_database(cluster_db, &name)
         .await
         .context("making the scratch database")?;
     let result = async {
@@ -164,7 +164,7 @@ pub async fn run(
         r
     }
     .await;
-    if let Err(e) = hutch_store_postgres::create_or_drop_database(cluster_db, &name, true).await {
+    if let Err(e) = hutch_store_postgres::drop_database(cluster_db, &name).await {
         eprintln!("cluster: dropping the scratch database {name}: {e}");
     }
     result
