@@ -36,6 +36,12 @@ pub struct BuildSettings {
     pub network: PolicySpec,
     /// Longest one `RUN` may take.
     pub step_timeout: Duration,
+    /// PEM files of CA certificates trusted for registries besides the system's
+    /// (`hutch serve --registry-ca`).
+    pub registry_ca: Vec<PathBuf>,
+    /// Registries spoken to over plain HTTP for every build (`hutch serve
+    /// --insecure-registry`).
+    pub insecure_registries: Vec<String>,
 }
 
 impl Default for BuildSettings {
@@ -50,6 +56,8 @@ impl Default for BuildSettings {
                 ..PolicySpec::default()
             },
             step_timeout: Duration::from_secs(30 * 60),
+            registry_ca: Vec::new(),
+            insecure_registries: Vec::new(),
         }
     }
 }
@@ -74,6 +82,69 @@ pub struct BuildRequest {
     /// Resources the template's sandboxes get by default, where the build sets them
     /// (otherwise the `FROM` template's).
     pub sandbox_resources: SandboxResources,
+    /// How images (`FROM` ones, or the image of an image build) are pulled.
+    pub registry: RegistryAccess,
+    /// `Some`: the template is this image (no Dockerfile is read).
+    pub image: Option<ImageBuild>,
+}
+
+/// A build whose template is an OCI image, pulled from a registry or read from files the
+/// client uploaded.
+#[derive(Debug, Clone)]
+pub struct ImageBuild {
+    /// What the template records as its image (`registry:5000/team/tools:1`).
+    pub reference: String,
+    /// The uploaded image's files, for an upload.
+    pub local: Option<hutch_template::LocalImage>,
+    /// The template's start command and ready check.
+    pub start: Option<hutch_proto::ServiceSpec>,
+    /// Pull and unpack again even when the template is from this reference already.
+    pub force: bool,
+}
+
+/// Who a build pulls images as.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryAccess {
+    /// The request's own credentials.
+    pub credentials: Option<hutch_template::Credentials>,
+    /// Registries this request speaks plain HTTP to (besides the server's).
+    pub insecure_registries: Vec<String>,
+    /// Whether the host's Docker `config.json` may lend its credentials (admin callers:
+    /// a tenant never pulls with the operator's credentials).
+    pub host_credentials: bool,
+}
+
+impl RegistryAccess {
+    /// The pull options of a build under `settings`.
+    pub(crate) fn pull_options(&self, settings: &BuildSettings) -> hutch_template::PullOptions {
+        let mut insecure = settings.insecure_registries.clone();
+        insecure.extend(self.insecure_registries.iter().cloned());
+        hutch_template::PullOptions {
+            credentials: self.credentials.clone(),
+            ignore_docker_config: !self.host_credentials,
+            insecure_registries: insecure,
+            ca_certificates: settings.registry_ca.clone(),
+            ..hutch_template::PullOptions::default()
+        }
+    }
+
+    /// What tells apart pulls of one reference as different callers: anonymous, the host's
+    /// credentials, or a user and a hash of the password.
+    pub(crate) fn identity(&self) -> String {
+        use sha2::Digest;
+        match &self.credentials {
+            Some(c) => {
+                let secret = sha2::Sha256::digest(c.secret().as_bytes());
+                format!("user:{}:{}", c.username, hex(&secret[..8]))
+            }
+            None if self.host_credentials => "host".into(),
+            None => "anonymous".into(),
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Default resources a build gives the template's sandboxes (each `None` keeps the base's).
@@ -137,6 +208,11 @@ impl Build {
     /// Append a line to its log.
     pub fn log(&self, step: Option<usize>, stream: LogStream, text: &str) {
         self.lock().log.push(step, stream, text);
+    }
+
+    /// Report how far a blob's download or extraction is.
+    pub fn transfer(&self, step: Option<usize>, transfer: hutch_template::Transfer) {
+        self.lock().log.push_transfer(step, transfer);
     }
 
     /// Set step `number`'s status (and duration).
@@ -239,8 +315,9 @@ impl Builder {
     /// its line) and start it in the background.
     pub async fn start(self: &Arc<Self>, request: BuildRequest) -> Result<BuildView, BuildError> {
         let checked = crate::engine::check(&request).await;
-        let plan = match checked {
-            Ok(plan) => plan,
+        let steps = match checked {
+            Ok(Some(plan)) => (crate::engine::step_views(&plan), plan.warnings),
+            Ok(None) => (Vec::new(), Vec::new()),
             Err(e) => {
                 crate::engine::remove_context(&request.context_dir).await;
                 return Err(e);
@@ -254,8 +331,8 @@ impl Builder {
             template: request.template.clone(),
             state: Mutex::new(BuildState {
                 status: BuildStatus::Queued,
-                steps: crate::engine::step_views(&plan),
-                warnings: plan.warnings.clone(),
+                steps: steps.0,
+                warnings: steps.1,
                 created_ms: hutch_core::time::now_ms(),
                 finished_ms: None,
                 error: None,

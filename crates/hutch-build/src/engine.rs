@@ -14,9 +14,7 @@ use hutch_dockerfile::{
 };
 use hutch_proto::client::{AgentClient, ExecEvent};
 use hutch_proto::{Command, ExecRequest, ReadyCheck, ReadyProbe, ServiceSpec};
-use hutch_template::{
-    BuildOptions, ImageSource, LayeredSource, Progress, PullOptions, ResourceDefaults,
-};
+use hutch_template::{BuildOptions, ImageSource, LayeredSource, Progress, ResourceDefaults};
 
 use crate::builds::{Build, BuildRequest, Builder};
 use crate::error::BuildError;
@@ -30,22 +28,26 @@ const MAX_IGNORE: u64 = 64 << 10;
 /// TTL of a build sandbox (it is removed when its stage ends).
 const SANDBOX_TTL: u64 = 24 * 3600;
 
-/// Read and plan the Dockerfile without its bases (a bad instruction fails the request).
-pub(crate) async fn check(request: &BuildRequest) -> Result<BuildPlan, BuildError> {
+/// Read and plan the Dockerfile without its bases (a bad instruction fails the request);
+/// `None` for an image build, which has no Dockerfile.
+pub(crate) async fn check(request: &BuildRequest) -> Result<Option<BuildPlan>, BuildError> {
     if hutch_template::builtin_names().contains(&request.template.as_str()) {
         return Err(BuildError::BadRequest(format!(
             "{} is a built-in template's name: build another",
             request.template
         )));
     }
+    if request.image.is_some() {
+        return Ok(None);
+    }
     let r = request.clone();
     blocking(move || {
         let (text, _) = read_inputs(&r)?;
-        Ok(hutch_dockerfile::plan(
+        Ok(Some(hutch_dockerfile::plan(
             &text,
             &r.build_args,
             r.target.as_deref(),
-        )?)
+        )?))
     })
     .await
 }
@@ -134,13 +136,16 @@ pub(crate) async fn run(
     };
     let _one_at_a_time = lock.lock().await;
     build.lock().status = BuildStatus::Running;
+    if let Some(image) = &request.image {
+        return crate::image::run(builder, build, &request, image).await;
+    }
     let r = request.clone();
     let (text, ignore) = blocking(move || read_inputs(&r)).await?;
     let plan0 = hutch_dockerfile::plan(&text, &request.build_args, request.target.as_deref())?;
     let mut bases = HashMap::new();
     let mut configs = BTreeMap::new();
     for reference in plan0.images() {
-        let (base, config) = resolve_base(builder, build, &reference).await?;
+        let (base, config) = resolve_base(builder, build, &request, &reference).await?;
         configs.insert(reference.clone(), config);
         bases.insert(reference, base);
     }
@@ -548,6 +553,7 @@ fn push_lines(build: &Build, n: usize, stream: LogStream, partial: &mut Vec<u8>,
 async fn resolve_base(
     builder: &Arc<Builder>,
     build: &Arc<Build>,
+    request: &BuildRequest,
     reference: &str,
 ) -> Result<(BaseTemplate, StageConfig), BuildError> {
     let templates = builder.manager.templates();
@@ -580,26 +586,27 @@ async fn resolve_base(
             config,
         ));
     }
-    use sha2::Digest;
-    let hash = hex(&sha2::Sha256::digest(reference.as_bytes()))[..16].to_string();
-    let name = format!("image-{hash}");
+    let name = image_base_name(request, reference);
     build.log(
         None,
         LogStream::Status,
         &format!("FROM {reference}: pulling the image into template {name}"),
     );
+    // A tenant's pull is its own template: no other tenant creates from it, nor builds on
+    // it without pulling (and so passing the registry's access check) itself.
+    builder
+        .manager
+        .claim_template_for_build(&name, request.tenant.as_ref())
+        .await?;
     let manager = builder.manager.clone();
-    let (b, r, n) = (build.clone(), reference.to_string(), name.clone());
+    let source = ImageSource {
+        reference: reference.to_string(),
+        pull: request.registry.pull_options(&builder.settings),
+        local: None,
+    };
+    let (b, n) = (build.clone(), name.clone());
     let info = blocking(move || {
-        let source = ImageSource {
-            reference: r,
-            pull: PullOptions::default(),
-        };
-        let mut progress = |p: Progress| match p {
-            Progress::Step(s) => b.log(None, LogStream::Status, &s),
-            Progress::Output(line) => b.log(None, LogStream::Stdout, &line),
-            Progress::Done { .. } => {}
-        };
+        let mut progress = |p: Progress| log_progress(&b, p);
         Ok(manager
             .templates()
             .build_image(&n, &source, &BuildOptions::default(), &mut progress)?)
@@ -638,6 +645,31 @@ async fn resolve_base(
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The template a `FROM` image is pulled into: one per reference, tenant and credentials
+/// (`image-<hash>`).
+fn image_base_name(request: &BuildRequest, reference: &str) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(reference.as_bytes());
+    // The anonymous pull of a shared build hashes as the reference alone, as before.
+    let identity = request.registry.identity();
+    if request.tenant.is_some() || identity != "anonymous" {
+        let tenant = request.tenant.as_ref().map(|t| t.as_str()).unwrap_or("");
+        hasher.update(format!("\0{tenant}\0{identity}").as_bytes());
+    }
+    format!("image-{}", &hex(&hasher.finalize())[..16])
+}
+
+/// A template store's progress into the build's log.
+pub(crate) fn log_progress(build: &Build, p: Progress) {
+    match p {
+        Progress::Step(s) => build.log(None, LogStream::Status, &s),
+        Progress::Output(line) => build.log(None, LogStream::Stdout, &line),
+        Progress::Transfer(t) => build.transfer(None, t),
+        Progress::Done { .. } => {}
+    }
 }
 
 /// Make the template from the target stage's last state.
@@ -687,19 +719,24 @@ async fn commit(
         defaults,
         build_key: state.key.clone(),
     };
+    // No CMD or ENTRYPOINT of its own: the FROM template's start command carries over, as
+    // an image's CMD does in Docker (with this Dockerfile's HEALTHCHECK, if any).
+    let start = start_spec(config).or_else(|| {
+        let mut inherited = manager.templates().get(&state.template)?.start?;
+        if config.healthcheck.is_some() {
+            inherited.ready = ready_check(config);
+        }
+        Some(inherited)
+    });
     let options = BuildOptions {
         force: request.no_cache,
-        start: start_spec(config),
+        start,
         ..BuildOptions::default()
     };
     let manager = builder.manager.clone();
     let (b, name) = (build.clone(), request.template.clone());
     blocking(move || {
-        let mut progress = |p: Progress| match p {
-            Progress::Step(s) => b.log(None, LogStream::Status, &s),
-            Progress::Output(line) => b.log(None, LogStream::Stdout, &line),
-            Progress::Done { .. } => {}
-        };
+        let mut progress = |p: Progress| log_progress(&b, p);
         manager
             .templates()
             .build_layered(&name, &source, &options, &mut progress)?;
@@ -720,7 +757,18 @@ pub(crate) fn start_spec(config: &StageConfig) -> Option<ServiceSpec> {
     if argv.is_empty() {
         return None;
     }
-    let ready = config.healthcheck.as_ref().map(|h| {
+    Some(ServiceSpec {
+        cmd: Command::Argv(argv),
+        env: BTreeMap::new(),
+        cwd: Some(config.workdir.clone()),
+        user: config.user.clone(),
+        ready: ready_check(config),
+    })
+}
+
+/// The ready check a stage's `HEALTHCHECK` gives.
+fn ready_check(config: &StageConfig) -> Option<ReadyCheck> {
+    config.healthcheck.as_ref().map(|h| {
         let cmd = match &h.test {
             HealthTest::Exec(argv) => Command::Argv(argv.clone()),
             HealthTest::Shell(_) => Command::Argv(h.argv(&config.shell)),
@@ -734,12 +782,5 @@ pub(crate) fn start_spec(config: &StageConfig) -> Option<ServiceSpec> {
             timeout_ms: (h.start_period + h.timeout * attempts as u32 + Duration::from_secs(60))
                 .as_millis() as u64,
         }
-    });
-    Some(ServiceSpec {
-        cmd: Command::Argv(argv),
-        env: BTreeMap::new(),
-        cwd: Some(config.workdir.clone()),
-        user: config.user.clone(),
-        ready,
     })
 }

@@ -22,11 +22,15 @@ mod cache;
 mod copy;
 mod engine;
 mod error;
+mod image;
 mod log;
 
-pub use builds::{BuildRequest, BuildSettings, Builder, LogFollow, SandboxResources};
+pub use builds::{
+    BuildRequest, BuildSettings, Builder, ImageBuild, LogFollow, RegistryAccess, SandboxResources,
+};
 pub use error::BuildError;
-pub use log::{BuildLogLine, LogStream};
+pub use hutch_template::Credentials;
+pub use log::{BuildLogLine, LogStream, TransferView};
 
 use serde::Serialize;
 

@@ -21,6 +21,24 @@ pub enum LogStream {
     Stdout,
     /// A step's stderr.
     Stderr,
+    /// How far a blob's download or extraction is (`progress` says; `text` is the same
+    /// for people).
+    Progress,
+}
+
+/// How far one blob's transfer is, in a [`LogStream::Progress`] line.
+#[derive(Debug, Clone, Serialize)]
+pub struct TransferView {
+    /// The blob (`sha256:…`).
+    pub id: String,
+    /// What it is (`layer 2/3`).
+    pub label: String,
+    /// `download` or `extract`.
+    pub action: &'static str,
+    /// Bytes done (of the compressed blob, also while extracting).
+    pub current: u64,
+    /// Bytes in all.
+    pub total: u64,
 }
 
 /// One line of a build's log.
@@ -35,6 +53,9 @@ pub struct BuildLogLine {
     pub stream: LogStream,
     /// The text, without its newline.
     pub text: String,
+    /// A progress line's numbers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<TransferView>,
     /// When it was written (ms since the epoch).
     pub time_ms: i64,
 }
@@ -76,14 +97,10 @@ impl BuildLog {
                 step,
                 stream,
                 text: rest[..cut].to_string(),
+                progress: None,
                 time_ms: hutch_core::time::now_ms(),
             };
-            self.next += 1;
-            if self.lines.len() == MAX_LOG_LINES {
-                self.lines.pop_front();
-            }
-            let _ = self.tx.send(line.clone());
-            self.lines.push_back(line);
+            self.append(line);
             rest = &rest[cut..];
             if rest.is_empty() {
                 break;
@@ -91,8 +108,88 @@ impl BuildLog {
         }
     }
 
+    /// Append a progress line.
+    pub fn push_transfer(&mut self, step: Option<usize>, t: hutch_template::Transfer) {
+        let short = t.digest.strip_prefix("sha256:").unwrap_or(&t.digest);
+        let text = format!(
+            "{} {}: {} {} / {}",
+            t.label,
+            &short[..short.len().min(12)],
+            t.action.as_str(),
+            human_bytes(t.current),
+            human_bytes(t.total)
+        );
+        let line = BuildLogLine {
+            seq: self.next,
+            step,
+            stream: LogStream::Progress,
+            text,
+            progress: Some(TransferView {
+                id: t.digest,
+                label: t.label,
+                action: t.action.as_str(),
+                current: t.current,
+                total: t.total,
+            }),
+            time_ms: hutch_core::time::now_ms(),
+        };
+        self.append(line);
+    }
+
+    fn append(&mut self, line: BuildLogLine) {
+        self.next += 1;
+        if self.lines.len() == MAX_LOG_LINES {
+            self.lines.pop_front();
+        }
+        let _ = self.tx.send(line.clone());
+        self.lines.push_back(line);
+    }
+
     /// The lines kept, and a receiver of the ones written after them.
     pub fn follow(&self) -> (Vec<BuildLogLine>, broadcast::Receiver<BuildLogLine>) {
         (self.lines.iter().cloned().collect(), self.tx.subscribe())
+    }
+}
+
+/// `1.5 MiB`, `512 B`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_is_a_progress_line_with_its_numbers() {
+        let mut log = BuildLog::default();
+        log.push_transfer(
+            None,
+            hutch_template::Transfer {
+                digest: "sha256:0123456789abcdef0123".into(),
+                label: "layer 1/2".into(),
+                action: hutch_template::TransferAction::Download,
+                current: 1536,
+                total: 3 << 20,
+            },
+        );
+        let (lines, _) = log.follow();
+        assert_eq!(lines[0].stream, LogStream::Progress);
+        assert_eq!(
+            lines[0].text,
+            "layer 1/2 0123456789ab: download 1.5 KiB / 3.0 MiB"
+        );
+        let p = lines[0].progress.as_ref().expect("numbers");
+        assert_eq!((p.action, p.current, p.total), ("download", 1536, 3 << 20));
     }
 }

@@ -84,6 +84,7 @@ impl World {
                 ..PolicySpec::default()
             },
             step_timeout: Duration::from_secs(60),
+            ..BuildSettings::default()
         };
         let builder = Builder::new(manager.clone(), settings);
         let scratch = state.path().join("contexts");
@@ -119,6 +120,8 @@ impl World {
             target: None,
             no_cache: false,
             tenant: None,
+            registry: Default::default(),
+            image: None,
         }
     }
 
@@ -433,4 +436,45 @@ async fn every_step_kind(w: Arc<World>) {
         "no build sandbox is left: {:?}",
         left.items
     );
+}
+
+#[tokio::test]
+async fn a_template_built_on_another_keeps_its_start_command_unless_it_sets_its_own() {
+    in_world(inherited_start).await;
+}
+
+async fn inherited_start(w: Arc<World>) {
+    let build = |name: &'static str, dockerfile: &'static str| {
+        let w = w.clone();
+        async move {
+            let dir = w.scratch.join(format!("src-{name}"));
+            write(&dir, "Dockerfile", dockerfile);
+            let (view, log) = w.build(name, &dir).await;
+            assert_eq!(view.status, BuildStatus::Succeeded, "{name}: {log}");
+            w.manager.templates().get(name).expect("built").start
+        }
+    };
+    let argv = |spec: &Option<hutch_proto::ServiceSpec>| match spec.as_ref().map(|s| &s.cmd) {
+        Some(Command::Argv(argv)) => argv.clone(),
+        other => panic!("an argv start command: {other:?}"),
+    };
+    let service = build(
+        "svc",
+        "FROM minimal\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\"]\nHEALTHCHECK CMD [\"true\"]\n",
+    )
+    .await;
+    assert_eq!(argv(&service), ["httpd", "-f", "-p", "8080"]);
+    // No CMD of its own: the base's start command and ready check carry over.
+    let child = build("svc-child", "FROM svc\nRUN echo child > /child\n").await;
+    assert_eq!(child, service);
+    // Its own HEALTHCHECK replaces the ready check, not the command.
+    let checked = build("svc-checked", "FROM svc\nHEALTHCHECK CMD [\"false\"]\n").await;
+    assert_eq!(argv(&checked), argv(&service));
+    assert_ne!(
+        checked.as_ref().map(|s| &s.ready),
+        service.as_ref().map(|s| &s.ready)
+    );
+    // Its own CMD wins.
+    let own = build("svc-own", "FROM svc\nCMD [\"sleep\", \"1000\"]\n").await;
+    assert_eq!(argv(&own), ["sleep", "1000"]);
 }

@@ -40,6 +40,11 @@ impl Credentials {
         }
     }
 
+    /// The password or token (to hash it, say; never print it).
+    pub fn secret(&self) -> &str {
+        &self.password
+    }
+
     /// Parses `USER:PASSWORD` (the password may contain `:`).
     pub fn parse(text: &str) -> Result<Self> {
         let (user, password) = text.split_once(':').ok_or(ImageError::InvalidCredentials)?;

@@ -38,6 +38,16 @@ fn clean(path: &str) -> Option<String> {
     (!p.is_empty() && !p.starts_with('/') && !p.split('/').any(|c| c == "..")).then(|| p.to_owned())
 }
 
+/// `rel` in the layout directory `dir`, where its symlinks lead, if that is still inside
+/// `dir` (a `docker save` archive links its layers to each other; a link out of the
+/// directory is as if the file were not there). The directory is the caller's own (an
+/// upload the server unpacked, a layout the operator named): nothing changes it meanwhile.
+fn inside(dir: &Path, rel: &str) -> Option<PathBuf> {
+    let root = std::fs::canonicalize(dir).ok()?;
+    let path = std::fs::canonicalize(dir.join(rel)).ok()?;
+    path.starts_with(&root).then_some(path)
+}
+
 impl Files {
     /// The whole file `rel` if it exists and is at most `limit` bytes.
     fn read(&self, rel: &str, limit: u64) -> Result<Option<Vec<u8>>> {
@@ -46,7 +56,9 @@ impl Files {
         };
         match self {
             Files::Dir(dir) => {
-                let path = dir.join(&rel);
+                let Some(path) = inside(dir, &rel) else {
+                    return Ok(None);
+                };
                 match std::fs::symlink_metadata(&path) {
                     Ok(m) if m.is_file() && m.len() <= limit => {
                         Ok(Some(std::fs::read(&path).at("reading", &path)?))
@@ -85,7 +97,10 @@ impl Files {
         match self {
             Files::Dir(dir) => {
                 for (rel, digest) in &missing {
-                    let path = dir.join(rel);
+                    let path = inside(dir, rel).ok_or_else(|| missing_file(rel))?;
+                    if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                        return Err(missing_file(rel));
+                    }
                     let file = File::open(&path).at("opening", &path)?;
                     copy_into(store, digest, file, max, &path)?;
                 }
@@ -422,4 +437,37 @@ fn load_docker(
             .unwrap_or(0);
     }
     Ok(PulledImage { config, layers })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_link_out_of_its_directory_is_not_followed() {
+        let work = tempfile::tempdir().expect("tempdir");
+        let layout = work.path().join("layout");
+        let outside = work.path().join("outside");
+        std::fs::create_dir_all(layout.join("blobs/sha256")).expect("dirs");
+        std::fs::create_dir_all(&outside).expect("dir");
+        std::fs::write(outside.join("secret"), b"host file").expect("write");
+        std::fs::write(layout.join("blobs/sha256/inner"), b"in the layout").expect("write");
+        // A link that stays inside is followed (docker save links layers to each other).
+        std::os::unix::fs::symlink("inner", layout.join("blobs/sha256/alias")).expect("link");
+        std::os::unix::fs::symlink(&outside, layout.join("out")).expect("link");
+        std::os::unix::fs::symlink("../outside/secret", layout.join("up")).expect("link");
+        let files = Files::Dir(layout.clone());
+        assert_eq!(
+            files.read("blobs/sha256/alias", 100).expect("read"),
+            Some(b"in the layout".to_vec())
+        );
+        assert_eq!(files.read("out/secret", 100).expect("read"), None);
+        assert_eq!(files.read("up", 100).expect("read"), None);
+        let store = BlobStore::open(work.path().join("store")).expect("store");
+        let digest =
+            Digest::parse(&format!("sha256:{:x}", Sha256::digest(b"host file"))).expect("digest");
+        let copied = files.copy_blobs(&[("out/secret".into(), digest.clone())], &store, 100);
+        assert!(copied.is_err(), "a blob through a link out is missing");
+        assert!(!store.contains(&digest));
+    }
 }

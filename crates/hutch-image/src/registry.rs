@@ -36,6 +36,7 @@ use crate::auth::{self, Credentials};
 use crate::blobs::{BlobStore, Digest};
 use crate::config::{self, ImageConfig};
 use crate::error::{ImageError, IoContext, Result};
+use crate::progress::{PullEvent, Throttle, TransferAction};
 use crate::unpack::{Compression, Limits};
 
 /// Largest image config accepted.
@@ -52,6 +53,9 @@ pub struct PullOptions {
     pub docker_config: Option<PathBuf>,
     /// Registries (`host` or `host:port`) spoken to over plain HTTP.
     pub insecure_registries: Vec<String>,
+    /// Never read a Docker `config.json` (a server pulling for its API's callers lends
+    /// nobody the host's own credentials).
+    pub ignore_docker_config: bool,
     /// PEM files of extra CA certificates to trust (for a private registry's own CA).
     pub ca_certificates: Vec<PathBuf>,
     /// Limits on the image's size (each blob must fit within `max_bytes`).
@@ -81,12 +85,12 @@ pub struct PulledImage {
 }
 
 /// Pulls `reference` (`host[:port]/repo[:tag][@sha256:…]`; no host means Docker Hub) into
-/// `store`. Progress lines (one per blob) go to `progress`.
+/// `store`. Progress (a line per blob, and each download's bytes) goes to `progress`.
 pub fn pull(
     reference: &str,
     store: &BlobStore,
     options: &PullOptions,
-    progress: &mut dyn FnMut(String),
+    progress: &mut dyn FnMut(PullEvent),
 ) -> Result<PulledImage> {
     let parsed: Reference =
         reference
@@ -98,6 +102,7 @@ pub fn pull(
     let registry = parsed.registry().to_owned();
     let credentials = match &options.credentials {
         Some(c) => Some(c.clone()),
+        None if options.ignore_docker_config => None,
         None => auth::from_docker_config(options.docker_config.as_deref(), &registry)?,
     };
     let mut roots = Vec::new();
@@ -119,7 +124,7 @@ pub fn pull(
         insecure: options.insecure_registries.clone(),
         limits: options.limits,
     };
-    let (tx, rx) = mpsc::channel::<String>();
+    let (tx, rx) = mpsc::channel::<PullEvent>();
     std::thread::scope(|scope| {
         let worker = scope.spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -130,8 +135,8 @@ pub fn pull(
                 })?;
             runtime.block_on(job.run(store, &tx))
         });
-        for line in rx {
-            progress(line);
+        for event in rx {
+            progress(event);
         }
         worker.join().unwrap_or_else(|_| {
             Err(ImageError::Registry {
@@ -163,7 +168,11 @@ struct Job {
 
 impl Job {
     /// Pulls the manifest, the config and every missing layer.
-    async fn run(self, store: &BlobStore, progress: &mpsc::Sender<String>) -> Result<PulledImage> {
+    async fn run(
+        self,
+        store: &BlobStore,
+        progress: &mpsc::Sender<PullEvent>,
+    ) -> Result<PulledImage> {
         // rustls needs one process-wide crypto provider; an error means one is installed.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let protocol = if self.insecure.is_empty() {
@@ -183,10 +192,10 @@ impl Job {
             .pull_image_manifest(&self.parsed, &self.auth)
             .await
             .map_err(|e| self.registry_error(e))?;
-        let _ = progress.send(format!(
+        let _ = progress.send(PullEvent::Line(format!(
             "manifest {manifest_digest} ({} layers)",
             manifest.layers.len()
-        ));
+        )));
 
         let config_media = manifest.config.media_type.as_str();
         if config_media != IMAGE_CONFIG_MEDIA_TYPE && config_media != IMAGE_DOCKER_CONFIG_MEDIA_TYPE
@@ -273,17 +282,21 @@ impl Job {
         descriptor: &OciDescriptor,
         digest: &Digest,
         size: u64,
-        progress: &mpsc::Sender<String>,
+        progress: &mpsc::Sender<PullEvent>,
         what: &str,
     ) -> Result<PathBuf> {
         if store.contains(digest) {
-            let _ = progress.send(format!("{what} {} already stored", digest.short()));
+            let _ = progress.send(PullEvent::Line(format!(
+                "{what} {} already stored",
+                digest.short()
+            )));
             return Ok(store.path(digest));
         }
-        let _ = progress.send(format!(
+        let _ = progress.send(PullEvent::Line(format!(
             "{what} {} downloading {size} bytes",
             digest.short()
-        ));
+        )));
+        let mut throttle = Throttle::new(&digest.to_string(), what, TransferAction::Download, size);
         // Only the registry itself serves blobs: no foreign `urls`.
         let descriptor = OciDescriptor {
             urls: None,
@@ -297,8 +310,15 @@ impl Job {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| self.stream_error(e, digest))?;
             writer.write(&chunk)?;
+            if let Some(report) = throttle.advance(chunk.len() as u64) {
+                let _ = progress.send(PullEvent::Transfer(report));
+            }
         }
-        writer.commit()
+        let path = writer.commit()?;
+        if let Some(report) = throttle.finish() {
+            let _ = progress.send(PullEvent::Transfer(report));
+        }
+        Ok(path)
     }
 
     /// Maps a failed chunk: a digest check of the client, or a transport error.

@@ -11,8 +11,8 @@ use std::process::Command;
 
 use base64::Engine as _;
 use hutch_image::{
-    pull, BlobStore, Credentials, ImageError, Layer, Limits, PullOptions, PulledImage, RootDir,
-    Unpacker,
+    pull, BlobStore, Credentials, ImageError, Layer, Limits, PullEvent, PullOptions, PulledImage,
+    RootDir, Transfer, TransferAction, Unpacker,
 };
 use serde_json::json;
 use support::layers::{tar, E};
@@ -37,7 +37,21 @@ fn pull_into(
 ) -> (Result<PulledImage, ImageError>, Vec<String>) {
     let store = BlobStore::open(dir.join("blobs")).expect("store");
     let mut lines = Vec::new();
-    let result = pull(reference, &store, options, &mut |l| lines.push(l));
+    let mut transfers: Vec<Transfer> = Vec::new();
+    let result = pull(reference, &store, options, &mut |event| match event {
+        PullEvent::Line(l) => lines.push(l),
+        PullEvent::Transfer(t) => transfers.push(t),
+    });
+    if result.is_ok() {
+        // Every blob downloaded was reported, ending at its full size.
+        let downloaded = lines.iter().filter(|l| l.contains(" downloading ")).count();
+        let finished: Vec<&Transfer> = transfers
+            .iter()
+            .filter(|t| t.current == t.total && t.action == TransferAction::Download)
+            .collect();
+        assert_eq!(finished.len(), downloaded, "{lines:?}\n{transfers:?}");
+        assert!(finished.iter().all(|t| t.digest.starts_with("sha256:")));
+    }
     (result, lines)
 }
 

@@ -147,7 +147,7 @@ pub struct PlacedSandboxId(pub hutch_core::ids::SandboxId);
 pub fn app(state: AppState) -> Router {
     use routes::{
         build_logs, code, exec, files, files_url, files_watch, keys, lifecycle, logs, misc,
-        network, ports, processes, pty, sandboxes, templates, tenants, volumes,
+        network, ports, processes, pty, sandboxes, template_edit, templates, tenants, volumes,
     };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
@@ -158,7 +158,9 @@ pub fn app(state: AppState) -> Router {
         )
         .route(
             "/v1/templates/{name}",
-            get(templates::get).delete(templates::delete),
+            get(templates::get)
+                .delete(templates::delete)
+                .patch(template_edit::patch),
         )
         .route("/v1/templates/{name}/builds", get(templates::list_builds))
         .route(

@@ -19,6 +19,9 @@ pub struct BuildOptions {
     /// The start command (and ready check) recorded in the template: sandboxes created from
     /// it run it (`docs/templates.md`, "Start command").
     pub start: Option<hutch_proto::ServiceSpec>,
+    /// Set when the build should stop: it fails as the next step would start, leaving the
+    /// template as it was.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Test hook: fail when a step after the first `n` steps would start (`Some(0)` fails
     /// before any work).
     #[doc(hidden)]
@@ -32,6 +35,8 @@ pub enum Progress {
     Step(String),
     /// One line of output from a tool the step runs.
     Output(String),
+    /// How far a blob's download or extraction is (image templates).
+    Transfer(hutch_image::Transfer),
     /// The build (or the wait for another process's build) finished.
     Done {
         /// Wall-clock duration of the whole call.
@@ -75,6 +80,17 @@ impl<'a> BuildContext<'a> {
                 message: "injected failure (fail_after_step)".into(),
             });
         }
+        if self
+            .options
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return Err(TemplateError::StepFailed {
+                step: name,
+                message: "the build was cancelled".into(),
+            });
+        }
         self.steps += 1;
         self.current.clone_from(&name);
         (self.progress)(Progress::Step(name));
@@ -84,6 +100,11 @@ impl<'a> BuildContext<'a> {
     /// Reports one line of tool output.
     pub(crate) fn output(&mut self, line: String) {
         (self.progress)(Progress::Output(line));
+    }
+
+    /// Reports how far a transfer is.
+    pub(crate) fn transfer(&mut self, transfer: hutch_image::Transfer) {
+        (self.progress)(Progress::Transfer(transfer));
     }
 
     /// Name of the current step.

@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hutch_image::{BlobStore, ImageConfig, Layer, PullOptions, RootDir, Unpacker};
+use hutch_image::{
+    BlobStore, ImageConfig, Layer, PullEvent, PullOptions, RootDir, Throttle, TransferAction,
+    Unpacker,
+};
 
 use crate::build::BuildContext;
 use crate::error::{Result, TemplateError};
@@ -22,6 +25,20 @@ pub struct ImageSource {
     pub reference: String,
     /// How to reach the registry, and the unpack limits.
     pub pull: PullOptions,
+    /// Read the image from these local files instead (an upload through the API, say);
+    /// `reference` is then only what the template records.
+    pub local: Option<LocalImage>,
+}
+
+/// An image in local files: an OCI image layout (a directory or a tarball of one) or a
+/// `docker save` archive (a tarball, or a directory it was unpacked into).
+#[derive(Debug, Clone)]
+pub struct LocalImage {
+    /// The directory or the tarball.
+    pub path: std::path::PathBuf,
+    /// Which of its images (a layout's `org.opencontainers.image.ref.name`, an archive's
+    /// `RepoTags` entry); without one it must hold exactly one.
+    pub tag: Option<String>,
 }
 
 /// Pulls `source` and fills the empty `rootfs` from it; returns the image's configuration.
@@ -31,12 +48,16 @@ pub(crate) fn build(
     source: &ImageSource,
     ctx: &mut BuildContext<'_>,
 ) -> Result<ImageConfig> {
-    let pulled = match local_path(&source.reference) {
+    let local = match &source.local {
+        Some(l) => Some((l.path.as_path(), l.tag.as_deref())),
+        None => local_path(&source.reference).map(|(p, t)| (Path::new(p), t)),
+    };
+    let pulled = match local {
         Some((path, tag)) => {
             ctx.step(format!("reading {}", source.reference))?;
             hutch_image::load(
                 &source.reference,
-                Path::new(path),
+                path,
                 tag,
                 blobs,
                 &source.pull.limits,
@@ -45,9 +66,15 @@ pub(crate) fn build(
         }
         None => {
             ctx.step(format!("pulling {}", source.reference))?;
-            hutch_image::pull(&source.reference, blobs, &source.pull, &mut |line| {
-                ctx.output(line);
-            })
+            hutch_image::pull(
+                &source.reference,
+                blobs,
+                &source.pull,
+                &mut |event| match event {
+                    PullEvent::Line(line) => ctx.output(line),
+                    PullEvent::Transfer(t) => ctx.transfer(t),
+                },
+            )
         }
     };
     let image = pulled.map_err(|e| in_step(ctx, e))?;
@@ -64,14 +91,25 @@ pub(crate) fn build(
         ))?;
         let blob = blobs.path(&layer.digest);
         let digest = layer.digest.to_string();
-        unpacker
-            .apply(&Layer {
+        let label = format!("layer {}/{count}", i + 1);
+        let mut throttle = Throttle::new(&digest, &label, TransferAction::Extract, layer.size);
+        let applied = unpacker.apply_reporting(
+            &Layer {
                 blob: &blob,
                 digest: &digest,
                 compression: layer.compression,
                 diff_id: Some(&layer.diff_id),
-            })
-            .map_err(|e| in_step(ctx, e))?;
+            },
+            &mut |n| {
+                if let Some(t) = throttle.advance(n) {
+                    ctx.transfer(t);
+                }
+            },
+        );
+        applied.map_err(|e| in_step(ctx, e))?;
+        if let Some(t) = throttle.finish() {
+            ctx.transfer(t);
+        }
     }
     let s = unpacker.summary().clone();
     ctx.output(format!(
@@ -114,10 +152,16 @@ fn make_working_dir(root: &RootDir, rootfs: &Path, dir: Option<&str>, ctx: &mut 
     }
 }
 
+/// Whether `reference` names local files (`oci:`, `oci-archive:`, `docker-archive:`), not
+/// an image in a registry.
+pub fn is_local_reference(reference: &str) -> bool {
+    local_path(reference).is_some()
+}
+
 /// A local image reference, as skopeo and podman spell them: `oci:PATH[:TAG]` (an OCI
 /// layout directory), `oci-archive:PATH[:TAG]` (a tarball of one), `docker-archive:PATH[:TAG]`
 /// (`docker save`). `None` for a registry reference.
-pub(crate) fn local_path(reference: &str) -> Option<(&str, Option<&str>)> {
+pub fn local_path(reference: &str) -> Option<(&str, Option<&str>)> {
     let rest = ["oci:", "oci-archive:", "docker-archive:"]
         .iter()
         .find_map(|prefix| reference.strip_prefix(prefix))?;

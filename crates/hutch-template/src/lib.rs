@@ -43,8 +43,8 @@ mod tree;
 
 pub use build::{BuildOptions, Progress};
 pub use error::TemplateError;
-pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions};
-pub use image::ImageSource;
+pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions, Transfer, TransferAction};
+pub use image::{is_local_reference, local_path as local_image_path, ImageSource, LocalImage};
 pub use info::{ResourceDefaults, TemplateInfo};
 pub use names::builtin_names;
 pub use revisions::parse_ref;

@@ -62,6 +62,16 @@ impl TestServer {
         Self::start_in_env(templates_dir(), extra, env, None).await
     }
 
+    /// Start a server on a templates directory of the test's own, with extra flags and
+    /// environment variables.
+    pub async fn start_in_with_env(
+        templates: PathBuf,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::start_in_env(templates, extra, env, None).await
+    }
+
     async fn start_in_env(
         templates: PathBuf,
         extra: &[&str],

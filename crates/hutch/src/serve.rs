@@ -156,6 +156,14 @@ pub struct ServeArgs {
     /// `none` with `--network off`.
     #[arg(long, value_enum, default_value_t = BuildEgress::Allow)]
     pub build_egress: BuildEgress,
+    /// Also trust this CA certificate (PEM) for registries that template builds pull from
+    /// (a private registry's own CA); repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub registry_ca: Vec<PathBuf>,
+    /// Speak plain HTTP to this registry (`host` or `host:port`) in every template build;
+    /// repeatable (a request may name more for itself).
+    #[arg(long, value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
     /// Largest build context a client may upload with `POST /v1/templates` (bytes, or with
     /// a KiB/MiB/GiB suffix), compressed or not; larger ones are answered 413.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
@@ -282,7 +290,11 @@ pub enum BuildEgress {
 /// What build sandboxes get from `hutch serve`'s flags.
 fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
     use hutch_core::net::policy::Egress;
-    let mut settings = hutch_build::BuildSettings::default();
+    let mut settings = hutch_build::BuildSettings {
+        registry_ca: args.registry_ca.clone(),
+        insecure_registries: args.insecure_registry.clone(),
+        ..hutch_build::BuildSettings::default()
+    };
     settings.network.egress = match (args.network, args.build_egress) {
         (NetworkMode::Off, _) | (_, BuildEgress::None) => Egress::None,
         (NetworkMode::On, BuildEgress::Deny) => Egress::Deny,
@@ -339,7 +351,7 @@ pub fn build_template(
     let mut progress = |p: Progress| match p {
         Progress::Step(s) => eprintln!("[template {name}] {s}"),
         Progress::Output(line) if !quiet => eprintln!("[template {name}]   {line}"),
-        Progress::Output(_) => {}
+        Progress::Output(_) | Progress::Transfer(_) => {}
         Progress::Done { seconds } => eprintln!("[template {name}] ready in {seconds:.1} s"),
     };
     store

@@ -1,7 +1,8 @@
-//! `hutch template build --from-image` from a real registry on loopback (TLS from a test
-//! CA, htpasswd auth), then an `ns` sandbox from the template runs the image's programs with
-//! its environment, on Hutch's `/etc` and `/workspace` even though the image links them
-//! elsewhere. The registry and layer helpers are `hutch-image`'s test support.
+//! `hutch template build --from-image` through the server's API: from a real registry on
+//! loopback (TLS from a test CA the server trusts with `--registry-ca`, htpasswd auth), and
+//! from local files uploaded by the CLI. An `ns` sandbox from the template runs the image's
+//! programs with its environment, on Hutch's `/etc` and `/workspace` even though the image
+//! links them elsewhere. The registry and layer helpers are `hutch-image`'s test support.
 
 #[path = "../../hutch-image/tests/support/mod.rs"]
 mod support;
@@ -15,16 +16,41 @@ use support::registry::{Registry, PASSWORD, USER};
 
 use hutch_testkit::TestServer;
 
-/// Runs `hutch template build` with `args` into `templates`.
-fn template_build(templates: &std::path::Path, args: &[&str], auth: &str) -> Output {
+/// Runs `hutch template build` with `args` against the server `s`.
+fn template_build(s: &TestServer, args: &[&str], auth: &str) -> Output {
     Command::new(hutch_testkit::hutch_bin())
         .args(["template", "build"])
         .args(args)
-        .arg("--templates-dir")
-        .arg(templates)
+        .env("HUTCH_URL", &s.url)
+        .env("HUTCH_STATE_DIR", &s.state_dir)
+        .env_remove("HUTCH_API_KEY")
         .env("HUTCH_REGISTRY_AUTH", auth)
         .output()
         .expect("run hutch template build")
+}
+
+/// A templates directory of the test's own with `minimal` built (the server's `FROM`
+/// nothing needs it; sandboxes need a template to start).
+fn templates_with_minimal(dir: &std::path::Path) {
+    let built = Command::new(hutch_testkit::hutch_bin())
+        .args(["template", "build", "minimal", "--templates-dir"])
+        .arg(dir)
+        .output()
+        .expect("run hutch");
+    assert!(built.status.success(), "{built:?}");
+}
+
+/// `GET /v1/templates/{name}`.
+async fn template(s: &TestServer, name: &str) -> Value {
+    let resp = s
+        .http
+        .get(format!("{}/v1/templates/{name}", s.url))
+        .bearer_auth(&s.key)
+        .send()
+        .await
+        .expect("get template");
+    assert_eq!(resp.status().as_u16(), 200, "{name}");
+    resp.json().await.expect("json")
 }
 
 #[tokio::test]
@@ -33,6 +59,7 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
         .prefix("hutch-image-templates-")
         .tempdir_in("/tmp")
         .expect("tempdir");
+    templates_with_minimal(templates.path());
     let registry = Registry::start();
     let layout = registry.dir.path().join("layout");
     // The second layer points /workspace and /etc/resolv.conf at host paths.
@@ -53,9 +80,11 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
     oci::finish(&layout, "1", top);
     let reference = registry.push(&layout, "1", "team/busybox", false, false);
     let ca = registry.ca.display().to_string();
-    let args = ["img", "--from-image", &reference, "--registry-ca", &ca];
+    let server =
+        TestServer::start_in(templates.path().to_path_buf(), &["--registry-ca", &ca]).await;
+    let args = ["img", "--from-image", &reference];
 
-    let refused = template_build(templates.path(), &args, &format!("{USER}:wrong"));
+    let refused = template_build(&server, &args, &format!("{USER}:wrong"));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
     assert!(
@@ -63,24 +92,34 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
         "{stderr}"
     );
 
-    let built = template_build(templates.path(), &args, &format!("{USER}:{PASSWORD}"));
+    let built = template_build(&server, &args, &format!("{USER}:{PASSWORD}"));
     let stderr = String::from_utf8_lossy(&built.stderr);
     assert!(built.status.success(), "{stderr}\n{}", registry.log());
     assert!(stderr.contains("unpacking layer 2/2"), "{stderr}");
-    let meta: Value = serde_json::from_slice(
+    // Off a terminal, each finished transfer is one line: both layers were downloaded and
+    // extracted.
+    for action in ["download", "extract"] {
+        for layer in ["layer 1/2", "layer 2/2"] {
+            assert!(
+                stderr
+                    .lines()
+                    .any(|l| l.starts_with(layer) && l.contains(&format!(": {action} "))),
+                "{layer} {action}: {stderr}"
+            );
+        }
+    }
+    let recorded: Value = serde_json::from_slice(
         &std::fs::read(templates.path().join("img/template.json")).expect("template.json"),
     )
     .expect("json");
-    assert_eq!(meta["recipe"], "image");
+    assert_eq!(recorded["recipe"], "image");
+    let meta = template(&server, "img").await;
     assert_eq!(meta["image"]["reference"], reference.as_str());
     assert_eq!(meta["image"]["cmd"], json!(["/bin/sh"]));
     assert_eq!(meta["image"]["working_dir"], "/srv");
     assert_eq!(meta["image"]["exposed_ports"], json!(["8080/tcp"]));
     assert_eq!(meta["defaults"]["env"]["GREETING"], "hello from the image");
 
-    let minimal = template_build(templates.path(), &["minimal"], "");
-    assert!(minimal.status.success(), "{minimal:?}");
-    let server = TestServer::start_in(templates.path().to_path_buf(), &[]).await;
     let id = server
         .create_id(json!({"template": "img", "isolation": "ns"}))
         .await;
@@ -146,32 +185,42 @@ async fn templates_come_from_local_oci_layouts_and_docker_archives() {
         .expect("skopeo");
     assert!(copied.status.success(), "{copied:?}");
 
-    for (name, reference) in [
-        ("from-layout", format!("oci:{}:1", layout.display())),
-        ("from-oci-tar", format!("oci-archive:{}", oci_tar.display())),
+    std::fs::create_dir_all(&templates).expect("templates");
+    templates_with_minimal(&templates);
+    let server = TestServer::start_in(templates.clone(), &[]).await;
+    for (name, reference, recorded) in [
+        (
+            "from-layout",
+            format!("oci:{}:1", layout.display()),
+            "upload:1",
+        ),
+        (
+            "from-oci-tar",
+            format!("oci-archive:{}", oci_tar.display()),
+            "upload",
+        ),
         (
             "from-docker",
             format!("docker-archive:{}", docker_tar.display()),
+            "upload",
         ),
     ] {
         let built = template_build(
-            &templates,
-            &[name, "--from-image", &reference],
+            &server,
+            &[name, "--from-image", &reference, "--memory-mib", "300"],
             "unused:unused",
         );
         assert!(built.status.success(), "{reference}: {built:?}");
-        let meta: Value = serde_json::from_slice(
-            &std::fs::read(templates.join(name).join("template.json")).expect("template.json"),
-        )
-        .expect("json");
-        assert_eq!(meta["image"]["reference"], reference.as_str(), "{meta}");
+        let meta = template(&server, name).await;
+        assert_eq!(meta["image"]["reference"], recorded, "{meta}");
+        assert_eq!(meta["defaults"]["memory_mib"], 300, "{meta}");
         let marker = std::fs::read_to_string(templates.join(name).join("rootfs/from-image"))
             .expect("the layer's file");
         assert_eq!(marker, "read from a local file");
     }
-    // A tag the layout does not have is named in the error.
+    // A tag the layout does not have is named in the build's error.
     let missing = template_build(
-        &templates,
+        &server,
         &[
             "nope",
             "--from-image",
@@ -185,9 +234,57 @@ async fn templates_come_from_local_oci_layouts_and_docker_archives() {
         "{missing:?}"
     );
 
-    let minimal = template_build(&templates, &["minimal"], "");
-    assert!(minimal.status.success(), "{minimal:?}");
-    let server = TestServer::start_in(templates.clone(), &[]).await;
+    // Through the API a file of the server's is never an image, and an upload may not
+    // lead out of itself: the layout below names its blobs through `blobs`, a link to a
+    // directory outside it.
+    let resp = server
+        .http
+        .post(format!("{}/v1/templates", server.url))
+        .bearer_auth(&server.key)
+        .json(&json!({"name": "sneaky", "from_image": format!("oci:{}:1", layout.display())}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(resp.status().as_u16(), 400);
+    let v: Value = resp.json().await.expect("json");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("image_archive=true"),
+        "{v}"
+    );
+    let linked = work.path().join("linked");
+    let outside = work.path().join("outside");
+    std::fs::create_dir_all(outside.join("sha256")).expect("dir");
+    for entry in std::fs::read_dir(layout.join("blobs/sha256")).expect("blobs") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), outside.join("sha256").join(entry.file_name())).expect("cp");
+    }
+    std::fs::create_dir_all(&linked).expect("dir");
+    for file in ["oci-layout", "index.json"] {
+        std::fs::copy(layout.join(file), linked.join(file)).expect("cp");
+    }
+    std::os::unix::fs::symlink(&outside, linked.join("blobs")).expect("symlink");
+    let refused = template_build(
+        &server,
+        &[
+            "linked",
+            "--from-image",
+            &format!("oci:{}:1", linked.display()),
+        ],
+        "unused:unused",
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    // The upload's receiver refuses the link (the image reader would not follow it out
+    // either: `hutch-image`'s `a_layout_link_out_of_its_directory_is_not_followed`).
+    assert!(
+        stderr.contains("points outside the destination"),
+        "{stderr}"
+    );
+    assert!(!templates.join("linked").exists());
+
     let id = server
         .create_id(json!({"template": "from-docker", "isolation": "ns"}))
         .await;

@@ -276,18 +276,33 @@ fn quoted(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
+/// The credentials of `fromImageRegistry`: `{"type": "registry", "username", "password"}`
+/// (the AWS and GCP kinds need their clouds' token exchanges, which Hutch does not do).
+fn registry_credentials(start: &BuildStart) -> E2bResult<Option<hutch_build::Credentials>> {
+    let Some(v) = start.from_image_registry.as_ref().filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match (
+        v["type"].as_str(),
+        v["username"].as_str(),
+        v["password"].as_str(),
+    ) {
+        (Some("registry"), Some(user), Some(password)) => {
+            Ok(Some(hutch_build::Credentials::new(user, password)))
+        }
+        (Some(kind @ ("aws" | "gcp")), _, _) => Err(E2bError::bad_request(format!(
+            "fromImageRegistry of type {kind} is not supported by Hutch: give the registry's \
+             user name and password as type registry"
+        ))),
+        _ => Err(E2bError::bad_request(
+            "fromImageRegistry must be {\"type\": \"registry\", \"username\", \"password\"}",
+        )),
+    }
+}
+
 /// The Dockerfile of a build start, and the file hashes its `COPY` steps need.
 fn dockerfile(start: &BuildStart) -> E2bResult<(String, Vec<String>)> {
-    if start
-        .from_image_registry
-        .as_ref()
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(E2bError::bad_request(
-            "fromImageRegistry (registry credentials) is not supported by Hutch's E2B API: \
-             build with `hutch template build --from-image` and its credentials",
-        ));
-    }
+    registry_credentials(start)?;
     let base = match (&start.from_template, &start.from_image) {
         (Some(t), _) => template_name(t)?,
         (None, Some(image)) if image.split(':').next() == Some(E2B_BASE_IMAGE) => {
@@ -472,6 +487,14 @@ pub async fn start_build(
             || start.steps.iter().all(|s| s.force == Some(true)) && !start.steps.is_empty(),
         tenant: pending.caller_tenant.clone(),
         sandbox_resources: pending.resources,
+        registry: hutch_build::RegistryAccess {
+            // Checked with the Dockerfile, before anything was made.
+            credentials: registry_credentials(&start).ok().flatten(),
+            insecure_registries: Vec::new(),
+            // Only an admin key's build may pull with the host's own credentials.
+            host_credentials: pending.caller_tenant.is_none(),
+        },
+        image: None,
     };
     let view = match state.app.builder().start(request).await {
         Ok(v) => v,

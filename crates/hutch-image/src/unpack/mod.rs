@@ -149,9 +149,16 @@ impl<'a> Unpacker<'a> {
 
     /// Applies one layer on top of what is in the root.
     pub fn apply(&mut self, layer: &Layer<'_>) -> Result<()> {
+        self.apply_reporting(layer, &mut |_| {})
+    }
+
+    /// [`Unpacker::apply`], calling `read` with the count of each read of the blob (its
+    /// compressed bytes: how far the extraction is).
+    pub fn apply_reporting(&mut self, layer: &Layer<'_>, read: &mut dyn FnMut(u64)) -> Result<()> {
         let file = File::open(layer.blob).at("opening layer blob", layer.blob)?;
-        let buffered = BufReader::with_capacity(1 << 16, file);
-        let decoded: Box<dyn Read> = match layer.compression {
+        let counted = CountingReader { inner: file, read };
+        let buffered = BufReader::with_capacity(1 << 16, counted);
+        let decoded: Box<dyn Read + '_> = match layer.compression {
             Compression::None => Box::new(buffered),
             Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
             Compression::Zstd => Box::new(
@@ -220,10 +227,24 @@ fn corrupt(layer: &Layer<'_>, e: impl std::fmt::Display) -> ImageError {
     }
 }
 
+/// The blob as read from disk, each read's size told to `read`.
+struct CountingReader<'r, R> {
+    inner: R,
+    read: &'r mut dyn FnMut(u64),
+}
+
+impl<R: Read> Read for CountingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        (self.read)(n as u64);
+        Ok(n)
+    }
+}
+
 /// The decompressed stream: hashed for the diff_id, and cut off past `cap` bytes.
-struct CappedHasher {
+struct CappedHasher<'r> {
     /// The decompressor.
-    inner: Box<dyn Read>,
+    inner: Box<dyn Read + 'r>,
     /// sha256 of everything read.
     hasher: Sha256,
     /// Bytes read so far.
@@ -234,7 +255,7 @@ struct CappedHasher {
     over_cap: Rc<Cell<bool>>,
 }
 
-impl Read for CappedHasher {
+impl Read for CappedHasher<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.read += n as u64;

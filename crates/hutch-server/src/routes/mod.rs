@@ -20,6 +20,7 @@ pub mod ports;
 pub mod processes;
 pub mod pty;
 pub mod sandboxes;
+pub mod template_edit;
 pub mod templates;
 pub mod tenants;
 pub mod usage;

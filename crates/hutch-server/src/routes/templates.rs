@@ -18,8 +18,9 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use hutch_build::{BuildRequest, BuildView, SandboxResources};
+use hutch_build::{BuildRequest, BuildView, ImageBuild, RegistryAccess, SandboxResources};
 use hutch_core::tenant::Tenant;
+use hutch_proto::{Command, ReadyProbe, ServiceSpec};
 use serde::Deserialize;
 
 use super::sandboxes::url_pairs;
@@ -66,6 +67,16 @@ struct BuildQuery {
     no_cache: bool,
     build_args: BTreeMap<String, String>,
     resources: SandboxResources,
+    /// Plain-HTTP registries for the `FROM` images (`insecure_registry=`, repeatable).
+    insecure_registries: Vec<String>,
+    /// `image_archive=true`: the body is an image archive, not a build context.
+    image_archive: bool,
+    /// `image_tag=`: which image of the archive.
+    image_tag: Option<String>,
+    /// `start=` (JSON): the start command of an image archive's template.
+    start: Option<ServiceSpec>,
+    /// `force=true`: unpack the image again.
+    force: bool,
 }
 
 /// A number query parameter within `range`.
@@ -116,6 +127,16 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
                 let mib = parse_number("disk_mib", &v, SandboxResources::DISK_MIB)?;
                 q.resources.disk_mib = Some(mib);
             }
+            "insecure_registry" => q.insecure_registries.push(registry_host(&v)?),
+            "image_archive" => q.image_archive = parse_bool("image_archive", &v)?,
+            "image_tag" => q.image_tag = Some(v),
+            "force" => q.force = parse_bool("force", &v)?,
+            "start" => {
+                let spec = serde_json::from_str(&v).map_err(|e| {
+                    ApiError::bad_request(format!("start must be a start command as JSON: {e}"))
+                })?;
+                q.start = Some(check_start(spec)?);
+            }
             "build_arg" => {
                 let (key, value) = v.split_once('=').ok_or_else(|| {
                     ApiError::bad_request(format!("build_arg must be KEY=VALUE, got {v:?}"))
@@ -129,7 +150,7 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
             }
             other => {
                 return Err(ApiError::bad_request(format!(
-                    "unknown query parameter {other:?}; use name=, dockerfile=, target=, no_cache=, build_arg=KEY=VALUE, cpus=, memory_mib= or disk_mib="
+                    "unknown query parameter {other:?}; use name=, dockerfile=, target=, no_cache=, build_arg=KEY=VALUE, cpus=, memory_mib=, disk_mib=, insecure_registry=, or for an image archive image_archive=true, image_tag=, start=, force="
                 )))
             }
         }
@@ -150,18 +171,167 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
     if q.target.as_deref() == Some("") {
         return Err(ApiError::bad_request("target must name a stage"));
     }
+    let dockerfile_only =
+        q.dockerfile.is_some() || q.target.is_some() || q.no_cache || !q.build_args.is_empty();
+    let archive_only = q.image_tag.is_some() || q.start.is_some() || q.force;
+    if q.image_archive && dockerfile_only {
+        return Err(ApiError::bad_request(
+            "dockerfile=, target=, no_cache= and build_arg= are for Dockerfile builds, not image_archive=true",
+        ));
+    }
+    if !q.image_archive && archive_only {
+        return Err(ApiError::bad_request(
+            "image_tag=, start= and force= go with image_archive=true (a Dockerfile's CMD and HEALTHCHECK give its start command)",
+        ));
+    }
     Ok(q)
 }
 
-/// The JSON form of `POST /v1/templates`: a template from an OCI image.
+/// A registry as `insecure_registries` names it: `host` or `host:port`.
+fn registry_host(v: &str) -> ApiResult<String> {
+    let ok = !v.is_empty()
+        && v.len() <= 255
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "an insecure registry is a host or host:port, got {v:?}"
+        )))
+    }
+}
+
+/// A start command given through the API, checked as the CLI checks its options.
+pub(crate) fn check_start(spec: ServiceSpec) -> ApiResult<ServiceSpec> {
+    let empty = match &spec.cmd {
+        Command::Shell(s) => s.trim().is_empty(),
+        Command::Argv(argv) => argv.is_empty() || argv[0].is_empty(),
+    };
+    if empty {
+        return Err(ApiError::bad_request("the start command must not be empty"));
+    }
+    if let Some(ready) = &spec.ready {
+        if ready.probe == ReadyProbe::Port(0) {
+            return Err(ApiError::bad_request("a ready port is between 1 and 65535"));
+        }
+        if ready.timeout_ms < 1000 || ready.interval_ms == 0 || ready.attempt_timeout_ms == 0 {
+            return Err(ApiError::bad_request(
+                "a ready check needs timeout_ms of at least 1000 and non-zero interval_ms and attempt_timeout_ms",
+            ));
+        }
+    }
+    Ok(spec)
+}
+
+/// Credentials for the registries of a build: the `X-Hutch-Registry-Auth: USER:PASSWORD`
+/// header (a Dockerfile build's `FROM` images), or an image body's `registry_auth`.
+fn registry_credentials(text: Option<&str>) -> ApiResult<Option<hutch_template::Credentials>> {
+    text.map(|t| {
+        hutch_template::Credentials::parse(t)
+            .map_err(|_| ApiError::bad_request("registry credentials are USER:PASSWORD"))
+    })
+    .transpose()
+}
+
+fn header_credentials(headers: &HeaderMap) -> ApiResult<Option<hutch_template::Credentials>> {
+    match headers.get(REGISTRY_AUTH_HEADER) {
+        None => Ok(None),
+        Some(v) => {
+            registry_credentials(Some(v.to_str().map_err(|_| {
+                ApiError::bad_request(format!("{REGISTRY_AUTH_HEADER} must be text"))
+            })?))
+        }
+    }
+}
+
+/// The header that carries registry credentials with a build context.
+pub const REGISTRY_AUTH_HEADER: &str = "x-hutch-registry-auth";
+
+/// The JSON form of `POST /v1/templates`: a template from an image in a registry.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[allow(dead_code)] // Parsed so a wrong body is told so; building is not offered yet.
 struct ImageBody {
     name: String,
     from_image: String,
     registry_auth: Option<String>,
-    insecure_registries: Option<Vec<String>>,
+    #[serde(default)]
+    insecure_registries: Vec<String>,
+    start: Option<ServiceSpec>,
+    #[serde(default)]
+    force: bool,
+    cpus: Option<f64>,
+    memory_mib: Option<u64>,
+    disk_mib: Option<u64>,
+}
+
+impl ImageBody {
+    /// The checked build request (`context_dir`: the build's own directory, empty).
+    fn request(self, caller: &Caller, build_dir: PathBuf) -> ApiResult<BuildRequest> {
+        hutch_template::validate_name(&self.name)?;
+        if self.from_image.is_empty() || self.from_image.len() > 4096 {
+            return Err(ApiError::bad_request(
+                "from_image must name an image (registry.example:5000/team/app:1)",
+            ));
+        }
+        if hutch_template::is_local_reference(&self.from_image) {
+            return Err(ApiError::bad_request(format!(
+                "{} names a file on the server; upload the image instead: POST /v1/templates?name={}&image_archive=true with the archive (docker save, or a tar of an OCI layout) as the body, as `hutch template build {} --from-image {}` does",
+                self.from_image, self.name, self.name, self.from_image
+            )));
+        }
+        let mut resources = SandboxResources::default();
+        if let Some(cpus) = self.cpus {
+            resources.cpus = Some(in_range("cpus", cpus, SandboxResources::CPUS)?);
+        }
+        if let Some(mib) = self.memory_mib {
+            resources.memory_mib = Some(in_range("memory_mib", mib, SandboxResources::MEMORY_MIB)?);
+        }
+        if let Some(mib) = self.disk_mib {
+            resources.disk_mib = Some(in_range("disk_mib", mib, SandboxResources::DISK_MIB)?);
+        }
+        let insecure = self
+            .insecure_registries
+            .iter()
+            .map(|h| registry_host(h))
+            .collect::<ApiResult<Vec<_>>>()?;
+        Ok(BuildRequest {
+            template: self.name,
+            context_dir: build_dir,
+            dockerfile: String::new(),
+            build_args: BTreeMap::new(),
+            target: None,
+            no_cache: false,
+            tenant: caller.owner(),
+            sandbox_resources: resources,
+            registry: RegistryAccess {
+                credentials: registry_credentials(self.registry_auth.as_deref())?,
+                insecure_registries: insecure,
+                host_credentials: caller.admin,
+            },
+            image: Some(ImageBuild {
+                reference: self.from_image,
+                local: None,
+                start: self.start.map(check_start).transpose()?,
+                force: self.force,
+            }),
+        })
+    }
+}
+
+fn in_range<T>(key: &str, value: T, range: std::ops::RangeInclusive<T>) -> ApiResult<T>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{key} must be a number from {} to {}, got {value}",
+            range.start(),
+            range.end()
+        )))
+    }
 }
 
 /// What the body of `POST /v1/templates` is, from its `Content-Type`.
@@ -197,7 +367,7 @@ fn body_kind(headers: &HeaderMap) -> ApiResult<BodyKind> {
 }
 
 /// A template as the API shows it: its description, and `tenant` when it is private.
-fn template_view(t: &hutch_core::manager::VisibleTemplate) -> serde_json::Value {
+pub(crate) fn template_view(t: &hutch_core::manager::VisibleTemplate) -> serde_json::Value {
     let mut v = serde_json::to_value(&t.info).unwrap_or_default();
     if let (Some(tenant), Some(m)) = (&t.tenant, v.as_object_mut()) {
         m.insert("tenant".into(), tenant.as_str().into());
@@ -220,8 +390,9 @@ pub async fn list(
     Ok(Json(serde_json::json!({ "templates": templates })))
 }
 
-/// `POST /v1/templates?name=…` with a build context (tar, optionally gzip) → 202 with the
-/// build; with a JSON image body → 422 for now.
+/// `POST /v1/templates?name=…` with a build context (tar, optionally gzip), or with an
+/// image archive (`image_archive=true`), or a JSON body naming an image in a registry →
+/// 202 with the build.
 pub async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -230,20 +401,29 @@ pub async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     if body_kind(&headers)? == BodyKind::Json {
+        if raw.as_deref().is_some_and(|r| !r.is_empty()) {
+            return Err(ApiError::bad_request(
+                "an image build is all in its JSON body: no query parameters",
+            ));
+        }
         let bytes = axum::body::to_bytes(body, state.json_body_limit())
             .await
             .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
         let image: ImageBody = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
         hutch_template::validate_name(&image.name)?;
-        return Err(ApiError::invalid(format!(
-            "building a template from an image through the API is not supported yet: run \
-             `hutch template build {} --from-image {}` on the server's host, or send a build \
-             context whose Dockerfile says `FROM {}`",
-            image.name, image.from_image, image.from_image
-        )));
+        let build_dir = new_build_dir(&state).await?;
+        let request = match image.request(&caller, build_dir.join("context")) {
+            Ok(r) => r,
+            Err(e) => {
+                remove_dir(build_dir).await;
+                return Err(e);
+            }
+        };
+        return start_build(&state, request, build_dir).await;
     }
     let q = parse_build_query(raw.as_deref())?;
+    let credentials = header_credentials(&headers)?;
     let limits = state.context_limits;
     if let Err(e) = check_declared_length(&headers, &limits) {
         return Ok(closing(e));
@@ -255,15 +435,18 @@ pub async fn create(
         remove_dir(build_dir).await;
         return Ok(closing(e.into()));
     }
-    let tenant = caller.owner();
-    if let Err(e) = state
-        .manager
-        .claim_template_for_build(&q.name, tenant.as_ref())
-        .await
-    {
-        remove_dir(build_dir).await;
-        return Err(e.into());
-    }
+    let image = q.image_archive.then(|| ImageBuild {
+        reference: match &q.image_tag {
+            Some(tag) => format!("upload:{tag}"),
+            None => "upload".into(),
+        },
+        local: Some(hutch_template::LocalImage {
+            path: context_dir.clone(),
+            tag: q.image_tag.clone(),
+        }),
+        start: q.start.clone(),
+        force: true,
+    });
     let request = BuildRequest {
         template: q.name.clone(),
         context_dir,
@@ -271,9 +454,33 @@ pub async fn create(
         build_args: q.build_args,
         target: q.target,
         no_cache: q.no_cache,
-        tenant: tenant.clone(),
+        tenant: caller.owner(),
         sandbox_resources: q.resources,
+        registry: RegistryAccess {
+            credentials,
+            insecure_registries: q.insecure_registries,
+            host_credentials: caller.admin,
+        },
+        image,
     };
+    start_build(&state, request, build_dir).await
+}
+
+/// Claim the template's name for the caller's tenant and start the build → 202.
+async fn start_build(
+    state: &AppState,
+    request: BuildRequest,
+    build_dir: PathBuf,
+) -> ApiResult<Response> {
+    let tenant = request.tenant.clone();
+    if let Err(e) = state
+        .manager
+        .claim_template_for_build(&request.template, tenant.as_ref())
+        .await
+    {
+        remove_dir(build_dir).await;
+        return Err(e.into());
+    }
     let view = match state.builder.start(request).await {
         Ok(view) => view,
         Err(e) => {
@@ -281,7 +488,7 @@ pub async fn create(
             return Err(e.into());
         }
     };
-    state.build_owners.record(&state, &view, tenant);
+    state.build_owners.record(state, &view, tenant);
     tracing::info!(build = %view.id, template = %view.template, "template build started");
     let location = format!("/v1/templates/{}/builds/{}", view.template, view.id);
     Ok((
@@ -350,7 +557,7 @@ async fn remove_dir(dir: PathBuf) {
 }
 
 /// 404 for template `name`, saying a build of it runs when `caller` may see that build.
-fn unknown_template(state: &AppState, caller: &Caller, name: &str) -> ApiError {
+pub(crate) fn unknown_template(state: &AppState, caller: &Caller, name: &str) -> ApiError {
     let running = state
         .builder
         .list(name)
@@ -387,21 +594,7 @@ pub async fn delete(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if !caller.admin {
-        let owner = state.manager.template_owner(&name).await?;
-        match owner {
-            Some(t) if t == caller.tenant => {}
-            Some(_) => return Err(unknown_template(&state, &caller, &name)),
-            None if state.manager.templates().get(&name).is_none() => {
-                return Err(unknown_template(&state, &caller, &name))
-            }
-            None => {
-                return Err(ApiError::forbidden(
-                    "this template is shared by every tenant: only an admin key may delete it",
-                ))
-            }
-        }
-    }
+    may_change(&state, &caller, &name, "delete").await?;
     if let Some(running) = state
         .builder
         .list(&name)
@@ -415,6 +608,29 @@ pub async fn delete(
     }
     state.manager.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Whether `caller` may `what` (delete, change) template `name`: a tenant its own private
+/// templates, admin keys any (404 for another tenant's, as for an unknown one).
+pub(crate) async fn may_change(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+    what: &str,
+) -> ApiResult<()> {
+    if caller.admin {
+        return Ok(());
+    }
+    match state.manager.template_owner(name).await? {
+        Some(t) if t == caller.tenant => Ok(()),
+        Some(_) => Err(unknown_template(state, caller, name)),
+        None if state.manager.templates().get(name).is_none() => {
+            Err(unknown_template(state, caller, name))
+        }
+        None => Err(ApiError::forbidden(format!(
+            "this template is shared by every tenant: only an admin key may {what} it"
+        ))),
+    }
 }
 
 /// `GET /v1/templates/{name}/builds` → `{"builds": [...]}`, oldest first (the ones this
@@ -502,8 +718,20 @@ mod tests {
                     memory_mib: Some(1024),
                     disk_mib: None,
                 },
+                ..BuildQuery::default()
             }
         );
+        let archive = parse_build_query(Some(
+            "name=web&image_archive=true&image_tag=1&start=%7B%22cmd%22%3A%22httpd%22%7D&insecure_registry=reg%3A5000",
+        ))
+        .expect("parses");
+        assert!(archive.image_archive);
+        assert_eq!(archive.image_tag.as_deref(), Some("1"));
+        assert_eq!(
+            archive.start.map(|s| s.cmd),
+            Some(Command::Shell("httpd".into()))
+        );
+        assert_eq!(archive.insecure_registries, ["reg:5000"]);
         let message = |raw: &str| parse_build_query(Some(raw)).expect_err("refused").message;
         assert_eq!(
             message("dockerfile=x"),
@@ -531,6 +759,15 @@ mod tests {
         );
         assert!(message("name=Web").starts_with("invalid template name `Web`"));
         assert!(message("name=web&tag=1").starts_with("unknown query parameter \"tag\""));
+        assert!(
+            message("name=web&image_tag=1").starts_with("image_tag=, start= and force= go with")
+        );
+        assert!(message("name=web&image_archive=1&target=x").contains("not image_archive=true"));
+        assert_eq!(
+            message("name=web&image_archive=1&start=%7B%22cmd%22%3A%22%20%22%7D"),
+            "the start command must not be empty"
+        );
+        assert!(message("name=web&insecure_registry=a%2Fb").starts_with("an insecure registry is"));
     }
 
     #[test]

@@ -490,7 +490,7 @@ fn base_builds_for_real() {
             &BuildOptions::default(),
             &mut |p: Progress| match p {
                 Progress::Step(s) => eprintln!("step: {s}"),
-                Progress::Output(_) => {}
+                Progress::Output(_) | Progress::Transfer(_) => {}
                 Progress::Done { seconds } => eprintln!("done in {seconds:.1} s"),
             },
         )

@@ -18,6 +18,7 @@ mod shell;
 mod stream;
 mod template;
 mod template_build;
+mod template_image;
 mod template_start;
 mod tenant;
 mod usage;

@@ -97,6 +97,77 @@ impl UploadProgress {
     }
 }
 
+/// Bars for the transfers a build reports (`"stream": "progress"` lines of its log), one
+/// per blob and action, like `docker pull`'s, when stderr is a terminal. Elsewhere (a log
+/// file, CI) only each finished transfer is printed, as one line.
+pub struct TransferBars {
+    multi: indicatif::MultiProgress,
+    bars: std::collections::HashMap<(String, String), indicatif::ProgressBar>,
+    terminal: bool,
+}
+
+impl Default for TransferBars {
+    fn default() -> Self {
+        Self {
+            multi: indicatif::MultiProgress::new(),
+            bars: Default::default(),
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+}
+
+impl TransferBars {
+    /// Show one progress line (`text`, and `progress`: `{id, label, action, current, total}`).
+    pub fn update(&mut self, text: &str, progress: &serde_json::Value) {
+        let (Some(current), Some(total)) =
+            (progress["current"].as_u64(), progress["total"].as_u64())
+        else {
+            return;
+        };
+        if !self.terminal {
+            if current >= total {
+                eprintln!("{text}");
+            }
+            return;
+        }
+        let id = progress["id"].as_str().unwrap_or("").to_string();
+        let action = progress["action"].as_str().unwrap_or("").to_string();
+        let key = (id.clone(), action.clone());
+        let multi = &self.multi;
+        let bar = self.bars.entry(key).or_insert_with(|| {
+            let bar = multi.add(indicatif::ProgressBar::new(total));
+            let style = indicatif::ProgressStyle::with_template(
+                "{prefix} {msg:9} [{bar:30}] {bytes}/{total_bytes}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> ");
+            bar.set_style(style);
+            let short = id.strip_prefix("sha256:").unwrap_or(&id);
+            bar.set_prefix(format!(
+                "{} {}",
+                progress["label"].as_str().unwrap_or(""),
+                &short[..short.len().min(12)]
+            ));
+            bar.set_message(action);
+            bar
+        });
+        bar.set_length(total);
+        bar.set_position(current);
+        if current >= total {
+            bar.finish();
+        }
+    }
+
+    /// Print a line above the bars (without breaking them).
+    pub fn println(&self, line: &str) {
+        if self.terminal && !self.bars.is_empty() {
+            let _ = self.multi.println(line);
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
 /// `1536` → `1.5 KiB`.
 pub fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];

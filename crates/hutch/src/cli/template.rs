@@ -1,20 +1,20 @@
-//! `hutch template ls|inspect|rm` and Dockerfile builds (`build NAME -f Dockerfile
-//! [CONTEXT]`, `template_build.rs`) go through the server's API at HUTCH_URL, like every
-//! command with an API. Built-in templates, `build --from-image` (an OCI image pulled into
-//! a template) and `set-start`/`set-isolation` work on this host's templates directory:
-//! the API does not offer them yet.
+//! `hutch template ls|inspect|rm`, Dockerfile builds (`build NAME -f Dockerfile
+//! [CONTEXT]`, `template_build.rs`), image builds (`build NAME --from-image REF`,
+//! `template_image.rs`) and `set-start`/`set-isolation` go through the server's API at
+//! HUTCH_URL, like every command with an API. Built-in templates (`build minimal|base|…`)
+//! are built on this host's templates directory, and `set-start`/`set-isolation` with
+//! `--templates-dir` change that directory (the operator's tools for a stopped server).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use hutch_template::{
-    BuildOptions, Credentials, ImageSource, Progress, PullOptions, TemplateStore,
-};
+use hutch_template::{BuildOptions, TemplateStore};
 use reqwest::Method;
 use serde_json::Value;
 
 use super::output::{print_json, table};
 use super::template_build::DockerfileBuild;
+use super::template_image::ImageBuildArgs;
 use super::template_start::{describe, StartArgs};
 use crate::client::Api;
 
@@ -23,11 +23,11 @@ use crate::client::Api;
 #[allow(clippy::large_enum_variant)] // parsed once per process, never moved around
 pub enum TemplateCommand {
     /// Build a template. From a Dockerfile (`-f`, default `CONTEXT/Dockerfile`) and a build
-    /// context directory (default `.`): sent to the server at HUTCH_URL, which runs each
-    /// step in a build sandbox; its log is printed as it comes (Ctrl-C cancels it). A
-    /// built-in template (`minimal`, `base`) or one from an OCI image (`--from-image`) is
-    /// built here instead, into this host's templates directory: run those on the server's
-    /// host, with the server's state dir.
+    /// context directory (default `.`), or from an OCI image (`--from-image`): through the
+    /// server at HUTCH_URL, which runs each step in a build sandbox or pulls the image; its
+    /// log is printed as it comes, layer downloads as progress bars (Ctrl-C cancels it). A
+    /// built-in template (`minimal`, `base`, `code-interpreter`) is built here instead, into
+    /// this host's templates directory: run that on the server's host, with its state dir.
     Build {
         /// Template name.
         name: String,
@@ -56,10 +56,12 @@ pub enum TemplateCommand {
         /// The template's sandboxes' default resources (Dockerfile builds).
         #[command(flatten)]
         resources: SandboxResourceArgs,
-        /// Templates directory (default `<state-dir>/templates`).
-        #[arg(long)]
+        /// Templates directory of a built-in template's build (default
+        /// `<state-dir>/templates`).
+        #[arg(long, conflicts_with = "from_image")]
         templates_dir: Option<PathBuf>,
-        /// Rebuild even if it is ready (built-in templates and --from-image).
+        /// Build again even if it is ready (built-in templates), pull and unpack again
+        /// (--from-image).
         #[arg(long)]
         force: bool,
         /// Build from this OCI image (`registry:5000/team/tools:1`, `debian:12`; its
@@ -79,16 +81,14 @@ pub enum TemplateCommand {
             hide_env_values = true
         )]
         registry_auth: Option<String>,
-        /// Also trust this CA certificate (PEM) for the registry's TLS; repeatable.
-        #[arg(long, value_name = "FILE", requires = "from_image")]
-        registry_ca: Vec<PathBuf>,
         /// The template's start command and ready check.
         #[command(flatten)]
         start: StartArgs,
     },
     /// Set (or `--clear`) the start command and ready check of a template: sandboxes
     /// created from it afterwards run the command, and a create returns once the check
-    /// passes. Like `build`, it changes this host's templates directory.
+    /// passes (`PATCH /v1/templates/{name}` at HUTCH_URL, or this host's templates
+    /// directory with `--templates-dir`).
     SetStart {
         /// Template name.
         name: String,
@@ -98,19 +98,19 @@ pub enum TemplateCommand {
         /// Remove the start command.
         #[arg(long, conflicts_with = "start_cmd")]
         clear: bool,
-        /// Templates directory (default `<state-dir>/templates`).
+        /// Change this templates directory instead of asking the server.
         #[arg(long)]
         templates_dir: Option<PathBuf>,
     },
     /// Set the isolation of sandboxes created from a template when the request says
-    /// `auto` or nothing (`auto` removes the default). Like `build`, it changes this host's
-    /// templates directory, not a server's at HUTCH_URL.
+    /// `auto` or nothing (`auto` removes the default): `PATCH /v1/templates/{name}` at
+    /// HUTCH_URL, or this host's templates directory with `--templates-dir`.
     SetIsolation {
         /// Template name.
         name: String,
         /// `auto`, `ns` or `vm`.
         isolation: String,
-        /// Templates directory (default `<state-dir>/templates`).
+        /// Change this templates directory instead of asking the server.
         #[arg(long)]
         templates_dir: Option<PathBuf>,
     },
@@ -130,22 +130,16 @@ pub enum TemplateCommand {
     },
 }
 
-/// Builds template `name` from an image, printing progress to stderr.
-fn build_image(
-    store: &TemplateStore,
-    name: &str,
-    image: &ImageSource,
-    options: &BuildOptions,
-) -> anyhow::Result<()> {
-    let mut progress = |p: Progress| match p {
-        Progress::Step(s) => eprintln!("[template {name}] {s}"),
-        Progress::Output(line) => eprintln!("[template {name}]   {line}"),
-        Progress::Done { seconds } => eprintln!("[template {name}] ready in {seconds:.1} s"),
-    };
-    store
-        .build_image(name, image, options, &mut progress)
-        .with_context(|| format!("building template {name} from {}", image.reference))?;
-    Ok(())
+/// `PATCH /v1/templates/{name}` with `body`; the template as the server shows it.
+async fn patch(state_dir: &Path, name: &str, body: Value) -> anyhow::Result<Value> {
+    let api = Api::from_env(state_dir)?;
+    api.call(
+        Method::PATCH,
+        &format!("/v1/templates/{}", crate::client::encode(name)),
+        Some(&body),
+    )
+    .await
+    .with_context(|| format!("changing template {name}"))
 }
 
 /// The server's templates (`GET /v1/templates`).
@@ -158,18 +152,18 @@ async fn server_templates(state_dir: &Path) -> anyhow::Result<Vec<Value>> {
         .context("the server's answer to GET /v1/templates has no templates list")
 }
 
-/// `--cpus`, `--memory-mib`, `--disk-mib` of a Dockerfile build.
+/// `--cpus`, `--memory-mib`, `--disk-mib` of a Dockerfile or image build.
 #[derive(Debug, clap::Args)]
 pub struct SandboxResourceArgs {
-    /// CPUs the template's sandboxes get when a create names none (Dockerfile builds;
-    /// default: the `FROM` template's).
-    #[arg(long, conflicts_with = "from_image")]
+    /// CPUs the template's sandboxes get when a create names none (default: the `FROM`
+    /// template's, or an image's 1).
+    #[arg(long)]
     pub cpus: Option<f64>,
-    /// Memory (MiB) the template's sandboxes get by default (Dockerfile builds).
-    #[arg(long, value_name = "MIB", conflicts_with = "from_image")]
+    /// Memory (MiB) the template's sandboxes get by default.
+    #[arg(long, value_name = "MIB")]
     pub memory_mib: Option<u64>,
-    /// Writable disk (MiB) the template's sandboxes get by default (Dockerfile builds).
-    #[arg(long, value_name = "MIB", conflicts_with = "from_image")]
+    /// Writable disk (MiB) the template's sandboxes get by default.
+    #[arg(long, value_name = "MIB")]
     pub disk_mib: Option<u64>,
 }
 
@@ -189,13 +183,25 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             from_image,
             insecure_registry,
             registry_auth,
-            registry_ca,
             start,
         } => {
+            if let Some(reference) = from_image {
+                let api = Api::from_env(state_dir)?;
+                let args = ImageBuildArgs {
+                    name,
+                    reference,
+                    insecure_registries: insecure_registry,
+                    registry_auth,
+                    start: start.spec()?,
+                    force,
+                    cpus: resources.cpus,
+                    memory_mib: resources.memory_mib,
+                    disk_mib: resources.disk_mib,
+                };
+                return super::template_image::run(&api, args, json_out).await;
+            }
             let builtin = hutch_template::builtin_names().contains(&name.as_str());
-            if from_image.is_none()
-                && (dockerfile.is_some() || context.is_some() || target.is_some() || !builtin)
-            {
+            if dockerfile.is_some() || context.is_some() || target.is_some() || !builtin {
                 if templates_dir.is_some() || force || start.start_cmd.is_some() {
                     bail!(
                         "a Dockerfile build runs on the server at HUTCH_URL: --templates-dir, \
@@ -226,7 +232,7 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             {
                 bail!(
                     "--build-arg, --no-cache, --cpus, --memory-mib and --disk-mib are for \
-                     Dockerfile builds (-f)"
+                     Dockerfile and image builds"
                 );
             }
             let options = BuildOptions {
@@ -237,26 +243,8 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
             std::fs::create_dir_all(&dir)?;
             let store = TemplateStore::open(&dir)?;
-            let image = match from_image {
-                Some(reference) => Some(ImageSource {
-                    reference,
-                    pull: PullOptions {
-                        credentials: registry_auth
-                            .as_deref()
-                            .map(Credentials::parse)
-                            .transpose()?,
-                        insecure_registries: insecure_registry,
-                        ca_certificates: registry_ca,
-                        ..PullOptions::default()
-                    },
-                }),
-                None => None,
-            };
             let info = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-                match image {
-                    Some(image) => build_image(&store, &name, &image, &options)?,
-                    None => crate::serve::build_template(&store, &name, false, &options)?,
-                }
+                crate::serve::build_template(&store, &name, false, &options)?;
                 Ok(store.get(&name))
             })
             .await??;
@@ -270,14 +258,25 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             isolation,
             templates_dir,
         } => {
-            let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
-            let info = TemplateStore::open(&dir)?.set_isolation(&name, &isolation)?;
+            let info = match templates_dir {
+                Some(dir) => serde_json::to_value(
+                    TemplateStore::open(&dir)?.set_isolation(&name, &isolation)?,
+                )?,
+                None => {
+                    patch(
+                        state_dir,
+                        &name,
+                        serde_json::json!({ "isolation": isolation }),
+                    )
+                    .await?
+                }
+            };
             if json_out {
-                print_json(&serde_json::to_value(&info)?);
+                print_json(&info);
             } else {
                 println!(
                     "template {name}: default isolation {}",
-                    info.defaults.isolation.as_deref().unwrap_or("auto")
+                    info["defaults"]["isolation"].as_str().unwrap_or("auto")
                 );
             }
             Ok(())
@@ -292,12 +291,18 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             if spec.is_none() && !clear {
                 anyhow::bail!("say what to start (--start-cmd CMD) or --clear");
             }
-            let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
-            let info = TemplateStore::open(&dir)?.set_start(&name, spec)?;
+            let start = match templates_dir {
+                Some(dir) => TemplateStore::open(&dir)?.set_start(&name, spec)?.start,
+                None => {
+                    let info =
+                        patch(state_dir, &name, serde_json::json!({ "start": spec })).await?;
+                    serde_json::from_value(info["start"].clone()).unwrap_or(None)
+                }
+            };
             if json_out {
-                print_json(&serde_json::to_value(&info)?);
+                print_json(&serde_json::json!({ "name": name, "start": start }));
             } else {
-                println!("template {name}: {}", describe(info.start.as_ref()));
+                println!("template {name}: {}", describe(start.as_ref()));
             }
             Ok(())
         }

@@ -19,7 +19,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::output::print_json;
-use super::progress::UploadProgress;
+use super::progress::{TransferBars, UploadProgress};
 use super::stream::SseParser;
 use crate::client::{encode, Api};
 
@@ -250,8 +250,36 @@ fn build_query(build: &DockerfileBuild, dockerfile: &str) -> anyhow::Result<Stri
 async fn start(api: &Api, build: &DockerfileBuild) -> anyhow::Result<Value> {
     let plan = plan_context(build)?;
     let query = build_query(build, &plan.dockerfile)?;
+    send_archive(api, plan, &query, "the build context").await
+}
+
+/// Send all of directory `dir` (an OCI image layout, say) as the body of
+/// `POST /v1/templates?{query}`; the build as the server shows it.
+pub async fn send_directory(
+    api: &Api,
+    dir: &Path,
+    query: &str,
+    what: &'static str,
+) -> anyhow::Result<Value> {
+    let root = std::fs::canonicalize(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let plan = ContextPlan {
+        root,
+        dockerfile: String::new(),
+        outside: None,
+        ignore: DockerIgnore::none(),
+    };
+    send_archive(api, plan, query, what).await
+}
+
+/// Stream `plan`'s tar as the body of `POST /v1/templates?{query}`.
+async fn send_archive(
+    api: &Api,
+    plan: ContextPlan,
+    query: &str,
+    what: &'static str,
+) -> anyhow::Result<Value> {
     let (rx, maker) = spawn_archive(plan)?;
-    let progress = Arc::new(UploadProgress::new("the build context"));
+    let progress = Arc::new(UploadProgress::new(what));
     let counted = progress.clone();
     let stream = futures_util::stream::unfold(rx, |mut rx| async {
         rx.recv().await.map(|item| (item, rx))
@@ -273,8 +301,8 @@ async fn start(api: &Api, build: &DockerfileBuild) -> anyhow::Result<Value> {
     // An archive that could not be made explains a refused upload better than the answer.
     let made = maker
         .join()
-        .map_err(|_| anyhow::anyhow!("the archive of the build context could not be made"))
-        .and_then(|r| r.map_err(|e| anyhow::anyhow!("archiving the build context: {e}")));
+        .map_err(|_| anyhow::anyhow!("the archive of {what} could not be made"))
+        .and_then(|r| r.map_err(|e| anyhow::anyhow!("archiving {what}: {e}")));
     let (entries, resp) = match made.and_then(|(entries, _)| answer.map(|resp| (entries, resp))) {
         Ok(done) => done,
         Err(e) => {
@@ -323,12 +351,16 @@ async fn follow(api: &Api, name: &str, id: &str) -> anyhow::Result<Ended> {
     let resp = api.get_streamed(&path, "text/event-stream").await?;
     let mut parser = SseParser::default();
     let mut body = resp.bytes_stream();
+    let mut bars = TransferBars::default();
     while let Some(chunk) = body.next().await {
         let chunk = chunk.context("reading the build's log")?;
         for event in parser.push(&chunk) {
             let data: Value = serde_json::from_str(&event.data).unwrap_or(Value::Null);
             match event.event.as_str() {
-                "log" => eprintln!("{}", render(&data)),
+                "log" if data["stream"] == "progress" => {
+                    bars.update(data["text"].as_str().unwrap_or(""), &data["progress"])
+                }
+                "log" => bars.println(&render(&data)),
                 "end" => {
                     return Ok(Ended {
                         status: data["status"].as_str().unwrap_or("").to_string(),
@@ -354,33 +386,35 @@ fn build_path(name: &str, id: &str) -> String {
 /// Run a Dockerfile build through the API at HUTCH_URL.
 pub async fn run(api: &Api, build: DockerfileBuild, json_out: bool) -> anyhow::Result<()> {
     let started = start(api, &build).await?;
+    watch(api, &build.name, &started, json_out).await
+}
+
+/// Follow a started build (the server's answer to `POST /v1/templates`) to its end,
+/// printing its log; Ctrl-C cancels it. Fails unless it succeeded.
+pub async fn watch(api: &Api, name: &str, started: &Value, json_out: bool) -> anyhow::Result<()> {
     let id = started["id"]
         .as_str()
         .context("the server's answer to POST /v1/templates has no build id")?
         .to_string();
-    eprintln!("build {id} of template {}", build.name);
+    eprintln!("build {id} of template {name}");
     let ended = tokio::select! {
-        ended = follow(api, &build.name, &id) => ended?,
+        ended = follow(api, name, &id) => ended?,
         _ = tokio::signal::ctrl_c() => {
-            api.call(Method::DELETE, &build_path(&build.name, &id), None).await?;
-            bail!("interrupted: build {id} of template {} cancelled", build.name);
+            api.call(Method::DELETE, &build_path(name, &id), None).await?;
+            bail!("interrupted: build {id} of template {name} cancelled");
         }
     };
     if json_out {
-        print_json(
-            &api.call(Method::GET, &build_path(&build.name, &id), None)
-                .await?,
-        );
+        print_json(&api.call(Method::GET, &build_path(name, &id), None).await?);
     }
     match ended.status.as_str() {
         "succeeded" => Ok(()),
         "" => bail!(
             "the build log of {id} ended before the build did (GET {})",
-            build_path(&build.name, &id)
+            build_path(name, &id)
         ),
         status => bail!(
-            "build {id} of template {} {status}: {}",
-            build.name,
+            "build {id} of template {name} {status}: {}",
             ended.error.as_deref().unwrap_or("no reason given")
         ),
     }

@@ -1,0 +1,76 @@
+//! Image builds: the template is an OCI image, pulled from a registry (or read from the
+//! files a client uploaded) and unpacked by the template store, each layer's download and
+//! extraction reported in the build's log as it goes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hutch_template::{BuildOptions, ImageSource, Progress};
+
+use crate::builds::{Build, BuildRequest, Builder, ImageBuild};
+use crate::engine::{blocking, log_progress};
+use crate::error::BuildError;
+use crate::log::LogStream;
+
+/// Make `request.template` from `image`.
+pub(crate) async fn run(
+    builder: &Arc<Builder>,
+    build: &Arc<Build>,
+    request: &BuildRequest,
+    image: &ImageBuild,
+) -> Result<(), BuildError> {
+    build.log(
+        None,
+        LogStream::Status,
+        &format!("image {}", image.reference),
+    );
+    let source = ImageSource {
+        reference: image.reference.clone(),
+        pull: request.registry.pull_options(&builder.settings),
+        local: image.local.clone(),
+    };
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let options = BuildOptions {
+        // An upload is new files under a name that may be the same: always unpacked.
+        force: image.force || image.local.is_some(),
+        start: image.start.clone(),
+        cancel: Some(cancelled.clone()),
+        ..BuildOptions::default()
+    };
+    let manager = builder.manager.clone();
+    let (b, name, resources) = (
+        build.clone(),
+        request.template.clone(),
+        request.sandbox_resources,
+    );
+    let mut cancel = build.cancel.subscribe();
+    let mut work = std::pin::pin!(blocking(move || {
+        let mut progress = |p: Progress| log_progress(&b, p);
+        let store = manager.templates();
+        let info = store.build_image(&name, &source, &options, &mut progress)?;
+        if resources != crate::SandboxResources::default() {
+            store.set_defaults(&name, |d| resources.apply(d))?;
+        }
+        Ok(info)
+    }));
+    // A cancel stops the build as its next step would start (the download or extraction
+    // of a layer runs to its end), and the template stays as it was.
+    let done = tokio::select! {
+        done = &mut work => done,
+        _ = async { cancel.wait_for(|c| *c).await.map(|_| ()) } => {
+            cancelled.store(true, Ordering::Relaxed);
+            work.await
+        }
+    };
+    if let Err(e) = done {
+        return Err(if build.cancelled() {
+            BuildError::Cancelled
+        } else {
+            e
+        });
+    }
+    if let Err(e) = builder.manager.collect_template_revisions().await {
+        tracing::warn!(error = %e, "collecting unused template revisions");
+    }
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! `PATCH /v1/templates/{name}`: change a ready template's start command (and ready
+//! check) or its default isolation, as `hutch template set-start` and `set-isolation` do.
+//! Sandboxes created afterwards get the change; running ones, snapshots and hibernated
+//! sandboxes keep what they started with.
+
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use hutch_proto::ServiceSpec;
+use serde::Deserialize;
+
+use super::templates::{check_start, may_change, template_view, unknown_template};
+use crate::error::{ApiError, ApiResult};
+use crate::extract::Caller;
+use crate::AppState;
+
+/// The body: each field present is changed; `"start": null` removes the start command.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplatePatch {
+    #[serde(default, deserialize_with = "present")]
+    start: Option<Option<ServiceSpec>>,
+    isolation: Option<String>,
+}
+
+/// A field that is there, even as `null` (`Some(None)`), apart from one left out (`None`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// `PATCH /v1/templates/{name}` → the template as `GET` shows it.
+pub async fn patch(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    let patch: TemplatePatch = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    if patch.start.is_none() && patch.isolation.is_none() {
+        return Err(ApiError::bad_request(
+            "say what to change: start (a start command, or null to remove it) or isolation (auto, ns or vm)",
+        ));
+    }
+    let start = match patch.start {
+        Some(Some(spec)) => Some(Some(check_start(spec)?)),
+        other => other,
+    };
+    may_change(&state, &caller, &name, "change").await?;
+    if state.builder.building(&name) {
+        return Err(ApiError::conflict(format!(
+            "template {name:?} is being built: change it once the build ends"
+        )));
+    }
+    let store = state.manager.templates().clone();
+    let n = name.clone();
+    tokio::task::spawn_blocking(move || -> Result<(), hutch_template::TemplateError> {
+        if let Some(isolation) = &patch.isolation {
+            store.set_isolation(&n, isolation)?;
+        }
+        if let Some(start) = start {
+            store.set_start(&n, start)?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| ApiError::from(hutch_core::CoreError::Task(e)))??;
+    match state
+        .manager
+        .visible_template(&name, &caller.scope())
+        .await?
+    {
+        Some(t) => Ok(Json(template_view(&t))),
+        None => Err(unknown_template(&state, &caller, &name)),
+    }
+}
