@@ -42,6 +42,8 @@ pub struct BuildSettings {
     /// Registries spoken to over plain HTTP for every build (`hutch serve
     /// --insecure-registry`).
     pub insecure_registries: Vec<String>,
+    /// `Some`: the only registries builds may pull from (`hutch serve --allowed-registry`).
+    pub allowed_registries: Option<Vec<String>>,
 }
 
 impl Default for BuildSettings {
@@ -58,6 +60,7 @@ impl Default for BuildSettings {
             step_timeout: Duration::from_secs(30 * 60),
             registry_ca: Vec::new(),
             insecure_registries: Vec::new(),
+            allowed_registries: None,
         }
     }
 }
@@ -109,9 +112,11 @@ pub struct RegistryAccess {
     pub credentials: Option<hutch_template::Credentials>,
     /// Registries this request speaks plain HTTP to (besides the server's).
     pub insecure_registries: Vec<String>,
-    /// Whether the host's Docker `config.json` may lend its credentials (admin callers:
-    /// a tenant never pulls with the operator's credentials).
-    pub host_credentials: bool,
+    /// The operator's own build (an admin key): it is lent the host's Docker
+    /// `config.json` credentials and may pull from the host's own addresses (loopback,
+    /// link-local). A tenant's build gets neither: it never pulls with the operator's
+    /// credentials nor makes the host connect to its own services.
+    pub operator: bool,
 }
 
 impl RegistryAccess {
@@ -121,7 +126,9 @@ impl RegistryAccess {
         insecure.extend(self.insecure_registries.iter().cloned());
         hutch_template::PullOptions {
             credentials: self.credentials.clone(),
-            ignore_docker_config: !self.host_credentials,
+            ignore_docker_config: !self.operator,
+            allowed_registries: settings.allowed_registries.clone(),
+            refuse_local_addresses: !self.operator,
             insecure_registries: insecure,
             ca_certificates: settings.registry_ca.clone(),
             ..hutch_template::PullOptions::default()
@@ -137,7 +144,7 @@ impl RegistryAccess {
                 let secret = sha2::Sha256::digest(c.secret().as_bytes());
                 format!("user:{}:{}", c.username, hex(&secret[..8]))
             }
-            None if self.host_credentials => "host".into(),
+            None if self.operator => "host".into(),
             None => "anonymous".into(),
         }
     }

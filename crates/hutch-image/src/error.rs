@@ -15,6 +15,15 @@ pub enum ImageError {
         /// Why it was refused.
         reason: String,
     },
+    /// The server's policy does not let this build pull from that registry (before any
+    /// connection to it).
+    #[error("pulling from {registry} is not allowed: {reason}")]
+    RegistryNotAllowed {
+        /// The registry host.
+        registry: String,
+        /// Why.
+        reason: String,
+    },
     /// `--registry-auth` is not `USER:PASSWORD`.
     #[error("registry credentials must be USER:PASSWORD (got something without a `:`)")]
     InvalidCredentials,

@@ -56,6 +56,13 @@ pub struct PullOptions {
     /// Never read a Docker `config.json` (a server pulling for its API's callers lends
     /// nobody the host's own credentials).
     pub ignore_docker_config: bool,
+    /// `Some`: the only registries (`host` or `host:port`, as a reference names them) that
+    /// may be pulled from; checked before anything is resolved or sent.
+    pub allowed_registries: Option<Vec<String>>,
+    /// Refuse a registry whose name resolves to a loopback, link-local (cloud metadata),
+    /// unspecified or multicast address: a pull for a tenant never reaches the host's own
+    /// services. Ignored for a registry in `allowed_registries`.
+    pub refuse_local_addresses: bool,
     /// PEM files of extra CA certificates to trust (for a private registry's own CA).
     pub ca_certificates: Vec<PathBuf>,
     /// Limits on the image's size (each blob must fit within `max_bytes`).
@@ -100,6 +107,7 @@ pub fn pull(
                 reason: e.to_string(),
             })?;
     let registry = parsed.registry().to_owned();
+    check_registry(&registry, options)?;
     let credentials = match &options.credentials {
         Some(c) => Some(c.clone()),
         None if options.ignore_docker_config => None,
@@ -146,6 +154,82 @@ pub fn pull(
             })
         })
     })
+}
+
+/// Whether `options` let a pull reach `registry` (`host[:port]`; Docker Hub's is
+/// `docker.io`, whatever alias the reference used).
+fn check_registry(registry: &str, options: &PullOptions) -> Result<()> {
+    let refused = |reason: String| ImageError::RegistryNotAllowed {
+        registry: registry.to_owned(),
+        reason,
+    };
+    if let Some(allowed) = &options.allowed_registries {
+        let hub = |h: &str| matches!(h, "docker.io" | "index.docker.io" | "registry-1.docker.io");
+        if allowed
+            .iter()
+            .any(|a| a == registry || (hub(a) && hub(registry)))
+        {
+            return Ok(());
+        }
+        return Err(refused(format!(
+            "the server pulls only from {} (hutch serve --allowed-registry)",
+            allowed.join(", ")
+        )));
+    }
+    if !options.refuse_local_addresses {
+        return Ok(());
+    }
+    let (host, port) = split_host_port(registry);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addresses: Vec<std::net::IpAddr> = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => vec![ip],
+        Err(_) => std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+            .map_err(|e| refused(format!("its name does not resolve: {e}")))?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    match addresses.into_iter().find(|ip| is_local(*ip)) {
+        Some(ip) => Err(refused(format!(
+            "it is at {ip}, an address of the server's own host or network (loopback, \
+             link-local, unspecified or multicast): only an admin key's build, or one from a \
+             registry the operator allows with --allowed-registry, pulls from there"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `host[:port]` → host and port (443 when none).
+fn split_host_port(registry: &str) -> (&str, u16) {
+    match registry.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(':') && !port.contains(']') => {
+            (host, port.parse().unwrap_or(443))
+        }
+        _ => (registry, 443),
+    }
+}
+
+/// Loopback, link-local (169.254/16, fe80::/10: cloud metadata), unspecified, multicast,
+/// broadcast, and IPv4 mapped into IPv6 the same way.
+fn is_local(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.octets()[0] == 0
+        }
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_local(std::net::IpAddr::V4(v4)),
+            None => {
+                v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || (v6.segments()[0] & 0xffc0) == 0xfe80
+            }
+        },
+    }
 }
 
 /// Everything the pull thread needs.
@@ -385,4 +469,49 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(allowed: Option<&[&str]>, refuse_local: bool) -> PullOptions {
+        PullOptions {
+            allowed_registries: allowed.map(|a| a.iter().map(|s| s.to_string()).collect()),
+            refuse_local_addresses: refuse_local,
+            ..PullOptions::default()
+        }
+    }
+
+    #[test]
+    fn a_registry_is_checked_against_the_allow_list_and_local_addresses() {
+        let allowed = options(Some(&["registry.test:5000", "docker.io"]), true);
+        assert!(check_registry("registry.test:5000", &allowed).is_ok());
+        assert!(check_registry("index.docker.io", &allowed).is_ok());
+        let refused = check_registry("other.test", &allowed).expect_err("not listed");
+        assert!(
+            refused.to_string().contains("--allowed-registry"),
+            "{refused}"
+        );
+        // Without a list, a tenant's pull never reaches the host's own addresses.
+        let tenant = options(None, true);
+        for local in [
+            "127.0.0.1:5000",
+            "169.254.169.254",
+            "[::1]:5000",
+            "0.0.0.0",
+            "localhost",
+        ] {
+            let e = check_registry(local, &tenant).expect_err(local);
+            assert!(
+                matches!(e, ImageError::RegistryNotAllowed { .. }),
+                "{local}: {e}"
+            );
+        }
+        assert!(check_registry("192.0.2.10:5000", &tenant).is_ok());
+        assert!(check_registry("127.0.0.1:5000", &options(None, false)).is_ok());
+        assert_eq!(split_host_port("[::1]:5000"), ("[::1]", 5000));
+        assert_eq!(split_host_port("[::1]"), ("[::1]", 443));
+        assert_eq!(split_host_port("host"), ("host", 443));
+    }
 }

@@ -164,6 +164,11 @@ pub struct ServeArgs {
     /// repeatable (a request may name more for itself).
     #[arg(long, value_name = "HOST")]
     pub insecure_registry: Vec<String>,
+    /// The only registries (`host` or `host:port`; `docker.io` for Docker Hub) template
+    /// builds may pull from; repeatable. Without it any, except that a tenant's build never
+    /// pulls from the host's own addresses (loopback, link-local, cloud metadata).
+    #[arg(long, value_name = "HOST")]
+    pub allowed_registry: Vec<String>,
     /// Largest build context a client may upload with `POST /v1/templates` (bytes, or with
     /// a KiB/MiB/GiB suffix), compressed or not; larger ones are answered 413.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
@@ -293,6 +298,8 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
     let mut settings = hutch_build::BuildSettings {
         registry_ca: args.registry_ca.clone(),
         insecure_registries: args.insecure_registry.clone(),
+        allowed_registries: (!args.allowed_registry.is_empty())
+            .then(|| args.allowed_registry.clone()),
         ..hutch_build::BuildSettings::default()
     };
     settings.network.egress = match (args.network, args.build_egress) {

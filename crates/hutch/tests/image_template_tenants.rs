@@ -1,5 +1,5 @@
-//! Whose credentials a template build pulls with, and who sees what it pulled, against a
-//! real registry on loopback whose every image needs a login. The host's Docker
+//! Whose credentials a template build pulls with, where it may pull from, and who sees
+//! what it pulled, against a real registry on loopback whose every image needs a login. The host's Docker
 //! `config.json` (here `DOCKER_CONFIG`, holding the registry's password) is lent to admin
 //! keys' builds only; a tenant's pull of a `FROM` image is that tenant's own template, so
 //! another tenant neither sees it nor builds on it without logging in itself.
@@ -134,9 +134,29 @@ async fn tenants_pull_with_their_own_credentials_and_keep_what_they_pulled() {
     .expect("config");
     let ca = registry.ca.display().to_string();
     let docker_dir = docker.display().to_string();
-    let s = TestServer::start_in_with_env(
+    let a_server = TestServer::start_in_with_env(
         templates.clone(),
         &["--registry-ca", &ca],
+        &[("DOCKER_CONFIG", &docker_dir)],
+    )
+    .await;
+    // Without an allow list a tenant's pull never reaches the host's own addresses (the
+    // registry is on loopback): refused before any connection to it.
+    let a = a_server.tenant_key("team-a", "full").await;
+    let local = image_build(&a_server, &a, "a-local", &reference).await;
+    assert_eq!(local["status"], "failed", "{local}");
+    assert!(
+        local["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("an address of the server's own host"),
+        "{local}"
+    );
+    drop(a_server);
+    // With the registry allowed by the operator, tenants pull from it, as themselves.
+    let s = TestServer::start_in_with_env(
+        templates.clone(),
+        &["--registry-ca", &ca, "--allowed-registry", &registry.host],
         &[("DOCKER_CONFIG", &docker_dir)],
     )
     .await;

@@ -492,7 +492,7 @@ pub async fn start_build(
             credentials: registry_credentials(&start).ok().flatten(),
             insecure_registries: Vec::new(),
             // Only an admin key's build may pull with the host's own credentials.
-            host_credentials: pending.caller_tenant.is_none(),
+            operator: pending.caller_tenant.is_none(),
         },
         image: None,
     };

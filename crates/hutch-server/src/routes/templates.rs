@@ -307,7 +307,7 @@ impl ImageBody {
             registry: RegistryAccess {
                 credentials: registry_credentials(self.registry_auth.as_deref())?,
                 insecure_registries: insecure,
-                host_credentials: caller.admin,
+                operator: caller.admin,
             },
             image: Some(ImageBuild {
                 reference: self.from_image,
@@ -459,7 +459,7 @@ pub async fn create(
         registry: RegistryAccess {
             credentials,
             insecure_registries: q.insecure_registries,
-            host_credentials: caller.admin,
+            operator: caller.admin,
         },
         image,
     };
