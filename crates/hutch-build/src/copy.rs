@@ -2,7 +2,6 @@
 //! unpacks (`PUT /v1/files/archive?owners=keep`), another stage's files streamed out of a
 //! sandbox of that stage into this one.
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
 
@@ -14,7 +13,7 @@ use hutch_dockerfile::{
 use hutch_proto::client::AgentClient;
 
 use crate::builds::{Build, BuildRequest, Builder};
-use crate::engine::{blocking, StageStateRef};
+use crate::engine::{blocking, Sources, StageState};
 use crate::error::BuildError;
 use crate::log::LogStream;
 
@@ -30,7 +29,7 @@ pub(crate) async fn copy(
     client: &AgentClient,
     ctx: &Arc<Context>,
     ignore: &Arc<DockerIgnore>,
-    states: &HashMap<usize, StageStateRef>,
+    states: &Sources,
     request: &BuildRequest,
 ) -> Result<(), BuildError> {
     if let Some(url) = copy.sources.iter().find_map(|s| match s {
@@ -49,13 +48,17 @@ pub(crate) async fn copy(
         None => copy_context(build, n, copy, client, ctx, ignore, owner).await,
         Some(CopyFrom::Stage { index }) => {
             let state = states
+                .stages
                 .get(index)
                 .ok_or_else(|| BuildError::StepFailed(format!("stage {index} was not built")))?;
             copy_from_stage(builder, build, n, copy, client, state, request, owner).await
         }
-        Some(CopyFrom::Image { reference }) => Err(BuildError::StepFailed(format!(
-            "COPY --from={reference} (an image) is not supported yet"
-        ))),
+        Some(CopyFrom::Image { reference }) => {
+            let state = states.images.get(reference).ok_or_else(|| {
+                BuildError::StepFailed(format!("the image {reference} was not pulled"))
+            })?;
+            copy_from_stage(builder, build, n, copy, client, state, request, owner).await
+        }
     }
 }
 
@@ -359,7 +362,7 @@ async fn copy_from_stage(
     n: usize,
     copy: &CopyStep,
     client: &AgentClient,
-    state: &StageStateRef,
+    state: &StageState,
     request: &BuildRequest,
     owner: Option<(u32, u32)>,
 ) -> Result<(), BuildError> {

@@ -163,7 +163,18 @@ pub(crate) async fn run(
     let total: usize = plan.stages.iter().map(|s| s.steps.len()).sum();
     let ctx = Arc::new(Context::open(&request.context_dir)?);
     let ignore = Arc::new(ignore);
-    let mut states: HashMap<usize, StageState> = HashMap::new();
+    let mut states = Sources::default();
+    // `COPY --from=<image>` reads an image's files as a stage's: from a sandbox of it.
+    for (reference, base) in &bases {
+        states.images.insert(
+            reference.clone(),
+            StageState {
+                template: base.template.clone(),
+                snapshot: None,
+                key: base_key(&base.identity),
+            },
+        );
+    }
     let mut number = 0;
     for stage in &plan.stages {
         let mut state = match &stage.base {
@@ -177,7 +188,7 @@ pub(crate) async fn run(
                     key: base_key(&base.identity),
                 }
             }
-            Base::Stage { index } => states.get(index).cloned().ok_or_else(|| {
+            Base::Stage { index } => states.stages.get(index).cloned().ok_or_else(|| {
                 BuildError::StepFailed(format!("stage {index} was not built"))
             })?,
             Base::Scratch => {
@@ -220,10 +231,11 @@ pub(crate) async fn run(
             }
         }
         ran?;
-        states.insert(stage.index, state);
+        states.stages.insert(stage.index, state);
     }
     let target = plan.target();
     let state = states
+        .stages
         .get(&target.index)
         .cloned()
         .ok_or_else(|| BuildError::StepFailed("the target stage was not built".into()))?;
@@ -240,7 +252,7 @@ async fn run_stage(
     stage: &hutch_dockerfile::Stage,
     state: &mut StageState,
     sandbox: &mut Option<(SandboxId, AgentClient)>,
-    states: &HashMap<usize, StageState>,
+    states: &Sources,
     ctx: &Arc<Context>,
     ignore: &Arc<DockerIgnore>,
     number: &mut usize,
@@ -320,7 +332,7 @@ async fn step_inputs(
     step: &Step,
     ctx: &Arc<Context>,
     ignore: &Arc<DockerIgnore>,
-    states: &HashMap<usize, StageState>,
+    states: &Sources,
 ) -> Result<Option<String>, BuildError> {
     let Instruction::Copy(copy) = &step.instruction else {
         return Ok(None);
@@ -334,16 +346,20 @@ async fn step_inputs(
             })
             .await
         }
-        Some(CopyFrom::Stage { index }) => Ok(states.get(index).map(|s| s.key.clone())),
-        Some(CopyFrom::Image { reference }) => Err(BuildError::StepFailed(format!(
-            "Dockerfile line {}: COPY --from={reference} (an image) is not supported yet: copy from a stage (FROM {reference} AS name)",
-            step.line
-        ))),
+        Some(CopyFrom::Stage { index }) => Ok(states.stages.get(index).map(|s| s.key.clone())),
+        Some(CopyFrom::Image { reference }) => {
+            Ok(states.images.get(reference).map(|s| s.key.clone()))
+        }
     }
 }
 
-/// What `COPY --from` names a stage by.
-pub(crate) type StageStateRef = StageState;
+/// What `COPY --from` reads from: the stages built so far (by index) and the images the
+/// Dockerfile copies from (by reference).
+#[derive(Debug, Default)]
+pub(crate) struct Sources {
+    pub stages: HashMap<usize, StageState>,
+    pub images: HashMap<String, StageState>,
+}
 
 /// A sandbox of a finished stage (to copy files out of).
 pub(crate) async fn stage_sandbox(
@@ -399,7 +415,7 @@ async fn run_step(
     client: &AgentClient,
     ctx: &Arc<Context>,
     ignore: &Arc<DockerIgnore>,
-    states: &HashMap<usize, StageState>,
+    states: &Sources,
     request: &BuildRequest,
 ) -> Result<(), BuildError> {
     let fail = |why: String| {

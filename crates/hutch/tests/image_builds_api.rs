@@ -1,5 +1,6 @@
-//! Whose credentials a template build pulls with, where it may pull from, and who sees
-//! what it pulled, against a real registry on loopback whose every image needs a login. The host's Docker
+//! Template builds through the API that pull images, against a real registry on loopback
+//! whose every image needs a login: a Dockerfile on an image and copying from one, whose
+//! credentials a build pulls with, where it may pull from, and who sees what it pulled. The host's Docker
 //! `config.json` (here `DOCKER_CONFIG`, holding the registry's password) is lent to admin
 //! keys' builds only; a tenant's pull of a `FROM` image is that tenant's own template, so
 //! another tenant neither sees it nor builds on it without logging in itself.
@@ -205,4 +206,67 @@ async fn tenants_pull_with_their_own_credentials_and_keep_what_they_pulled() {
         b_built["error"].as_str().unwrap_or("").contains("401"),
         "B's FROM pulls anonymously and is refused: {b_built}"
     );
+}
+
+#[tokio::test]
+async fn a_dockerfile_builds_on_an_image_and_copies_from_one() {
+    let work = tempfile::Builder::new()
+        .prefix("hutch-image-dockerfile-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let templates = work.path().join("templates");
+    std::fs::create_dir_all(&templates).expect("mkdir");
+    let built = Command::new(hutch_testkit::hutch_bin())
+        .args(["template", "build", "minimal", "--templates-dir"])
+        .arg(&templates)
+        .output()
+        .expect("run hutch");
+    assert!(built.status.success(), "{built:?}");
+    let registry = Registry::start();
+    let layout = registry.dir.path().join("layout");
+    let top = oci::image(
+        &layout,
+        "amd64",
+        &[LayerBlob::gzip(&busybox_layer("made by the image"))],
+        json!({"Env": ["PATH=/bin", "FROM_IMAGE=yes"]}),
+    );
+    oci::finish(&layout, "1", top);
+    let reference = registry.push(&layout, "1", "team/tools", false, false);
+    let ca = registry.ca.display().to_string();
+    let s = TestServer::start_in(templates, &["--registry-ca", &ca]).await;
+    let login = format!("{USER}:{PASSWORD}");
+    // On the image: RUN uses its programs and its environment.
+    let on_image =
+        format!("FROM {reference}\nRUN echo \"$FROM_IMAGE $(cat /from-image)\" > /seen\n");
+    let v = dockerfile_build(&s, &s.key, "on-image", &on_image, Some(&login)).await;
+    assert_eq!(v["status"], "succeeded", "{v}");
+    let id = s
+        .create_id(json!({"template": "on-image", "isolation": "ns"}))
+        .await;
+    let (out, code) = s.sh(&id, "cat /seen").await;
+    assert_eq!((out.as_str(), code), ("yes made by the image\n", 0));
+    // From the image: its file lands in a stage of another template.
+    let copying = format!(
+        "FROM minimal\nCOPY --from={reference} /from-image /copied\nRUN cat /copied > /seen\n"
+    );
+    let v = dockerfile_build(&s, &s.key, "copies-image", &copying, Some(&login)).await;
+    assert_eq!(v["status"], "succeeded", "{v}");
+    let id = s
+        .create_id(json!({"template": "copies-image", "isolation": "ns"}))
+        .await;
+    let (out, code) = s
+        .sh(&id, "cat /seen; test -e /bin/busybox && echo minimal")
+        .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("made by the image"), "{out}");
+    // The same build again is all cache hits (the image's identity is its digest).
+    let again = dockerfile_build(&s, &s.key, "copies-image", &copying, Some(&login)).await;
+    assert_eq!(again["status"], "succeeded", "{again}");
+    let steps: Vec<&str> = again["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|st| st["status"].as_str())
+        .collect();
+    assert_eq!(steps, ["cached", "cached"], "{again}");
 }
