@@ -89,6 +89,8 @@ pub struct BuildRequest {
     pub registry: RegistryAccess,
     /// `Some`: the template is this image (no Dockerfile is read).
     pub image: Option<ImageBuild>,
+    /// Tag the revision the build makes (`web:v2`), once it succeeded.
+    pub tag: Option<String>,
 }
 
 /// A build whose template is an OCI image, pulled from a registry or read from files the

@@ -750,12 +750,20 @@ async fn commit(
         ..BuildOptions::default()
     };
     let manager = builder.manager.clone();
-    let (b, name) = (build.clone(), request.template.clone());
+    let (b, name, tag) = (build.clone(), request.template.clone(), request.tag.clone());
     blocking(move || {
         let mut progress = |p: Progress| log_progress(&b, p);
-        manager
+        let info = manager
             .templates()
             .build_layered(&name, &source, &options, &mut progress)?;
+        if let Some(tag) = &tag {
+            manager.templates().set_tag(&name, tag, info.rev)?;
+            b.log(
+                None,
+                LogStream::Status,
+                &format!("tagged {name}:{tag} (revision {})", info.rev),
+            );
+        }
         Ok(())
     })
     .await?;

@@ -38,10 +38,11 @@ pub(crate) async fn run(
         ..BuildOptions::default()
     };
     let manager = builder.manager.clone();
-    let (b, name, resources) = (
+    let (b, name, resources, tag) = (
         build.clone(),
         request.template.clone(),
         request.sandbox_resources,
+        request.tag.clone(),
     );
     let mut cancel = build.cancel.subscribe();
     let mut work = std::pin::pin!(blocking(move || {
@@ -50,6 +51,14 @@ pub(crate) async fn run(
         let info = store.build_image(&name, &source, &options, &mut progress)?;
         if resources != crate::SandboxResources::default() {
             store.set_defaults(&name, |d| resources.apply(d))?;
+        }
+        if let Some(tag) = &tag {
+            store.set_tag(&name, tag, info.rev)?;
+            b.log(
+                None,
+                LogStream::Status,
+                &format!("tagged {name}:{tag} (revision {})", info.rev),
+            );
         }
         Ok(info)
     }));

@@ -122,6 +122,7 @@ impl World {
             tenant: None,
             registry: Default::default(),
             image: None,
+            tag: None,
         }
     }
 

@@ -263,10 +263,11 @@ fn template_status(e: &TemplateError) -> (StatusCode, &'static str) {
     match e {
         TemplateError::InvalidName(_)
         | TemplateError::BuiltinName(_)
-        | TemplateError::InvalidIsolation(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-        TemplateError::Unknown(_) | TemplateError::NotReady(_) => {
-            (StatusCode::NOT_FOUND, "not_found")
-        }
+        | TemplateError::InvalidIsolation(_)
+        | TemplateError::InvalidTag(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+        TemplateError::Unknown(_)
+        | TemplateError::NotReady(_)
+        | TemplateError::NoRevision { .. } => (StatusCode::NOT_FOUND, "not_found"),
         TemplateError::Image { .. }
         | TemplateError::MissingTool { .. }
         | TemplateError::NotStatic(_)

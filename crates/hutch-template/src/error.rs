@@ -15,6 +15,17 @@ pub enum TemplateError {
          starting with a letter or digit"
     )]
     InvalidName(String),
+    /// Not a tag (`[A-Za-z0-9_][A-Za-z0-9_.-]*`, at most 128 characters).
+    #[error("invalid template tag `{0}`: use letters, digits, `_`, `.` and `-` (at most 128), not starting with `.` or `-`")]
+    InvalidTag(String),
+    /// A revision that does not exist (any more).
+    #[error("template {name:?} has no revision {rev}")]
+    NoRevision {
+        /// The template.
+        name: String,
+        /// The revision asked for.
+        rev: u64,
+    },
     /// There is no built-in recipe with this name.
     #[error("unknown template `{0}`; built-in templates are: {known}", known = builtin_names().join(", "))]
     Unknown(String),

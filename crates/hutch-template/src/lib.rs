@@ -39,6 +39,7 @@ mod recipes;
 mod revisions;
 mod store;
 mod sys;
+mod tags;
 mod tree;
 
 pub use build::{BuildOptions, Progress};
@@ -49,3 +50,4 @@ pub use info::{ResourceDefaults, TemplateInfo};
 pub use names::builtin_names;
 pub use revisions::parse_ref;
 pub use store::{validate_name, LayeredSource, TemplateStore};
+pub use tags::{validate_tag, TemplateRef};

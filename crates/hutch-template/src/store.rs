@@ -254,6 +254,7 @@ impl TemplateStore {
         fs::rename(&path, &trash).at("moving aside", &path)?;
         tree::remove_tree(&trash)?;
         self.remove_revisions(name)?;
+        self.remove_tags(name)?;
         Ok(true)
     }
 

@@ -611,3 +611,72 @@ async fn openapi_documents_the_template_routes() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_tag_names_a_revision_that_outlives_rebuilds() {
+    let guard = TemplateGuard::new("tags");
+    let name = guard.0.clone();
+    let s = TestServer::start().await;
+    let build = |query: String, content: &'static str| {
+        let s = &s;
+        let name = name.clone();
+        async move {
+            let dockerfile = format!("FROM minimal\nRUN echo {content} > /v\n");
+            let (status, _, v) =
+                post_context(s, &query, tar_of(&[("Dockerfile", &dockerfile)])).await;
+            assert_eq!(status, 202, "{v}");
+            assert_eq!(
+                v["template"],
+                name.as_str(),
+                "the tag is not part of the name"
+            );
+            let done = wait_build(s, &name, v["id"].as_str().expect("id")).await;
+            assert_eq!(done["status"], "succeeded", "{done}");
+        }
+    };
+    build(format!("name={name}:v1"), "one").await;
+    build(format!("name={name}"), "two").await;
+    let (status, t) = s
+        .request(Method::GET, &format!("/v1/templates/{name}"), None)
+        .await;
+    assert_eq!(status, 200, "{t}");
+    let v1 = t["tags"]["v1"].as_u64().expect("the tag is listed");
+    assert_eq!(t["rev"].as_u64(), Some(v1 + 1), "{t}");
+    let read = |template: String| {
+        let s = &s;
+        async move {
+            let id = s
+                .create_id(json!({"template": template, "isolation": "ns"}))
+                .await;
+            let (out, code) = s.sh(&id, "cat /v").await;
+            assert_eq!(s.kill(&id).await, 204);
+            assert_eq!(code, 0, "{out}");
+            out
+        }
+    };
+    assert_eq!(read(format!("{name}:v1")).await, "one\n");
+    assert_eq!(read(name.clone()).await, "two\n");
+    // Nothing uses the tagged revision now, and another build collects unused revisions:
+    // the tag keeps it.
+    build(format!("name={name}"), "three").await;
+    assert_eq!(read(format!("{name}:v1")).await, "one\n");
+    assert_eq!(read(format!("{name}@{v1}")).await, "one\n");
+    let (status, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"template": format!("{name}:nope")})),
+        )
+        .await;
+    assert_eq!(status, 404, "{v}");
+    assert!(v.to_string().contains("has no tag \\\"nope\\\""), "{v}");
+    let (status, _, v) = post_context(
+        &s,
+        &format!("name={name}:.bad"),
+        tar_of(&[("Dockerfile", "FROM minimal\n")]),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    drop(s);
+    drop(guard);
+}

@@ -205,9 +205,17 @@ impl Manager {
             }
             (Some(s), _) => (s.template.clone(), s.template_rev),
             (None, Some(t)) => {
-                let (name, rev) =
-                    hutch_template::parse_ref(t).map_err(CoreError::InvalidArgument)?;
-                (name.to_string(), rev)
+                let reference =
+                    hutch_template::TemplateRef::parse(t).map_err(CoreError::InvalidArgument)?;
+                let rev = self.templates.resolve(&reference).ok_or_else(|| {
+                    CoreError::NotFound(format!(
+                        "template {:?} has no tag {:?} (GET /v1/templates/{} lists its tags)",
+                        reference.name(),
+                        t.split_once(':').map_or("", |(_, tag)| tag),
+                        reference.name()
+                    ))
+                })?;
+                (reference.name().to_string(), rev)
             }
             (None, None) => (self.cfg.default_template.clone(), None),
         };

@@ -113,6 +113,11 @@ impl Manager {
                 used.insert((s.template, rev));
             }
         }
+        for name in &names {
+            for rev in self.templates.tags(name).into_values() {
+                used.insert((name.clone(), rev));
+            }
+        }
         let mut removed = 0;
         for name in names {
             for rev in self.templates.old_revisions(&name) {

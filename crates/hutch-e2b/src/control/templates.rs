@@ -58,8 +58,8 @@ impl E2bBuilds {
 fn template_name(name: &str) -> E2bResult<String> {
     let name = name.split_once(':').map_or(name, |(n, _)| n);
     match hutch_server::validate_template_name(name) {
-        Ok(()) => Ok(name.to_string()),
-        Err(_) => Err(E2bError::bad_request(format!(
+        Ok(()) if !name.contains('@') => Ok(name.to_string()),
+        _ => Err(E2bError::bad_request(format!(
             "template name {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
         ))),
     }
@@ -495,6 +495,7 @@ pub async fn start_build(
             operator: pending.caller_tenant.is_none(),
         },
         image: None,
+        tag: None,
     };
     let view = match state.app.builder().start(request).await {
         Ok(v) => v,

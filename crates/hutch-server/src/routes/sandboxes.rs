@@ -72,8 +72,12 @@ fn validate_metadata(m: &BTreeMap<String, String>) -> ApiResult<()> {
     Ok(())
 }
 
-/// A template name Hutch accepts: 1-64 of `[A-Za-z0-9._-]`, not starting with `.`.
-pub fn validate_template_name(t: &str) -> ApiResult<()> {
+/// A template reference Hutch accepts: a name of 1-64 of `[A-Za-z0-9._-]`, not starting
+/// with `.`, alone (the newest revision), with `@rev` or with `:tag`.
+pub fn validate_template_name(reference: &str) -> ApiResult<()> {
+    let t = hutch_template::TemplateRef::parse(reference)
+        .map_err(ApiError::invalid)?
+        .name();
     let ok = !t.is_empty()
         && t.len() <= 64
         && t.bytes()
@@ -82,7 +86,7 @@ pub fn validate_template_name(t: &str) -> ApiResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(format!("invalid template name {t:?}")))
+        Err(ApiError::invalid(format!("invalid template name {reference:?}")))
     }
 }
 

@@ -73,7 +73,7 @@ pub async fn patch(
         .visible_template(&name, &caller.scope())
         .await?
     {
-        Some(t) => Ok(Json(template_view(&t))),
+        Some(t) => Ok(Json(template_view(&state, &t))),
         None => Err(unknown_template(&state, &caller, &name)),
     }
 }

@@ -62,6 +62,8 @@ impl BuildOwners {
 #[derive(Debug, Default, PartialEq)]
 struct BuildQuery {
     name: String,
+    /// `name=web:v2`: the tag the build's revision gets.
+    tag: Option<String>,
     dockerfile: Option<String>,
     target: Option<String>,
     no_cache: bool,
@@ -155,12 +157,12 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
             }
         }
     }
-    q.name = name.ok_or_else(|| {
+    let name = name.ok_or_else(|| {
         ApiError::bad_request(
             "name= is required: the template to build (POST /v1/templates?name=NAME)",
         )
     })?;
-    hutch_template::validate_name(&q.name)?;
+    (q.name, q.tag) = split_tag(&name)?;
     if let Some(path) = &q.dockerfile {
         if path.is_empty() || path.starts_with('/') || path.contains('\0') {
             return Err(ApiError::bad_request(format!(
@@ -185,6 +187,19 @@ fn parse_build_query(raw: Option<&str>) -> ApiResult<BuildQuery> {
         ));
     }
     Ok(q)
+}
+
+/// `web` or `web:v2` (the template, and the tag its new revision gets), both checked.
+fn split_tag(name: &str) -> ApiResult<(String, Option<String>)> {
+    let (name, tag) = match name.split_once(':') {
+        Some((n, t)) => (n, Some(t)),
+        None => (name, None),
+    };
+    hutch_template::validate_name(name)?;
+    if let Some(tag) = tag {
+        hutch_template::validate_tag(tag)?;
+    }
+    Ok((name.to_string(), tag.map(String::from)))
 }
 
 /// A registry as `insecure_registries` names it: `host` or `host:port`.
@@ -268,7 +283,7 @@ struct ImageBody {
 impl ImageBody {
     /// The checked build request (`context_dir`: the build's own directory, empty).
     fn request(self, caller: &Caller, build_dir: PathBuf) -> ApiResult<BuildRequest> {
-        hutch_template::validate_name(&self.name)?;
+        let (name, tag) = split_tag(&self.name)?;
         if self.from_image.is_empty() || self.from_image.len() > 4096 {
             return Err(ApiError::bad_request(
                 "from_image must name an image (registry.example:5000/team/app:1)",
@@ -277,7 +292,7 @@ impl ImageBody {
         if hutch_template::is_local_reference(&self.from_image) {
             return Err(ApiError::bad_request(format!(
                 "{} names a file on the server; upload the image instead: POST /v1/templates?name={}&image_archive=true with the archive (docker save, or a tar of an OCI layout) as the body, as `hutch template build {} --from-image {}` does",
-                self.from_image, self.name, self.name, self.from_image
+                self.from_image, name, name, self.from_image
             )));
         }
         let mut resources = SandboxResources::default();
@@ -296,7 +311,8 @@ impl ImageBody {
             .map(|h| registry_host(h))
             .collect::<ApiResult<Vec<_>>>()?;
         Ok(BuildRequest {
-            template: self.name,
+            template: name,
+            tag,
             context_dir: build_dir,
             dockerfile: String::new(),
             build_args: BTreeMap::new(),
@@ -367,10 +383,19 @@ fn body_kind(headers: &HeaderMap) -> ApiResult<BodyKind> {
 }
 
 /// A template as the API shows it: its description, and `tenant` when it is private.
-pub(crate) fn template_view(t: &hutch_core::manager::VisibleTemplate) -> serde_json::Value {
+pub(crate) fn template_view(
+    state: &AppState,
+    t: &hutch_core::manager::VisibleTemplate,
+) -> serde_json::Value {
     let mut v = serde_json::to_value(&t.info).unwrap_or_default();
-    if let (Some(tenant), Some(m)) = (&t.tenant, v.as_object_mut()) {
-        m.insert("tenant".into(), tenant.as_str().into());
+    if let Some(m) = v.as_object_mut() {
+        if let Some(tenant) = &t.tenant {
+            m.insert("tenant".into(), tenant.as_str().into());
+        }
+        let tags = state.manager.templates().tags(&t.info.name);
+        if !tags.is_empty() {
+            m.insert("tags".into(), serde_json::json!(tags));
+        }
     }
     v
 }
@@ -385,7 +410,7 @@ pub async fn list(
         .visible_templates(&caller.scope())
         .await?
         .iter()
-        .map(template_view)
+        .map(|t| template_view(&state, t))
         .collect();
     Ok(Json(serde_json::json!({ "templates": templates })))
 }
@@ -411,7 +436,7 @@ pub async fn create(
             .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
         let image: ImageBody = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-        hutch_template::validate_name(&image.name)?;
+        split_tag(&image.name)?;
         let build_dir = new_build_dir(&state).await?;
         let request = match image.request(&caller, build_dir.join("context")) {
             Ok(r) => r,
@@ -449,6 +474,7 @@ pub async fn create(
     });
     let request = BuildRequest {
         template: q.name.clone(),
+        tag: q.tag.clone(),
         context_dir,
         dockerfile: q.dockerfile.unwrap_or_else(|| "Dockerfile".into()),
         build_args: q.build_args,
@@ -582,7 +608,7 @@ pub async fn get(
         .visible_template(&name, &caller.scope())
         .await?
     {
-        Some(t) => Ok(Json(template_view(&t))),
+        Some(t) => Ok(Json(template_view(&state, &t))),
         None => Err(unknown_template(&state, &caller, &name)),
     }
 }

@@ -396,6 +396,8 @@ pub async fn watch(api: &Api, name: &str, started: &Value, json_out: bool) -> an
         .as_str()
         .context("the server's answer to POST /v1/templates has no build id")?
         .to_string();
+    // `web:v2` builds template `web` (and tags the revision).
+    let name = started["template"].as_str().unwrap_or(name);
     eprintln!("build {id} of template {name}");
     let ended = tokio::select! {
         ended = follow(api, name, &id) => ended?,
