@@ -36,6 +36,10 @@ pub struct ImageConfig {
     /// `EXPOSE`d ports (`8080/tcp`).
     #[serde(default)]
     pub exposed_ports: Vec<String>,
+    /// The blobs of the store this image was unpacked from (its config and layers): the
+    /// blob collector keeps them while the template exists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blobs: Vec<String>,
 }
 
 impl ImageConfig {
@@ -76,6 +80,7 @@ pub(crate) fn parse(
         entrypoint: c.entrypoint().clone().unwrap_or_default(),
         cmd: c.cmd().clone().unwrap_or_default(),
         exposed_ports: c.exposed_ports().clone().unwrap_or_default(),
+        blobs: Vec::new(),
     };
     Ok((config, parsed.rootfs().diff_ids().clone()))
 }

@@ -350,6 +350,10 @@ fn load_oci(
         layers.len()
     ));
     files.copy_blobs(&wanted, store, limits.max_bytes)?;
+    let mut config = config;
+    config.blobs = std::iter::once(config_digest.to_string())
+        .chain(layers.iter().map(|l| l.digest.to_string()))
+        .collect();
     Ok(PulledImage { config, layers })
 }
 
@@ -436,6 +440,8 @@ fn load_docker(
             .map(|m| m.len())
             .unwrap_or(0);
     }
+    let mut config = config;
+    config.blobs = layers.iter().map(|l| l.digest.to_string()).collect();
     Ok(PulledImage { config, layers })
 }
 

@@ -73,7 +73,12 @@ impl Throttle {
 
     /// `n` more bytes done: the report to send now, if one is due.
     pub fn advance(&mut self, n: u64) -> Option<Transfer> {
+        let was_done = self.last.is_some() && self.transfer.current >= self.transfer.total;
         self.transfer.current = self.transfer.current.saturating_add(n);
+        if was_done && n == 0 {
+            // The end was reported; an empty read after it says nothing new.
+            return None;
+        }
         let done = self.transfer.current >= self.transfer.total;
         let due = self.last.is_none_or(|t| t.elapsed() >= REPORT_EVERY);
         (done || due).then(|| self.report())
@@ -108,6 +113,7 @@ mod tests {
         assert_eq!(t.advance(10), None);
         let last = t.advance(970).expect("the last chunk is");
         assert_eq!(last.current, 1000);
+        assert_eq!(t.advance(0), None, "the end's empty read repeats nothing");
         assert_eq!(t.finish(), None, "the end was reported already");
         let mut short = Throttle::new("sha256:cd", "config", TransferAction::Extract, 50);
         assert!(short.advance(1).is_some());

@@ -337,6 +337,10 @@ impl Job {
                 diff_id,
             });
         }
+        let mut config = config;
+        config.blobs = std::iter::once(config_digest.to_string())
+            .chain(layers.iter().map(|l| l.digest.to_string()))
+            .collect();
         Ok(PulledImage { config, layers })
     }
 

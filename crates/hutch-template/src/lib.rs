@@ -27,6 +27,7 @@
 //! mirror). Any other name can be built from an OCI image ([`TemplateStore::build_image`],
 //! through `hutch-image`). See `docs/templates.md`.
 
+mod blob_gc;
 mod build;
 mod error;
 mod image;
@@ -42,6 +43,7 @@ mod sys;
 mod tags;
 mod tree;
 
+pub use blob_gc::BlobSweep;
 pub use build::{BuildOptions, Progress};
 pub use error::TemplateError;
 pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions, Transfer, TransferAction};

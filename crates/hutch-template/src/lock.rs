@@ -49,6 +49,44 @@ impl TemplateLock {
     }
 }
 
+/// The blob store's lock (`<templates_dir>/.lock-blobs`): pulls hold it shared while they
+/// write and read blobs, the collector exclusively (and only when it is free).
+#[derive(Debug)]
+pub(crate) struct BlobLock {
+    _file: File,
+}
+
+impl BlobLock {
+    fn open(dir: &Path) -> Result<(File, PathBuf)> {
+        let path = dir.join(".lock-blobs");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .at("opening lock file", &path)?;
+        Ok((file, path))
+    }
+
+    /// Held while a pull or an unpack uses the blobs.
+    pub(crate) fn shared(dir: &Path) -> Result<Self> {
+        let (file, path) = Self::open(dir)?;
+        sys::flock_shared(file.as_fd()).at("locking", &path)?;
+        Ok(Self { _file: file })
+    }
+
+    /// Held while blobs are collected; `None` when a pull holds the lock.
+    pub(crate) fn try_exclusive(dir: &Path) -> Result<Option<Self>> {
+        let (file, path) = Self::open(dir)?;
+        match sys::flock_exclusive(file.as_fd(), false) {
+            Ok(()) => Ok(Some(Self { _file: file })),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(crate::TemplateError::io("locking", &path, e)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -347,7 +347,10 @@ impl TemplateStore {
                     step: String::from("opening the blob store"),
                     source: e,
                 })?;
+                // The collector waits (skips) while a pull writes and reads blobs.
+                let blob_lock = crate::lock::BlobLock::shared(&self.dir)?;
                 let config = image::build(&rootfs, &blobs, source, ctx)?;
+                drop(blob_lock);
                 let description = format!("OCI image {} ({})", config.reference, config.digest);
                 let defaults = image::defaults(&config);
                 (image::RECIPE, 0, description, defaults, Some(config))

@@ -33,11 +33,16 @@ fn check(ret: libc::c_int) -> io::Result<()> {
 /// [`io::ErrorKind::WouldBlock`] instead of waiting when another open file description
 /// holds the lock. Interrupted waits are retried.
 pub(crate) fn flock_exclusive(fd: BorrowedFd<'_>, wait: bool) -> io::Result<()> {
-    let op = if wait {
-        libc::LOCK_EX
-    } else {
-        libc::LOCK_EX | libc::LOCK_NB
-    };
+    flock(fd, libc::LOCK_EX, wait)
+}
+
+/// Takes a shared `flock` on `fd` (waiting for an exclusive holder).
+pub(crate) fn flock_shared(fd: BorrowedFd<'_>) -> io::Result<()> {
+    flock(fd, libc::LOCK_SH, true)
+}
+
+fn flock(fd: BorrowedFd<'_>, kind: libc::c_int, wait: bool) -> io::Result<()> {
+    let op = if wait { kind } else { kind | libc::LOCK_NB };
     loop {
         // SAFETY: `fd` is a valid open descriptor for the duration of the borrow, and
         // `flock` only reads its integer arguments.

@@ -290,4 +290,39 @@ async fn templates_come_from_local_oci_layouts_and_docker_archives() {
         .await;
     let (out, code) = server.sh(&id, "cat /from-image").await;
     assert_eq!((out.as_str(), code), ("read from a local file", 0));
+
+    // Blobs go with the last template that records them: the two OCI forms share theirs
+    // (a gzip layer), the docker archive has its own (an uncompressed one).
+    let blobs_of = |name: &str| -> Vec<String> {
+        let meta: Value = serde_json::from_slice(
+            &std::fs::read(templates.join(name).join("template.json")).expect("template.json"),
+        )
+        .expect("json");
+        meta["image"]["blobs"]
+            .as_array()
+            .expect("the template records its blobs")
+            .iter()
+            .filter_map(|d| d.as_str()?.strip_prefix("sha256:").map(String::from))
+            .collect()
+    };
+    let blob_file = |hex: &str| templates.join(".blobs/sha256").join(hex);
+    let (oci, docker) = (blobs_of("from-layout"), blobs_of("from-docker"));
+    assert!(oci.iter().all(|b| blob_file(b).exists()), "{oci:?}");
+    for name in ["from-layout", "from-oci-tar"] {
+        let resp = server
+            .http
+            .delete(format!("{}/v1/templates/{name}", server.url))
+            .bearer_auth(&server.key)
+            .send()
+            .await
+            .expect("delete");
+        assert_eq!(resp.status().as_u16(), 204, "{name}");
+        if name == "from-layout" {
+            assert!(oci.iter().all(|b| blob_file(b).exists()), "still used");
+        }
+    }
+    let gone: Vec<&String> = oci.iter().filter(|b| !docker.contains(b)).collect();
+    assert!(!gone.is_empty());
+    assert!(gone.iter().all(|b| !blob_file(b).exists()), "{gone:?}");
+    assert!(docker.iter().all(|b| blob_file(b).exists()), "{docker:?}");
 }

@@ -173,3 +173,37 @@ def test_lifecycle_models_and_bodies() -> None:
         p.explore_body("true", timeout=None, keep="winner", score_regex=None)
     assert p.explore_read_timeout(None) is None and p.explore_read_timeout(10) == 70.0
     assert p.snapshot_path("snap_1") == "/v1/snapshots/snap_1"
+
+
+def test_template_and_build_log_models() -> None:
+    t = hutch.Template.from_json(
+        {
+            "name": "web",
+            "start": {"cmd": "httpd"},
+            "image": {"reference": "upload:1"},
+            "tags": {"v2": 3, "bad": "x"},
+        }
+    )
+    assert (t.start, t.image and t.image["reference"], t.tags) == (
+        {"cmd": "httpd"},
+        "upload:1",
+        {"v2": 3},
+    )
+    bare = hutch.Template.from_json({"name": "web"})
+    assert (bare.start, bare.image, bare.tags) == (None, None, {})
+    line = hutch.BuildLogLine.from_json(
+        {
+            "seq": 4,
+            "stream": "progress",
+            "text": "layer 1/2 0123456789ab: download 1.5 KiB / 3.0 MiB",
+            "progress": {
+                "id": "sha256:0123",
+                "label": "layer 1/2",
+                "action": "download",
+                "current": 1536,
+                "total": 3 << 20,
+            },
+        }
+    )
+    assert line.progress == hutch.BuildProgress("sha256:0123", "layer 1/2", "download", 1536, 3 << 20)
+    assert hutch.BuildLogLine.from_json({"seq": 1, "stream": "status", "text": "x"}).progress is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import httpx
@@ -35,6 +36,8 @@ CODE_SSE = (
 CONTEXT = {"id": "ctx_1", "language": "python", "cwd": None}
 TENANT = {"name": "acme", "quotas": {"max_sandboxes": 5}, "defaults": {}, "allowed_templates": None}
 KEY = {"id": "key_1", "tenant": "acme", "scope": "exec", "selector": {}, "prefix": "e2b_0123…"}
+BUILD = {"id": "bld_1", "template": "web", "status": "queued", "steps": [], "warnings": []}
+START = {"cmd": ["httpd", "-f"], "ready": {"port": 8080}}
 EVENTS_SSE = 'event: sandbox.created\ndata: {"sandbox_id": "sbx_1", "at": "t"}\n\n'
 WATCH_SSE = (
     'event: ready\ndata: {"path": "/w", "recursive": true, "watched_dirs": 1}\n\n'
@@ -74,7 +77,9 @@ def answer(req: httpx.Request) -> httpx.Response:
         return httpx.Response(201, json={"url": f"http://fake:1/signed?{op}", "method": "GET"})
     routes: Dict[str, Any] = {
         "/healthz": {"status": "ok"},
-        "/v1/templates": {"templates": [{"name": "minimal", "ready": True}]},
+        "/v1/templates": {"templates": [{"name": "minimal", "ready": True}]}
+        if method == "GET"
+        else BUILD,
         "/v1/snapshots": {"snapshots": [{"id": "snap_1", "name": "s"}]},
         "/v1/volumes": {"volumes": [{"id": "vol_1", "name": "v"}]},
         "/v1/sandboxes": {"sandboxes": [SANDBOX]} if method == "GET" else SANDBOX,
@@ -106,6 +111,9 @@ def answer(req: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=TENANT)
     if path.startswith("/v1/keys/"):
         return httpx.Response(200, json=KEY)
+    if path.startswith("/v1/templates/") and method == "PATCH":
+        change = json.loads(req.content)
+        return httpx.Response(200, json={"name": suffix, "ready": True, **change})
     if path.startswith("/v1/volumes/"):
         return httpx.Response(200, json={"id": "vol_1", "name": suffix})
     return httpx.Response(200, json=docs.get(suffix, SANDBOX))
@@ -136,7 +144,9 @@ def recorder() -> Tuple[List[Recorded], httpx.MockTransport]:
                 req.method,
                 req.url.raw_path.decode().split("?")[0],
                 list(req.url.params.multi_items()),
-                json.loads(body) if body and not req.url.path.endswith("/files") else body,
+                json.loads(body)
+                if body and req.headers.get("content-type") == "application/json"
+                else body,
                 req.extensions.get("timeout", {}).get("read"),
             )
         )
@@ -174,6 +184,16 @@ STEPS: List[Tuple[str, str, Tuple[Any, ...], Dict[str, Any]]] = [
     ("templates", "delete", ("web",), {}),
     ("templates", "builds", ("web",), {}),
     ("templates", "get_build", ("web", "bld_1"), {}),
+    (
+        "templates",
+        "build_from_image",
+        ("web", "127.0.0.1:5000/team/web:1"),
+        {"registry_auth": "u:p", "insecure_registries": ["127.0.0.1:5000"], "start": START},
+    ),
+    ("templates", "build_from_image", ("web", "127.0.0.1:5000/web"), {"force": True, "cpus": 2}),
+    ("templates", "update", ("web",), {"start": START, "isolation": "ns"}),
+    ("templates", "update", ("web",), {"start": None}),
+    ("templates", "update", ("web",), {"isolation": "auto"}),
     ("sandbox", "refresh", (), {}),
     ("sandbox", "update", (), {"ttl_seconds": 5, "metadata": {"k": "v"}}),
     ("sandbox", "set_ttl", (9,), {}),
@@ -224,7 +244,7 @@ def comparable(value: Any) -> Any:
     return value
 
 
-def run_sync(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
+def run_sync(streamed: List[Any], archive: Path) -> Tuple[List[Recorded], List[Any]]:
     seen, transport = recorder()
     client = fake_clients(transport)[0]
     results: List[Any] = []
@@ -236,6 +256,8 @@ def run_sync(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
     for target, name, args, kwargs in STEPS:
         results.append(comparable(getattr(targets[target], name)(*args, **kwargs)))
         results.append(comparable(sb.info))
+    upload = client.templates.upload_image("web", archive, image_tag="1", start=START)
+    results.append(comparable(upload))
     code = sb.exec_stream(
         "x", on_stdout=streamed.append, on_stderr=streamed.append, on_start=streamed.append
     )
@@ -250,7 +272,7 @@ def run_sync(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
     return seen, results
 
 
-async def run_async(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
+async def run_async(streamed: List[Any], archive: Path) -> Tuple[List[Recorded], List[Any]]:
     seen, transport = recorder()
     client = fake_clients(transport)[1]
     results: List[Any] = []
@@ -263,6 +285,8 @@ async def run_async(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
         out = getattr(targets[target], name)(*args, **kwargs)
         results.append(comparable(await out if inspect.isawaitable(out) else out))
         results.append(comparable(sb.info))
+    upload = await client.templates.upload_image("web", archive, image_tag="1", start=START)
+    results.append(comparable(upload))
 
     async def on_stderr(text: str) -> None:
         streamed.append(text)
@@ -283,11 +307,13 @@ async def run_async(streamed: List[Any]) -> Tuple[List[Recorded], List[Any]]:
     return seen, results
 
 
-def test_sync_and_async_send_the_same_requests() -> None:
+def test_sync_and_async_send_the_same_requests(tmp_path: Path) -> None:
     sync_streamed: List[Any] = []
     async_streamed: List[Any] = []
-    sync_seen, sync_results = run_sync(sync_streamed)
-    async_seen, async_results = asyncio.run(run_async(async_streamed))
+    archive = tmp_path / "image.tar"
+    archive.write_bytes(b"an image archive, as far as the client knows")
+    sync_seen, sync_results = run_sync(sync_streamed, archive)
+    async_seen, async_results = asyncio.run(run_async(async_streamed, archive))
     assert sync_seen == async_seen
     assert sync_results == async_results
     assert sync_streamed == async_streamed == [7, "hé", "e"]
@@ -302,6 +328,40 @@ def test_sync_and_async_send_the_same_requests() -> None:
     assert ("GET", "/v1/snapshots/snap%2F1", [], b"", 30.0) in sync_seen
     assert ("GET", "/v1/templates/web%2Fx", [], b"", 30.0) in sync_seen
     assert ("GET", "/v1/templates/web/builds/bld_1", [], b"", 30.0) in sync_seen
+    assert (
+        "POST",
+        "/v1/templates",
+        [],
+        {
+            "name": "web",
+            "from_image": "127.0.0.1:5000/team/web:1",
+            "registry_auth": "u:p",
+            "insecure_registries": ["127.0.0.1:5000"],
+            "start": START,
+        },
+        None,
+    ) in sync_seen
+    assert ("PATCH", "/v1/templates/web", [], {"start": None}, 30.0) in sync_seen
+    assert (
+        "PATCH",
+        "/v1/templates/web",
+        [],
+        {"start": START, "isolation": "ns"},
+        30.0,
+    ) in sync_seen
+    assert (
+        "POST",
+        "/v1/templates",
+        [
+            ("name", "web"),
+            ("image_archive", "true"),
+            ("image_tag", "1"),
+            ("start", '{"cmd":["httpd","-f"],"ready":{"port":8080}}'),
+        ],
+        archive.read_bytes(),
+        None,
+    ) in sync_seen
+    assert ("build", "bld_1", "queued") in sync_results
     assert (
         "POST",
         "/v1/sandboxes/sbx_1/code",
@@ -377,6 +437,28 @@ def test_arguments_are_refused_alike_before_sending(call: Callable[[Any], Any]) 
     info = hutch.SandboxInfo.from_json(SANDBOX)
     sync_err = _first_error(lambda: call(hutch.Sandbox(info, client)))
     async_err = _first_error(lambda: call(hutch.AsyncSandbox(info, aclient)))
+    assert sync_err is not None and async_err is not None
+    assert (type(sync_err), str(sync_err)) == (type(async_err), str(async_err))
+    assert seen == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: c.templates.update("web"),
+        lambda c: c.templates.update("web", isolation="fast"),
+        lambda c: c.templates.update("web", start={"cmd": []}),
+        lambda c: c.templates.build_from_image("web", "x", registry_auth="no-colon"),
+        lambda c: c.templates.build_from_image("web", "x", insecure_registries=["a/b"]),
+        lambda c: c.templates.upload_image("web", "/nonexistent/image.tar", start="httpd"),
+        lambda c: c.templates.upload_image("web", "/nonexistent/image.tar"),
+    ],
+)
+def test_template_arguments_are_refused_alike_before_sending(call: Callable[[Any], Any]) -> None:
+    seen, transport = recorder()
+    client, aclient = fake_clients(transport)
+    sync_err = _first_error(lambda: call(client))
+    async_err = _first_error(lambda: call(aclient))
     assert sync_err is not None and async_err is not None
     assert (type(sync_err), str(sync_err)) == (type(async_err), str(async_err))
     assert seen == []

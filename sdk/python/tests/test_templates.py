@@ -1,6 +1,8 @@
-"""Template builds from Dockerfiles through the SDK against a real server: build, follow,
-wait, cancel, get and delete, sync and async. Dockerfiles start ``FROM minimal`` (busybox),
-so no build needs a network; every template is deleted at the end."""
+"""Template builds through the SDK against a real server: from Dockerfiles (build, follow,
+wait, cancel, get and delete, sync and async), from uploaded images, and changes to a
+template. Dockerfiles start ``FROM minimal`` (busybox) and images are made here
+(:mod:`oci_image`), so no build needs a network: no test names an image in a registry
+the server would pull from. Every template is deleted at the end."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Iterator, List
 
 import pytest
 from conftest import Server
+from oci_image import tar_layout, write_layout
 
 import hutch
 from hutch import AsyncClient, Client, Sandbox
@@ -121,7 +124,6 @@ def test_a_dockerfile_outside_the_context_and_build_args(
             assert sb.exec("cat /greeting").stdout == "hello sdk\n"
 
 
-
 @pytest.mark.asyncio
 async def test_the_async_client_builds_too(server: Server, name: str, tmp_path: Path) -> None:
     ctx = context(tmp_path, "FROM minimal\nRUN echo async-built\n")
@@ -136,3 +138,88 @@ async def test_the_async_client_builds_too(server: Server, name: str, tmp_path: 
         await c.templates.delete(name)
         with pytest.raises(hutch.NotFoundError):
             await c.templates.get(name)
+
+
+def test_an_uploaded_image_makes_a_template_whose_start_can_change(
+    server: Server, name: str, tmp_path: Path
+) -> None:
+    size, digest = write_layout(tmp_path / "layout", "uploaded by the python sdk")
+    archive = tar_layout(tmp_path / "layout", tmp_path / "image.tar")
+    with Client() as c:
+        build = c.templates.upload_image(name, archive, image_tag="1", memory_mib=300)
+        assert build.id.startswith("bld_") and build.template == name
+        seen: List[hutch.BuildLogLine] = []
+        info = build.wait(on_line=seen.append)
+        assert info.status == "succeeded"
+        # The layer's extraction is reported with its numbers, to its end.
+        progress = [line.progress for line in seen if line.stream == "progress"]
+        assert progress and all(p is not None for p in progress), seen
+        last = progress[-1]
+        assert last is not None
+        assert (last.id, last.label, last.action) == (digest, "layer 1/1", "extract")
+        assert last.current == last.total == size
+        assert all(line.progress is None for line in seen if line.stream != "progress")
+
+        t = c.templates.get(name)
+        assert t.ready and t.start is None
+        assert t.image is not None and t.image["reference"] == "upload:1"
+        assert t.defaults["memory_mib"] == 300
+        with Sandbox.create(name, isolation="ns", client=c) as sb:
+            assert sb.exec("cat /from-image").stdout == "uploaded by the python sdk"
+            assert sb.exec(["/bin/cat", "/from-image"]).exit_code == 0
+
+        start = {"cmd": ["/bin/sh", "-c", "cat /from-image > /tmp/started"], "env": {"A": "1"}}
+        changed = c.templates.update(name, start=start)
+        assert changed.name == name and changed.start == start
+        assert c.templates.get(name).start == start
+        # Left out, the start command stays; the isolation changes alone.
+        assert c.templates.update(name, isolation="ns").start == start
+        assert c.templates.get(name).defaults.get("isolation") == "ns"
+        assert "isolation" not in c.templates.update(name, isolation="auto").defaults
+        # None removes it.
+        assert c.templates.update(name, start=None).start is None
+        assert c.templates.get(name).start is None
+
+        with pytest.raises(hutch.InvalidRequest) as bad:
+            c.templates.update(name, start={"cmd": "true", "ready": {"port": 0}})
+        assert bad.value.status == 400 and "port" in bad.value.message
+        with pytest.raises(ValueError):
+            c.templates.update(name)
+        try:
+            with pytest.raises(hutch.NotFoundError):
+                c.templates.update(f"{name}-none", isolation="ns")
+        finally:
+            (TEMPLATES / f".lock-{name}-none").unlink(missing_ok=True)
+
+
+def test_an_image_naming_local_files_is_refused(server: Server, name: str, tmp_path: Path) -> None:
+    with Client() as c:
+        for reference in (f"oci:{tmp_path}:1", f"docker-archive:{tmp_path / 'image.tar'}"):
+            with pytest.raises(hutch.InvalidRequest) as refused:
+                c.templates.build_from_image(name, reference)
+            assert refused.value.status == 400 and refused.value.code == "bad_request"
+            assert "image_archive=true" in refused.value.message
+        # Nothing to upload is refused before anything is sent.
+        with pytest.raises(hutch.InvalidRequest) as missing:
+            c.templates.upload_image(name, tmp_path / "nothing.tar")
+        assert missing.value.status is None
+        with pytest.raises(hutch.NotFoundError):
+            c.templates.get(name)
+
+
+@pytest.mark.asyncio
+async def test_the_async_client_uploads_a_layout_directory(
+    server: Server, name: str, tmp_path: Path
+) -> None:
+    write_layout(tmp_path / "layout", "uploaded as a directory")
+    start = {"cmd": "exec cat /from-image", "ready": {"cmd": ["/bin/cat", "/from-image"]}}
+    async with AsyncClient() as c:
+        build = await c.templates.upload_image(name, tmp_path / "layout", start=start)
+        lines = [line async for line in build.logs()]
+        assert any(line.progress and line.progress.action == "extract" for line in lines)
+        assert (await build.wait()).status == "succeeded"
+        t = await c.templates.get(name)
+        assert t.image is not None and t.image["reference"] == "upload"
+        assert t.start is not None and t.start["cmd"] == "exec cat /from-image"
+        assert t.start["ready"]["cmd"] == ["/bin/cat", "/from-image"]
+        assert (await c.templates.update(name, start=None)).start is None

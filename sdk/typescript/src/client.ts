@@ -235,8 +235,9 @@ export class Client {
 
   /**
    * The server's templates: `await client.templates()` lists them;
-   * `client.templates.build(name, contextDir)` builds one from a Dockerfile, `.get(name)` and
-   * `.delete(name)` read and delete one.
+   * `client.templates.build(name, contextDir)` builds one from a Dockerfile,
+   * `.buildFromImage(name, ref)` and `.uploadImage(name, path)` from an image, `.get(name)`,
+   * `.update(name, {start})` and `.delete(name)` read, change and delete one.
    */
   get templates(): Templates {
     this.templatesApi ??= templatesOf(this);

@@ -4,6 +4,7 @@
  * applies the same rules again), the Dockerfile and `.dockerignore` always in it, and a
  * Dockerfile from outside the context as the extra entry {@link OUTSIDE_DOCKERFILE}.
  * Symlinks are sent as links, never followed; FIFOs, sockets and devices are left out.
+ * {@link packDirectory} packs a whole directory alike (an OCI image layout to upload).
  *
  * The tar format is GNU's (what the server's reader takes): ustar headers, with `L`/`K`
  * entries for names and link targets over 100 bytes.
@@ -252,6 +253,73 @@ async function dockerfileIn(root: string, dockerfile: string): Promise<{ inConte
   return { inContext: OUTSIDE_DOCKERFILE, outside: new Uint8Array(await readFile(real)) };
 }
 
+/** What {@link walk} packs: the tree under `root`, filtered by {@link choose}. */
+interface Tree {
+  root: string;
+  /** The Dockerfile's path in the context (empty for a directory packed whole). */
+  dockerfile: string;
+  /** Whether a Dockerfile from outside the context comes as {@link OUTSIDE_DOCKERFILE}. */
+  outside: boolean;
+  ignore: DockerIgnore;
+}
+
+type Stat = { mode: number; uid: number; gid: number; mtime: number };
+
+async function* walk(tree: Tree, prefix: string): AsyncGenerator<Uint8Array> {
+  const dir = prefix ? join(tree.root, prefix) : tree.root;
+  const names = (await readdir(dir)).sort();
+  for (const name of names) {
+    const rel = prefix ? `${prefix}/${name}` : name;
+    const full = join(dir, name);
+    let st;
+    try {
+      st = await lstat(full);
+    } catch {
+      continue; // gone since it was listed
+    }
+    const choice = choose(rel, st.isDirectory(), tree.dockerfile, tree.outside, tree.ignore);
+    if (choice === "skip") continue;
+    const base = { mode: st.mode, uid: st.uid, gid: st.gid, mtime: st.mtimeMs / 1000 };
+    if (st.isDirectory()) {
+      if (choice === "include") yield* headers({ ...base, name: encoder.encode(rel + "/"), type: "5", size: 0 });
+      yield* walk(tree, rel);
+    } else if (choice !== "include") {
+      continue;
+    } else if (st.isSymbolicLink()) {
+      const link = encoder.encode(await readlink(full));
+      yield* headers({ ...base, name: encoder.encode(rel), type: "2", size: 0, link });
+    } else if (st.isFile()) {
+      yield* fileEntry(full, rel, base);
+    }
+    // FIFOs, sockets and devices are left out.
+  }
+}
+
+async function* fileEntry(full: string, rel: string, base: Stat): AsyncGenerator<Uint8Array> {
+  let handle;
+  try {
+    handle = await open(full, "r");
+  } catch {
+    return; // gone, or replaced since it was listed
+  }
+  try {
+    const size = (await handle.stat()).size;
+    if (size > MAX_FILE) throw new InvalidRequest(`${rel} is larger than ${MAX_FILE} bytes`);
+    yield* headers({ ...base, name: encoder.encode(rel), type: "0", size });
+    let left = size;
+    while (left > 0) {
+      const piece = new Uint8Array(Math.min(CHUNK, left));
+      const { bytesRead } = await handle.read(piece, 0, piece.length, size - left);
+      // A file that shrank is padded with zeros to the size in its header.
+      left -= bytesRead === 0 ? piece.length : bytesRead;
+      yield bytesRead === 0 ? piece : piece.subarray(0, bytesRead);
+    }
+    yield padding(size);
+  } finally {
+    await handle.close();
+  }
+}
+
 /**
  * Pack `contextDir`. `dockerfile`: a path in the context (default `Dockerfile`) or an
  * absolute path anywhere.
@@ -271,63 +339,7 @@ export async function packContext(contextDir: string, dockerfile = "Dockerfile")
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw e;
   }
-  async function* walk(prefix: string): AsyncGenerator<Uint8Array> {
-    const dir = prefix ? join(root, prefix) : root;
-    const names = (await readdir(dir)).sort();
-    for (const name of names) {
-      const rel = prefix ? `${prefix}/${name}` : name;
-      const full = join(dir, name);
-      let st;
-      try {
-        st = await lstat(full);
-      } catch {
-        continue; // gone since it was listed
-      }
-      const choice = choose(rel, st.isDirectory(), inContext, outside !== undefined, ignore);
-      if (choice === "skip") continue;
-      const base = { mode: st.mode, uid: st.uid, gid: st.gid, mtime: st.mtimeMs / 1000 };
-      if (st.isDirectory()) {
-        if (choice === "include") yield* headers({ ...base, name: encoder.encode(rel + "/"), type: "5", size: 0 });
-        yield* walk(rel);
-      } else if (choice !== "include") {
-        continue;
-      } else if (st.isSymbolicLink()) {
-        const link = encoder.encode(await readlink(full));
-        yield* headers({ ...base, name: encoder.encode(rel), type: "2", size: 0, link });
-      } else if (st.isFile()) {
-        yield* fileEntry(full, rel, base);
-      }
-      // FIFOs, sockets and devices are left out.
-    }
-  }
-  async function* fileEntry(
-    full: string,
-    rel: string,
-    base: { mode: number; uid: number; gid: number; mtime: number },
-  ): AsyncGenerator<Uint8Array> {
-    let handle;
-    try {
-      handle = await open(full, "r");
-    } catch {
-      return; // gone, or replaced since it was listed
-    }
-    try {
-      const size = (await handle.stat()).size;
-      if (size > MAX_FILE) throw new InvalidRequest(`${rel} is larger than ${MAX_FILE} bytes`);
-      yield* headers({ ...base, name: encoder.encode(rel), type: "0", size });
-      let left = size;
-      while (left > 0) {
-        const piece = new Uint8Array(Math.min(CHUNK, left));
-        const { bytesRead } = await handle.read(piece, 0, piece.length, size - left);
-        // A file that shrank is padded with zeros to the size in its header.
-        left -= bytesRead === 0 ? piece.length : bytesRead;
-        yield bytesRead === 0 ? piece : piece.subarray(0, bytesRead);
-      }
-      yield padding(size);
-    } finally {
-      await handle.close();
-    }
-  }
+  const tree: Tree = { root, dockerfile: inContext, outside: outside !== undefined, ignore };
   return {
     dockerfile: inContext,
     async *stream() {
@@ -336,7 +348,30 @@ export async function packContext(contextDir: string, dockerfile = "Dockerfile")
         yield outside;
         yield padding(outside.length);
       }
-      yield* walk("");
+      yield* walk(tree, "");
+      yield new Uint8Array(2 * BLOCK);
+    },
+  };
+}
+
+/**
+ * Pack all of `directory` (an OCI image layout to upload, say) as a build context is packed,
+ * without a Dockerfile or `.dockerignore` rules: links as links, FIFOs, sockets and devices
+ * left out. Its `dockerfile` is empty.
+ */
+export async function packDirectory(directory: string): Promise<PackedContext> {
+  let root: string;
+  try {
+    root = await realpath(directory);
+    if (!(await stat(root)).isDirectory()) throw new Error("not a directory");
+  } catch {
+    throw new InvalidRequest(`${directory} is not a directory`);
+  }
+  const tree: Tree = { root, dockerfile: "", outside: false, ignore: DockerIgnore.none() };
+  return {
+    dockerfile: "",
+    async *stream() {
+      yield* walk(tree, "");
       yield new Uint8Array(2 * BLOCK);
     },
   };

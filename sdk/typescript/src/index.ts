@@ -53,6 +53,7 @@ export {
 export type {
   BuildInfo,
   BuildLogLine,
+  BuildProgress,
   BuildStep,
   ExecResult,
   ExploreOutcome,
@@ -61,8 +62,10 @@ export type {
   FileEvent,
   LifecycleEvent,
   LogLine,
+  ReadyCheck,
   SandboxInfo,
   SandboxState,
+  ServiceSpec,
   Snapshot,
   Template,
   Usage,
@@ -96,7 +99,14 @@ export {
   type VolumeMount,
 } from "./sandbox.js";
 export { sseEvents, type SseEvent } from "./sse.js";
-export { DockerIgnore, OUTSIDE_DOCKERFILE, packContext, type PackedContext } from "./context.js";
+export { DockerIgnore, OUTSIDE_DOCKERFILE, packContext, packDirectory, type PackedContext } from "./context.js";
+export {
+  ISOLATIONS,
+  type ImageBuildOptions,
+  type ImageResources,
+  type TemplateChanges,
+  type UploadImageOptions,
+} from "./images.js";
 export { Build, type BuildLogOptions, type BuildOptions, type Templates } from "./templates.js";
 export type {
   ApiKey,

@@ -122,6 +122,34 @@ export interface Usage {
   raw: Record<string, unknown>;
 }
 
+/**
+ * When a sandbox of a template counts as ready (a create waits for it): `{port: N}` (a TCP
+ * connect on its loopback succeeds) or `{cmd: …}` (the command exits 0), tried every
+ * `interval_ms` (100) for at most `attempt_timeout_ms` (10000) each, until `timeout_ms`
+ * (60000, at least 1000). Field names are the server's.
+ */
+export type ReadyCheck = ({ port: number; cmd?: never } | { cmd: string | string[]; port?: never }) & {
+  interval_ms?: number;
+  attempt_timeout_ms?: number;
+  timeout_ms?: number;
+};
+
+/**
+ * A template's start command (the API's `ServiceSpec`): what every sandbox created from it
+ * runs, supervised by its agent, and the ready check a create waits for.
+ */
+export interface ServiceSpec {
+  /** A shell command line (run under `/bin/sh -c`) or an argv array. */
+  cmd: string | string[];
+  /** Its own environment, over the sandbox's. */
+  env?: Record<string, string>;
+  /** Its working directory (default: the user's home, else `/`). */
+  cwd?: string;
+  /** Its user, a name or a uid (default `root`). */
+  user?: string;
+  ready?: ReadyCheck;
+}
+
 /** A root filesystem sandboxes can be created from. */
 export interface Template {
   name: string;
@@ -131,6 +159,18 @@ export interface Template {
   description: string;
   createdAt: string | undefined;
   defaults: Record<string, unknown>;
+  /** The start command its sandboxes run, and its ready check; undefined: none. */
+  start: ServiceSpec | undefined;
+  /**
+   * For a template made from an image: its `reference` (`upload` or `upload:TAG` for an
+   * uploaded archive), `digest` and configuration.
+   */
+  image: Record<string, unknown> | undefined;
+  /**
+   * Its tags and the revision each names (`{v2: 3}`): `template: "web:v2"` creates from that
+   * revision; a build of `web:v2` sets one.
+   */
+  tags: Record<string, number>;
   raw: Record<string, unknown>;
 }
 
@@ -168,16 +208,38 @@ export interface BuildInfo {
   raw: Record<string, unknown>;
 }
 
+/**
+ * How far one blob's transfer is: the numbers of a `progress` line of an image build's log
+ * ({@link BuildLogLine.progress}), to draw a progress bar from.
+ */
+export interface BuildProgress {
+  /** The blob (`sha256:…`). */
+  id: string;
+  /** What it is (`layer 2/3`). */
+  label: string;
+  /** `download` (from the registry) or `extract` (applied to the root filesystem). */
+  action: string;
+  /** Bytes done (of the compressed blob, also while extracting). */
+  current: number;
+  /** Bytes in all. */
+  total: number;
+}
+
 /** One line of a build's log (`Build.logs`). */
 export interface BuildLogLine {
   /** Its number in the build's log, from 1. */
   seq: number;
-  /** `status` (the builder's own account), `stdout` or `stderr` (what a step printed). */
+  /**
+   * `status` (the builder's own account), `stdout` or `stderr` (what a step printed), or
+   * `progress` (how far a layer's download or extraction is: {@link progress}).
+   */
   stream: string;
   text: string;
   /** The step that printed it (undefined: the build itself). */
   step: number | undefined;
   timeMs: number | undefined;
+  /** A `progress` line's numbers (undefined on other lines). */
+  progress: BuildProgress | undefined;
 }
 
 /** One event from `GET /v1/events`. */
@@ -434,6 +496,9 @@ export function template(d: Json): Template {
     description: str(d.description),
     createdAt: optStr(d.created_at),
     defaults: obj(d.defaults),
+    start: d.start && typeof d.start === "object" ? (d.start as unknown as ServiceSpec) : undefined,
+    image: d.image && typeof d.image === "object" ? obj(d.image) : undefined,
+    tags: Object.fromEntries(Object.entries(obj(d.tags)).filter((e): e is [string, number] => typeof e[1] === "number")),
     raw: d,
   };
 }
@@ -476,6 +541,17 @@ export function buildLogLine(d: Json): BuildLogLine {
     text: str(d.text),
     step: optNum(d.step),
     timeMs: optNum(d.time_ms),
+    progress: d.progress && typeof d.progress === "object" ? buildProgress(obj(d.progress)) : undefined,
+  };
+}
+
+function buildProgress(d: Json): BuildProgress {
+  return {
+    id: str(d.id),
+    label: str(d.label),
+    action: str(d.action),
+    current: num(d.current),
+    total: num(d.total),
   };
 }
 

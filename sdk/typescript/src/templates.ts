@@ -1,19 +1,37 @@
 /**
- * Templates and their Dockerfile builds: `client.templates` ({@link Templates}) and the
- * handle of one build ({@link Build}).
+ * Templates and their builds: `client.templates` ({@link Templates}) and the handle of one
+ * build ({@link Build}).
  *
  * ```ts
  * const build = await client.templates.build("web", "./app", { buildArgs: { VERSION: "3" } });
  * for await (const line of build.logs()) console.log(line.text); // until the build ends
  * await build.wait();  // throws BuildFailed unless the template is ready
+ *
+ * await (await client.templates.buildFromImage("tools", "registry.example:5000/team/tools:1")).wait();
+ * await (await client.templates.uploadImage("app", "./app-image.tar")).wait(); // docker save, OCI
+ * await client.templates.update("app", { start: { cmd: "exec app", ready: { port: 8080 } } });
  * ```
  *
- * The context directory is packed here (`context.ts`: `.dockerignore` applied, symlinks
- * sent as links) and streamed to `POST /v1/templates`; the server runs the build.
+ * A Dockerfile build's context directory is packed here (`context.ts`: `.dockerignore`
+ * applied, symlinks sent as links) and streamed to `POST /v1/templates`; the server runs the
+ * build. An image build names the image (the server pulls it) or uploads an image archive
+ * (`images.ts`); its log has `progress` lines for each layer's download and extraction
+ * ({@link BuildLogLine.progress}).
  */
 import type { Client } from "./client.js";
 import { packContext } from "./context.js";
 import { BuildFailed, HutchError, InvalidRequest } from "./errors.js";
+import {
+  imageBuildBody,
+  openArchive,
+  registryCredentials,
+  registryHosts,
+  templatePatch,
+  uploadQuery,
+  type ImageBuildOptions,
+  type TemplateChanges,
+  type UploadImageOptions,
+} from "./images.js";
 import { buildInfo, buildLogLine, template, type BuildInfo, type BuildLogLine, type Template } from "./models.js";
 import { sseEvents } from "./sse.js";
 
@@ -27,6 +45,10 @@ export interface BuildOptions {
   target?: string;
   /** Run every step, ignoring cached results. */
   noCache?: boolean;
+  /** `USER:PASSWORD` for the registry of the `FROM` images. */
+  registryAuth?: string;
+  /** Registries (`host:port`) the `FROM` images' pulls speak plain HTTP to. */
+  insecureRegistries?: string[];
 }
 
 /** Options of {@link Build.logs} and {@link Build.wait}. */
@@ -53,6 +75,7 @@ export function buildQuery(name: string, dockerfile: string, opts: BuildOptions)
     if (!k || k.includes("=")) throw new InvalidRequest(`build arg names must be non-empty without '=', got ${JSON.stringify(k)}`);
     q.push(["build_arg", `${k}=${v}`]);
   }
+  for (const host of registryHosts(opts.insecureRegistries)) q.push(["insecure_registry", host]);
   return q;
 }
 
@@ -141,8 +164,9 @@ export class Build {
 }
 
 /**
- * `client.templates`: the server's templates, and building them from Dockerfiles. Calling it
- * (`await client.templates()`) lists them.
+ * `client.templates`: the server's templates, building them (from a Dockerfile, an image in a
+ * registry or an uploaded image) and changing them. Calling it (`await client.templates()`)
+ * lists them.
  */
 export interface Templates {
   (): Promise<Template[]>;
@@ -162,6 +186,35 @@ export interface Templates {
    * before it answers ({@link InvalidRequest} naming the line), then runs the build.
    */
   build(name: string, contextDir?: string, opts?: BuildOptions): Promise<Build>;
+  /**
+   * Start building template `name` from the OCI image `fromImage` in a registry
+   * (`registry.example:5000/team/tools:1`), which the server pulls and unpacks in the
+   * background (the log's `progress` lines tell how far each layer is). Images in local files
+   * are uploaded with {@link uploadImage} instead.
+   * @throws {@link InvalidRequest} for a bad name or value, or a `fromImage` naming local files
+   *   (`oci:…`, `docker-archive:…`); {@link ConflictError} with a tenant key for a name another
+   *   tenant's template holds, or a shared one.
+   */
+  buildFromImage(name: string, fromImage: string, opts?: ImageBuildOptions): Promise<Build>;
+  /**
+   * Start building template `name` from an image in local files, uploaded: a `docker save`
+   * archive or a tarball of an OCI image layout (sent as it is), or an OCI image layout
+   * directory (packed here). The template records its image as `upload` (`upload:TAG` with
+   * `imageTag`).
+   * @throws {@link InvalidRequest} when `archive` is neither a file nor a directory, for a bad
+   *   name or value, or a malformed archive.
+   */
+  uploadImage(name: string, archive: string, opts?: UploadImageOptions): Promise<Build>;
+  /**
+   * Change a ready template's start command (`start`; `null` removes it) or the isolation its
+   * sandboxes get when a create names none. Sandboxes created afterwards get the change;
+   * running ones, snapshots and hibernated sandboxes keep what they started with. Resolves to
+   * the template as it is now.
+   * @throws {@link NotFoundError} for no such ready template (or another tenant's);
+   *   {@link PermissionDenied} with a tenant key on a template shared by every tenant;
+   *   {@link ConflictError} while a build of it runs.
+   */
+  update(name: string, changes: TemplateChanges): Promise<Template>;
   /** The builds of `name` the server remembers, oldest first. */
   builds(name: string): Promise<Build[]>;
   /** Build `id` of template `name`. */
@@ -196,10 +249,13 @@ export function templatesOf(client: Client): Templates {
   api.delete = async (name) => {
     await client.request("DELETE", templatePath(name), { timeoutMs: null });
   };
-  api.build = async (name, contextDir = ".", opts = {}) => {
-    const packed = await packContext(contextDir, opts.dockerfile);
-    const query = buildQuery(name, packed.dockerfile, opts);
-    const pieces = batched(packed.stream());
+  /** `POST /v1/templates` with a tar stream (a build context or an image archive). */
+  const upload = async (
+    query: Array<[string, string]>,
+    stream: AsyncGenerator<Uint8Array>,
+    headers?: Record<string, string>,
+  ): Promise<Build> => {
+    const pieces = batched(stream);
     const body = new ReadableStream<Uint8Array>({
       async pull(controller) {
         const { value, done } = await pieces.next();
@@ -210,14 +266,39 @@ export function templatesOf(client: Client): Templates {
         await pieces.return(undefined);
       },
     });
+    try {
+      const doc = await client.requestJson("POST", "/v1/templates", {
+        query,
+        body,
+        contentType: "application/x-tar",
+        timeoutMs: null,
+        headers,
+      });
+      return new Build(buildInfo(doc), client);
+    } finally {
+      // An answer before the whole body was read (a refusal) leaves the files open otherwise.
+      await pieces.return(undefined);
+    }
+  };
+  api.build = async (name, contextDir = ".", opts = {}) => {
+    const auth = registryCredentials(opts.registryAuth);
+    const packed = await packContext(contextDir, opts.dockerfile);
+    const query = buildQuery(name, packed.dockerfile, opts);
+    return upload(query, packed.stream(), auth !== undefined ? { "x-hutch-registry-auth": auth } : undefined);
+  };
+  api.buildFromImage = async (name, fromImage, opts = {}) => {
     const doc = await client.requestJson("POST", "/v1/templates", {
-      query,
-      body,
-      contentType: "application/x-tar",
+      json: imageBuildBody(name, fromImage, opts),
       timeoutMs: null,
     });
     return new Build(buildInfo(doc), client);
   };
+  api.uploadImage = async (name, archive, opts = {}) => {
+    const query = uploadQuery(name, opts);
+    return upload(query, await openArchive(archive));
+  };
+  api.update = async (name, changes) =>
+    template(await client.requestJson("PATCH", templatePath(name), { json: templatePatch(changes) }));
   api.builds = async (name) => {
     const doc = await client.requestJson<{ builds?: Record<string, unknown>[] }>("GET", templatePath(name, "/builds"));
     return (doc.builds ?? []).map((b) => new Build(buildInfo(b), client));

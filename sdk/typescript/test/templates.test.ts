@@ -1,6 +1,8 @@
-// Template builds from Dockerfiles through the SDK against a real `hutch serve`: build,
-// follow, wait, cancel, get and delete. Dockerfiles start `FROM minimal` (busybox), so no
-// build needs a network; every template is deleted at the end.
+// Template builds through the SDK against a real `hutch serve`: from Dockerfiles (build,
+// follow, wait, cancel, get and delete), from uploaded images, and changes to a template.
+// Dockerfiles start `FROM minimal` (busybox) and images are made here (`oci.ts`), so no build
+// needs a network: no test names an image in a registry the server would pull from. Every
+// template is deleted at the end.
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
@@ -15,8 +17,10 @@ import {
   NotFoundError,
   Sandbox,
   type BuildLogLine,
+  type ServiceSpec,
 } from "../src/index.js";
 import { startServer, type TestServer } from "./harness.js";
+import { tarOf, writeLayout } from "./oci.js";
 
 let server: TestServer;
 const TEMPLATES = process.env.HUTCH_TEST_TEMPLATES ?? "/var/cache/hutch-test/templates";
@@ -146,5 +150,94 @@ describe("template builds", () => {
     } finally {
       await sb.kill();
     }
+  });
+
+  test("an uploaded image makes a template whose start can change", async () => {
+    const c = new Client();
+    const name = templateName();
+    const work = mkdtempSync("/tmp/hutch-ts-image-");
+    dirs.push(work);
+    const { size, digest } = await writeLayout(join(work, "layout"), "uploaded by the typescript sdk");
+    const archive = join(work, "image.tar");
+    writeFileSync(archive, await tarOf(join(work, "layout")));
+    const build = await c.templates.uploadImage(name, archive, { imageTag: "1", memoryMib: 300 });
+    assert.match(build.id, /^bld_/);
+    const seen: BuildLogLine[] = [];
+    assert.equal((await build.wait({ onLine: (l) => void seen.push(l) })).status, "succeeded");
+    // The layer's extraction is reported with its numbers, to its end.
+    const progress = seen.filter((l) => l.stream === "progress").map((l) => l.progress);
+    assert.ok(progress.length > 0 && progress.every((p) => p !== undefined), JSON.stringify(seen));
+    const last = progress[progress.length - 1]!;
+    assert.deepEqual([last.id, last.label, last.action, last.current, last.total], [digest, "layer 1/1", "extract", size, size]);
+    assert.ok(seen.filter((l) => l.stream !== "progress").every((l) => l.progress === undefined));
+
+    const t = await c.templates.get(name);
+    assert.ok(t.ready);
+    assert.equal(t.start, undefined);
+    assert.equal(t.image?.reference, "upload:1");
+    assert.equal(t.defaults.memory_mib, 300);
+    const sb = await Sandbox.create({ template: name, isolation: "ns", client: c });
+    try {
+      assert.equal((await sb.exec("cat /from-image")).stdout, "uploaded by the typescript sdk");
+    } finally {
+      await sb.kill();
+    }
+
+    const start: ServiceSpec = { cmd: ["/bin/sh", "-c", "cat /from-image > /tmp/started"], env: { A: "1" } };
+    const changed = await c.templates.update(name, { start });
+    assert.equal(changed.name, name);
+    assert.deepEqual(changed.start, start);
+    assert.deepEqual((await c.templates.get(name)).start, start);
+    // Left out, the start command stays; the isolation changes alone.
+    assert.deepEqual((await c.templates.update(name, { isolation: "ns" })).start, start);
+    assert.equal((await c.templates.get(name)).defaults.isolation, "ns");
+    assert.equal((await c.templates.update(name, { isolation: "auto" })).defaults.isolation, undefined);
+    // null removes it.
+    assert.equal((await c.templates.update(name, { start: null })).start, undefined);
+    assert.equal((await c.templates.get(name)).start, undefined);
+
+    await assert.rejects(
+      c.templates.update(name, { start: { cmd: "true", ready: { port: 0 } } }),
+      (e) => e instanceof InvalidRequest && e.status === 400 && e.message.includes("port"),
+    );
+    await assert.rejects(c.templates.update(name, {}), TypeError);
+    try {
+      await assert.rejects(c.templates.update(`${name}-none`, { isolation: "ns" }), NotFoundError);
+    } finally {
+      rmSync(join(TEMPLATES, `.lock-${name}-none`), { force: true });
+    }
+  });
+
+  test("a layout directory uploads, and an image naming local files is refused", async () => {
+    const c = new Client();
+    const name = templateName();
+    const work = mkdtempSync("/tmp/hutch-ts-image-");
+    dirs.push(work);
+    const layout = join(work, "layout");
+    await writeLayout(layout, "uploaded as a directory");
+    for (const reference of [`oci:${layout}:1`, `docker-archive:${join(work, "image.tar")}`]) {
+      await assert.rejects(
+        c.templates.buildFromImage(name, reference),
+        (e) => e instanceof InvalidRequest && e.status === 400 && e.code === "bad_request" && e.message.includes("image_archive=true"),
+      );
+    }
+    // Nothing to upload is refused before anything is sent.
+    await assert.rejects(
+      c.templates.uploadImage(name, join(work, "nothing.tar")),
+      (e) => e instanceof InvalidRequest && e.status === undefined,
+    );
+    await assert.rejects(c.templates.get(name), NotFoundError);
+
+    const start: ServiceSpec = { cmd: "exec cat /from-image", ready: { cmd: ["/bin/cat", "/from-image"] } };
+    const build = await c.templates.uploadImage(name, layout, { start });
+    const lines: BuildLogLine[] = [];
+    for await (const l of build.logs()) lines.push(l);
+    assert.ok(lines.some((l) => l.progress?.action === "extract"), JSON.stringify(lines));
+    assert.equal((await build.wait()).status, "succeeded");
+    const t = await c.templates.get(name);
+    assert.equal(t.image?.reference, "upload");
+    assert.equal(t.start?.cmd, "exec cat /from-image");
+    assert.deepEqual(t.start?.ready?.cmd, ["/bin/cat", "/from-image"]);
+    assert.equal((await c.templates.update(name, { start: null })).start, undefined);
   });
 });

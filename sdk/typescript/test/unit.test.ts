@@ -186,3 +186,99 @@ test("context: the build query", async () => {
   ]);
   assert.throws(() => buildQuery("web", "Dockerfile", { buildArgs: { "A=B": "x" } }), InvalidRequest);
 });
+
+test("images: the image build body, the upload query and the template patch", async () => {
+  const { imageBuildBody, uploadQuery, templatePatch } = await import("../src/images.js");
+  const { buildQuery } = await import("../src/templates.js");
+  const start = { cmd: ["httpd", "-f"], ready: { port: 8080, timeout_ms: 30_000 } };
+  assert.deepEqual(
+    imageBuildBody("web", "127.0.0.1:5000/team/web:1", {
+      registryAuth: "u:p:w",
+      insecureRegistries: ["127.0.0.1:5000"],
+      start,
+      force: true,
+      memoryMib: 256,
+    }),
+    {
+      name: "web",
+      from_image: "127.0.0.1:5000/team/web:1",
+      registry_auth: "u:p:w",
+      insecure_registries: ["127.0.0.1:5000"],
+      start,
+      force: true,
+      memory_mib: 256,
+    },
+  );
+  assert.deepEqual(imageBuildBody("web", "x", { force: false }), { name: "web", from_image: "x" });
+  assert.throws(() => imageBuildBody("web", "x", { registryAuth: "nocolon" }), InvalidRequest);
+  assert.throws(() => imageBuildBody("web", "x", { insecureRegistries: ["a/b"] }), InvalidRequest);
+  assert.throws(() => imageBuildBody("web", "x", { start: { cmd: " " } }), InvalidRequest);
+  assert.deepEqual(uploadQuery("web", { imageTag: "1", start: { cmd: "httpd" }, cpus: 1.5, diskMib: 1024 }), [
+    ["name", "web"],
+    ["image_archive", "true"],
+    ["image_tag", "1"],
+    ["start", '{"cmd":"httpd"}'],
+    ["cpus", "1.5"],
+    ["disk_mib", "1024"],
+  ]);
+  assert.throws(() => uploadQuery("web", { start: { cmd: [] } }), InvalidRequest);
+  assert.deepEqual(templatePatch({ start: null }), { start: null });
+  assert.deepEqual(templatePatch({ start, isolation: "vm" }), { start, isolation: "vm" });
+  assert.deepEqual(templatePatch({ start: undefined, isolation: "auto" }), { isolation: "auto" });
+  assert.throws(() => templatePatch({}), TypeError);
+  assert.throws(() => templatePatch({ isolation: "fast" as "ns" }), RangeError);
+  assert.deepEqual(buildQuery("web", "Dockerfile", { insecureRegistries: ["reg:5000", "other"] }).slice(2), [
+    ["insecure_registry", "reg:5000"],
+    ["insecure_registry", "other"],
+  ]);
+});
+
+test("images: progress lines, a template's start and image, a packed directory", async () => {
+  const { buildLogLine, template } = await import("../src/models.js");
+  const { packDirectory } = await import("../src/index.js");
+  const { TarParserForTests } = await import("./tar.js");
+  const fs = await import("node:fs");
+  const { join } = await import("node:path");
+  const line = buildLogLine({
+    seq: 4,
+    stream: "progress",
+    text: "layer 1/2 0123456789ab: download 1.5 KiB / 3.0 MiB",
+    progress: { id: "sha256:0123", label: "layer 1/2", action: "download", current: 1536, total: 3 << 20 },
+    time_ms: 1,
+  });
+  assert.deepEqual(line.progress, { id: "sha256:0123", label: "layer 1/2", action: "download", current: 1536, total: 3 << 20 });
+  assert.equal(buildLogLine({ seq: 1, stream: "status", text: "x" }).progress, undefined);
+  const t = template({ name: "web", start: { cmd: "httpd" }, image: { reference: "upload:1" } });
+  assert.deepEqual([t.start, t.image?.reference], [{ cmd: "httpd" }, "upload:1"]);
+  assert.deepEqual([template({ name: "web" }).start, template({ name: "web" }).image], [undefined, undefined]);
+  assert.deepEqual(template({ name: "web", tags: { v2: 3, bad: "x" } }).tags, { v2: 3 });
+  assert.deepEqual(template({ name: "web" }).tags, {});
+
+  const dir = fs.mkdtempSync("/tmp/hutch-ts-layout-");
+  try {
+    fs.mkdirSync(join(dir, "blobs", "sha256"), { recursive: true });
+    fs.writeFileSync(join(dir, "index.json"), "{}");
+    fs.writeFileSync(join(dir, ".dockerignore"), "*.json\n"); // no rules apply to a directory packed whole
+    fs.writeFileSync(join(dir, "blobs", "sha256", "ab"), "blob");
+    fs.symlinkSync("ab", join(dir, "blobs", "sha256", "cd"));
+    const packed = await packDirectory(dir);
+    assert.equal(packed.dockerfile, "");
+    const chunks: Uint8Array[] = [];
+    for await (const c of packed.stream()) chunks.push(c);
+    const entries = TarParserForTests.parse(Buffer.concat(chunks));
+    assert.deepEqual(
+      entries.map((e) => [e.name, e.type]),
+      [
+        [".dockerignore", "0"],
+        ["blobs/", "5"],
+        ["blobs/sha256/", "5"],
+        ["blobs/sha256/ab", "0"],
+        ["blobs/sha256/cd", "2"],
+        ["index.json", "0"],
+      ],
+    );
+    await assert.rejects(packDirectory(join(dir, "index.json")), InvalidRequest);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});

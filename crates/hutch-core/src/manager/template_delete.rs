@@ -72,7 +72,24 @@ impl Manager {
         // Its warm guests no longer match a template build: they go.
         self.retire_warm().await;
         tracing::info!(template = name, "template deleted");
+        self.collect_blobs().await;
         Ok(())
+    }
+
+    /// Delete the image blobs no template records any more (logged; a failure is only
+    /// logged: the blobs stay for the next collection).
+    pub async fn collect_blobs(&self) {
+        let templates = self.templates.clone();
+        match tokio::task::spawn_blocking(move || templates.collect_blobs()).await {
+            Ok(Ok(sweep)) if sweep.removed > 0 => tracing::info!(
+                blobs = sweep.removed,
+                bytes = sweep.bytes,
+                "removed image blobs no template uses"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "collecting image blobs"),
+            Err(e) => tracing::warn!(error = %e, "collecting image blobs"),
+        }
     }
 }
 

@@ -95,9 +95,16 @@ impl Manager {
         self.templates.rootfs_at(&r.template, r.template_rev)
     }
 
-    /// Delete the old template revisions no sandbox and no snapshot uses (at start, and after
-    /// a build replaced a template). Returns how many went.
+    /// Delete the old template revisions no sandbox, snapshot or tag uses (at start, and
+    /// after a build replaced a template), then the image blobs no revision left records.
+    /// Returns how many revisions went.
     pub async fn collect_template_revisions(&self) -> CoreResult<usize> {
+        let removed = self.collect_unused_revisions().await?;
+        self.collect_blobs().await;
+        Ok(removed)
+    }
+
+    async fn collect_unused_revisions(&self) -> CoreResult<usize> {
         let names = self.templates.names_with_old_revisions();
         if names.is_empty() {
             return Ok(0);

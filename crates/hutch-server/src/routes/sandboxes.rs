@@ -86,7 +86,9 @@ pub fn validate_template_name(reference: &str) -> ApiResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(format!("invalid template name {reference:?}")))
+        Err(ApiError::invalid(format!(
+            "invalid template name {reference:?}"
+        )))
     }
 }
 

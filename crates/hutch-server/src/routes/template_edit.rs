@@ -38,6 +38,11 @@ pub async fn patch(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
+    // Whose template it is comes first: another tenant's is 404 whatever the body says.
+    may_change(&state, &caller, &name, "change").await?;
+    if state.manager.templates().get(&name).is_none() {
+        return Err(unknown_template(&state, &caller, &name));
+    }
     let patch: TemplatePatch = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
     if patch.start.is_none() && patch.isolation.is_none() {
@@ -49,7 +54,6 @@ pub async fn patch(
         Some(Some(spec)) => Some(Some(check_start(spec)?)),
         other => other,
     };
-    may_change(&state, &caller, &name, "change").await?;
     if state.builder.building(&name) {
         return Err(ApiError::conflict(format!(
             "template {name:?} is being built: change it once the build ends"

@@ -46,6 +46,7 @@ from .errors import (
 from .models import (
     BuildInfo,
     BuildLogLine,
+    BuildProgress,
     BuildStep,
     ExecResult,
     ExploreOutcome,
@@ -98,6 +99,7 @@ __all__ = [
     "BuildInfo",
     "BuildStep",
     "BuildLogLine",
+    "BuildProgress",
     "BuildFailed",
     "ExecResult",
     "Process",

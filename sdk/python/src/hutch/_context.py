@@ -151,7 +151,7 @@ def _choose(path: str, is_dir: bool, dockerfile: str, outside: bool, ignore: Doc
 @dataclass
 class PackedContext:
     """A packed build context: a temporary file (deleted when closed) and the Dockerfile's
-    path in it."""
+    path in it (empty for a directory packed whole, :func:`pack_directory`)."""
 
     file: IO[bytes]
     size: int
@@ -218,6 +218,24 @@ def pack_context(context_dir: PathLike, dockerfile: Optional[PathLike] = None) -
         out.close()
         raise
     return PackedContext(out, size, in_context)
+
+
+def pack_directory(directory: PathLike) -> PackedContext:
+    """Pack all of ``directory`` (an OCI image layout to upload, say) as a build context is
+    packed, without a Dockerfile or ``.dockerignore`` rules: links as links, FIFOs, sockets
+    and devices left out."""
+    root = os.path.realpath(os.fspath(directory))
+    if not os.path.isdir(root):
+        raise errors.InvalidRequest(f"{os.fspath(directory)} is not a directory")
+    out = tempfile.TemporaryFile()
+    try:
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            _walk(tar, root, "", "", False, DockerIgnore())
+        size = out.tell()
+    except BaseException:
+        out.close()
+        raise
+    return PackedContext(out, size, "")
 
 
 def _walk(

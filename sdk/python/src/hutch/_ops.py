@@ -45,6 +45,7 @@ from ._protocol import (
     log_params,
     mode_text,
     parse_sandboxes,
+    registry_credentials,
     sandbox_path,
     snapshot_path,
     template_path,
@@ -151,10 +152,13 @@ def build_template(
     build_args: Optional[Mapping[str, Any]],
     target: Optional[str],
     no_cache: bool,
+    registry_auth: Optional[str] = None,
+    insecure_registries: Optional[Sequence[str]] = None,
 ) -> Call[BuildInfo]:
     """``POST /v1/templates`` with a packed build context (``content``: its bytes as an
-    iterator, sync or async, for the client that sends it)."""
-    params = build_params(name, dockerfile, build_args, target, no_cache)
+    iterator, sync or async, for the client that sends it); ``registry_auth`` goes in the
+    ``X-Hutch-Registry-Auth`` header, for the registry of the ``FROM`` images."""
+    params = build_params(name, dockerfile, build_args, target, no_cache, insecure_registries)
     request = Request(
         "POST",
         "/v1/templates",
@@ -162,6 +166,7 @@ def build_template(
         content=content,
         content_type="application/x-tar",
         timeout=None,
+        headers=drop_none({"X-Hutch-Registry-Auth": registry_credentials(registry_auth)}) or None,
     )
     return Call(request, _one(BuildInfo.from_json))
 

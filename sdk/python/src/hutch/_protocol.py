@@ -64,6 +64,7 @@ def build_params(
     build_args: Optional[Mapping[str, Any]],
     target: Optional[str],
     no_cache: bool,
+    insecure_registries: Optional[Sequence[str]] = None,
 ) -> List[Tuple[str, str]]:
     """The query of ``POST /v1/templates`` with a build context."""
     params = [("name", name), ("dockerfile", dockerfile)]
@@ -77,7 +78,28 @@ def build_params(
                 f"build arg names must be non-empty without '=', got {key!r}"
             )
         params.append(("build_arg", f"{key}={value}"))
+    params.extend(("insecure_registry", host) for host in registry_hosts(insecure_registries))
     return params
+
+
+def registry_credentials(auth: Optional[str]) -> Optional[str]:
+    """``USER:PASSWORD`` for a registry, checked (the password may contain ``:``)."""
+    if auth is not None and (not isinstance(auth, str) or ":" not in auth):
+        raise errors.InvalidRequest("registry credentials are USER:PASSWORD")
+    return auth
+
+
+def registry_hosts(hosts: Optional[Sequence[str]]) -> List[str]:
+    """Registries to speak plain HTTP to (``host`` or ``host:port``); a lone string is one."""
+    if hosts is None:
+        return []
+    listed = [hosts] if isinstance(hosts, str) else list(hosts)
+    for host in listed:
+        if not isinstance(host, str) or not host or "/" in host:
+            raise errors.InvalidRequest(
+                f"an insecure registry is a host or host:port, got {host!r}"
+            )
+    return listed
 
 
 def drop_none(d: Dict[str, Any]) -> Dict[str, Any]:

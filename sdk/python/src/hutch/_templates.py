@@ -1,4 +1,4 @@
-"""Templates and their Dockerfile builds: ``client.templates`` (:class:`Templates`,
+"""Templates and their builds: ``client.templates`` (:class:`Templates`,
 :class:`AsyncTemplates`) and the handle of one build (:class:`Build`, :class:`AsyncBuild`).
 
     build = client.templates.build("web", "./app", build_args={"VERSION": "3"})
@@ -7,8 +7,15 @@
     build.wait()                       # raises BuildFailed unless the template is ready
     Sandbox.create("web")
 
-The context directory is packed here (:mod:`hutch._context`: ``.dockerignore`` applied,
-symlinks sent as links) and uploaded with ``POST /v1/templates``; the server runs the build.
+    client.templates.build_from_image("tools", "registry.example:5000/team/tools:1").wait()
+    client.templates.upload_image("app", "./app-image.tar").wait()   # docker save, OCI
+    client.templates.update("app", start={"cmd": "exec app", "ready": {"port": 8080}})
+
+A Dockerfile build's context directory is packed here (:mod:`hutch._context`:
+``.dockerignore`` applied, symlinks sent as links) and uploaded with ``POST /v1/templates``;
+the server runs the build. An image build names the image (the server pulls it) or uploads
+an image archive (:mod:`hutch._images`); its log has ``progress`` lines for each layer's
+download and extraction (:attr:`BuildLogLine.progress`).
 """
 
 from __future__ import annotations
@@ -23,12 +30,15 @@ from typing import (
     List,
     Mapping,
     Optional,
+    Sequence,
 )
 
+from . import _images as images
 from . import _ops as ops
 from . import errors
 from ._context import CHUNK, PackedContext, PathLike, pack_context
 from ._events import AsyncSseSubscription, SseSubscription
+from ._protocol import _UNSET
 from .models import BuildInfo, BuildLogLine, Template
 
 if TYPE_CHECKING:
@@ -133,8 +143,9 @@ class Build(_BuildBase):
 
 
 class Templates:
-    """``client.templates``: the server's templates, and building them from Dockerfiles.
-    Calling it (``client.templates()``) lists them."""
+    """``client.templates``: the server's templates, building them (from a Dockerfile, an
+    image in a registry or an uploaded image) and changing them. Calling it
+    (``client.templates()``) lists them."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -174,6 +185,8 @@ class Templates:
         build_args: Optional[Mapping[str, Any]] = None,
         target: Optional[str] = None,
         no_cache: bool = False,
+        registry_auth: Optional[str] = None,
+        insecure_registries: Optional[Sequence[str]] = None,
     ) -> Build:
         """Start building template ``name`` from a Dockerfile and a build context.
 
@@ -187,6 +200,9 @@ class Templates:
             build_args: Values of the Dockerfile's ``ARG`` s.
             target: The stage to build (default: the last).
             no_cache: Run every step, ignoring cached results.
+            registry_auth: ``USER:PASSWORD`` for the registry of the ``FROM`` images.
+            insecure_registries: Registries (``host:port``) the ``FROM`` images' pulls speak
+                plain HTTP to.
 
         Raises:
             InvalidRequest: The Dockerfile does not parse or plan (the message names the
@@ -202,10 +218,132 @@ class Templates:
                 build_args=build_args,
                 target=target,
                 no_cache=no_cache,
+                registry_auth=registry_auth,
+                insecure_registries=insecure_registries,
             )
             return Build(self._client._call(call), self._client)
         finally:
             packed.close()
+
+    def build_from_image(
+        self,
+        name: str,
+        from_image: str,
+        *,
+        registry_auth: Optional[str] = None,
+        insecure_registries: Optional[Sequence[str]] = None,
+        start: Optional[Mapping[str, Any]] = None,
+        force: bool = False,
+        cpus: Optional[float] = None,
+        memory_mib: Optional[int] = None,
+        disk_mib: Optional[int] = None,
+    ) -> Build:
+        """Start building template ``name`` from an OCI image in a registry, which the
+        server pulls and unpacks in the background (:meth:`Build.wait`; the log's
+        ``progress`` lines tell how far each layer is). Images in local files are uploaded
+        with :meth:`upload_image` instead.
+
+        Args:
+            name: The template (replaced once the build succeeds).
+            from_image: The image (``debian:12``, ``registry.example:5000/team/tools:1``).
+            registry_auth: ``USER:PASSWORD`` for its registry.
+            insecure_registries: Registries (``host:port``) to speak plain HTTP to.
+            start: The template's start command, a ``ServiceSpec`` mapping:
+                ``{"cmd": "exec httpd -f", "ready": {"port": 80}}`` (see
+                :meth:`update`).
+            force: Pull and unpack again even when the template was made from this image.
+            cpus: CPUs its sandboxes get when a create names none.
+            memory_mib: Their memory limit (MiB) when a create names none.
+            disk_mib: Their writable disk (MiB) when a create names none.
+
+        Raises:
+            InvalidRequest: A bad name or value, or ``from_image`` naming local files
+                (``oci:…``, ``docker-archive:…``: upload them).
+            ConflictError: With a tenant key: the name is another tenant's, or shared.
+        """
+        call = images.build_from_image(
+            name,
+            from_image,
+            registry_auth=registry_auth,
+            insecure_registries=insecure_registries,
+            start=start,
+            force=force,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+        )
+        return Build(self._client._call(call), self._client)
+
+    def upload_image(
+        self,
+        name: str,
+        archive: PathLike,
+        *,
+        image_tag: Optional[str] = None,
+        start: Optional[Mapping[str, Any]] = None,
+        cpus: Optional[float] = None,
+        memory_mib: Optional[int] = None,
+        disk_mib: Optional[int] = None,
+    ) -> Build:
+        """Start building template ``name`` from an image in local files, uploaded: a
+        ``docker save`` archive or a tarball of an OCI image layout (sent as it is), or an
+        OCI image layout directory (packed here). The template records its image as
+        ``upload`` (``upload:TAG`` with ``image_tag``).
+
+        Args:
+            name: The template (replaced once the build succeeds).
+            archive: The tarball, or the layout directory.
+            image_tag: Which of its images (a layout's ``org.opencontainers.image.ref.name``,
+                an archive's ``RepoTags`` entry); without it, it must hold exactly one.
+            start: The template's start command (see :meth:`build_from_image`).
+            cpus: CPUs its sandboxes get when a create names none.
+            memory_mib: Their memory limit (MiB) when a create names none.
+            disk_mib: Their writable disk (MiB) when a create names none.
+
+        Raises:
+            InvalidRequest: No such file or directory, a bad name or value, a malformed tar
+                stream.
+            HutchError: 413 when the archive is over the server's limit.
+        """
+        params = images.upload_params(
+            name,
+            image_tag=image_tag,
+            start=start,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+        )
+        packed = images.open_archive(archive)
+        try:
+            call = images.upload_image(params, packed.chunks())
+            return Build(self._client._call(call), self._client)
+        finally:
+            packed.close()
+
+    def update(
+        self, name: str, *, start: Any = _UNSET, isolation: Optional[str] = None
+    ) -> Template:
+        """Change a ready template: sandboxes created from it afterwards get the change;
+        running ones, snapshots and hibernated sandboxes keep what they started with.
+
+        Args:
+            name: The template.
+            start: Its new start command and ready check, a ``ServiceSpec`` mapping:
+                ``cmd`` (a shell string or an argv list), optionally ``env``, ``cwd``,
+                ``user`` and ``ready`` (``{"port": 8080}`` or ``{"cmd": …}``, with
+                ``interval_ms``, ``attempt_timeout_ms``, ``timeout_ms``). ``None`` removes
+                it; left out, it stays.
+            isolation: ``auto``, ``ns`` or ``vm``: what a create that names none gets.
+
+        Returns:
+            The template as it is now.
+
+        Raises:
+            NotFoundError: No such ready template (or another tenant's).
+            PermissionDenied: A tenant key on a template shared by every tenant.
+            ConflictError: A build of it runs.
+        """
+        return self._client._call(images.update_template(name, start=start, isolation=isolation))
 
     def builds(self, name: str) -> List[Build]:
         """The builds of ``name`` the server remembers, oldest first."""
@@ -263,7 +401,7 @@ class AsyncBuild(_BuildBase):
 
 
 async def _async_chunks(packed: PackedContext) -> AsyncIterator[bytes]:
-    """The packed context's bytes, read off the event loop."""
+    """The packed context's (or image archive's) bytes, read off the event loop."""
     await asyncio.to_thread(packed.file.seek, 0)
     while True:
         piece = await asyncio.to_thread(packed.file.read, CHUNK)
@@ -302,6 +440,8 @@ class AsyncTemplates:
         build_args: Optional[Mapping[str, Any]] = None,
         target: Optional[str] = None,
         no_cache: bool = False,
+        registry_auth: Optional[str] = None,
+        insecure_registries: Optional[Sequence[str]] = None,
     ) -> AsyncBuild:
         """Start building template ``name`` (see :meth:`Templates.build`); the context is
         packed on a worker thread."""
@@ -314,10 +454,77 @@ class AsyncTemplates:
                 build_args=build_args,
                 target=target,
                 no_cache=no_cache,
+                registry_auth=registry_auth,
+                insecure_registries=insecure_registries,
             )
             return AsyncBuild(await self._client._call(call), self._client)
         finally:
             packed.close()
+
+    async def build_from_image(
+        self,
+        name: str,
+        from_image: str,
+        *,
+        registry_auth: Optional[str] = None,
+        insecure_registries: Optional[Sequence[str]] = None,
+        start: Optional[Mapping[str, Any]] = None,
+        force: bool = False,
+        cpus: Optional[float] = None,
+        memory_mib: Optional[int] = None,
+        disk_mib: Optional[int] = None,
+    ) -> AsyncBuild:
+        """Start building template ``name`` from an image in a registry (see
+        :meth:`Templates.build_from_image`)."""
+        call = images.build_from_image(
+            name,
+            from_image,
+            registry_auth=registry_auth,
+            insecure_registries=insecure_registries,
+            start=start,
+            force=force,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+        )
+        return AsyncBuild(await self._client._call(call), self._client)
+
+    async def upload_image(
+        self,
+        name: str,
+        archive: PathLike,
+        *,
+        image_tag: Optional[str] = None,
+        start: Optional[Mapping[str, Any]] = None,
+        cpus: Optional[float] = None,
+        memory_mib: Optional[int] = None,
+        disk_mib: Optional[int] = None,
+    ) -> AsyncBuild:
+        """Start building template ``name`` from an uploaded image archive or OCI layout
+        directory (see :meth:`Templates.upload_image`); a directory is packed and the file
+        read on a worker thread."""
+        params = images.upload_params(
+            name,
+            image_tag=image_tag,
+            start=start,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+        )
+        packed = await asyncio.to_thread(images.open_archive, archive)
+        try:
+            call = images.upload_image(params, _async_chunks(packed))
+            return AsyncBuild(await self._client._call(call), self._client)
+        finally:
+            packed.close()
+
+    async def update(
+        self, name: str, *, start: Any = _UNSET, isolation: Optional[str] = None
+    ) -> Template:
+        """Change a ready template's start command (``None`` removes it; left out, it stays)
+        or default isolation (see :meth:`Templates.update`)."""
+        call = images.update_template(name, start=start, isolation=isolation)
+        return await self._client._call(call)
 
     async def builds(self, name: str) -> List[AsyncBuild]:
         """The builds of ``name`` the server remembers, oldest first."""

@@ -280,10 +280,20 @@ class Template:
     description: str = ""
     created_at: Optional[str] = None
     defaults: Dict[str, Any] = field(default_factory=dict)
+    start: Optional[Dict[str, Any]] = None
+    """The start command every sandbox of the template runs, and its ready check (the API's
+    ``ServiceSpec``: ``{"cmd": …, "env": …, "ready": {"port": 8080}}``); ``None``: none."""
+    image: Optional[Dict[str, Any]] = None
+    """For a template made from an image: its ``reference`` (``upload`` or ``upload:TAG`` for
+    an uploaded archive), ``digest`` and configuration."""
+    tags: Dict[str, int] = field(default_factory=dict)
+    """Its tags and the revision each names (``{"v2": 3}``): ``Sandbox.create("web:v2")``
+    creates from that revision; a build of ``web:v2`` sets one."""
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> Template:
+        start, image = d.get("start"), d.get("image")
         return cls(
             name=str(d.get("name", "")),
             ready=bool(d.get("ready", False)),
@@ -292,6 +302,13 @@ class Template:
             description=str(d.get("description") or ""),
             created_at=d.get("created_at"),
             defaults=dict(d.get("defaults") or {}),
+            start=dict(start) if isinstance(start, dict) else None,
+            image=dict(image) if isinstance(image, dict) else None,
+            tags={
+                str(k): int(v)
+                for k, v in (d.get("tags") or {}).items()
+                if _opt_int(v) is not None
+            },
             raw=dict(d),
         )
 
@@ -365,6 +382,33 @@ class BuildInfo:
 
 
 @dataclass
+class BuildProgress:
+    """How far one blob's transfer is: the numbers of a ``progress`` line of an image build's
+    log (:attr:`BuildLogLine.progress`), to draw a progress bar from."""
+
+    id: str
+    """The blob (``sha256:…``)."""
+    label: str
+    """What it is (``layer 2/3``)."""
+    action: str
+    """``download`` (from the registry) or ``extract`` (applied to the root filesystem)."""
+    current: int
+    """Bytes done (of the compressed blob, also while extracting)."""
+    total: int
+    """Bytes in all."""
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> BuildProgress:
+        return cls(
+            id=str(d.get("id") or ""),
+            label=str(d.get("label") or ""),
+            action=str(d.get("action") or ""),
+            current=_opt_int(d.get("current")) or 0,
+            total=_opt_int(d.get("total")) or 0,
+        )
+
+
+@dataclass
 class BuildLogLine:
     """One line of a build's log (:meth:`hutch.Build.logs`)."""
 
@@ -372,20 +416,25 @@ class BuildLogLine:
     """Its number in the build's log, from 1."""
     stream: str
     """``status`` (the builder's own account: ``step 2/5 : RUN make``, `` ---> CACHED``),
-    ``stdout`` or ``stderr`` (what a step printed)."""
+    ``stdout`` or ``stderr`` (what a step printed), or ``progress`` (how far a layer's
+    download or extraction is: :attr:`progress`)."""
     text: str
     step: Optional[int] = None
     """The step that printed it (``None``: the build itself)."""
     time_ms: Optional[int] = None
+    progress: Optional[BuildProgress] = None
+    """A ``progress`` line's numbers (``None`` on other lines)."""
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> BuildLogLine:
+        progress = d.get("progress")
         return cls(
             seq=int(d.get("seq") or 0),
             stream=str(d.get("stream") or ""),
             text=str(d.get("text") or ""),
             step=_opt_int(d.get("step")),
             time_ms=_opt_int(d.get("time_ms")),
+            progress=BuildProgress.from_json(progress) if isinstance(progress, dict) else None,
         )
 
 

@@ -162,7 +162,9 @@ class Client(TenantMethods, ClientBase):
     def templates(self) -> Templates:
         """The server's templates: ``client.templates()`` lists them;
         ``client.templates.build(name, context_dir)`` builds one from a Dockerfile,
-        ``.get(name)`` and ``.delete(name)`` read and delete one."""
+        ``.build_from_image(name, ref)`` and ``.upload_image(name, path)`` from an image,
+        ``.get(name)``, ``.update(name, start=…)`` and ``.delete(name)`` read, change and
+        delete one."""
         return Templates(self)
 
     def events(self, *, timeout: Optional[float] = None) -> EventStream:
