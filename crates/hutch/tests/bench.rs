@@ -191,6 +191,22 @@ fn every_baseline_is_measured_or_skipped_with_a_reason_and_containers_leave_noth
             "neither measured nor skipped: {doc}"
         ),
     }
+    // Image templates from a registry on loopback: cold, unpack only, cached (the
+    // registry and skopeo are installed with the tests, so they are measured, not skipped).
+    for name in [
+        "image_build_cold",
+        "image_build_unpack_only",
+        "image_build_cached",
+    ] {
+        let s = series.iter().find(|s| s["name"] == name);
+        let s = s.unwrap_or_else(|| panic!("{name} missing: {stdout}"));
+        assert_eq!(s["n"], 1, "{s}");
+        assert!(s["p50"].as_f64().is_some_and(|v| v > 0.0), "{s}");
+    }
+    assert!(
+        stdout.contains("x image_build_cold"),
+        "the cached builds' ratio: {stdout}"
+    );
     // api_scale: both record counts measured in the same run, with their ratio.
     let scale = &doc["api_scale"];
     assert_eq!(scale["records"], 20, "{scale}");

@@ -9,6 +9,7 @@ mod containers;
 mod density;
 mod e2b;
 mod exec_memory;
+mod images;
 mod lifecycle;
 mod network;
 mod server;
@@ -238,7 +239,7 @@ pub async fn bench(args: BenchArgs, state_dir_hint: PathBuf) -> anyhow::Result<(
         let mut doc = if args.vm_only {
             json!({"machine": machine_info()})
         } else {
-            measure(&args, &srv, net, &templates_dir).await?
+            measure(&args, &srv, net, &templates_dir, &vm_dir).await?
         };
         if args.api_scale_records > 0 && !args.vm_only {
             let r = run_api_scale(&args, &srv, &templates_dir, &vm_dir).await?;
@@ -466,11 +467,22 @@ async fn bench_templates(
     vm_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let srv = server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 0).await?;
-    let (series, skipped) = templates::run(&srv, args.lifecycle.clamp(1, 10)).await;
+    let (mut series, mut skipped) = templates::run(&srv, args.lifecycle.clamp(1, 10)).await;
     srv.destroy_all().await;
     srv.stop();
+    let (image_series, image_skipped) = images::run(
+        templates_dir,
+        &args.template,
+        vm_dir,
+        args.lifecycle.clamp(1, 10),
+    )
+    .await;
+    series.extend(image_series);
+    skipped.extend(image_skipped);
     for s in &series {
-        println!("{}", row(s, templates::baseline(&s.name, &series)));
+        let baseline =
+            templates::baseline(&s.name, &series).or_else(|| images::baseline(&s.name, &series));
+        println!("{}", row(s, baseline));
     }
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
@@ -536,6 +548,7 @@ async fn measure(
     srv: &server::BenchServer,
     net: network::NetSeries,
     templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
 ) -> anyhow::Result<Value> {
     // Baselines first, while nothing else runs.
     eprintln!("baselines…");
@@ -659,7 +672,17 @@ async fn measure(
     eprintln!("lifecycle ×{}…", args.lifecycle);
     let (life, life_skipped) = lifecycle::run(srv, args.lifecycle).await?;
     eprintln!("templates ×{}…", args.lifecycle.clamp(1, 10));
-    let (tmpl, tmpl_skipped) = templates::run(srv, args.lifecycle.clamp(1, 10)).await;
+    let (mut tmpl, mut tmpl_skipped) = templates::run(srv, args.lifecycle.clamp(1, 10)).await;
+    eprintln!("image templates ×{}…", args.lifecycle.clamp(1, 10));
+    let (image_series, image_skipped) = images::run(
+        templates_dir,
+        &args.template,
+        vm_dir,
+        args.lifecycle.clamp(1, 10),
+    )
+    .await;
+    tmpl.extend(image_series);
+    tmpl_skipped.extend(image_skipped);
 
     eprintln!("code interpreter ×{}…", args.code);
     let (code_series, code_skipped) =
@@ -717,7 +740,9 @@ async fn measure(
             "api_get_sandbox_keepalive" | "api_file_read_1k_keepalive" => healthz.as_ref(),
             // Template series compare with one of their own; lifecycle operations have no
             // counterpart among the baselines.
-            other => templates::baseline(other, &series),
+            other => {
+                templates::baseline(other, &series).or_else(|| images::baseline(other, &series))
+            }
         };
         println!("{}", row(s, baseline));
     }
