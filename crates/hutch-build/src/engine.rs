@@ -177,27 +177,30 @@ pub(crate) async fn run(
     }
     let mut number = 0;
     for stage in &plan.stages {
-        let mut state = match &stage.base {
-            Base::Image { reference } => {
-                let base = bases.get(reference).ok_or_else(|| {
-                    BuildError::StepFailed(format!("no base resolved for {reference}"))
-                })?;
-                StageState {
-                    template: base.template.clone(),
-                    snapshot: None,
-                    key: base_key(&base.identity),
+        let mut state =
+            match &stage.base {
+                Base::Image { reference } => {
+                    let base = bases.get(reference).ok_or_else(|| {
+                        BuildError::StepFailed(format!("no base resolved for {reference}"))
+                    })?;
+                    StageState {
+                        template: base.template.clone(),
+                        snapshot: None,
+                        key: base_key(&base.identity),
+                    }
                 }
-            }
-            Base::Stage { index } => states.stages.get(index).cloned().ok_or_else(|| {
-                BuildError::StepFailed(format!("stage {index} was not built"))
-            })?,
-            Base::Scratch => {
-                return Err(BuildError::StepFailed(format!(
-                    "Dockerfile line {}: FROM scratch is not supported yet: start from a template or an image (minimal is a small one)",
-                    stage.line
-                )))
-            }
-        };
+                Base::Stage { index } => states.stages.get(index).cloned().ok_or_else(|| {
+                    BuildError::StepFailed(format!("stage {index} was not built"))
+                })?,
+                Base::Scratch => {
+                    crate::scratch::ensure(builder, build).await?;
+                    StageState {
+                        template: crate::scratch::TEMPLATE.to_string(),
+                        snapshot: None,
+                        key: base_key("scratch"),
+                    }
+                }
+            };
         build.log(
             None,
             LogStream::Status,

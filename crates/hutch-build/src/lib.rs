@@ -24,6 +24,7 @@ mod engine;
 mod error;
 mod image;
 mod log;
+mod scratch;
 
 pub use builds::{
     BuildRequest, BuildSettings, Builder, ImageBuild, LogFollow, RegistryAccess, SandboxResources,

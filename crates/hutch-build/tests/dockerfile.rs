@@ -479,3 +479,81 @@ async fn inherited_start(w: Arc<World>) {
     let own = build("svc-own", "FROM svc\nCMD [\"sleep\", \"1000\"]\n").await;
     assert_eq!(argv(&own), ["sleep", "1000"]);
 }
+
+#[tokio::test]
+async fn a_scratch_stage_holds_only_what_it_copies_in() {
+    in_world(scratch_stage).await;
+}
+
+async fn scratch_stage(w: Arc<World>) {
+    let dir = w.scratch.join("src-scratch");
+    write(
+        &dir,
+        "Dockerfile",
+        "FROM minimal AS tools\nRUN mkdir -p /out && echo built > /out/file\n\
+         FROM scratch\nCOPY --from=tools /out/file /file\nCOPY --from=tools /bin/busybox /bin/busybox\n",
+    );
+    let (view, log) = w.build("from-scratch", &dir).await;
+    assert_eq!(view.status, BuildStatus::Succeeded, "{log}");
+    let root = w.manager.templates().rootfs("from-scratch");
+    assert_eq!(
+        std::fs::read_to_string(root.join("file")).expect("copied"),
+        "built\n"
+    );
+    assert!(root.join("bin/busybox").is_file());
+    // Nothing of minimal's: no shell, no symlinks to busybox.
+    assert!(
+        std::fs::symlink_metadata(root.join("bin/sh")).is_err(),
+        "{log}"
+    );
+    assert!(root.join("etc/hosts").is_file(), "what every template has");
+    // A sandbox of it runs the copied program (an image's default disk, 2 GiB, is more
+    // than this world's pool).
+    let id = w
+        .manager
+        .create(CreateSandbox {
+            template: Some("from-scratch".into()),
+            isolation: IsolationRequest::Ns,
+            disk_mib: Some(256),
+            ..CreateSandbox::default()
+        })
+        .await
+        .expect("create")
+        .id
+        .to_string();
+    let client = w
+        .manager
+        .agent(&id.parse().expect("id"))
+        .await
+        .expect("agent");
+    let done = client
+        .exec_collect(
+            ExecRequest {
+                cmd: Command::Argv(vec!["/bin/busybox".into(), "cat".into(), "/file".into()]),
+                env: Default::default(),
+                cwd: None,
+                user: None,
+                timeout_ms: Some(30_000),
+                pty: None,
+                stdin: false,
+                background: false,
+                handle: None,
+            },
+            None,
+            1 << 20,
+        )
+        .await
+        .expect("exec");
+    assert_eq!(String::from_utf8_lossy(&done.stdout), "built\n");
+    w.kill(&id).await;
+    // A RUN in a scratch stage has no shell to run in: the build fails at that step.
+    let dir = w.scratch.join("src-scratch-run");
+    write(&dir, "Dockerfile", "FROM scratch\nRUN echo hi\n");
+    let (view, log) = w.build("scratch-run", &dir).await;
+    assert_eq!(view.status, BuildStatus::Failed, "{log}");
+    assert!(
+        view.error.as_deref().unwrap_or("").contains("step 1"),
+        "{:?}",
+        view.error
+    );
+}
