@@ -44,6 +44,10 @@ pub struct BuildSettings {
     pub insecure_registries: Vec<String>,
     /// `Some`: the only registries builds may pull from (`hutch serve --allowed-registry`).
     pub allowed_registries: Option<Vec<String>>,
+    /// Most builds queued or running at once on the server.
+    pub max_pending: usize,
+    /// Most of them one tenant may have.
+    pub max_pending_per_tenant: usize,
 }
 
 impl Default for BuildSettings {
@@ -61,6 +65,8 @@ impl Default for BuildSettings {
             registry_ca: Vec::new(),
             insecure_registries: Vec::new(),
             allowed_registries: None,
+            max_pending: 32,
+            max_pending_per_tenant: 8,
         }
     }
 }
@@ -193,6 +199,8 @@ impl SandboxResources {
 pub(crate) struct Build {
     pub id: String,
     pub template: String,
+    /// Whose build it is (`None`: an admin key's).
+    pub tenant: Option<Tenant>,
     pub state: Mutex<BuildState>,
     pub done: watch::Sender<BuildStatus>,
     pub cancel: watch::Sender<bool>,
@@ -323,6 +331,11 @@ impl Builder {
     /// Check `request` (the name, the Dockerfile: a bad instruction is refused here, naming
     /// its line) and start it in the background.
     pub async fn start(self: &Arc<Self>, request: BuildRequest) -> Result<BuildView, BuildError> {
+        let admitted = admit(&self.builds(), &self.settings, request.tenant.as_ref());
+        if let Err(e) = admitted {
+            crate::engine::remove_context(&request.context_dir).await;
+            return Err(e);
+        }
         let checked = crate::engine::check(&request).await;
         let steps = match checked {
             Ok(Some(plan)) => (crate::engine::step_views(&plan), plan.warnings),
@@ -338,6 +351,7 @@ impl Builder {
         let build = Arc::new(Build {
             id: id.clone(),
             template: request.template.clone(),
+            tenant: request.tenant.clone(),
             state: Mutex::new(BuildState {
                 status: BuildStatus::Queued,
                 steps: steps.0,
@@ -353,6 +367,12 @@ impl Builder {
         });
         {
             let mut builds = self.builds();
+            // Again under the lock: builds started meanwhile count.
+            if let Err(e) = admit(&builds, &self.settings, request.tenant.as_ref()) {
+                drop(builds);
+                let _ = std::fs::remove_dir_all(&request.context_dir);
+                return Err(e);
+            }
             let list = builds.entry(request.template.clone()).or_default();
             if list.len() >= KEPT_BUILDS {
                 if let Some(i) = list.iter().position(|b| b.lock().status.is_done()) {
@@ -434,4 +454,35 @@ impl Builder {
 
 fn not_found(template: &str, id: &str) -> BuildError {
     BuildError::NotFound(format!("template {template:?} has no build {id}"))
+}
+
+/// Refuse a build past the server's or the tenant's bound on pending builds.
+fn admit(
+    builds: &HashMap<String, Vec<Arc<Build>>>,
+    settings: &BuildSettings,
+    tenant: Option<&Tenant>,
+) -> Result<(), BuildError> {
+    let pending: Vec<&Arc<Build>> = builds
+        .values()
+        .flatten()
+        .filter(|b| !b.lock().status.is_done())
+        .collect();
+    if pending.len() >= settings.max_pending {
+        return Err(BuildError::TooMany(format!(
+            "{} template builds are queued or running, the server's limit: try again once one ends",
+            pending.len()
+        )));
+    }
+    if let Some(tenant) = tenant {
+        let mine = pending
+            .iter()
+            .filter(|b| b.tenant.as_ref() == Some(tenant))
+            .count();
+        if mine >= settings.max_pending_per_tenant {
+            return Err(BuildError::TooMany(format!(
+                    "tenant {tenant} has {mine} template builds queued or running, the limit per tenant: try again once one ends"
+                )));
+        }
+    }
+    Ok(())
 }

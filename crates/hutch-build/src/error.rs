@@ -24,6 +24,9 @@ pub enum BuildError {
     /// A step failed: `RUN` exited non-zero, a copy was refused (the build's error).
     #[error("{0}")]
     StepFailed(String),
+    /// Too many builds are queued or running (429, naming the limit).
+    #[error("{0}")]
+    TooMany(String),
     /// The build was cancelled.
     #[error("the build was cancelled")]
     Cancelled,

@@ -309,6 +309,7 @@ fn build_status(e: &BuildError) -> (StatusCode, &'static str) {
         BuildError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
         BuildError::StepFailed(_) => (StatusCode::UNPROCESSABLE_ENTITY, "build_failed"),
         BuildError::Cancelled => (StatusCode::CONFLICT, "cancelled"),
+        BuildError::TooMany(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_builds"),
         BuildError::Core(cause) => core_status(cause),
         BuildError::Template(cause) => template_status(cause),
         BuildError::Agent(_) => (StatusCode::CONFLICT, "sandbox_failed"),

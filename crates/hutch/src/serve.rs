@@ -169,6 +169,12 @@ pub struct ServeArgs {
     /// pulls from the host's own addresses (loopback, link-local, cloud metadata).
     #[arg(long, value_name = "HOST")]
     pub allowed_registry: Vec<String>,
+    /// Most template builds queued or running at once; more are answered 429.
+    #[arg(long, default_value_t = 32)]
+    pub max_builds: usize,
+    /// Most template builds one tenant may have queued or running; more are answered 429.
+    #[arg(long, default_value_t = 8)]
+    pub max_builds_per_tenant: usize,
     /// Largest build context a client may upload with `POST /v1/templates` (bytes, or with
     /// a KiB/MiB/GiB suffix), compressed or not; larger ones are answered 413.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
@@ -300,6 +306,8 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
         insecure_registries: args.insecure_registry.clone(),
         allowed_registries: (!args.allowed_registry.is_empty())
             .then(|| args.allowed_registry.clone()),
+        max_pending: args.max_builds.max(1),
+        max_pending_per_tenant: args.max_builds_per_tenant.max(1),
         ..hutch_build::BuildSettings::default()
     };
     settings.network.egress = match (args.network, args.build_egress) {

@@ -55,7 +55,23 @@ async fn every_operation_answers_as_the_openapi_document_says() {
     let exe = schemathesis();
     // Builds may pull only from a registry on a dead local port: an image the fuzzer names
     // is refused before its name is even resolved (nothing leaves the machine).
-    let s = TestServer::start_with(&["--allowed-registry", "127.0.0.1:9"]).await;
+    // Its own templates directory: the fuzzer deletes and PATCHes templates (a fuzzed start
+    // command on the shared `minimal` broke every later test that used it).
+    let templates = tempfile::Builder::new()
+        .prefix("hutch-fuzz-templates-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let built = Command::new(hutch_testkit::hutch_bin())
+        .args(["template", "build", "minimal", "--templates-dir"])
+        .arg(templates.path())
+        .output()
+        .expect("run hutch");
+    assert!(built.status.success(), "{built:?}");
+    let s = TestServer::start_in(
+        templates.path().to_path_buf(),
+        &["--allowed-registry", "127.0.0.1:9"],
+    )
+    .await;
     // One real sandbox, so that routes on a sandbox meet one as well as unknown ids.
     let _id = s.create_id(json!({})).await;
     let reports = tempfile::tempdir().expect("tempdir");

@@ -680,3 +680,77 @@ async fn a_tag_names_a_revision_that_outlives_rebuilds() {
     drop(s);
     drop(guard);
 }
+
+#[tokio::test]
+async fn builds_past_a_tenants_bound_are_429_naming_it() {
+    let guard = TemplateGuard::new("bound");
+    let other = TemplateGuard::new("bound-admin");
+    let s = TestServer::start_with(&["--max-builds-per-tenant", "1"]).await;
+    let key = s.tenant_key("builders", "full").await;
+    let post = |key: String, name: String| {
+        let s = &s;
+        async move {
+            let tar = tar_of(&[("Dockerfile", "FROM minimal\nRUN sleep 30\n")]);
+            let resp = s
+                .http
+                .post(format!("{}/v1/templates?name={name}", s.url))
+                .bearer_auth(&key)
+                .header("content-type", "application/x-tar")
+                .body(tar)
+                .send()
+                .await
+                .expect("post");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, first) = post(key.clone(), guard.0.clone()).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, v) = post(key.clone(), format!("{}-2", guard.0)).await;
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "too_many_builds", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("the limit per tenant"),
+        "{v}"
+    );
+    // Another caller is not held up by this tenant's bound.
+    let (status, admin) = post(s.key.clone(), other.0.clone()).await;
+    assert_eq!(status, 202, "{admin}");
+    for (k, b) in [(&key, &first), (&s.key, &admin)] {
+        let (status, v) = s
+            .request_as(
+                k,
+                Method::DELETE,
+                &format!(
+                    "/v1/templates/{}/builds/{}",
+                    b["template"].as_str().expect("template"),
+                    b["id"].as_str().expect("id")
+                ),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    // Once the first has ended, the tenant builds again.
+    wait_build(&s, &guard.0, first["id"].as_str().expect("id")).await;
+    let (status, v) = post(key, format!("{}-3", guard.0)).await;
+    assert_eq!(status, 202, "{v}");
+    let (status, _) = s
+        .request(
+            Method::DELETE,
+            &format!(
+                "/v1/templates/{}-3/builds/{}",
+                guard.0,
+                v["id"].as_str().expect("id")
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    drop(s);
+    drop(other);
+    drop(guard);
+}
