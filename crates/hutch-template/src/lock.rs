@@ -30,13 +30,7 @@ impl TemplateLock {
     /// has it.
     pub(crate) fn acquire(dir: &Path, name: &str, on_wait: impl FnOnce()) -> Result<Self> {
         let path = Self::path(dir, name);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .at("opening lock file", &path)?;
+        let file = open_lock_file(&path)?;
         match sys::flock_exclusive(file.as_fd(), false) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -49,6 +43,17 @@ impl TemplateLock {
     }
 }
 
+/// A lock file, made if missing (never truncated: another holder may have it open).
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .at("opening lock file", path)
+}
+
 /// The blob store's lock (`<templates_dir>/.lock-blobs`): pulls hold it shared while they
 /// write and read blobs, the collector exclusively (and only when it is free).
 #[derive(Debug)]
@@ -59,14 +64,7 @@ pub(crate) struct BlobLock {
 impl BlobLock {
     fn open(dir: &Path) -> Result<(File, PathBuf)> {
         let path = dir.join(".lock-blobs");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .at("opening lock file", &path)?;
-        Ok((file, path))
+        Ok((open_lock_file(&path)?, path))
     }
 
     /// Held while a pull or an unpack uses the blobs.

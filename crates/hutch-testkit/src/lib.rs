@@ -33,7 +33,10 @@ mod tls;
 mod wait;
 
 pub use backends::{on, skip_without_vm, vm_unavailable};
-pub use paths::{agent_bin, ensure_template, hutch_bin, repo_root, templates_dir, vm_cache_dir};
+pub use paths::{
+    agent_bin, ensure_template, hutch_bin, private_templates, repo_root, templates_dir,
+    vm_cache_dir,
+};
 pub use postgres::PrivatePostgres;
 pub use programs::{path_without, static_c_binary};
 pub use s3::S3Server;

@@ -81,6 +81,18 @@ pub fn ensure_template(name: &str) {
     assert!(status.success(), "building template {name} failed");
 }
 
+/// A templates directory of a test's own at `dir` (made if missing) with `minimal` built in
+/// it, for tests whose server changes or deletes templates.
+pub fn private_templates(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).expect("create templates dir");
+    let out = Command::new(hutch_bin())
+        .args(["template", "build", "minimal", "--templates-dir"])
+        .arg(dir)
+        .output()
+        .expect("run hutch template build");
+    assert!(out.status.success(), "building minimal in {dir:?}: {out:?}");
+}
+
 /// [`ensure_template`] of `minimal` (every test server's default), once per test process.
 pub(crate) fn ensure_minimal() {
     static MINIMAL: OnceLock<()> = OnceLock::new();

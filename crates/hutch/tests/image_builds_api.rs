@@ -8,7 +8,6 @@
 #[path = "../../hutch-image/tests/support/mod.rs"]
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -107,13 +106,7 @@ async fn tenants_pull_with_their_own_credentials_and_keep_what_they_pulled() {
         .tempdir_in("/tmp")
         .expect("tempdir");
     let templates = work.path().join("templates");
-    std::fs::create_dir_all(&templates).expect("mkdir");
-    let built = Command::new(hutch_testkit::hutch_bin())
-        .args(["template", "build", "minimal", "--templates-dir"])
-        .arg(&templates)
-        .output()
-        .expect("run hutch");
-    assert!(built.status.success(), "{built:?}");
+    hutch_testkit::private_templates(&templates);
     let registry = Registry::start();
     let layout = registry.dir.path().join("layout");
     let top = oci::image(
@@ -215,13 +208,7 @@ async fn a_dockerfile_builds_on_an_image_and_copies_from_one() {
         .tempdir_in("/tmp")
         .expect("tempdir");
     let templates = work.path().join("templates");
-    std::fs::create_dir_all(&templates).expect("mkdir");
-    let built = Command::new(hutch_testkit::hutch_bin())
-        .args(["template", "build", "minimal", "--templates-dir"])
-        .arg(&templates)
-        .output()
-        .expect("run hutch");
-    assert!(built.status.success(), "{built:?}");
+    hutch_testkit::private_templates(&templates);
     let registry = Registry::start();
     let layout = registry.dir.path().join("layout");
     let top = oci::image(

@@ -29,17 +29,6 @@ fn template_build(s: &TestServer, args: &[&str], auth: &str) -> Output {
         .expect("run hutch template build")
 }
 
-/// A templates directory of the test's own with `minimal` built (the server's `FROM`
-/// nothing needs it; sandboxes need a template to start).
-fn templates_with_minimal(dir: &std::path::Path) {
-    let built = Command::new(hutch_testkit::hutch_bin())
-        .args(["template", "build", "minimal", "--templates-dir"])
-        .arg(dir)
-        .output()
-        .expect("run hutch");
-    assert!(built.status.success(), "{built:?}");
-}
-
 /// `GET /v1/templates/{name}`.
 async fn template(s: &TestServer, name: &str) -> Value {
     let resp = s
@@ -59,7 +48,7 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
         .prefix("hutch-image-templates-")
         .tempdir_in("/tmp")
         .expect("tempdir");
-    templates_with_minimal(templates.path());
+    hutch_testkit::private_templates(templates.path());
     let registry = Registry::start();
     let layout = registry.dir.path().join("layout");
     // The second layer points /workspace and /etc/resolv.conf at host paths.
@@ -185,8 +174,7 @@ async fn templates_come_from_local_oci_layouts_and_docker_archives() {
         .expect("skopeo");
     assert!(copied.status.success(), "{copied:?}");
 
-    std::fs::create_dir_all(&templates).expect("templates");
-    templates_with_minimal(&templates);
+    hutch_testkit::private_templates(&templates);
     let server = TestServer::start_in(templates.clone(), &[]).await;
     for (name, reference, recorded) in [
         (

@@ -61,12 +61,7 @@ async fn every_operation_answers_as_the_openapi_document_says() {
         .prefix("hutch-fuzz-templates-")
         .tempdir_in("/tmp")
         .expect("tempdir");
-    let built = Command::new(hutch_testkit::hutch_bin())
-        .args(["template", "build", "minimal", "--templates-dir"])
-        .arg(templates.path())
-        .output()
-        .expect("run hutch");
-    assert!(built.status.success(), "{built:?}");
+    hutch_testkit::private_templates(templates.path());
     let s = TestServer::start_in(
         templates.path().to_path_buf(),
         &["--allowed-registry", "127.0.0.1:9"],

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::baselines::Skipped;
@@ -214,25 +214,7 @@ async fn build(srv: &BenchServer, reference: &str, force: bool) -> anyhow::Resul
             json!({"name": NAME, "from_image": reference, "force": force}),
         )
         .await?;
-    let id = started["id"].as_str().context("no build id")?.to_string();
-    let (url, key, http) = srv.endpoint();
-    loop {
-        let v: Value = http
-            .get(format!("{url}/v1/templates/{NAME}/builds/{id}"))
-            .bearer_auth(key)
-            .send()
-            .await?
-            .json()
-            .await?;
-        match v["status"].as_str() {
-            Some("succeeded") => return Ok(t0.elapsed().as_secs_f64() * 1000.0),
-            Some("failed") | Some("cancelled") => bail!("build {id}: {}", v["error"]),
-            _ => tokio::time::sleep(Duration::from_millis(5)).await,
-        }
-        if t0.elapsed() > Duration::from_secs(300) {
-            bail!("build {id} did not end in 300 s");
-        }
-    }
+    super::templates::wait_build(srv, &started, t0).await
 }
 
 /// The series `name` is compared with (cached and unpack-only builds with the cold one).

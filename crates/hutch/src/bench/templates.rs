@@ -59,10 +59,21 @@ async fn build(srv: &BenchServer, tar: &[u8], no_cache: bool) -> anyhow::Result<
         );
     }
     let started: Value = r.json().await?;
-    let id = started["id"].as_str().context("no build id")?.to_string();
+    wait_build(srv, &started, t0).await
+}
+
+/// Wait for the build `started` (the answer to its POST) to succeed; ms since `t0`.
+pub(super) async fn wait_build(
+    srv: &BenchServer,
+    started: &Value,
+    t0: Instant,
+) -> anyhow::Result<f64> {
+    let (url, key, http) = srv.endpoint();
+    let id = started["id"].as_str().context("no build id")?;
+    let name = started["template"].as_str().context("no template")?;
     loop {
         let v: Value = http
-            .get(format!("{url}/v1/templates/{NAME}/builds/{id}"))
+            .get(format!("{url}/v1/templates/{name}/builds/{id}"))
             .bearer_auth(key)
             .send()
             .await?
