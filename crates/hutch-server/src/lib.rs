@@ -162,6 +162,10 @@ pub fn app(state: AppState) -> Router {
                 .delete(templates::delete)
                 .patch(template_edit::patch),
         )
+        .route(
+            "/v1/templates/{name}/tags/{tag}",
+            put(template_edit::put_tag).delete(template_edit::delete_tag),
+        )
         .route("/v1/templates/{name}/builds", get(templates::list_builds))
         .route(
             "/v1/templates/{name}/builds/{id}",

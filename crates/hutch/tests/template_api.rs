@@ -677,6 +677,34 @@ async fn a_tag_names_a_revision_that_outlives_rebuilds() {
     )
     .await;
     assert_eq!(status, 400, "{v}");
+    // A tag moves to another revision, and goes.
+    let (_, t) = s
+        .request(Method::GET, &format!("/v1/templates/{name}"), None)
+        .await;
+    let newest = t["rev"].as_u64().expect("rev");
+    let tag_path = format!("/v1/templates/{name}/tags/v1");
+    let (status, v) = s
+        .request(Method::PUT, &tag_path, Some(json!({"rev": newest})))
+        .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["tags"]["v1"].as_u64(), Some(newest), "{v}");
+    assert_eq!(read(format!("{name}:v1")).await, "three\n");
+    let (status, v) = s
+        .request(Method::PUT, &tag_path, Some(json!({"rev": newest + 5})))
+        .await;
+    assert_eq!(status, 404, "a revision that is not there: {v}");
+    let (status, _) = s.request(Method::DELETE, &tag_path, None).await;
+    assert_eq!(status, 204);
+    let (status, v) = s.request(Method::DELETE, &tag_path, None).await;
+    assert_eq!(status, 404, "{v}");
+    let (status, v) = s
+        .request(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"template": format!("{name}:v1")})),
+        )
+        .await;
+    assert_eq!(status, 404, "{v}");
     drop(s);
     drop(guard);
 }

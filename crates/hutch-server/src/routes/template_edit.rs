@@ -1,9 +1,11 @@
 //! `PATCH /v1/templates/{name}`: change a ready template's start command (and ready
 //! check) or its default isolation, as `hutch template set-start` and `set-isolation` do.
 //! Sandboxes created afterwards get the change; running ones, snapshots and hibernated
-//! sandboxes keep what they started with.
+//! sandboxes keep what they started with. `PUT`/`DELETE /v1/templates/{name}/tags/{tag}`
+//! point a tag at a revision or remove it.
 
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::{Extension, Json};
 use hutch_proto::ServiceSpec;
 use serde::Deserialize;
@@ -80,4 +82,68 @@ pub async fn patch(
         Some(t) => Ok(Json(template_view(&state, &t))),
         None => Err(unknown_template(&state, &caller, &name)),
     }
+}
+
+/// The body of `PUT /v1/templates/{name}/tags/{tag}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TagBody {
+    rev: u64,
+}
+
+/// `PUT /v1/templates/{name}/tags/{tag}` `{"rev": N}` → the template as `GET` shows it
+/// (404 for a revision that is gone).
+pub async fn put_tag(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((name, tag)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    may_change(&state, &caller, &name, "tag").await?;
+    if state.manager.templates().get(&name).is_none() {
+        return Err(unknown_template(&state, &caller, &name));
+    }
+    hutch_template::validate_tag(&tag)?;
+    let TagBody { rev } = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    let store = state.manager.templates().clone();
+    let n = name.clone();
+    tokio::task::spawn_blocking(move || store.set_tag(&n, &tag, rev))
+        .await
+        .map_err(|e| ApiError::from(hutch_core::CoreError::Task(e)))??;
+    match state
+        .manager
+        .visible_template(&name, &caller.scope())
+        .await?
+    {
+        Some(t) => Ok(Json(template_view(&state, &t))),
+        None => Err(unknown_template(&state, &caller, &name)),
+    }
+}
+
+/// `DELETE /v1/templates/{name}/tags/{tag}` → 204 (404 for a tag it does not have). The
+/// revision stays while something uses it.
+pub async fn delete_tag(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((name, tag)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    may_change(&state, &caller, &name, "tag").await?;
+    if state.manager.templates().get(&name).is_none() {
+        return Err(unknown_template(&state, &caller, &name));
+    }
+    let store = state.manager.templates().clone();
+    let (n, t) = (name.clone(), tag.clone());
+    let removed = tokio::task::spawn_blocking(move || store.remove_tag(&n, &t))
+        .await
+        .map_err(|e| ApiError::from(hutch_core::CoreError::Task(e)))??;
+    if !removed {
+        return Err(ApiError::not_found(format!(
+            "template {name:?} has no tag {tag:?}"
+        )));
+    }
+    if let Err(e) = state.manager.collect_template_revisions().await {
+        tracing::warn!(error = %e, "collecting unused template revisions");
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
