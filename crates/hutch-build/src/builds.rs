@@ -150,16 +150,12 @@ impl RegistryAccess {
         match &self.credentials {
             Some(c) => {
                 let secret = sha2::Sha256::digest(c.secret().as_bytes());
-                format!("user:{}:{}", c.username, hex(&secret[..8]))
+                format!("user:{}:{}", c.username, crate::engine::hex(&secret[..8]))
             }
             None if self.operator => "host".into(),
             None => "anonymous".into(),
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Default resources a build gives the template's sandboxes (each `None` keeps the base's).

@@ -87,6 +87,22 @@ async fn dockerfile_build(
     ended(s, key, &started).await
 }
 
+/// A registry holding `repo:1`: a busybox layer whose `/from-image` says `marker`, with the
+/// image config `config`.
+fn registry_with_image(repo: &str, marker: &str, config: Value) -> (Registry, String) {
+    let registry = Registry::start();
+    let layout = registry.dir.path().join("layout");
+    let top = oci::image(
+        &layout,
+        "amd64",
+        &[LayerBlob::gzip(&busybox_layer(marker))],
+        config,
+    );
+    oci::finish(&layout, "1", top);
+    let reference = registry.push(&layout, "1", repo, false, false);
+    (registry, reference)
+}
+
 /// The names of the templates `key` lists.
 async fn listed(s: &TestServer, key: &str) -> Vec<String> {
     let (status, v) = s.request_as(key, Method::GET, "/v1/templates", None).await;
@@ -107,16 +123,11 @@ async fn tenants_pull_with_their_own_credentials_and_keep_what_they_pulled() {
         .expect("tempdir");
     let templates = work.path().join("templates");
     hutch_testkit::private_templates(&templates);
-    let registry = Registry::start();
-    let layout = registry.dir.path().join("layout");
-    let top = oci::image(
-        &layout,
-        "amd64",
-        &[LayerBlob::gzip(&busybox_layer("private image"))],
+    let (registry, reference) = registry_with_image(
+        "team/private",
+        "private image",
         json!({"Env": ["PATH=/bin"]}),
     );
-    oci::finish(&layout, "1", top);
-    let reference = registry.push(&layout, "1", "team/private", false, false);
     // The host's Docker config can log in to the registry.
     let docker = work.path().join("docker");
     std::fs::create_dir_all(&docker).expect("mkdir");
@@ -209,16 +220,11 @@ async fn a_dockerfile_builds_on_an_image_and_copies_from_one() {
         .expect("tempdir");
     let templates = work.path().join("templates");
     hutch_testkit::private_templates(&templates);
-    let registry = Registry::start();
-    let layout = registry.dir.path().join("layout");
-    let top = oci::image(
-        &layout,
-        "amd64",
-        &[LayerBlob::gzip(&busybox_layer("made by the image"))],
+    let (registry, reference) = registry_with_image(
+        "team/tools",
+        "made by the image",
         json!({"Env": ["PATH=/bin", "FROM_IMAGE=yes"]}),
     );
-    oci::finish(&layout, "1", top);
-    let reference = registry.push(&layout, "1", "team/tools", false, false);
     let ca = registry.ca.display().to_string();
     let s = TestServer::start_in(templates, &["--registry-ca", &ca]).await;
     let login = format!("{USER}:{PASSWORD}");

@@ -302,7 +302,6 @@ fn registry_credentials(start: &BuildStart) -> E2bResult<Option<hutch_build::Cre
 
 /// The Dockerfile of a build start, and the file hashes its `COPY` steps need.
 fn dockerfile(start: &BuildStart) -> E2bResult<(String, Vec<String>)> {
-    registry_credentials(start)?;
     let base = match (&start.from_template, &start.from_image) {
         (Some(t), _) => template_name(t)?,
         (None, Some(image)) if image.split(':').next() == Some(E2B_BASE_IMAGE) => {
@@ -436,6 +435,7 @@ pub async fn start_build(
         )));
     }
     let start: BuildStart = body_json(&body)?;
+    let credentials = registry_credentials(&start)?;
     let (text, hashes) = dockerfile(&start)?;
     let build_dir = state
         .app
@@ -488,8 +488,7 @@ pub async fn start_build(
         tenant: pending.caller_tenant.clone(),
         sandbox_resources: pending.resources,
         registry: hutch_build::RegistryAccess {
-            // Checked with the Dockerfile, before anything was made.
-            credentials: registry_credentials(&start).ok().flatten(),
+            credentials,
             insecure_registries: Vec::new(),
             // Only an admin key's build may pull with the host's own credentials.
             operator: pending.caller_tenant.is_none(),
@@ -594,6 +593,32 @@ pub async fn alias(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registry_credentials_come_from_from_image_registry() {
+        let start = |v: Value| BuildStart {
+            from_image_registry: Some(v),
+            ..BuildStart::default()
+        };
+        let c = registry_credentials(&start(
+            serde_json::json!({"type": "registry", "username": "u", "password": "p:w"}),
+        ))
+        .expect("registry credentials")
+        .expect("some");
+        assert_eq!((c.username.as_str(), c.secret()), ("u", "p:w"));
+        assert!(registry_credentials(&start(Value::Null))
+            .expect("null")
+            .is_none());
+        assert!(registry_credentials(&BuildStart::default())
+            .expect("absent")
+            .is_none());
+        for bad in [
+            serde_json::json!({"type": "aws", "awsAccessKeyId": "x"}),
+            serde_json::json!({"type": "registry", "username": "u"}),
+        ] {
+            assert!(registry_credentials(&start(bad.clone())).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn steps_become_a_dockerfile_with_the_uploads_under_their_hashes() {

@@ -10,7 +10,7 @@ use axum::{Extension, Json};
 use hutch_proto::ServiceSpec;
 use serde::Deserialize;
 
-use super::templates::{check_start, may_change, template_view, unknown_template};
+use super::templates::{check_start, may_change, shown, unknown_template};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::Caller;
 use crate::AppState;
@@ -33,6 +33,16 @@ where
     Option::<T>::deserialize(d).map(Some)
 }
 
+/// Whether `caller` may `what` template `name`, which must exist: another tenant's and an
+/// unknown name are 404 before the store is touched.
+async fn changeable(state: &AppState, caller: &Caller, name: &str, what: &str) -> ApiResult<()> {
+    may_change(state, caller, name, what).await?;
+    if state.manager.templates().get(name).is_none() {
+        return Err(unknown_template(state, caller, name));
+    }
+    Ok(())
+}
+
 /// `PATCH /v1/templates/{name}` → the template as `GET` shows it.
 pub async fn patch(
     State(state): State<AppState>,
@@ -41,10 +51,7 @@ pub async fn patch(
     body: axum::body::Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
     // Whose template it is comes first: another tenant's is 404 whatever the body says.
-    may_change(&state, &caller, &name, "change").await?;
-    if state.manager.templates().get(&name).is_none() {
-        return Err(unknown_template(&state, &caller, &name));
-    }
+    changeable(&state, &caller, &name, "change").await?;
     let patch: TemplatePatch = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
     if patch.start.is_none() && patch.isolation.is_none() {
@@ -74,14 +81,7 @@ pub async fn patch(
     })
     .await
     .map_err(|e| ApiError::from(hutch_core::CoreError::Task(e)))??;
-    match state
-        .manager
-        .visible_template(&name, &caller.scope())
-        .await?
-    {
-        Some(t) => Ok(Json(template_view(&state, &t))),
-        None => Err(unknown_template(&state, &caller, &name)),
-    }
+    shown(&state, &caller, &name).await.map(Json)
 }
 
 /// The body of `PUT /v1/templates/{name}/tags/{tag}`.
@@ -99,10 +99,7 @@ pub async fn put_tag(
     Path((name, tag)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
-    may_change(&state, &caller, &name, "tag").await?;
-    if state.manager.templates().get(&name).is_none() {
-        return Err(unknown_template(&state, &caller, &name));
-    }
+    changeable(&state, &caller, &name, "tag").await?;
     hutch_template::validate_tag(&tag)?;
     let TagBody { rev } = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
@@ -111,14 +108,7 @@ pub async fn put_tag(
     tokio::task::spawn_blocking(move || store.set_tag(&n, &tag, rev))
         .await
         .map_err(|e| ApiError::from(hutch_core::CoreError::Task(e)))??;
-    match state
-        .manager
-        .visible_template(&name, &caller.scope())
-        .await?
-    {
-        Some(t) => Ok(Json(template_view(&state, &t))),
-        None => Err(unknown_template(&state, &caller, &name)),
-    }
+    shown(&state, &caller, &name).await.map(Json)
 }
 
 /// `DELETE /v1/templates/{name}/tags/{tag}` → 204 (404 for a tag it does not have). The
@@ -128,10 +118,7 @@ pub async fn delete_tag(
     Extension(caller): Extension<Caller>,
     Path((name, tag)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    may_change(&state, &caller, &name, "tag").await?;
-    if state.manager.templates().get(&name).is_none() {
-        return Err(unknown_template(&state, &caller, &name));
-    }
+    changeable(&state, &caller, &name, "tag").await?;
     let store = state.manager.templates().clone();
     let (n, t) = (name.clone(), tag.clone());
     let removed = tokio::task::spawn_blocking(move || store.remove_tag(&n, &t))

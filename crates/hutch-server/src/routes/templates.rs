@@ -281,8 +281,9 @@ struct ImageBody {
 }
 
 impl ImageBody {
-    /// The checked build request (`context_dir`: the build's own directory, empty).
-    fn request(self, caller: &Caller, build_dir: PathBuf) -> ApiResult<BuildRequest> {
+    /// The checked build request (its `context_dir` is set once the build's directory is
+    /// made).
+    fn request(self, caller: &Caller) -> ApiResult<BuildRequest> {
         let (name, tag) = split_tag(&self.name)?;
         if self.from_image.is_empty() || self.from_image.len() > 4096 {
             return Err(ApiError::bad_request(
@@ -313,7 +314,7 @@ impl ImageBody {
         Ok(BuildRequest {
             template: name,
             tag,
-            context_dir: build_dir,
+            context_dir: PathBuf::new(),
             dockerfile: String::new(),
             build_args: BTreeMap::new(),
             target: None,
@@ -436,15 +437,9 @@ pub async fn create(
             .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
         let image: ImageBody = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
-        split_tag(&image.name)?;
+        let mut request = image.request(&caller)?;
         let build_dir = new_build_dir(&state).await?;
-        let request = match image.request(&caller, build_dir.join("context")) {
-            Ok(r) => r,
-            Err(e) => {
-                remove_dir(build_dir).await;
-                return Err(e);
-            }
-        };
+        request.context_dir = build_dir.join("context");
         return start_build(&state, request, build_dir).await;
     }
     let q = parse_build_query(raw.as_deref())?;
@@ -603,13 +598,22 @@ pub async fn get(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
+    shown(&state, &caller, &name).await.map(Json)
+}
+
+/// Template `name` as `GET` shows it to `caller` (404 when it may not see it).
+pub(crate) async fn shown(
+    state: &AppState,
+    caller: &Caller,
+    name: &str,
+) -> ApiResult<serde_json::Value> {
     match state
         .manager
-        .visible_template(&name, &caller.scope())
+        .visible_template(name, &caller.scope())
         .await?
     {
-        Some(t) => Ok(Json(template_view(&state, &t))),
-        None => Err(unknown_template(&state, &caller, &name)),
+        Some(t) => Ok(template_view(state, &t)),
+        None => Err(unknown_template(state, caller, name)),
     }
 }
 

@@ -217,16 +217,6 @@ async fn build(srv: &BenchServer, reference: &str, force: bool) -> anyhow::Resul
     super::templates::wait_build(srv, &started, t0).await
 }
 
-/// The series `name` is compared with (cached and unpack-only builds with the cold one).
-pub fn baseline<'a>(name: &str, series: &'a [Summary]) -> Option<&'a Summary> {
-    match name {
-        "image_build_unpack_only" | "image_build_cached" => {
-            series.iter().find(|s| s.name == "image_build_cold")
-        }
-        _ => None,
-    }
-}
-
 /// Run the series `n` times each, on a server of their own (it must speak plain HTTP to
 /// the registry).
 pub async fn run(

@@ -480,9 +480,7 @@ async fn bench_templates(
     series.extend(image_series);
     skipped.extend(image_skipped);
     for s in &series {
-        let baseline =
-            templates::baseline(&s.name, &series).or_else(|| images::baseline(&s.name, &series));
-        println!("{}", row(s, baseline));
+        println!("{}", row(s, templates::baseline(&s.name, &series)));
     }
     for s in &skipped {
         println!("skipped {}: {}", s.name, s.reason);
@@ -740,9 +738,7 @@ async fn measure(
             "api_get_sandbox_keepalive" | "api_file_read_1k_keepalive" => healthz.as_ref(),
             // Template series compare with one of their own; lifecycle operations have no
             // counterpart among the baselines.
-            other => {
-                templates::baseline(other, &series).or_else(|| images::baseline(other, &series))
-            }
+            other => templates::baseline(other, &series),
         };
         println!("{}", row(s, baseline));
     }

@@ -107,11 +107,12 @@ async fn create_to_exec(srv: &BenchServer, template: &str) -> anyhow::Result<f64
 }
 
 /// The series of this section that `name` is compared with (a cached build with the cold
-/// one, a start-command create with the plain one).
+/// one, a start-command create with the plain one; the image series of `images.rs` too).
 pub fn baseline<'a>(name: &str, series: &'a [Summary]) -> Option<&'a Summary> {
     let base = match name {
         "template_build_cached" => "template_build_cold",
         "ns_create_to_first_exec_start_command" => "ns_create_to_first_exec_plain",
+        "image_build_unpack_only" | "image_build_cached" => "image_build_cold",
         _ => return None,
     };
     series.iter().find(|s| s.name == base)
