@@ -197,6 +197,27 @@ pub(crate) fn link_at(existing: &CStr, dir: &OwnedFd, name: &CStr) -> Result<(),
     check(ret.into(), || format!("link {}", what(name))).map(drop)
 }
 
+/// `linkat(old_dir, old_name, new_dir, new_name, 0)`: a hard link to an entry reached by
+/// descriptor (its last component not followed).
+pub(crate) fn link_between(
+    old_dir: &OwnedFd,
+    old_name: &CStr,
+    new_dir: &OwnedFd,
+    new_name: &CStr,
+) -> Result<(), SysError> {
+    // SAFETY: both names are NUL-terminated and outlive the call.
+    let ret = unsafe {
+        libc::linkat(
+            old_dir.as_raw_fd(),
+            old_name.as_ptr(),
+            new_dir.as_raw_fd(),
+            new_name.as_ptr(),
+            0,
+        )
+    };
+    check(ret.into(), || format!("link {}", what(new_name))).map(drop)
+}
+
 /// `fchownat(dir, name, uid, gid, AT_SYMLINK_NOFOLLOW)`.
 pub(crate) fn chown_at(dir: &OwnedFd, name: &CStr, uid: u32, gid: u32) -> Result<(), SysError> {
     // SAFETY: `name` is NUL-terminated and outlives the call.

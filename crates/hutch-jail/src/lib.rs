@@ -55,7 +55,8 @@ pub use cgroup::{
 pub use helper::{helper_main, spawn_with_helper, HELPER_ARG};
 pub use host::{find_program, host_report, HostCheck, HostReport};
 pub use layer::{
-    export_layer, flatten_layer, layer_usage, remove_layer, LayerExport, LayerFlatten, LayerStats,
+    export_layer, flatten_layer, layer_usage, pack_layer, remove_layer, unpack_layer, LayerExport,
+    LayerFlatten, LayerStats,
 };
 pub use procstat::{init_alive, start_time};
 pub use spawn::spawn;

@@ -36,8 +36,11 @@
 //! nor make it block on a FIFO. The caller freezes the sandbox while its upper directory is
 //! read.
 
+mod archive;
 mod walk;
 mod xattr;
+
+pub use archive::{pack_layer, unpack_layer};
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
