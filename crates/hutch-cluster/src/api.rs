@@ -37,6 +37,9 @@ struct NodeList {
     nodes: Vec<NodeView>,
     /// How this node found sandboxes' owners since it started.
     owner_lookups: OwnerLookups,
+    /// Hibernated sandboxes of this node whose saved state is not in the object store yet
+    /// (they wake only here until it is).
+    pending_saves: usize,
 }
 
 /// Owner lookups of the node that answered: from its cache, or from the database.
@@ -84,6 +87,7 @@ async fn list(
             let (cached, database) = cluster.owners().counts();
             OwnerLookups { cached, database }
         },
+        pending_saves: state.manager.pending_saves(),
     }))
 }
 

@@ -63,6 +63,10 @@ pub struct ClusterConfig {
     pub capacity: NodeCapacity,
     /// How long a placement holds its reservation while the create runs on the node.
     pub placement_hold: Duration,
+    /// The object store hibernated sandboxes are saved in for other nodes to wake them
+    /// (`s3://…` or `file:///…`, `docs/object-store.md`); `None`: they wake only where they
+    /// hibernated.
+    pub object_store: Option<String>,
 }
 
 impl ClusterConfig {
@@ -85,6 +89,7 @@ impl ClusterConfig {
             lease: Duration::from_secs(10),
             capacity,
             placement_hold: Duration::from_secs(600),
+            object_store: None,
         }
     }
 
@@ -110,6 +115,10 @@ impl ClusterConfig {
                 "--advertise {:?}: give the host:port the other nodes reach this node's API at",
                 self.advertise
             )));
+        }
+        if let Some(url) = &self.object_store {
+            hutch_object_store::Location::parse(url)
+                .map_err(|e| ClusterError::Config(format!("--object-store: {e}")))?;
         }
         if self.node_secret.len() < 16 {
             return Err(ClusterError::Config(

@@ -19,6 +19,9 @@ pub enum ClusterError {
         /// The epoch it held.
         epoch: i64,
     },
+    /// The object store could not be opened or its upload queue set up.
+    #[error("object store: {0}")]
+    ObjectStore(String),
     /// The manager's store refused (a tenant's quota, among others).
     #[error(transparent)]
     Core(#[from] hutch_core::CoreError),

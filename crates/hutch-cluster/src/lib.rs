@@ -18,12 +18,15 @@ pub mod api;
 pub mod config;
 mod error;
 pub mod forward;
+pub mod handoff;
 pub mod membership;
 pub mod owners;
 pub mod placement;
 pub mod reaper;
 pub mod routing;
+mod takeover;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderValue};
@@ -47,6 +50,8 @@ pub struct Owner {
     pub advertise: String,
     /// Whether it was declared dead.
     pub dead: bool,
+    /// Whether it is draining (its hibernated sandboxes may be taken over).
+    pub draining: bool,
 }
 
 /// This node's part in the cluster.
@@ -57,6 +62,8 @@ pub struct Cluster {
     membership: Membership,
     owners: owners::OwnerCache,
     secret: HeaderValue,
+    /// A drain pass is running.
+    draining: AtomicBool,
 }
 
 impl Cluster {
@@ -81,6 +88,7 @@ impl Cluster {
             membership,
             owners: owners::OwnerCache::default(),
             secret,
+            draining: AtomicBool::new(false),
         }))
     }
 
@@ -133,6 +141,35 @@ impl Cluster {
         tokio::spawn(async move { me.owners.keep_in_sync(&me.db, me.cfg.heartbeat).await });
     }
 
+    /// Open the object store of `--object-store`, if there is one, and have `manager` save
+    /// hibernated sandboxes there (queued in `<state_dir>/uploads`), those hibernated before
+    /// this process and never saved included.
+    pub async fn open_object_store(
+        &self,
+        manager: &Arc<Manager>,
+        state_dir: &std::path::Path,
+    ) -> Result<(), ClusterError> {
+        let Some(url) = &self.cfg.object_store else {
+            return Ok(());
+        };
+        let store = hutch_object_store::open(url, None)
+            .map_err(|e| ClusterError::ObjectStore(format!("--object-store: {e}")))?;
+        let states = handoff::ObjectStates::open(
+            store,
+            &state_dir.join("uploads"),
+            manager,
+            hutch_object_store::RetryPolicy::default(),
+        )
+        .await?;
+        tracing::info!(
+            store = states.describe(),
+            "hibernated sandboxes are saved for other nodes"
+        );
+        manager.set_saved_states(states);
+        manager.save_unsaved().await;
+        Ok(())
+    }
+
     /// The owner cache.
     pub fn owners(&self) -> &owners::OwnerCache {
         &self.owners
@@ -146,8 +183,16 @@ impl Cluster {
             match self.membership.heartbeat().await {
                 Ok(state) => {
                     self.membership.set_health(NodeHealth::Member);
-                    if state == NodeState::Draining {
-                        drain_local(&manager).await;
+                    // In a task of its own: hibernating (and exporting) takes longer than a
+                    // heartbeat may wait.
+                    if state == NodeState::Draining && !self.draining.swap(true, Ordering::AcqRel) {
+                        let (me, manager) = (self.clone(), manager.clone());
+                        tokio::spawn(async move {
+                            drain_local(&manager).await;
+                            // What moved to other nodes leaves this one.
+                            manager.remove_orphans().await;
+                            me.draining.store(false, Ordering::Release);
+                        });
                     }
                 }
                 Err(ClusterError::Fenced { node, epoch }) => {
@@ -166,6 +211,8 @@ impl Cluster {
                     if let Err(e) = self.membership.register().await {
                         tracing::error!(error = %e, "registering again");
                     }
+                    // Hibernated sandboxes other nodes took over meanwhile leave this one.
+                    manager.remove_orphans().await;
                 }
                 Err(e) => {
                     self.membership.set_health(NodeHealth::DatabaseLost);
@@ -192,6 +239,16 @@ impl Cluster {
         self.owners.owner_of(&self.db, id).await
     }
 
+    /// Send `payload` on the cluster's channel (every node's owner cache hears it).
+    pub(crate) async fn notify(&self, payload: &str) -> Result<(), ClusterError> {
+        self.db
+            .client()
+            .await?
+            .execute("SELECT pg_notify($1, $2)", &[&reaper::CHANNEL, &payload])
+            .await?;
+        Ok(())
+    }
+
     /// Delete the row of lost sandbox `id` whose node was declared dead.
     pub async fn delete_lost(&self, id: &str) -> Result<bool, ClusterError> {
         let client = self.db.client().await?;
@@ -207,7 +264,8 @@ impl Cluster {
 }
 
 /// Hibernate every running sandbox of this node (it is draining): their memory and files are
-/// saved here and their processes stop.
+/// saved here and their processes stop; with an object store, their states are uploaded
+/// too, and any node may take them over.
 async fn drain_local(manager: &Arc<Manager>) {
     let records = match manager.store().all_sandboxes().await {
         Ok(r) => r,

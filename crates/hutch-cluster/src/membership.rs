@@ -231,6 +231,12 @@ impl Membership {
                 &[&id, &state.as_str()],
             )
             .await?;
+        if n > 0 {
+            // Owner caches learn the node is draining (its hibernated sandboxes may move).
+            client
+                .execute("SELECT pg_notify($1, 'state')", &[&crate::reaper::CHANNEL])
+                .await?;
+        }
         let mut found = list_nodes(&self.db, Some(id)).await?;
         if n == 0 && found.is_empty() {
             return Ok(None);

@@ -1,13 +1,14 @@
 //! Which node owns a sandbox, cached: routing asks on every call, and most calls need no
 //! round trip to the database.
 //!
-//! A sandbox never changes node during its life, and its id is never reused, so the owner
-//! of an id, once read, stays right; what can change is the owner *node*: declared dead by
-//! the reaper, or registered again (with another address, say). Nodes are therefore
-//! cached whole, reloaded whenever a `NOTIFY` arrives on the cluster's channel (the reaper
-//! and every registration send one), and the sandbox → node map only ever grows (bounded:
-//! it is emptied when full). A stale entry for a deleted sandbox costs nothing: its owner
-//! answers the 404.
+//! A sandbox changes node only when a hibernated one is taken over from a dead or draining
+//! node (`handoff.rs`), and its id is never reused, so the owner of an id, once read,
+//! stays right until then; what also changes is the owner *node*: declared dead by the
+//! reaper, draining, or registered again (with another address, say). Nodes are therefore
+//! cached whole, reloaded whenever a `NOTIFY` arrives on the cluster's channel (the reaper,
+//! every registration and every state change send one); a take-over sends `moved:<id>`,
+//! which drops that sandbox's entry. The sandbox → node map is bounded (emptied when
+//! full). A stale entry for a deleted sandbox costs nothing: its owner answers the 404.
 //!
 //! The database is the fallback: while the listening connection is down, or before the
 //! nodes were first loaded, every lookup goes to the database as if there were no cache,
@@ -24,6 +25,9 @@ use crate::error::ClusterError;
 use crate::reaper::CHANNEL;
 use crate::Owner;
 
+/// The payload prefix of a take-over's notification: `moved:<sandbox id>`.
+pub const MOVED: &str = "moved:";
+
 /// Sandbox entries kept before the map is emptied.
 const MAX_ENTRIES: usize = 100_000;
 
@@ -31,6 +35,7 @@ const MAX_ENTRIES: usize = 100_000;
 struct NodeAddr {
     advertise: String,
     dead: bool,
+    draining: bool,
 }
 
 /// The cache (see the module docs).
@@ -81,6 +86,7 @@ impl OwnerCache {
             node,
             advertise: addr.advertise.clone(),
             dead: addr.dead,
+            draining: addr.draining,
         })
     }
 
@@ -90,6 +96,14 @@ impl OwnerCache {
             self.hits.load(Ordering::Relaxed),
             self.misses.load(Ordering::Relaxed),
         )
+    }
+
+    /// Forget which node owns sandbox `id` (it moved, or its owner did not know it).
+    pub fn forget(&self, id: &str) {
+        self.sandboxes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
     }
 
     /// Forget node `node`'s entry until the next reload (a forward to it failed: its row
@@ -123,10 +137,13 @@ impl OwnerCache {
         loop {
             tokio::select! {
                 got = listener.recv() => {
-                    if got.is_none() {
+                    let Some(payload) = got else {
                         return Ok(());
+                    };
+                    match payload.strip_prefix(MOVED) {
+                        Some(id) => self.forget(id),
+                        None => self.reload(db).await?,
                     }
-                    self.reload(db).await?;
                 }
                 _ = tick.tick() => {
                     let ping = tokio::time::timeout(ping_every.max(Duration::from_secs(1)), listener.ping());
@@ -145,7 +162,10 @@ impl OwnerCache {
     async fn reload(&self, db: &Db) -> Result<(), ClusterError> {
         let client = db.client().await?;
         let rows = client
-            .query("SELECT id, advertise, state = 'dead' FROM nodes", &[])
+            .query(
+                "SELECT id, advertise, state = 'dead', state = 'draining' FROM nodes",
+                &[],
+            )
             .await?;
         let nodes: HashMap<String, NodeAddr> = rows
             .iter()
@@ -155,6 +175,7 @@ impl OwnerCache {
                     NodeAddr {
                         advertise: r.get(1),
                         dead: r.get(2),
+                        draining: r.get(3),
                     },
                 )
             })
@@ -169,7 +190,7 @@ async fn read_owner(db: &Db, id: &str) -> Result<Option<Owner>, ClusterError> {
     let client = db.client().await?;
     let row = client
         .query_opt(
-            "SELECT s.node_id, n.advertise, n.state = 'dead'
+            "SELECT s.node_id, n.advertise, n.state = 'dead', n.state = 'draining'
              FROM sandboxes s JOIN nodes n ON n.id = s.node_id WHERE s.id = $1",
             &[&id],
         )
@@ -178,5 +199,6 @@ async fn read_owner(db: &Db, id: &str) -> Result<Option<Owner>, ClusterError> {
         node: r.get(0),
         advertise: r.get(1),
         dead: r.get(2),
+        draining: r.get(3),
     }))
 }

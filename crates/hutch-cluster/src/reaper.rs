@@ -5,7 +5,9 @@
 //! session) does the work. Each tick it marks `dead` every node whose last heartbeat is
 //! older than its lease by the database's clock, bumps the node's epoch (so the node's own
 //! writes are refused from then on: it is fenced), moves that node's sandboxes that still
-//! held something to `lost` (their files are on the dead host), drops its warm guests and
+//! held something to `lost` (their files are on the dead host) — except hibernated ones
+//! whose saved state is in the object store, which stay `hibernated` for another node to
+//! take over and wake (`handoff.rs`) —, drops its warm guests and
 //! placements, and notifies `hutch_cluster`. All of it in one transaction.
 //!
 //! **A database restart must not kill the cluster.** After a restart every heartbeat in the
@@ -132,7 +134,8 @@ async fn declare_dead(client: &mut tokio_postgres::Client) -> Result<Reaped, Clu
                     to_jsonb('its node ' || node_id || ' was declared dead at '
                         || to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
                         || ' (no heartbeat within its lease)'))
-             WHERE node_id = ANY($1) AND state NOT IN ('stopped', 'failed', 'lost', 'pooled')",
+             WHERE node_id = ANY($1) AND state NOT IN ('stopped', 'failed', 'lost', 'pooled')
+               AND NOT (state = 'hibernated' AND record ? 'saved_state')",
             &[&nodes],
         )
         .await?;

@@ -12,6 +12,9 @@
 //!   when this node owns it (or nobody does: the local answer is the 404), forwarded
 //!   otherwise. A sandbox whose owner was declared dead is answered here from its row
 //!   (`lost`), and `DELETE` of it deletes the row.
+//! - A call on a hibernated sandbox of a dead or draining node whose saved state is in the
+//!   object store moves it first (`takeover.rs`): placement picks a node, which takes it
+//!   over and serves the call.
 //! - Everything else is served here (every node reads the same database).
 //!
 //! A client's bearer key is checked here before a call is forwarded or placed, so a call
@@ -34,6 +37,7 @@ use hutch_server::{AppState, PlacedSandboxId};
 use crate::error::ClusterError;
 use crate::forward::{forward, Peer, FORWARDED_BY, NODE_TOKEN};
 use crate::placement::{self, Demand, TenantCheck};
+use crate::takeover::{self, Move, TAKE_OVER};
 use crate::Cluster;
 
 /// The header of every answer naming the node that served the call.
@@ -108,11 +112,23 @@ async fn route(
         if let Some(id) = placed {
             req.extensions_mut().insert(PlacedSandboxId(id));
         }
-        next.run(req).await
+        let take_over = req
+            .headers_mut()
+            .remove(TAKE_OVER)
+            .and_then(|v| v.to_str().ok()?.parse::<SandboxId>().ok());
+        match take_over {
+            // The node that placed the move asks this one to take the sandbox first.
+            Some(id) => match takeover::take_over_here(&cluster, &state, &id).await {
+                Ok(_) => next.run(req).await,
+                Err(e) => e.into_response(),
+            },
+            None => next.run(req).await,
+        }
     } else {
         req.headers_mut().remove(NODE_TOKEN);
         req.headers_mut().remove(FORWARDED_BY);
         req.headers_mut().remove(PLACED_ID);
+        req.headers_mut().remove(TAKE_OVER);
         let result = match classify(req.method(), req.uri().path()) {
             Target::Any => Ok(next.run(req).await),
             Target::Create => create(&cluster, &state, req, next).await,
@@ -131,7 +147,7 @@ async fn route(
 
 /// The bearer key of a call, checked: `Ok(None)` when it has none (the node that serves it
 /// answers, a signed file URL for one).
-async fn check_key(
+pub(crate) async fn check_key(
     state: &AppState,
     headers: &HeaderMap,
 ) -> Result<Option<hutch_server::auth::Caller>, ApiError> {
@@ -154,7 +170,7 @@ fn unavailable(code: &'static str, message: String) -> ApiError {
     }
 }
 
-fn cluster_error(e: ClusterError) -> ApiError {
+pub(crate) fn cluster_error(e: ClusterError) -> ApiError {
     match e {
         ClusterError::Core(core) => ApiError::from(core),
         e @ ClusterError::NoCapacity(_) => unavailable("no_capacity", e.to_string()),
@@ -185,6 +201,26 @@ async fn on_sandbox(
     };
     if owner.node == cluster.node_id() {
         return Ok(next.run(req).await);
+    }
+    // A hibernated sandbox saved in the object store moves to a node that runs it, for any
+    // call but a look at the sandbox itself (a DELETE moves it too: its new node deletes
+    // it, and its saved state with it).
+    let moves = !exact || req.method() == Method::DELETE;
+    if (owner.dead || owner.draining) && moves {
+        match takeover::place_move(cluster, state, id, req.headers()).await? {
+            Move::No => {}
+            Move::Here => return Ok(next.run(req).await),
+            Move::To(peer, placed) => {
+                let mut req = req;
+                if let Some(v) = takeover::take_over_header(id) {
+                    req.headers_mut().insert(TAKE_OVER, v);
+                }
+                let answer = forward(&peer, cluster.node_id(), cluster.secret(), req).await;
+                takeover::release(cluster, &placed).await;
+                cluster.owners().forget(id);
+                return answer.map_err(cluster_error);
+            }
+        }
     }
     if owner.dead {
         if exact && req.method() == Method::DELETE {

@@ -242,6 +242,11 @@ pub enum CoreError {
     /// The cluster database could not be reached (503 `store_unavailable`).
     #[error("cluster database unreachable: {0}")]
     StoreUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A hibernated sandbox's saved state cannot be fetched from where other nodes keep it
+    /// (the object store is down or the object is damaged): it stays hibernated (503
+    /// `saved_state_unavailable`).
+    #[error("{0}")]
+    SavedStateUnavailable(String),
     /// The code interpreter refused or failed (an unknown context is 404, a template that
     /// cannot run code or a bad value 422, a failed driver 502).
     #[error("{0}")]

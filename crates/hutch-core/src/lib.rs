@@ -21,6 +21,7 @@
 //! - [`interp`]: the code interpreter (stateful kernels inside a sandbox, driven by the
 //!   kernel driver).
 //! - [`events`], [`metrics`], [`logs`]: observability.
+//! - [`handoff`]: hibernated sandboxes that wake on another host (cluster mode).
 //! - [`sandbox_token`]: signed, short-lived credentials scoped to one sandbox.
 
 pub mod audit;
@@ -31,6 +32,7 @@ pub mod error;
 pub mod events;
 pub mod exec;
 pub mod fork;
+pub mod handoff;
 pub mod host;
 pub mod ids;
 pub mod interp;

@@ -22,6 +22,7 @@ mod builds;
 mod create;
 mod exec;
 mod fork;
+mod handoff;
 mod interp;
 mod keys;
 mod lifecycle;
@@ -132,6 +133,9 @@ pub struct Manager {
     meters: usage::Meters,
     /// What budgeted tenants, keys and sandboxes spent (`budget.rs`).
     spend: budget::SpendCache,
+    /// Where hibernated sandboxes' states go for other nodes (cluster mode with an object
+    /// store; `handoff.rs`).
+    saved_states: std::sync::OnceLock<Arc<dyn crate::handoff::SavedStates>>,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -285,6 +289,7 @@ impl Manager {
             watchers: watchers::Watchers::default(),
             meters: usage::Meters::default(),
             spend: budget::SpendCache::default(),
+            saved_states: std::sync::OnceLock::new(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).
@@ -545,6 +550,8 @@ impl Manager {
     async fn remove(&self, r: SandboxRecord, event: Option<&str>) -> CoreResult<()> {
         // Forget it first so the death watcher treats the exit as intended.
         self.store.delete_sandbox(&r.id).await?;
+        self.forget_saved(&r.id, r.saved_state.clone(), r.saving.is_some())
+            .await;
         self.refreshes.forget(&r.id);
         let client = self.lock_agents().remove(&r.id);
         if let Some(client) = client {

@@ -309,6 +309,17 @@ pub struct SandboxRecord {
     /// Its own spending cap, in cost micros (`manager/budget.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_micros: Option<u64>,
+    /// Its hibernated state as kept where every node reaches it (`handoff.rs`): set once
+    /// uploaded, dropped when it runs again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved_state: Option<crate::handoff::SavedState>,
+    /// The key its hibernated state is being saved under, until the save is recorded in
+    /// `saved_state` (`handoff.rs`): a save that finishes for an older hibernation is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saving: Option<String>,
+    /// It moved to this node from another and has not run here yet (`handoff.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrival: Option<crate::handoff::Arrival>,
 }
 
 /// The sandbox object of the API.

@@ -201,6 +201,9 @@ fn core_status(e: &CoreError) -> (StatusCode, &'static str) {
         CoreError::NoSpace { .. } => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
         CoreError::NodeFenced { .. } => (StatusCode::SERVICE_UNAVAILABLE, "node_fenced"),
         CoreError::StoreUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+        CoreError::SavedStateUnavailable(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "saved_state_unavailable")
+        }
         CoreError::Vm(cause) if error::vm_unavailable(cause) => NOT_SUPPORTED,
         CoreError::Vm(cause) if error::vm_guest_failed(cause) => SANDBOX_FAILED,
         CoreError::Volume(cause) if error::volume_damaged(cause) => CONFLICT,
@@ -743,6 +746,11 @@ mod tests {
                 CoreError::StoreUnavailable("connection refused".into()),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
+            ),
+            (
+                CoreError::SavedStateUnavailable("the object store is down".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "saved_state_unavailable",
             ),
             (
                 CoreError::Internal("bug".into()),

@@ -67,6 +67,7 @@
 //! refused (`SharedStore`), where SQLite's store keeps it.
 
 mod audit;
+mod handoff;
 mod rows;
 mod sql;
 mod tenancy;
@@ -328,6 +329,14 @@ impl Store for PostgresStore {
         write_sandbox(&tx, node, &record).await?;
         tx.commit().await.map_err(pg)?;
         Ok(record)
+    }
+
+    async fn take_over_sandbox(
+        &self,
+        id: &SandboxId,
+        uid_slot: u32,
+    ) -> CoreResult<Option<SandboxRecord>> {
+        self.take_over(id, uid_slot).await
     }
 
     async fn refresh_sandboxes(&self, batch: &[(SandboxId, SandboxRefresh)]) -> CoreResult<()> {

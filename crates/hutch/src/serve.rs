@@ -520,7 +520,12 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         None => (Manager::start(cfg).await?, None),
         Some(cc) => {
             let (cluster, store) = crate::serve_cluster::join(cc).await?;
+            let state_dir = cfg.state_dir.clone();
             let manager = Manager::start_with_store(cfg, store).await?;
+            cluster
+                .open_object_store(&manager, &state_dir)
+                .await
+                .context("opening the object store")?;
             cluster.run(manager.clone());
             (manager, Some(cluster))
         }

@@ -45,6 +45,11 @@ pub struct ClusterArgs {
     /// How long after its last heartbeat a node is declared dead, in milliseconds.
     #[arg(long, env = "HUTCH_LEASE_MS", default_value_t = 10_000)]
     pub lease_ms: u64,
+    /// Save hibernated sandboxes in this object store so that any node can wake them
+    /// (`s3://BUCKET[/PREFIX]?endpoint=…&region=…`, credentials from `AWS_ACCESS_KEY_ID` and
+    /// `AWS_SECRET_ACCESS_KEY`; or `file:///PATH` on a filesystem every node mounts).
+    #[arg(long, env = "HUTCH_OBJECT_STORE")]
+    pub object_store: Option<String>,
 }
 
 fn host_name() -> Option<String> {
@@ -90,6 +95,7 @@ impl ClusterArgs {
         cfg.role = NodeRole::parse(&self.role).expect("clap checked the role");
         cfg.heartbeat = Duration::from_millis(self.heartbeat_ms);
         cfg.lease = Duration::from_millis(self.lease_ms);
+        cfg.object_store = self.object_store.clone();
         cfg.validate()?;
         Ok(Some(cfg))
     }

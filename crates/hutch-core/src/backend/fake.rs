@@ -80,6 +80,7 @@ impl FakeBackend {
                 volume_slots: 8,
                 volume_access: VolumeAccess::HostMount,
                 warm_pool: false,
+                portable_hibernation: false,
             },
             dir: dir.to_path_buf(),
             state: Arc::default(),

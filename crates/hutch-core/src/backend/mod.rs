@@ -117,6 +117,9 @@ pub struct Capabilities {
     /// Sandboxes can be restored ahead of time into a pool and claimed by a create
     /// ([`Backend::create_warm`], [`Backend::claim_warm`]).
     pub warm_pool: bool,
+    /// A hibernated sandbox's state can be written into one archive and started from it on
+    /// another host ([`Backend::export_hibernated`], [`Backend::import_hibernated`]).
+    pub portable_hibernation: bool,
 }
 
 /// The error for a `feature` the `backend` does not have (422).
@@ -190,6 +193,23 @@ pub trait Backend: Send + Sync {
     }
     /// Delete a snapshot's directory.
     async fn remove_snapshot(&self, dir: &Path) -> CoreResult<()>;
+    /// Write everything hibernated sandbox `record` kept into one new archive at `archive`,
+    /// self-contained (its template aside) and independent of this host's ids
+    /// ([`Capabilities::portable_hibernation`]); returns the archive's size.
+    async fn export_hibernated(&self, _record: &SandboxRecord, _archive: &Path) -> CoreResult<u64> {
+        Err(not_supported(
+            self.isolation(),
+            "moving hibernated sandboxes between hosts",
+        ))
+    }
+    /// Unpack an archive [`Backend::export_hibernated`] wrote (on any host) into `dir`, a new
+    /// empty directory, as a snapshot that sandboxes are created from.
+    async fn import_hibernated(&self, _archive: &Path, _dir: &Path) -> CoreResult<SnapshotTaken> {
+        Err(not_supported(
+            self.isolation(),
+            "moving hibernated sandboxes between hosts",
+        ))
+    }
     /// End the server's agent session before the sandbox's memory is saved (hibernation,
     /// a memory snapshot): `hang_up` drops the server's connection; a backend that saves
     /// memory waits until the agent has ended that session and waits for a new host, so no
@@ -217,6 +237,12 @@ pub trait Backend: Send + Sync {
     /// and directories. Idempotent.
     async fn remove_orphan(&self, _id: &str) -> CoreResult<()> {
         Ok(())
+    }
+    /// Remove the files sandbox `id` left here when it moved to another node
+    /// (`crate::handoff`): only files — it stopped when it hibernated, and a cgroup of its
+    /// name may be the sandbox running again on another node of this host. Idempotent.
+    async fn remove_moved(&self, id: &str) -> CoreResult<()> {
+        self.remove_orphan(id).await
     }
     /// Take back a sandbox whose init survived a server restart, in the state its record
     /// says: a `running` one runs (a snapshot or a pause the crash interrupted may have left

@@ -507,6 +507,38 @@ impl NsJails {
     }
 }
 
+impl NsJails {
+    /// Pack hibernated `r`'s files (its upper layer merged onto the layer it was created
+    /// from, ids made 0-based) into the archive `archive`, through a layer written beside it
+    /// and removed after.
+    fn export_hibernated(&self, r: &SandboxRecord, archive: &Path) -> CoreResult<u64> {
+        if r.state != SandboxState::Hibernated {
+            return Err(CoreError::Internal(format!(
+                "sandbox {} is {}, not hibernated: its files are not at rest",
+                r.id,
+                r.state.as_str()
+            )));
+        }
+        self.kept_files(r)?;
+        let staging = archive.with_extension("layer");
+        if staging.symlink_metadata().is_ok() {
+            hutch_jail::remove_layer(&staging).map_err(CoreError::from)?;
+        }
+        let packed = hutch_jail::export_layer(&LayerExport {
+            upper: self.upper(r),
+            base: r.layer.as_deref().map(|s| self.layer_dir(s)),
+            dst: staging.clone(),
+            uid_base: r.uid_slot * UID_RANGE,
+            uid_count: UID_RANGE,
+        })
+        .and_then(|_| hutch_jail::pack_layer(&staging, archive));
+        if let Err(e) = hutch_jail::remove_layer(&staging) {
+            tracing::warn!(dir = %staging.display(), error = %e, "removing an exported layer");
+        }
+        packed.map_err(CoreError::from)
+    }
+}
+
 #[async_trait::async_trait]
 impl Backend for NsBackend {
     fn isolation(&self) -> Isolation {
@@ -557,6 +589,20 @@ impl Backend for NsBackend {
         .await
     }
 
+    async fn remove_moved(&self, id: &str) -> CoreResult<()> {
+        let (jails, id) = (self.jails.clone(), id.to_string());
+        blocking(move || {
+            // Refused if anything is still mounted there: nothing of it should be.
+            hutch_jail::remove_layer(&jails.cfg.sandbox_dir(&id)).map_err(CoreError::from)?;
+            if matches!(jails.disk_quota_known(), Some(DiskQuota::Enforced { .. })) {
+                hutch_jail::btrfs::delete_subvolume(&jails.cfg.disk_pool_dir(), &id)
+                    .map_err(CoreError::from)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             live_fork: false,
@@ -564,6 +610,7 @@ impl Backend for NsBackend {
             volume_slots: hutch_jail::MAX_VOLUMES,
             volume_access: VolumeAccess::HostMount,
             warm_pool: false,
+            portable_hibernation: true,
         }
     }
 
@@ -705,6 +752,24 @@ impl Backend for NsBackend {
     async fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {
         let dir = dir.to_path_buf();
         self.run(r, move |jails, r| jails.snapshot(r, &dir)).await
+    }
+
+    async fn export_hibernated(&self, r: &SandboxRecord, archive: &Path) -> CoreResult<u64> {
+        let archive = archive.to_path_buf();
+        self.run(r, move |jails, r| jails.export_hibernated(r, &archive))
+            .await
+    }
+
+    async fn import_hibernated(&self, archive: &Path, dir: &Path) -> CoreResult<SnapshotTaken> {
+        let (archive, layer) = (archive.to_path_buf(), dir.join(SNAPSHOT_LAYER));
+        let stats =
+            blocking(move || hutch_jail::unpack_layer(&archive, &layer).map_err(CoreError::from))
+                .await?;
+        Ok(SnapshotTaken {
+            kind: SnapshotKind::Filesystem,
+            size_bytes: stats.bytes,
+            files: stats.files,
+        })
     }
 
     async fn remove_snapshot(&self, dir: &Path) -> CoreResult<()> {

@@ -425,6 +425,7 @@ impl Backend for VmBackend {
             volume_slots: hutch_vm::qemu::VOLUME_SLOTS,
             volume_access: VolumeAccess::BlockDevice,
             warm_pool: true,
+            portable_hibernation: false,
         }
     }
 

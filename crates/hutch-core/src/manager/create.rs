@@ -384,6 +384,9 @@ impl Manager {
             exec_defaults,
             created_by: cmd.created_by.clone(),
             max_cost_micros: cmd.max_cost_micros,
+            saved_state: None,
+            saving: None,
+            arrival: None,
         })
     }
 
@@ -475,16 +478,8 @@ impl Manager {
     /// other server sees the claim without the record. Small slot spaces are tried in full
     /// (from a random start); the full one at 64 random slots.
     pub(super) async fn insert_with_free_slot(&self, record: &mut SandboxRecord) -> CoreResult<()> {
-        let slots = self.cfg.uid_slots;
-        let start = ids::random_u32() % slots;
-        let candidates: Vec<u32> = if slots <= 256 {
-            (0..slots).map(|i| (start + i) % slots).collect()
-        } else {
-            (0..64).map(|_| ids::random_u32() % slots).collect()
-        };
         let claims = self.uid_slots.lock()?;
-        for offset in candidates {
-            let slot = MIN_UID_SLOT + offset;
+        for slot in self.uid_slot_candidates() {
             if claims.claim(slot)? == Claim::Taken {
                 continue;
             }
@@ -499,9 +494,28 @@ impl Manager {
                 }
             }
         }
-        Err(CoreError::Quota(format!(
-            "no free uid range for a new sandbox (this host's {slots} uid slots are in use)"
-        )))
+        Err(self.no_free_uid_slot())
+    }
+
+    /// The uid slots to try for a new sandbox, in order: small slot spaces in full (from a
+    /// random start), the full one at 64 random slots.
+    pub(super) fn uid_slot_candidates(&self) -> Vec<u32> {
+        let slots = self.cfg.uid_slots;
+        let start = ids::random_u32() % slots;
+        let offsets: Vec<u32> = if slots <= 256 {
+            (0..slots).map(|i| (start + i) % slots).collect()
+        } else {
+            (0..64).map(|_| ids::random_u32() % slots).collect()
+        };
+        offsets.into_iter().map(|o| MIN_UID_SLOT + o).collect()
+    }
+
+    /// The error when no candidate slot was free.
+    pub(super) fn no_free_uid_slot(&self) -> CoreError {
+        CoreError::Quota(format!(
+            "no free uid range for a new sandbox (this host's {} uid slots are in use)",
+            self.cfg.uid_slots
+        ))
     }
 }
 

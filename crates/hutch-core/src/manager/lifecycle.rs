@@ -15,6 +15,7 @@ use super::quota::TenantRecordNeeded;
 use super::{wrong_state, Manager};
 use crate::backend::{Backend, Hibernation};
 use crate::error::{CoreError, CoreResult};
+use crate::handoff::Arrival;
 use crate::ids::SandboxId;
 use crate::model::{SandboxRecord, SandboxState, SandboxView};
 use crate::tenant::quota::Footprint;
@@ -194,6 +195,8 @@ impl Manager {
             })
             .await?;
         self.unmount_unused_volumes().await;
+        // For other nodes to wake it (cluster mode with an object store).
+        self.save_hibernated(&r).await;
         let ms = t0.elapsed().as_millis() as u64;
         tracing::info!(id = %r.id, ms, reason = why.as_deref().unwrap_or("requested"), "sandbox hibernated");
         self.events
@@ -239,6 +242,13 @@ impl Manager {
                 TenantRecordNeeded::No,
             )
             .await?;
+        // Only its owner wakes it: the write fails once another node took it over.
+        let r = self.store.modify(&r.id, |_| Ok(())).await?;
+        // It moved here from another node: its files come first.
+        let r = match r.arrival {
+            Some(Arrival::Fetch) => self.fetch_arrival(r).await?,
+            _ => r,
+        };
         // After a reboot another server may have claimed this sandbox's uid range first.
         if !self.uid_slots.lock()?.hold(r.uid_slot)? {
             return Err(CoreError::Conflict(format!(
@@ -250,7 +260,12 @@ impl Manager {
         let rootfs = self.template_rootfs(&r);
         let (started, net_slot, network) = {
             let rec = self.attach_and_mount(r.clone()).await?;
-            let s = match backend.wake(&rec, &rootfs).await {
+            // Its first start on this node is a create over the layer it brought.
+            let started = match rec.arrival {
+                Some(Arrival::Start) => backend.create(&rec, &rootfs).await,
+                _ => backend.wake(&rec, &rootfs).await,
+            };
+            let s = match started {
                 Ok(s) => s,
                 Err(e) => {
                     self.detach_network_blocking(&rec).await;
@@ -309,14 +324,20 @@ impl Manager {
         self.lock_agents().insert(r.id.clone(), client);
         // Metered again from zero, on its new cgroup.
         self.restart_meter(&r);
+        let (saved, saving) = (r.saved_state.clone(), r.saving.is_some());
         let r = self
             .store
             .modify(&r.id, |r| {
                 r.state = SandboxState::Running;
                 r.last_used_ms = now_ms();
+                // What a hibernation saved is not its state any more.
+                r.saved_state = None;
+                r.saving = None;
+                r.arrival = None;
                 Ok(())
             })
             .await?;
+        self.forget_saved(&r.id, saved, saving).await;
         self.watch_init(&r);
         let ms = t0.elapsed().as_millis() as u64;
         tracing::info!(id = %r.id, ms, "sandbox woke");

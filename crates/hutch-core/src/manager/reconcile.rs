@@ -95,23 +95,45 @@ impl Manager {
         }
     }
 
-    /// Kill and remove what each backend has on the host for sandboxes no record names.
-    pub(super) async fn remove_orphans(&self) {
+    /// Kill and remove what each backend has on the host for sandboxes no record of this
+    /// server names: no record at all (left by an interrupted operation), or the record of
+    /// another node (it moved there: `handoff.rs`). Safe while sandboxes are made: a
+    /// record is written before anything of its sandbox on the host, and the host is read
+    /// before the records.
+    pub async fn remove_orphans(&self) {
         for backend in self.backends.all() {
-            for id in backend.host_sandbox_ids() {
+            let found = backend.host_sandbox_ids();
+            if found.is_empty() {
+                continue;
+            }
+            let own = match self.own_sandbox_ids().await {
+                Ok(own) => own,
+                Err(e) => {
+                    tracing::error!(error = %e, "listing this server's sandboxes");
+                    return;
+                }
+            };
+            for id in found {
                 let Ok(sid) = id.parse::<SandboxId>() else {
                     continue;
                 };
-                match self.store.get_sandbox(&sid).await {
-                    Ok(None) => {}
-                    Ok(Some(_)) => continue,
+                let moved = match self.store.get_sandbox(&sid).await {
+                    Ok(None) => false,
+                    Ok(Some(_)) if own.contains(id.as_str()) => continue,
+                    Ok(Some(_)) => true,
                     Err(e) => {
                         tracing::error!(%id, error = %e, "looking up a sandbox found on the host");
                         continue;
                     }
-                }
-                tracing::warn!(%id, isolation = backend.isolation().as_str(), "removing a sandbox no record names (left by an interrupted operation)");
-                match backend.remove_orphan(&id).await {
+                };
+                let removed = if moved {
+                    tracing::info!(%id, isolation = backend.isolation().as_str(), "removing the files of a sandbox that moved to another node");
+                    backend.remove_moved(&id).await
+                } else {
+                    tracing::warn!(%id, isolation = backend.isolation().as_str(), "removing a sandbox no record names (left by an interrupted operation)");
+                    backend.remove_orphan(&id).await
+                };
+                match removed {
                     Ok(()) => {
                         self.metrics
                             .reconciled
@@ -164,5 +186,26 @@ impl Manager {
                 }
             }
         }
+    }
+}
+
+impl Manager {
+    /// Ids of the sandboxes whose records are this server's (pooled ones included).
+    async fn own_sandbox_ids(&self) -> CoreResult<std::collections::HashSet<String>> {
+        let mut own: std::collections::HashSet<String> = self
+            .store
+            .all_sandboxes()
+            .await?
+            .into_iter()
+            .map(|r| r.id.to_string())
+            .collect();
+        own.extend(
+            self.store
+                .pooled_sandboxes()
+                .await?
+                .into_iter()
+                .map(|r| r.id.to_string()),
+        );
+        Ok(own)
     }
 }

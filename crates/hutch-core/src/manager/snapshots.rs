@@ -82,11 +82,8 @@ impl Manager {
         let t0 = std::time::Instant::now();
         let sid = ids::new_snapshot_id();
         let name = name.unwrap_or(&sid);
-        let tmp = self.cfg.snapshots_dir().join(format!("{TMP_PREFIX}{sid}"));
-        let dir = self.cfg.snapshot_dir(&sid);
         let backend = self.backend(r.isolation)?;
-        std::fs::create_dir(&tmp)
-            .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
+        let tmp = self.snapshot_tmp_dir(&sid)?;
         if backend.capabilities().memory_snapshots {
             // A memory snapshot must not catch the agent mid-session with this server: hang
             // up first (the next call reconnects), so restored copies wait for a new host.
@@ -98,6 +95,44 @@ impl Manager {
             true => backend.fork_snapshot(r, &tmp).await,
             false => backend.snapshot(r, &tmp).await,
         };
+        let record = self
+            .keep_snapshot(r, (&sid, name), (hidden, build), taken, &tmp)
+            .await?;
+        tracing::info!(id = %r.id, snapshot = %sid, hidden, bytes = record.size_bytes, ms = t0.elapsed().as_millis() as u64, "snapshot taken");
+        self.events.publish(
+            "sandbox.snapshotted",
+            &r.id,
+            r.tenant(),
+            Some(if hidden {
+                format!("{sid} (for a fork)")
+            } else {
+                sid.to_string()
+            }),
+        );
+        Ok(record)
+    }
+
+    /// A new, empty directory for snapshot `sid` to be written into (renamed into place by
+    /// [`Manager::keep_snapshot`]).
+    pub(super) fn snapshot_tmp_dir(&self, sid: &SnapshotId) -> CoreResult<std::path::PathBuf> {
+        let tmp = self.cfg.snapshots_dir().join(format!("{TMP_PREFIX}{sid}"));
+        std::fs::create_dir(&tmp)
+            .map_err(|e| CoreError::Internal(format!("create {}: {e}", tmp.display())))?;
+        Ok(tmp)
+    }
+
+    /// Record what `taken` wrote into `tmp` as snapshot `sid` (named `name`) of `r`, and move
+    /// it into place; on any failure (`taken`'s own included) nothing of it is left.
+    pub(super) async fn keep_snapshot(
+        &self,
+        r: &SandboxRecord,
+        (sid, name): (&SnapshotId, &str),
+        (hidden, build): (bool, bool),
+        taken: CoreResult<crate::backend::SnapshotTaken>,
+        tmp: &Path,
+    ) -> CoreResult<SnapshotRecord> {
+        let backend = self.backend(r.isolation)?;
+        let dir = self.cfg.snapshot_dir(sid);
         let record = match taken.and_then(|taken| {
             let record = SnapshotRecord {
                 id: sid.clone(),
@@ -129,36 +164,24 @@ impl Manager {
             let manifest =
                 serde_json::to_vec_pretty(&record.manifest()).map_err(CoreError::Encode)?;
             std::fs::write(tmp.join("snapshot.json"), manifest)
-                .and_then(|()| std::fs::rename(&tmp, &dir))
+                .and_then(|()| std::fs::rename(tmp, &dir))
                 .map_err(CoreError::io("store the snapshot in", &dir))?;
             Ok(record)
         }) {
             Ok(record) => self.store.insert_snapshot(&record).await.map(|()| record),
             Err(e) => Err(e),
         };
-        let record = match record {
-            Ok(rec) => rec,
+        match record {
+            Ok(rec) => Ok(rec),
             Err(e) => {
-                for d in [tmp, dir] {
-                    if let Err(c) = backend.remove_snapshot(&d).await {
+                for d in [tmp, dir.as_path()] {
+                    if let Err(c) = backend.remove_snapshot(d).await {
                         tracing::error!(dir = %d.display(), error = %c, "removing a failed snapshot");
                     }
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        tracing::info!(id = %r.id, snapshot = %sid, hidden, bytes = record.size_bytes, ms = t0.elapsed().as_millis() as u64, "snapshot taken");
-        self.events.publish(
-            "sandbox.snapshotted",
-            &r.id,
-            r.tenant(),
-            Some(if hidden {
-                format!("{sid} (for a fork)")
-            } else {
-                sid.to_string()
-            }),
-        );
-        Ok(record)
+        }
     }
 
     /// The record of snapshot `id` if `scope` may see it.

@@ -332,6 +332,7 @@ async fn capabilities_come_from_the_backend() {
         volume_slots: 1,
         volume_access: crate::backend::VolumeAccess::BlockDevice,
         warm_pool: false,
+        portable_hibernation: false,
     };
     let (mgr, fake) = start_manager_with(dir.path(), Some(caps))
         .await

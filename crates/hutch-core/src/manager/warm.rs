@@ -302,6 +302,9 @@ impl Manager {
             exec_defaults: info.defaults.exec.clone(),
             created_by: None,
             max_cost_micros: None,
+            saved_state: None,
+            saving: None,
+            arrival: None,
         };
         self.insert_with_free_slot(&mut record).await?;
         let (mgr, mut rec) = (self.clone(), record.clone());

@@ -182,6 +182,19 @@ pub trait Store: TenancyStore + AuditStore + UsageStore + Send + Sync {
         }
         Ok(())
     }
+    /// Move hibernated sandbox `id` to this node with uid slot `uid_slot`, arriving
+    /// ([`crate::handoff::Arrival::Fetch`]) and holding no network slot: only when another
+    /// node owns it, that node is dead or draining, and its saved state was uploaded
+    /// ([`SandboxRecord::saved_state`]). `None` when it is not such a sandbox (any more);
+    /// `Conflict` when this node's slot `uid_slot` is taken. A store of one node has nothing
+    /// to take over.
+    async fn take_over_sandbox(
+        &self,
+        _id: &SandboxId,
+        _uid_slot: u32,
+    ) -> CoreResult<Option<SandboxRecord>> {
+        Ok(None)
+    }
     /// One record by id (a warm guest's too).
     async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>>;
     /// One record by id if `scope` may see it (warm guests never): one indexed lookup.

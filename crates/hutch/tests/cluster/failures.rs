@@ -9,36 +9,6 @@ use serde_json::json;
 
 use crate::{eventually, TestCluster, HEARTBEAT_MS, LEASE_MS};
 
-/// Make the next create land on node `name` by cordoning the others (then uncordon them).
-async fn create_on(c: &TestCluster, name: &str) -> String {
-    let others: Vec<String> = (1..=c.nodes.len())
-        .map(|i| format!("n{i}"))
-        .filter(|n| n != name)
-        .collect();
-    for n in &others {
-        let (status, v) = c.nodes[0]
-            .post(
-                &format!("/v1/cluster/nodes/{n}/cordon"),
-                serde_json::Value::Null,
-            )
-            .await;
-        assert_eq!(status, 200, "{v}");
-        assert_eq!(v["state"], "cordoned", "{v}");
-    }
-    let id = c.nodes[0].create_id(json!({})).await;
-    assert_eq!(c.owner(&id), name);
-    for n in &others {
-        let (status, v) = c.nodes[0]
-            .post(
-                &format!("/v1/cluster/nodes/{n}/uncordon"),
-                serde_json::Value::Null,
-            )
-            .await;
-        assert_eq!((status, v["state"].as_str()), (200, Some("ready")), "{v}");
-    }
-    id
-}
-
 async fn node_state(c: &TestCluster, via: usize, id: &str) -> String {
     c.node(via, id).await["state"]
         .as_str()
@@ -49,8 +19,8 @@ async fn node_state(c: &TestCluster, via: usize, id: &str) -> String {
 #[tokio::test]
 async fn a_killed_node_is_declared_dead_its_sandboxes_are_lost_and_creates_avoid_it() {
     let mut c = TestCluster::start(&[3, 3, 3]).await;
-    let kept = create_on(&c, "n2").await;
-    let deleted = create_on(&c, "n2").await;
+    let kept = c.create_on("n2").await;
+    let deleted = c.create_on("n2").await;
     let init = c.nodes[1].init_pid(&kept).expect("its init runs");
     c.nodes[1].sh_ok(&kept, "echo precious > /tmp/f").await;
     // n3 learns the owner once and answers the next calls from its owner cache.
@@ -130,7 +100,7 @@ async fn a_killed_node_is_declared_dead_its_sandboxes_are_lost_and_creates_avoid
 #[tokio::test]
 async fn a_node_cut_off_past_its_lease_comes_back_fenced_stops_its_sandboxes_and_registers_again() {
     let c = TestCluster::start(&[3, 3, 3]).await;
-    let id = create_on(&c, "n3").await;
+    let id = c.create_on("n3").await;
     let init = c.nodes[2].init_pid(&id).expect("its init runs");
     let epoch_before = c.node(0, "n3").await["epoch"].as_i64().expect("epoch");
 
@@ -172,7 +142,7 @@ async fn a_node_cut_off_past_its_lease_comes_back_fenced_stops_its_sandboxes_and
         .await;
     assert_eq!(status, 409);
     // And it takes new sandboxes again.
-    let again = create_on(&c, "n3").await;
+    let again = c.create_on("n3").await;
     let v = c.nodes[0].exec(&again, json!({"cmd": "echo ok"})).await;
     assert_eq!(v["stdout"], "ok\n");
     assert_eq!(c.nodes[0].kill(&id).await, 204);
@@ -182,9 +152,9 @@ async fn a_node_cut_off_past_its_lease_comes_back_fenced_stops_its_sandboxes_and
 async fn a_database_restart_declares_no_node_dead() {
     let mut c = TestCluster::start(&[2, 2, 2]).await;
     let ids = [
-        create_on(&c, "n1").await,
-        create_on(&c, "n2").await,
-        create_on(&c, "n3").await,
+        c.create_on("n1").await,
+        c.create_on("n2").await,
+        c.create_on("n3").await,
     ];
     let epochs: Vec<i64> = c.node_list(0).await["nodes"]
         .as_array()

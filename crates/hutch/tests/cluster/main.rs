@@ -4,6 +4,7 @@
 //! within seconds.
 
 mod failures;
+mod handoff;
 mod placement;
 mod routing;
 
@@ -64,17 +65,49 @@ fn node_args(db_url: &str, name: &str, port: u16, capacity: u64) -> Vec<String> 
 impl TestCluster {
     /// A database and one node per entry of `capacities` (`n1`, `n2`, …).
     pub async fn start(capacities: &[u64]) -> Self {
+        Self::start_with(capacities, &[], &[]).await
+    }
+
+    /// [`TestCluster::start`], every node with the flags `extra` and the environment `env`
+    /// too.
+    pub async fn start_with(capacities: &[u64], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let pg = PrivatePostgres::start();
         let db_url = pg.create_database("hutch");
         let mut nodes = Vec::new();
+        let mut env = env.to_vec();
+        env.push(("HUTCH_NODE_SECRET", NODE_SECRET));
         for (i, cap) in capacities.iter().enumerate() {
-            let args = node_args(&db_url, &format!("n{}", i + 1), free_port(), *cap);
+            let mut args = node_args(&db_url, &format!("n{}", i + 1), free_port(), *cap);
+            args.extend(extra.iter().map(|s| s.to_string()));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            nodes.push(
-                TestServer::start_with_env(&args, &[("HUTCH_NODE_SECRET", NODE_SECRET)]).await,
-            );
+            nodes.push(TestServer::start_with_env(&args, &env).await);
         }
         Self { nodes, pg, db_url }
+    }
+
+    /// Make the next create land on node `name` by cordoning the others (then uncordon
+    /// them); the new sandbox's id.
+    pub async fn create_on(&self, name: &str) -> String {
+        let others: Vec<String> = (1..=self.nodes.len())
+            .map(|i| format!("n{i}"))
+            .filter(|n| n != name)
+            .collect();
+        for n in &others {
+            let (status, v) = self.nodes[0]
+                .post(&format!("/v1/cluster/nodes/{n}/cordon"), Value::Null)
+                .await;
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(v["state"], "cordoned", "{v}");
+        }
+        let id = self.nodes[0].create_id(serde_json::json!({})).await;
+        assert_eq!(self.owner(&id), name);
+        for n in &others {
+            let (status, v) = self.nodes[0]
+                .post(&format!("/v1/cluster/nodes/{n}/uncordon"), Value::Null)
+                .await;
+            assert_eq!((status, v["state"].as_str()), (200, Some("ready")), "{v}");
+        }
+        id
     }
 
     /// `GET /v1/cluster/nodes` through node `i`.

@@ -48,6 +48,9 @@ fn record(id: &str, slot: u32) -> SandboxRecord {
         exec_defaults: Default::default(),
         created_by: None,
         max_cost_micros: None,
+        saved_state: None,
+        saving: None,
+        arrival: None,
     }
 }
 
