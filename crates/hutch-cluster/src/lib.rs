@@ -38,6 +38,9 @@ pub use self::error::ClusterError;
 use self::forward::NODE_TOKEN;
 pub use self::membership::{Membership, NodeHealth, NodeState, NodeView};
 
+/// How often a node removes what sandboxes that moved to other nodes left on it.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Connections the node keeps to the cluster database.
 const POOL_SIZE: usize = 32;
 
@@ -178,8 +181,15 @@ impl Cluster {
     async fn heartbeat_loop(self: Arc<Self>, manager: Arc<Manager>) {
         let mut tick = tokio::time::interval(self.cfg.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sweep = std::time::Instant::now();
         loop {
             tick.tick().await;
+            // Now and then, the files of sandboxes that moved to other nodes go.
+            if last_sweep.elapsed() >= SWEEP_EVERY && !self.draining.load(Ordering::Acquire) {
+                last_sweep = std::time::Instant::now();
+                let manager = manager.clone();
+                tokio::spawn(async move { manager.remove_orphans().await });
+            }
             match self.membership.heartbeat().await {
                 Ok(state) => {
                     self.membership.set_health(NodeHealth::Member);

@@ -331,6 +331,18 @@ impl Store for PostgresStore {
         Ok(record)
     }
 
+    async fn sandbox_is_here(&self, id: &SandboxId) -> CoreResult<bool> {
+        let node = self.fence.node_id();
+        let client = self.client().await?;
+        let found = rows(
+            &client,
+            "SELECT 1 FROM sandboxes WHERE id = $1 AND node_id = $2",
+            &[&id.as_str(), &node],
+        )
+        .await?;
+        Ok(!found.is_empty())
+    }
+
     async fn take_over_sandbox(
         &self,
         id: &SandboxId,

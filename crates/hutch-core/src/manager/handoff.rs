@@ -237,6 +237,9 @@ impl Manager {
         let _ = std::fs::remove_file(&archive);
         states.fetch(&saved, &archive).await?;
         let backend = self.backend(r.isolation)?;
+        // What an earlier stay of it on this node left (it moved away and back) must not
+        // be stacked over what it brought.
+        backend.remove_moved(r.id.as_str()).await?;
         let sid = ids::new_snapshot_id();
         let tmp = self.snapshot_tmp_dir(&sid)?;
         let taken = backend.import_hibernated(&archive, &tmp).await;

@@ -117,9 +117,21 @@ impl Manager {
                 let Ok(sid) = id.parse::<SandboxId>() else {
                     continue;
                 };
+                if own.contains(id.as_str()) {
+                    continue;
+                }
+                // Checked again under its lock: a take-over or a delete may be under way.
+                let _op = self.op_lock(&sid).await;
+                match self.store.sandbox_is_here(&sid).await {
+                    Ok(false) => {}
+                    Ok(true) => continue,
+                    Err(e) => {
+                        tracing::error!(%id, error = %e, "looking up a sandbox found on the host");
+                        continue;
+                    }
+                }
                 let moved = match self.store.get_sandbox(&sid).await {
                     Ok(None) => false,
-                    Ok(Some(_)) if own.contains(id.as_str()) => continue,
                     Ok(Some(_)) => true,
                     Err(e) => {
                         tracing::error!(%id, error = %e, "looking up a sandbox found on the host");

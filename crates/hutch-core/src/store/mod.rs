@@ -195,6 +195,10 @@ pub trait Store: TenancyStore + AuditStore + UsageStore + Send + Sync {
     ) -> CoreResult<Option<SandboxRecord>> {
         Ok(None)
     }
+    /// Whether sandbox `id` has a record of this node (a store of one node: any record).
+    async fn sandbox_is_here(&self, id: &SandboxId) -> CoreResult<bool> {
+        Ok(self.get_sandbox(id).await?.is_some())
+    }
     /// One record by id (a warm guest's too).
     async fn get_sandbox(&self, id: &SandboxId) -> CoreResult<Option<SandboxRecord>>;
     /// One record by id if `scope` may see it (warm guests never): one indexed lookup.

@@ -58,38 +58,56 @@ fn free_addr() -> anyhow::Result<String> {
 }
 
 /// The URL of database `name` on the server of `url` (a `postgres://` URL).
-fn database_url(url: &str, name: &str) -> anyhow::Result<String> {
+pub(super) fn database_url(url: &str, name: &str) -> anyhow::Result<String> {
     let mut u = url::Url::parse(url).context("--cluster-db must be a postgres:// URL")?;
     u.set_path(&format!("/{name}"));
     Ok(u.to_string())
 }
 
-/// A node of the cluster on `db_url`.
-async fn node(
-    templates_dir: &Path,
-    template: &str,
-    vm_dir: &Path,
-    db_url: &str,
-    secret_file: &Path,
-    id: &str,
-    capacity: u64,
-) -> anyhow::Result<BenchServer> {
-    let addr = free_addr()?;
-    let flags: Vec<String> = vec![
-        "--cluster".into(),
-        db_url.into(),
-        "--node-id".into(),
-        id.into(),
-        "--advertise".into(),
-        addr.clone(),
-        "--node-secret-file".into(),
-        secret_file.display().to_string(),
-        "--capacity-sandboxes".into(),
-        capacity.to_string(),
-        "--preview-listen".into(),
-        "off".into(),
-    ];
-    BenchServer::start_with(templates_dir, template, vm_dir, false, 0, &addr, &flags).await
+/// What every node of a bench cluster shares: templates, database and node secret.
+pub(super) struct NodeSetup<'a> {
+    pub templates_dir: &'a Path,
+    pub template: &'a str,
+    pub vm_dir: &'a Path,
+    pub db_url: &'a str,
+    pub secret_file: &'a Path,
+}
+
+impl NodeSetup<'_> {
+    /// Node `id` with room for `capacity` sandboxes, with the flags `extra` too.
+    pub(super) async fn node(
+        &self,
+        id: &str,
+        capacity: u64,
+        extra: &[String],
+    ) -> anyhow::Result<BenchServer> {
+        let addr = free_addr()?;
+        let mut flags: Vec<String> = vec![
+            "--cluster".into(),
+            self.db_url.into(),
+            "--node-id".into(),
+            id.into(),
+            "--advertise".into(),
+            addr.clone(),
+            "--node-secret-file".into(),
+            self.secret_file.display().to_string(),
+            "--capacity-sandboxes".into(),
+            capacity.to_string(),
+            "--preview-listen".into(),
+            "off".into(),
+        ];
+        flags.extend(extra.iter().cloned());
+        BenchServer::start_with(
+            self.templates_dir,
+            self.template,
+            self.vm_dir,
+            false,
+            0,
+            &addr,
+            &flags,
+        )
+        .await
+    }
 }
 
 /// Time `f`, in milliseconds.
@@ -118,16 +136,14 @@ pub async fn run(
         let secret_file = secret_dir.path().join("node.secret");
         std::fs::write(&secret_file, hutch_core::ids::random_token(32))?;
         let single = BenchServer::start(templates_dir, template, vm_dir, false, 0).await?;
-        let owner = node(
+        let setup = NodeSetup {
             templates_dir,
             template,
             vm_dir,
-            &db_url,
-            &secret_file,
-            "a",
-            1000,
-        )
-        .await;
+            db_url: &db_url,
+            secret_file: &secret_file,
+        };
+        let owner = setup.node("a", 1000, &[]).await;
         let owner = match owner {
             Ok(n) => n,
             Err(e) => {
@@ -136,16 +152,7 @@ pub async fn run(
             }
         };
         // `b` has no room: every create through it is placed on `a`.
-        let other = node(
-            templates_dir,
-            template,
-            vm_dir,
-            &db_url,
-            &secret_file,
-            "b",
-            0,
-        )
-        .await;
+        let other = setup.node("b", 0, &[]).await;
         let other = match other {
             Ok(n) => n,
             Err(e) => {

@@ -4,6 +4,7 @@
 mod api_scale;
 mod baselines;
 mod cluster;
+mod cluster_handoff;
 mod code;
 mod containers;
 mod density;
@@ -359,11 +360,23 @@ async fn bench_cluster(
         args.cluster_creates,
     )
     .await?;
+    eprintln!(
+        "cluster: {} rounds of a hibernated ns sandbox woken where it hibernated and on another node…",
+        args.cluster_creates
+    );
+    let handoff = cluster_handoff::run(
+        templates_dir,
+        &args.template,
+        vm_dir,
+        db,
+        args.cluster_creates,
+    )
+    .await?;
     println!("{}", machine_info());
-    for line in r.lines() {
+    for line in r.lines().into_iter().chain(handoff.lines()) {
         println!("{line}");
     }
-    let doc = json!({"machine": machine_info(), "cluster": r});
+    let doc = json!({"machine": machine_info(), "cluster": r, "cluster_handoff": handoff});
     write_json_out(args, &doc)?;
     Ok(())
 }

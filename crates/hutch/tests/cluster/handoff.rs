@@ -84,7 +84,11 @@ async fn a_drained_nodes_hibernated_sandbox_wakes_on_another_node_from_the_objec
     // The object is the bytes the node hashed.
     let store = bucket(&s3);
     let head = store.head(&key).await.expect("head").expect("the object");
-    assert_eq!(head.sha256, saved["sha256"].as_str().expect("a string"), "{saved}");
+    assert_eq!(
+        head.sha256,
+        saved["sha256"].as_str().expect("a string"),
+        "{saved}"
+    );
     assert_eq!(head.bytes, saved["bytes"].as_u64().expect("a number"));
 
     // Whoever can write the bucket replaces the other one's state (metadata and all).
