@@ -393,6 +393,42 @@ async fn bash_and_javascript_contexts_keep_state() {
 }
 
 #[tokio::test]
+async fn javascript_cells_declare_again_and_await_at_the_top_like_a_notebook() {
+    let s = TestServer::start().await;
+    let id = sandbox(&s).await;
+    let js = async |code: &str| {
+        let v = run(&s, &id, json!({"code": code, "language": "javascript"})).await;
+        assert!(v["error"].is_null(), "{code}: {v}");
+        v
+    };
+    // A cell run again (or a later one) declares its `let`, `const` and `class` again.
+    js("let n = 1; const unit = 'ms'; class Box { get v() { return n } }").await;
+    let again = js("let n = 2; const unit = 's'; class Box { get v() { return n * 10 } }; new Box().v + unit").await;
+    assert_eq!(main_text(&again), "'20s'", "{again}");
+    // Top-level await: the cell's last expression is its result, its declarations are
+    // the next cell's globals, and it is not done before what it awaits is.
+    let awaited = js(
+        "const started = Date.now();\n\
+         const { total, parts: [first] } = await new Promise((r) => setTimeout(() => r({ total: 41, parts: [7] }), 300));\n\
+         async function twice(x) { return 2 * x }\n\
+         total + 1",
+    )
+    .await;
+    assert_eq!(main_text(&awaited), "42", "{awaited}");
+    let later = js("(Date.now() - started >= 300) + ' ' + first + ' ' + (await twice(total))").await;
+    assert_eq!(main_text(&later), "'true 7 82'", "{later}");
+    // An error after an await is the cell's error, and the context goes on.
+    let thrown = run(
+        &s,
+        &id,
+        json!({"code": "await null; null.x", "language": "javascript"}),
+    )
+    .await;
+    assert_eq!(thrown["error"]["name"], "TypeError", "{thrown}");
+    assert_eq!(main_text(&js("n + 1").await), "3");
+}
+
+#[tokio::test]
 async fn a_template_without_the_interpreter_is_refused_naming_code_interpreter() {
     let s = TestServer::start().await;
     let id = s

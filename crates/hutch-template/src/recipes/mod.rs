@@ -56,8 +56,10 @@ impl Recipe {
             Self::Minimal => 2,
             Self::Base => 1,
             // 2: the kernel driver in the template, started (with the Python kernel) by its
-            // start command.
-            Self::CodeInterpreter => 2,
+            // start command. 3: JavaScript cells declare again and await at the top.
+            // The driver is in the template: any change of it needs a new revision (the
+            // test `a_driver_change_comes_with_a_new_revision` says so).
+            Self::CodeInterpreter => 3,
         }
     }
 
@@ -136,5 +138,31 @@ impl Recipe {
                 layout::write_file(rootfs, rel, crate::interp::driver_program(), 0o644)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Recipe;
+
+    /// FNV-1a of the driver the `code-interpreter` template carries, at its revision.
+    const DRIVER_AT_REVISION: (u32, u64) = (3, 0x639c_b681_e33c_490f);
+
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    }
+
+    #[test]
+    fn a_driver_change_comes_with_a_new_revision() {
+        let hash = fnv1a(crate::interp::driver_program().as_bytes());
+        assert_eq!(
+            (Recipe::CodeInterpreter.revision(), hash),
+            DRIVER_AT_REVISION,
+            "the kernel driver changed: bump Recipe::CodeInterpreter's revision (templates built \
+             with the old driver are then rebuilt) and set DRIVER_AT_REVISION to ({}, {hash:#x})",
+            Recipe::CodeInterpreter.revision() + 1
+        );
     }
 }
