@@ -9,6 +9,7 @@ mod mcp;
 mod paths;
 mod serve;
 mod serve_cluster;
+mod serve_config;
 
 use clap::Parser;
 
@@ -17,7 +18,14 @@ fn main() {
     if std::env::args().nth(1).as_deref() == Some("__jail-spawn") {
         std::process::exit(hutch_core::host::jail_helper_main());
     }
-    let args = cli::Cli::parse();
+    let raw = match serve_config::with_config_file(std::env::args_os().collect()) {
+        Ok(raw) => raw,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let args = cli::Cli::parse_from(raw);
     let filter = tracing_subscriber::EnvFilter::try_from_env("HUTCH_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if args.verbose { "debug" } else { "info" })
     });

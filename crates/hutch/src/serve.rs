@@ -12,6 +12,12 @@ use hutch_template::{BuildOptions, Progress, TemplateStore};
 /// Options of `hutch serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
+    /// Read settings from this TOML file: each key is a flag's long name (`listen`,
+    /// `object-store`, …) and its value what the flag takes (a string or number, `true` for a
+    /// switch, an array for a flag given several times). A flag on the command line, or its
+    /// environment variable, wins over the file (`docs/configuration.md`).
+    #[arg(long, env = "HUTCH_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, default_value = "127.0.0.1:7700")]
     pub listen: SocketAddr,

@@ -403,7 +403,10 @@ async fn javascript_cells_declare_again_and_await_at_the_top_like_a_notebook() {
     };
     // A cell run again (or a later one) declares its `let`, `const` and `class` again.
     js("let n = 1; const unit = 'ms'; class Box { get v() { return n } }").await;
-    let again = js("let n = 2; const unit = 's'; class Box { get v() { return n * 10 } }; new Box().v + unit").await;
+    let again = js(
+        "let n = 2; const unit = 's'; class Box { get v() { return n * 10 } }; new Box().v + unit",
+    )
+    .await;
     assert_eq!(main_text(&again), "'20s'", "{again}");
     // Top-level await: the cell's last expression is its result, its declarations are
     // the next cell's globals, and it is not done before what it awaits is.
@@ -415,7 +418,8 @@ async fn javascript_cells_declare_again_and_await_at_the_top_like_a_notebook() {
     )
     .await;
     assert_eq!(main_text(&awaited), "42", "{awaited}");
-    let later = js("(Date.now() - started >= 300) + ' ' + first + ' ' + (await twice(total))").await;
+    let later =
+        js("(Date.now() - started >= 300) + ' ' + first + ' ' + (await twice(total))").await;
     assert_eq!(main_text(&later), "'true 7 82'", "{later}");
     // An error after an await is the cell's error, and the context goes on.
     let thrown = run(
