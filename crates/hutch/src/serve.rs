@@ -677,7 +677,10 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     manager.flush_refreshes().await;
     // Warm vm guests are not sandboxes: nothing would re-adopt them.
     manager.drain_warm().await;
-    // The ns disk pool stays mounted while sandboxes (to re-adopt) have their files there.
+    // What sandboxes that moved to other nodes (or that no record names) left here goes
+    // first; the ns disk pool stays mounted while sandboxes (to re-adopt) have their files
+    // there.
+    manager.remove_orphans().await;
     manager.release_disk_pool().await;
     Ok(())
 }
