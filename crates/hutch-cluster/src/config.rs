@@ -67,6 +67,9 @@ pub struct ClusterConfig {
     /// (`s3://…` or `file:///…`, `docs/object-store.md`); `None`: they wake only where they
     /// hibernated.
     pub object_store: Option<String>,
+    /// PEM roots the database's certificate is verified against when its URL asks for TLS
+    /// (`sslmode=require`); `None`: the system's.
+    pub database_ca: Option<std::path::PathBuf>,
 }
 
 impl ClusterConfig {
@@ -90,6 +93,7 @@ impl ClusterConfig {
             capacity,
             placement_hold: Duration::from_secs(600),
             object_store: None,
+            database_ca: None,
         }
     }
 

@@ -77,7 +77,9 @@ impl Cluster {
         cfg.validate()?;
         let secret = HeaderValue::from_str(&cfg.node_secret)
             .map_err(|_| ClusterError::Config("--node-secret: printable ASCII only".into()))?;
-        let db = Db::connect(&cfg.database_url, POOL_SIZE)?;
+        let tls =
+            hutch_store_postgres::DbTls::for_url(&cfg.database_url, cfg.database_ca.as_deref())?;
+        let db = Db::connect_with(&cfg.database_url, POOL_SIZE, tls)?;
         let version = db.migrate().await?;
         tracing::info!(version, "cluster database schema");
         let fence = Arc::new(NodeFence::new(cfg.node_id.clone()));

@@ -7,6 +7,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 
 use crate::schema::MIGRATIONS;
+use crate::DbTls;
 
 /// How long a connection attempt, or a wait for a free pooled connection, may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,6 +38,9 @@ pub enum DbError {
     /// The pool could not be built.
     #[error("database pool: {0}")]
     Build(#[from] deadpool_postgres::BuildError),
+    /// TLS to the database cannot be set up as asked (`tls.rs`).
+    #[error("database TLS: {0}")]
+    Tls(String),
 }
 
 impl DbError {
@@ -92,6 +96,7 @@ impl Listener {
 pub struct Db {
     pool: Pool,
     cfg: std::sync::Arc<tokio_postgres::Config>,
+    tls: DbTls,
 }
 
 impl std::fmt::Debug for Db {
@@ -102,20 +107,27 @@ impl std::fmt::Debug for Db {
 
 impl Db {
     /// A pool of up to `max_size` connections to `url` (`postgres://user:pass@host/db`, or
-    /// the key=value form). Connects lazily: a database that is down fails the first use.
+    /// the key=value form), in plain text unless the URL asks for TLS (then verified
+    /// against the system's roots: [`Db::connect_with`]). Connects lazily: a database that
+    /// is down fails the first use.
     pub fn connect(url: &str, max_size: usize) -> Result<Self, DbError> {
+        Self::connect_with(url, max_size, DbTls::for_url(url, None)?)
+    }
+
+    /// [`Db::connect`] with connections made as `tls` says.
+    pub fn connect_with(url: &str, max_size: usize, tls: DbTls) -> Result<Self, DbError> {
         let mut cfg: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
         if cfg.get_connect_timeout().is_none() {
             cfg.connect_timeout(CONNECT_TIMEOUT);
         }
         cfg.application_name("hutch");
-        let manager = Manager::from_config(
-            cfg.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_cfg = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls.connector() {
+            Some(connector) => Manager::from_config(cfg.clone(), connector, manager_cfg),
+            None => Manager::from_config(cfg.clone(), NoTls, manager_cfg),
+        };
         let pool = Pool::builder(manager)
             .max_size(max_size)
             .runtime(Runtime::Tokio1)
@@ -125,6 +137,7 @@ impl Db {
         Ok(Self {
             pool,
             cfg: std::sync::Arc::new(cfg),
+            tls,
         })
     }
 
@@ -132,25 +145,19 @@ impl Db {
     /// identifier). Each notification's payload arrives on [`Listener::recv`] until the
     /// connection ends; [`Listener::ping`] checks that it still lives.
     pub async fn listen(&self, channel: &str) -> Result<Listener, DbError> {
-        let (client, mut connection) = self.cfg.connect(NoTls).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
-                        if tx.send(n.payload().to_string()).is_err() {
-                            break;
-                        }
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        tracing::debug!(error = %e, "the listening connection ended");
-                        break;
-                    }
-                    None => break,
-                }
+        let client = match self.tls.connector() {
+            Some(connector) => {
+                let (client, connection) = self.cfg.connect(connector).await?;
+                tokio::spawn(forward_notifications(connection, tx));
+                client
             }
-        });
+            None => {
+                let (client, connection) = self.cfg.connect(NoTls).await?;
+                tokio::spawn(forward_notifications(connection, tx));
+                client
+            }
+        };
         client
             .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "")))
             .await?;
@@ -230,14 +237,55 @@ pub async fn drop_database(url: &str, name: &str) -> Result<(), DbError> {
     .await
 }
 
-/// Run `sql` on a connection of its own to `url`, then close it.
+/// Run `sql` on a connection of its own to `url` (TLS as the URL asks), then close it.
 async fn execute_once(url: &str, sql: &str) -> Result<(), DbError> {
     let mut cfg: tokio_postgres::Config = url.parse().map_err(DbError::Url)?;
     cfg.connect_timeout(CONNECT_TIMEOUT);
-    let (client, connection) = cfg.connect(NoTls).await?;
-    let task = tokio::spawn(connection);
+    match DbTls::for_url(url, None)?.connector() {
+        Some(connector) => {
+            let (client, connection) = cfg.connect(connector).await?;
+            run_once(client, tokio::spawn(connection), sql).await
+        }
+        None => {
+            let (client, connection) = cfg.connect(NoTls).await?;
+            run_once(client, tokio::spawn(connection), sql).await
+        }
+    }
+}
+
+async fn run_once<E>(
+    client: tokio_postgres::Client,
+    task: tokio::task::JoinHandle<Result<(), E>>,
+    sql: &str,
+) -> Result<(), DbError> {
     let result = client.batch_execute(sql).await;
     drop(client);
     let _ = task.await;
     result.map_err(DbError::from)
+}
+
+/// Poll a listening connection, sending each notification's payload to `tx`, until it ends
+/// or nobody listens any more.
+async fn forward_notifications<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                if tx.send(n.payload().to_string()).is_err() {
+                    break;
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "the listening connection ended");
+                break;
+            }
+            None => break,
+        }
+    }
 }

@@ -18,7 +18,9 @@ mod db;
 mod fence;
 pub mod schema;
 mod store;
+mod tls;
 
 pub use db::{create_database, drop_database, Db, DbError, Listener};
 pub use fence::NodeFence;
 pub use store::{db_error, PostgresStore};
+pub use tls::DbTls;

@@ -21,6 +21,8 @@ pub struct PrivatePostgres {
     listen: IpAddr,
     port: u16,
     child: Option<Child>,
+    /// Settings given to the server (`-c name=value`) beyond the fixture's own.
+    settings: Vec<String>,
 }
 
 /// The newest `/usr/lib/postgresql/<major>/bin` holding `initdb`.
@@ -100,7 +102,45 @@ impl PrivatePostgres {
             listen,
             port: free_port(listen),
             child: None,
+            settings: Vec::new(),
         };
+        pg.launch();
+        pg
+    }
+
+    /// [`PrivatePostgres::start`] speaking TLS only over TCP, with `ca`'s certificate for
+    /// 127.0.0.1: a TCP connection without TLS is refused (`pg_hba.conf` has only
+    /// `hostssl` lines); psql keeps the unix socket.
+    pub fn start_with_tls(ca: &crate::TestCa) -> Self {
+        let mut pg = Self::start();
+        pg.stop();
+        for (from, name, mode) in [
+            (ca.cert(), "server.crt", 0o644),
+            (ca.key(), "server.key", 0o600),
+        ] {
+            let to = pg.root.join(name);
+            std::fs::copy(&from, &to).expect("copy the certificate");
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            let chown = Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&to)
+                .status()
+                .expect("chown");
+            assert!(chown.success(), "chown {}", to.display());
+        }
+        std::fs::write(
+            pg.root.join("data/pg_hba.conf"),
+            "local all all trust
+hostssl all all 127.0.0.1/32 trust
+hostssl all all ::1/128 trust
+",
+        )
+        .expect("write pg_hba.conf");
+        pg.settings = vec![
+            "ssl=on".into(),
+            format!("ssl_cert_file={}", pg.root.join("server.crt").display()),
+            format!("ssl_key_file={}", pg.root.join("server.key").display()),
+        ];
         pg.launch();
         pg
     }
@@ -114,6 +154,7 @@ impl PrivatePostgres {
             .arg(&self.root)
             .args(["-c", &format!("listen_addresses={}", self.listen)])
             .args(["-c", "fsync=off", "-c", "max_connections=300"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)

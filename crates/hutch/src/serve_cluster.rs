@@ -50,6 +50,10 @@ pub struct ClusterArgs {
     /// `AWS_SECRET_ACCESS_KEY`; or `file:///PATH` on a filesystem every node mounts).
     #[arg(long, env = "HUTCH_OBJECT_STORE")]
     pub object_store: Option<String>,
+    /// PEM certificates to verify the cluster database's certificate with when its URL asks
+    /// for TLS (`?sslmode=require`; default: the system's roots).
+    #[arg(long, env = "HUTCH_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
 }
 
 fn host_name() -> Option<String> {
@@ -96,6 +100,7 @@ impl ClusterArgs {
         cfg.heartbeat = Duration::from_millis(self.heartbeat_ms);
         cfg.lease = Duration::from_millis(self.lease_ms);
         cfg.object_store = self.object_store.clone();
+        cfg.database_ca = self.cluster_ca.clone();
         cfg.validate()?;
         Ok(Some(cfg))
     }

@@ -7,6 +7,7 @@ mod failures;
 mod handoff;
 mod placement;
 mod routing;
+mod tls;
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -73,6 +74,17 @@ impl TestCluster {
     pub async fn start_with(capacities: &[u64], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let pg = PrivatePostgres::start();
         let db_url = pg.create_database("hutch");
+        Self::start_on(pg, db_url, capacities, extra, env).await
+    }
+
+    /// Nodes on the database `db_url` of `pg`.
+    pub async fn start_on(
+        pg: PrivatePostgres,
+        db_url: String,
+        capacities: &[u64],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut nodes = Vec::new();
         let mut env = env.to_vec();
         env.push(("HUTCH_NODE_SECRET", NODE_SECRET));
