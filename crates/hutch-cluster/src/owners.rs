@@ -59,7 +59,16 @@ impl OwnerCache {
             }
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
-        let found = read_owner(db, id).await?;
+        let found = match read_owner(db, id).await {
+            Ok(found) => found,
+            // The database is gone for now: an owner read before is still the owner (a
+            // sandbox moves only through the database).
+            Err(e) if e.is_db_unreachable() => match self.cached(id) {
+                Some(owner) => return Ok(Some(owner)),
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
         if let Some(owner) = &found {
             let mut map = self
                 .sandboxes

@@ -25,6 +25,7 @@ mod fork;
 mod handoff;
 mod interp;
 mod keys;
+mod last_known;
 mod lifecycle;
 mod logs;
 mod metrics;
@@ -136,6 +137,8 @@ pub struct Manager {
     /// Where hibernated sandboxes' states go for other nodes (cluster mode with an object
     /// store; `handoff.rs`).
     saved_states: std::sync::OnceLock<Arc<dyn crate::handoff::SavedStates>>,
+    /// The last record read of each sandbox, for when the store cannot be reached.
+    last_known: last_known::LastKnown,
 }
 
 /// Held while a client is connected to a sandbox (a running exec, stream or terminal): the
@@ -290,6 +293,7 @@ impl Manager {
             meters: usage::Meters::default(),
             spend: budget::SpendCache::default(),
             saved_states: std::sync::OnceLock::new(),
+            last_known: last_known::LastKnown::default(),
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).
@@ -368,10 +372,15 @@ impl Manager {
         id: &SandboxId,
         scope: &TenantScope,
     ) -> CoreResult<SandboxRecord> {
-        self.store
-            .get_sandbox_for(id, scope)
-            .await?
-            .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))
+        let found = match self.store.get_sandbox_for(id, scope).await {
+            Ok(found) => found,
+            Err(e) => return self.last_known.instead_of(e, id, scope),
+        };
+        // Only a sandbox it may see is remembered (or forgotten) for it.
+        if found.is_some() {
+            self.last_known.note(id, found.as_ref());
+        }
+        found.ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))
     }
 
     fn backend(&self, isolation: Isolation) -> CoreResult<Arc<dyn Backend>> {
@@ -435,10 +444,14 @@ impl Manager {
     /// `NotFound`.
     async fn load(&self, id: &SandboxId) -> CoreResult<SandboxRecord> {
         // A warm guest of the pool is not a sandbox (yet).
-        let mut r = self
-            .store
-            .get_sandbox(id)
-            .await?
+        let found = match self.store.get_sandbox(id).await {
+            Ok(found) => {
+                self.last_known.note(id, found.as_ref());
+                found
+            }
+            Err(e) => Some(self.last_known.instead_of(e, id, &TenantScope::All)?),
+        };
+        let mut r = found
             .filter(|r| r.state != SandboxState::Pooled)
             .ok_or_else(|| CoreError::NotFound(format!("sandbox {id} does not exist")))?;
         self.refreshes.apply(&mut r);
@@ -550,6 +563,7 @@ impl Manager {
     async fn remove(&self, r: SandboxRecord, event: Option<&str>) -> CoreResult<()> {
         // Forget it first so the death watcher treats the exit as intended.
         self.store.delete_sandbox(&r.id).await?;
+        self.last_known.forget(&r.id);
         self.forget_saved(&r.id, r.saved_state.clone(), r.saving.is_some())
             .await;
         self.refreshes.forget(&r.id);

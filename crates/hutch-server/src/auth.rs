@@ -229,11 +229,32 @@ impl AppState {
         let key = match cached {
             Some(k) => k,
             None => {
-                let Some(record) = self.manager.authenticate(secret).await? else {
+                let mut checked = true;
+                let found = match self.manager.authenticate(secret).await {
+                    Ok(found) => found,
+                    // The database is gone for now: a key seen lately is still believed.
+                    Err(e @ hutch_core::CoreError::StoreUnavailable(_)) => {
+                        let stale = self
+                            .keys
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_while_unreachable(secret, Instant::now(), now_ms);
+                        match stale {
+                            Some(record) => {
+                                // Not checked now: its time in the cache stays when it was.
+                                checked = false;
+                                Some((*record).clone())
+                            }
+                            None => return Err(e.into()),
+                        }
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let Some(record) = found else {
                     return Err(ApiError::unauthorized("invalid API key"));
                 };
                 let record = Arc::new(record);
-                if !record.expired(now_ms) {
+                if checked && !record.expired(now_ms) {
                     self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(
                         secret,
                         record.clone(),

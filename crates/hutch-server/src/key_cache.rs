@@ -6,6 +6,9 @@
 //! them (the oldest go first). A key revoked through this server is evicted at once
 //! ([`KeyCache::evict`]); one removed from the database behind the server's back stops
 //! working within [`KEY_CACHE_TTL`]. An expired key is never answered from the cache.
+//! While the database cannot be reached at all, a key checked in the last
+//! [`KEY_CACHE_STALE_MAX`] is still believed ([`KeyCache::get_while_unreachable`]): a
+//! cluster node that lost its database keeps serving the clients it knows.
 //!
 //! [`Revocations`]: one `watch` channel per key in use; revoking a key fires it, and every
 //! request, stream and WebSocket of that key waits on it ([`crate::auth::Revocation`]).
@@ -23,6 +26,10 @@ use tokio::sync::watch;
 pub const KEY_CACHE_TTL: Duration = Duration::from_secs(5);
 /// How many keys the cache holds at most.
 pub const KEY_CACHE_MAX: usize = 4096;
+/// How long after its last check a key is still believed while the database cannot be
+/// reached at all (cluster mode: a node that lost the database keeps serving the keys it
+/// saw; [`KeyCache::get_while_unreachable`]).
+pub const KEY_CACHE_STALE_MAX: Duration = Duration::from_secs(600);
 
 /// Authenticated keys and when each was checked.
 #[derive(Default)]
@@ -46,11 +53,34 @@ impl KeyCache {
             {
                 Some(record.clone())
             }
-            Some(_) => {
+            Some((record, at))
+                if now.saturating_duration_since(*at) >= KEY_CACHE_STALE_MAX
+                    || record.expired(now_ms) =>
+            {
                 self.entries.remove(&d);
                 None
             }
-            None => None,
+            // Kept for [`KeyCache::get_while_unreachable`].
+            _ => None,
+        }
+    }
+
+    /// The record of `key` if it was checked less than [`KEY_CACHE_STALE_MAX`] before `now`
+    /// and has not expired: for when the database cannot be reached to check it again.
+    pub fn get_while_unreachable(
+        &self,
+        key: &str,
+        now: Instant,
+        now_ms: i64,
+    ) -> Option<Arc<KeyRecord>> {
+        match self.entries.get(&digest(key)) {
+            Some((record, at))
+                if now.saturating_duration_since(*at) < KEY_CACHE_STALE_MAX
+                    && !record.expired(now_ms) =>
+            {
+                Some(record.clone())
+            }
+            _ => None,
         }
     }
 
@@ -58,7 +88,7 @@ impl KeyCache {
     pub fn insert(&mut self, key: &str, record: Arc<KeyRecord>, now: Instant) {
         if self.entries.len() >= KEY_CACHE_MAX {
             self.entries
-                .retain(|_, (_, at)| now.saturating_duration_since(*at) < KEY_CACHE_TTL);
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) < KEY_CACHE_STALE_MAX);
             if self.entries.len() >= KEY_CACHE_MAX {
                 if let Some(oldest) = self
                     .entries
@@ -144,12 +174,27 @@ mod tests {
         assert!(cache.get("hk_a", t0 + Duration::from_secs(1), 0).is_some());
         assert!(cache.get("hk_b", t0, 0).is_none());
         assert!(cache.get("hk_a", t0 + KEY_CACHE_TTL, 0).is_none(), "stale");
-        assert!(cache.entries.is_empty(), "a stale entry is dropped");
+        // Kept, for when the database cannot be reached, up to its bound.
+        let late = t0 + KEY_CACHE_TTL + Duration::from_secs(60);
+        assert!(cache.get_while_unreachable("hk_a", late, 0).is_some());
+        assert!(cache.get_while_unreachable("hk_b", late, 0).is_none());
+        assert!(cache
+            .get_while_unreachable("hk_a", t0 + KEY_CACHE_STALE_MAX, 0)
+            .is_none());
+        assert!(cache.get("hk_a", t0 + KEY_CACHE_STALE_MAX, 0).is_none());
+        assert!(
+            cache.entries.is_empty(),
+            "an entry past its bound is dropped"
+        );
         cache.insert("hk_e", record(Some(100)), t0);
         assert!(cache.get("hk_e", t0, 99).is_some());
         assert!(
             cache.get("hk_e", t0, 100).is_none(),
             "expired in the cache too"
+        );
+        assert!(
+            cache.get_while_unreachable("hk_e", t0, 100).is_none(),
+            "and while the database is unreachable"
         );
     }
 

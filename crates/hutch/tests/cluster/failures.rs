@@ -182,3 +182,46 @@ async fn a_database_restart_declares_no_node_dead() {
         assert_eq!(v["stdout"], "alive\n", "{v}");
     }
 }
+
+#[tokio::test]
+async fn a_node_that_loses_the_database_keeps_serving_its_sandboxes_and_places_nothing() {
+    let mut c = TestCluster::start(&[2, 2]).await;
+    let id = c.create_on("n1").await;
+    c.nodes[0].sh_ok(&id, "echo kept > /root/f").await;
+    // The key and the sandbox are known to n1 from the calls above.
+    c.pg.stop();
+    // Past the key cache's 5 s (and many heartbeats): every answer below comes from what
+    // n1 saw before the database went.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for i in 0..3 {
+        let v = c.nodes[0]
+            .exec(
+                &id,
+                json!({"cmd": format!("cat /root/f; echo {i} >> /root/log")}),
+            )
+            .await;
+        assert_eq!(
+            v["stdout"], "kept\n",
+            "exec {i} on the owner while the database is down: {v}"
+        );
+    }
+    let (status, v) = c.nodes[0]
+        .request(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/files?path=/root/log"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{v}");
+    // New sandboxes need the database: refused, clearly.
+    let (status, v) = c.nodes[0].post("/v1/sandboxes", json!({})).await;
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "store_unavailable", "{v}");
+    // The database comes back: everything works again, and nothing was lost.
+    c.pg.start_again();
+    eventually("a create works again", async || {
+        c.nodes[0].post("/v1/sandboxes", json!({})).await.0 == 201
+    })
+    .await;
+    assert_eq!(c.nodes[1].sh_ok(&id, "cat /root/log").await, "0\n1\n2\n");
+}
