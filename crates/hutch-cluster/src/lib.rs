@@ -14,6 +14,7 @@
 //! implementation of `hutch_core::store::Store`; single-node mode (SQLite) never touches
 //! this crate.
 
+pub mod affinity;
 pub mod api;
 pub mod config;
 mod error;
@@ -192,7 +193,8 @@ impl Cluster {
                 let manager = manager.clone();
                 tokio::spawn(async move { manager.remove_orphans().await });
             }
-            match self.membership.heartbeat().await {
+            let templates = ready_templates(&manager).await;
+            match self.membership.heartbeat(&templates).await {
                 Ok(state) => {
                     self.membership.set_health(NodeHealth::Member);
                     // In a task of its own: hibernating (and exporting) takes longer than a
@@ -273,6 +275,25 @@ impl Cluster {
             .await?;
         Ok(n > 0)
     }
+}
+
+/// The names of the templates this node holds ready.
+async fn ready_templates(manager: &Arc<Manager>) -> Vec<String> {
+    let manager = manager.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut names: Vec<String> = manager
+            .templates()
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.ready)
+            .map(|t| t.name)
+            .collect();
+        names.sort();
+        names
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// Hibernate every running sandbox of this node (it is draining): their memory and files are

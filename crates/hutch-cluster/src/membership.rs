@@ -189,17 +189,18 @@ impl Membership {
         Ok(epoch)
     }
 
-    /// Write one heartbeat; returns the node's state (an operator may have cordoned or
-    /// drained it). `Fenced` when the cluster declared this node dead (the epoch it holds
+    /// Write one heartbeat, with the templates this node holds ready (placement prefers a
+    /// node that has the template a create names); returns the node's state (an operator
+    /// may have cordoned or drained it). `Fenced` when the cluster declared this node dead (the epoch it holds
     /// is no longer its row's).
-    pub async fn heartbeat(&self) -> Result<NodeState, ClusterError> {
+    pub async fn heartbeat(&self, templates: &[String]) -> Result<NodeState, ClusterError> {
         let client = self.db.client().await?;
         let epoch = self.fence.epoch();
         let row = client
             .query_opt(
-                "UPDATE nodes SET heartbeat_at = now()
+                "UPDATE nodes SET heartbeat_at = now(), templates = $3
                  WHERE id = $1 AND epoch = $2 AND state <> 'dead' RETURNING state",
-                &[&self.cfg.node_id, &epoch],
+                &[&self.cfg.node_id, &epoch, &templates],
             )
             .await?;
         let Some(row) = row else {

@@ -17,7 +17,9 @@
 //! its own reservation out of its own admission, and counts every other.
 //!
 //! Candidates are the nodes in state `ready`, of role `all`, whose heartbeat is within their
-//! lease by the database's clock, and not excluded (a node a create just failed on).
+//! lease by the database's clock, and not excluded (a node a create just failed on); of
+//! those, only the node a create is pinned to, and preferably the ones that hold its
+//! template (`affinity.rs`).
 
 use hutch_core::ids::SandboxId;
 use hutch_core::store::tenancy::CREATE_WINDOW_MS;
@@ -28,6 +30,7 @@ use hutch_core::tenant::Tenant;
 use hutch_core::CoreError;
 use hutch_store_postgres::Db;
 
+use crate::affinity::Affinity;
 use crate::config::ClusterConfig;
 use crate::error::ClusterError;
 use crate::membership::ACTIVE_STATES;
@@ -71,7 +74,7 @@ pub struct Placement {
 pub async fn place(
     db: &Db,
     cfg: &ClusterConfig,
-    demand: Demand,
+    (demand, affinity): (Demand, &Affinity),
     exclude: &[String],
     sandbox: &SandboxId,
     tenant: Option<TenantCheck<'_>>,
@@ -99,7 +102,8 @@ pub async fn place(
             "SELECT n.id, n.advertise,
                     (n.capacity->>'sandboxes')::bigint, (n.capacity->>'memory_mib')::bigint,
                     coalesce(s.active, 0) + coalesce(p.placed, 0),
-                    coalesce(s.memory, 0) + coalesce(p.memory, 0)
+                    coalesce(s.memory, 0) + coalesce(p.memory, 0),
+                    $3::text = ANY(n.templates)
              FROM nodes n
              LEFT JOIN (
                 SELECT node_id, count(*) AS active,
@@ -113,9 +117,23 @@ pub async fn place(
              WHERE n.state = 'ready' AND n.role = 'all'
                AND n.heartbeat_at > now() - n.lease_ms * interval '1 millisecond'
                AND NOT (n.id = ANY($2))",
-            &[&active, &exclude],
+            &[&active, &exclude, &affinity.template],
         )
         .await?;
+    let rows: Vec<_> = match &affinity.pinned {
+        Some(pin) => rows
+            .into_iter()
+            .filter(|r| r.get::<_, String>(0) == pin.node)
+            .collect(),
+        None => rows,
+    };
+    // Nodes holding the template, when any candidate does.
+    let holds = |r: &tokio_postgres::Row| r.get::<_, Option<bool>>(6).unwrap_or(false);
+    let rows: Vec<_> = if rows.iter().any(holds) {
+        rows.into_iter().filter(holds).collect()
+    } else {
+        rows
+    };
     let want = demand.memory_mib as i64;
     let mut best: Option<(f64, bool, String, String)> = None;
     let mut seen = Vec::new();
@@ -143,10 +161,11 @@ pub async fn place(
     }
     let Some((_, _, node, advertise)) = best else {
         tx.commit().await?;
-        let why = if seen.is_empty() {
-            "no node that runs sandboxes is ready".to_string()
-        } else {
-            format!("{} MiB asked; {}", demand.memory_mib, seen.join("; "))
+        let why = match (&affinity.pinned, seen.is_empty()) {
+            (Some(pin), true) => format!("{}, which is not ready to take sandboxes", pin.why),
+            (Some(pin), false) => format!("{}: {}", pin.why, seen.join("; ")),
+            (None, true) => "no node that runs sandboxes is ready".to_string(),
+            (None, false) => format!("{} MiB asked; {}", demand.memory_mib, seen.join("; ")),
         };
         return Err(ClusterError::NoCapacity(why));
     };

@@ -284,17 +284,21 @@ async fn delete_lost(
 
 /// What a create asks for: its `cpus` and `memory_mib`, else its tenant's defaults, else
 /// its template's.
-fn demand_of(
-    state: &AppState,
-    body: &[u8],
-    tenant_defaults: Option<&hutch_core::tenant::settings::SandboxDefaults>,
-) -> Demand {
-    let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let name = json
-        .get("template")
+/// The template name a create's body names (its default when none; without a tag or
+/// revision).
+fn template_of(state: &AppState, json: &serde_json::Value) -> String {
+    json.get("template")
         .and_then(|v| v.as_str())
         .map(|t| t.split([':', '@']).next().unwrap_or(t).to_string())
-        .unwrap_or_else(|| state.manager.config().default_template.clone());
+        .unwrap_or_else(|| state.manager.config().default_template.clone())
+}
+
+fn demand_of(
+    state: &AppState,
+    json: &serde_json::Value,
+    tenant_defaults: Option<&hutch_core::tenant::settings::SandboxDefaults>,
+) -> Demand {
+    let name = template_of(state, json);
     let template = state.manager.templates().get(&name);
     let memory_mib = json
         .get("memory_mib")
@@ -336,11 +340,15 @@ async fn create(
         Some(t) => store.get_tenant(t).await.map_err(ApiError::from)?,
         None => None,
     };
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let demand = demand_of(
         state,
-        &body,
+        &json,
         tenant_record.as_ref().map(|t| &t.settings.defaults),
     );
+    let affinity =
+        crate::affinity::of_create(cluster, state, &caller, &json, &template_of(state, &json))
+            .await?;
 
     let mut next = Some(next);
     let mut exclude: Vec<String> = Vec::new();
@@ -359,7 +367,7 @@ async fn create(
         let placed = placement::place(
             cluster.db(),
             cluster.config(),
-            demand,
+            (demand, &affinity),
             &exclude,
             &sandbox,
             check,

@@ -14,6 +14,7 @@ use hutch_core::model::SandboxState;
 use hutch_server::error::ApiError;
 use hutch_server::AppState;
 
+use crate::affinity::Affinity;
 use crate::forward::Peer;
 use crate::owners::MOVED;
 use crate::placement::{self, Demand, Placement};
@@ -62,9 +63,18 @@ pub(crate) async fn place_move(
         cpus: record.cpus,
         memory_mib: record.memory_mib,
     };
-    let placed = placement::place(cluster.db(), cluster.config(), demand, &[], &sid, None)
-        .await
-        .map_err(crate::routing::cluster_error)?;
+    // Where its template is, preferably (its revision must be there to wake).
+    let affinity = Affinity::template(record.template.clone());
+    let placed = placement::place(
+        cluster.db(),
+        cluster.config(),
+        (demand, &affinity),
+        &[],
+        &sid,
+        None,
+    )
+    .await
+    .map_err(crate::routing::cluster_error)?;
     if placed.node == cluster.node_id() {
         let moved = take_over_here(cluster, state, &sid).await;
         release(cluster, &placed).await;

@@ -141,4 +141,7 @@ pub const MIGRATIONS: &[&str] = &[
         at_ms BIGINT NOT NULL
     );
     CREATE INDEX usage_meters_node ON usage_meters(node_id);",
+    // 3: the templates each node holds ready, written by its heartbeat, for placement to
+    // prefer a node that has the template a create names.
+    "ALTER TABLE nodes ADD COLUMN templates TEXT[] NOT NULL DEFAULT '{}'",
 ];

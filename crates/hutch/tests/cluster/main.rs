@@ -28,6 +28,8 @@ pub struct TestCluster {
     pub nodes: Vec<TestServer>,
     pub pg: PrivatePostgres,
     pub db_url: String,
+    /// Each node's own templates directory, when not the shared one.
+    _templates: Vec<tempfile::TempDir>,
 }
 
 fn free_port() -> u16 {
@@ -94,7 +96,35 @@ impl TestCluster {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             nodes.push(TestServer::start_with_env(&args, &env).await);
         }
-        Self { nodes, pg, db_url }
+        Self {
+            nodes,
+            pg,
+            db_url,
+            _templates: Vec::new(),
+        }
+    }
+
+    /// [`TestCluster::start`], each node with a templates directory of its own holding
+    /// `minimal` only (as separate hosts have).
+    pub async fn start_with_own_templates(capacities: &[u64]) -> Self {
+        let pg = PrivatePostgres::start();
+        let db_url = pg.create_database("hutch");
+        let (mut nodes, mut templates) = (Vec::new(), Vec::new());
+        for (i, cap) in capacities.iter().enumerate() {
+            let dir = tempfile::tempdir().expect("a templates directory");
+            hutch_testkit::private_templates(dir.path());
+            let args = node_args(&db_url, &format!("n{}", i + 1), free_port(), *cap);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let env = [("HUTCH_NODE_SECRET", NODE_SECRET)];
+            nodes.push(TestServer::start_in_with_env(dir.path().to_path_buf(), &args, &env).await);
+            templates.push(dir);
+        }
+        Self {
+            nodes,
+            pg,
+            db_url,
+            _templates: templates,
+        }
     }
 
     /// Make the next create land on node `name` by cordoning the others (then uncordon

@@ -209,3 +209,97 @@ async fn a_tenants_quota_holds_across_nodes_under_parallel_creates() {
         .await;
     assert_eq!(status, 201, "{v}");
 }
+
+#[tokio::test]
+async fn a_create_from_a_snapshot_or_with_a_volume_runs_where_its_files_are() {
+    let c = TestCluster::start(&[3, 3, 3]).await;
+    let source = c.create_on("n1").await;
+    c.nodes[0].sh_ok(&source, "echo from-n1 > /root/made").await;
+    let (status, snap) = c.nodes[0]
+        .post(
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            json!({"name": "seed"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{snap}");
+    let snap = snap["id"].as_str().expect("a snapshot id").to_string();
+    // Through the other nodes, by id and by name: every create lands on n1, the snapshot's
+    // node, though n2 and n3 have more room.
+    for (via, reference) in [(1, snap.as_str()), (2, "seed")] {
+        let id = c.nodes[via].create_id(json!({"snapshot": reference})).await;
+        assert_eq!(
+            c.owner(&id),
+            "n1",
+            "created from {reference} through n{}",
+            via + 1
+        );
+        assert_eq!(c.nodes[via].sh_ok(&id, "cat /root/made").await, "from-n1\n");
+    }
+    // A volume made through n2 is on n2: a sandbox using it is placed there.
+    let volume = c.nodes[1].volume("data", 16).await;
+    let id = c.nodes[0]
+        .create_id(json!({"volumes": [{"volume": "data", "path": "/data"}]}))
+        .await;
+    assert_eq!(c.owner(&id), "n2");
+    c.nodes[0].sh_ok(&id, "echo kept > /data/f").await;
+    // The snapshot on n1 and the volume on n2 cannot be used together.
+    let (status, v) = c.nodes[2]
+        .post(
+            "/v1/sandboxes",
+            json!({"snapshot": snap, "volumes": [{"volume": volume, "path": "/data"}]}),
+        )
+        .await;
+    assert_eq!(status, 409, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("n1") && message.contains("n2"), "{v}");
+}
+
+#[tokio::test]
+async fn a_create_goes_to_a_node_that_holds_its_template() {
+    let c = TestCluster::start_with_own_templates(&[3, 3, 3]).await;
+    // Built through n3: only n3 holds it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        "FROM minimal\nRUN echo built-on-n3 > /where\n",
+    )
+    .expect("write");
+    let mut context = Vec::new();
+    {
+        let mut tar = tar::Builder::new(&mut context);
+        tar.append_path_with_name(dir.path().join("Dockerfile"), "Dockerfile")
+            .expect("tar");
+        tar.finish().expect("tar");
+    }
+    let n3 = &c.nodes[2];
+    let resp = n3
+        .http
+        .post(format!("{}/v1/templates?name=only-n3", n3.url))
+        .bearer_auth(&n3.key)
+        .header("content-type", "application/x-tar")
+        .body(context)
+        .send()
+        .await
+        .expect("POST /v1/templates");
+    assert_eq!(resp.status().as_u16(), 202);
+    crate::eventually("the template built on n3 and n3's heartbeat names it", async || {
+        c.pg.psql(
+            "hutch",
+            "SELECT coalesce(bool_or('only-n3' = ANY(templates)), false) FROM nodes WHERE id = 'n3'",
+        ) == "t"
+    })
+    .await;
+    // Through n1 (the least loaded would be n1 or n2): placed on n3, twice.
+    for _ in 0..2 {
+        let id = c.nodes[0].create_id(json!({"template": "only-n3"})).await;
+        assert_eq!(c.owner(&id), "n3");
+        assert_eq!(c.nodes[0].sh_ok(&id, "cat /where").await, "built-on-n3\n");
+    }
+    // `minimal`, which every node holds, still goes where there is most room.
+    let id = c.nodes[2].create_id(json!({"template": "minimal"})).await;
+    assert_ne!(
+        c.owner(&id),
+        "n3",
+        "n3 holds two sandboxes, the others none"
+    );
+}
