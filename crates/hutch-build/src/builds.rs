@@ -44,6 +44,10 @@ pub struct BuildSettings {
     pub insecure_registries: Vec<String>,
     /// `Some`: the only registries builds may pull from (`hutch serve --allowed-registry`).
     pub allowed_registries: Option<Vec<String>>,
+    /// `ADD <url>` downloads are made (`hutch serve --build-egress allow`, the default):
+    /// the server fetches them, so an operator who keeps builds off the network turns them
+    /// off too.
+    pub downloads: bool,
     /// Most builds queued or running at once on the server.
     pub max_pending: usize,
     /// Most of them one tenant may have.
@@ -65,6 +69,7 @@ impl Default for BuildSettings {
             registry_ca: Vec::new(),
             insecure_registries: Vec::new(),
             allowed_registries: None,
+            downloads: true,
             max_pending: 32,
             max_pending_per_tenant: 8,
         }

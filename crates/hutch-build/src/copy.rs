@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hutch_core::ids::SandboxId;
-use hutch_dockerfile::{
-    Context, ContextEntry, CopyFrom, CopySource, CopyStep, DockerIgnore, EntryKind, Step,
-};
+use hutch_dockerfile::{Context, ContextEntry, CopyFrom, CopyStep, DockerIgnore, EntryKind, Step};
 use hutch_proto::client::AgentClient;
 
 use crate::builds::{Build, BuildRequest, Builder};
@@ -32,20 +30,21 @@ pub(crate) async fn copy(
     states: &Sources,
     request: &BuildRequest,
 ) -> Result<(), BuildError> {
-    if let Some(url) = copy.sources.iter().find_map(|s| match s {
-        CopySource::Url(u) => Some(u.clone()),
-        _ => None,
-    }) {
-        return Err(BuildError::StepFailed(format!(
-            "ADD of a URL ({url}) is not supported yet: download it in a RUN step (curl, wget) under the build's network policy"
-        )));
-    }
     let owner = match &copy.chown {
         Some(spec) => Some(resolve_owner(client, spec, &step.config).await?),
         None => None,
     };
     match &copy.from {
-        None => copy_context(build, n, copy, client, ctx, ignore, owner).await,
+        None => {
+            let urls = copy.url_sources();
+            if !urls.is_empty() {
+                copy_downloads(build, n, copy, client, states, &urls, owner).await?;
+                if copy.path_sources().is_empty() {
+                    return Ok(());
+                }
+            }
+            copy_context(build, n, copy, client, ctx, ignore, owner).await
+        }
         Some(CopyFrom::Stage { index }) => {
             let state = states
                 .stages
@@ -60,6 +59,93 @@ pub(crate) async fn copy(
             copy_from_stage(builder, build, n, copy, client, state, request, owner).await
         }
     }
+}
+
+/// `ADD --checksum=sha256:<hex> <url>`: the download must have it.
+pub(crate) fn check_checksum(
+    copy: &CopyStep,
+    url: &str,
+    fetched: &crate::fetch::Fetched,
+) -> Result<(), BuildError> {
+    let Some(want) = &copy.checksum else {
+        return Ok(());
+    };
+    let hex = want.strip_prefix("sha256:").ok_or_else(|| {
+        BuildError::StepFailed(format!(
+            "ADD --checksum={want}: only sha256:<hex> is supported"
+        ))
+    })?;
+    if !hex.eq_ignore_ascii_case(&fetched.sha256) {
+        return Err(BuildError::StepFailed(format!(
+            "ADD {url}: the download's sha256 is {}, not {hex} (--checksum)",
+            fetched.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// `ADD <url> <dest>`: the files downloaded before the step's key was made, as one tar
+/// stream (mode 0600 unless `--chmod`, the answer's `Last-Modified` as their time).
+async fn copy_downloads(
+    build: &Arc<Build>,
+    n: usize,
+    copy: &CopyStep,
+    client: &AgentClient,
+    states: &Sources,
+    urls: &[String],
+    owner: Option<(u32, u32)>,
+) -> Result<(), BuildError> {
+    // One download onto a path that is a directory in the stage lands inside it.
+    let into_dir = copy.dest_is_dir
+        || client
+            .stat(&copy.dest)
+            .await
+            .is_ok_and(|e| e.file_type == hutch_proto::FileType::Dir);
+    let mut files = Vec::new();
+    for url in urls {
+        let fetched = states
+            .downloads
+            .get(url)
+            .ok_or_else(|| BuildError::StepFailed(format!("ADD {url}: it was not downloaded")))?;
+        let target = if into_dir {
+            format!("{}/{}", copy.dest.trim_end_matches('/'), fetched.name)
+        } else {
+            copy.dest.clone()
+        };
+        build.log(
+            Some(n),
+            LogStream::Status,
+            &format!(" ---> {url} ({} bytes) to {target}", fetched.bytes),
+        );
+        files.push((fetched, target));
+    }
+    let chmod = copy.chmod;
+    let tar = blocking(move || {
+        let (uid, gid) = owner.unwrap_or((0, 0));
+        let mut builder = tar::Builder::new(Vec::new());
+        for (fetched, target) in &files {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_uid(u64::from(uid));
+            header.set_gid(u64::from(gid));
+            header.set_mode(chmod.unwrap_or(0o600));
+            header.set_mtime(fetched.mtime.unwrap_or(0));
+            header.set_size(fetched.bytes);
+            let file = std::fs::File::open(&fetched.path).map_err(BuildError::io(format!(
+                "reading {}",
+                fetched.path.display()
+            )))?;
+            builder
+                .append_data(&mut header, target.trim_start_matches('/'), file)
+                .map_err(BuildError::io(format!("adding {target} to the copy")))?;
+        }
+        builder
+            .into_inner()
+            .map_err(BuildError::io("finishing the copy".to_string()))
+    })
+    .await?;
+    client.write_archive_as("/", true, body_of(&tar)).await?;
+    Ok(())
 }
 
 /// `uid:gid` of a `--chown` value, names looked up in the build sandbox's passwd and group.

@@ -163,7 +163,18 @@ pub(crate) async fn run(
     let total: usize = plan.stages.iter().map(|s| s.steps.len()).sum();
     let ctx = Arc::new(Context::open(&request.context_dir)?);
     let ignore = Arc::new(ignore);
-    let mut states = Sources::default();
+    let mut states = Sources {
+        stages: HashMap::new(),
+        images: HashMap::new(),
+        downloads: crate::fetch::Downloads::new(
+            builder
+                .manager
+                .config()
+                .state_dir
+                .join("build-downloads")
+                .join(&build.id),
+        ),
+    };
     // `COPY --from=<image>` reads an image's files as a stage's: from a sandbox of it.
     for (reference, base) in &bases {
         states.images.insert(
@@ -277,7 +288,11 @@ async fn run_stage(
             build.step(n, StepStatus::Done, Some(Duration::ZERO));
             continue;
         }
-        let inputs = step_inputs(step, ctx, ignore, states).await?;
+        let fetch = crate::fetch::FetchPolicy {
+            egress: builder.settings.downloads,
+            refuse_local: !request.registry.operator,
+        };
+        let inputs = step_inputs(step, ctx, ignore, states, fetch).await?;
         state.key = step_key(&state.key, step, inputs.as_deref());
         if !request.no_cache {
             if let Some(sid) = builder.cache.get(&state.key) {
@@ -336,18 +351,31 @@ async fn step_inputs(
     ctx: &Arc<Context>,
     ignore: &Arc<DockerIgnore>,
     states: &Sources,
+    fetch: crate::fetch::FetchPolicy,
 ) -> Result<Option<String>, BuildError> {
     let Instruction::Copy(copy) = &step.instruction else {
         return Ok(None);
     };
     match &copy.from {
         None => {
+            // `ADD <url>`: what was downloaded, by its sha256.
+            let mut downloaded = String::new();
+            for url in copy.url_sources() {
+                let fetched = states.downloads.fetch(&url, fetch).await?;
+                crate::copy::check_checksum(copy, &url, &fetched)?;
+                downloaded.push_str(&format!("{url} {}\n", fetched.sha256));
+            }
             let (ctx, ignore, sources) = (ctx.clone(), ignore.clone(), copy.path_sources());
-            blocking(move || {
+            let files = blocking(move || {
                 let entries = ctx.resolve(&sources, &ignore)?;
-                Ok(Some(ctx.hash_entries(&entries)?))
+                Ok(ctx.hash_entries(&entries)?)
             })
-            .await
+            .await?;
+            Ok(Some(if downloaded.is_empty() {
+                files
+            } else {
+                format!("{files}\n{downloaded}")
+            }))
         }
         Some(CopyFrom::Stage { index }) => Ok(states.stages.get(index).map(|s| s.key.clone())),
         Some(CopyFrom::Image { reference }) => {
@@ -357,11 +385,12 @@ async fn step_inputs(
 }
 
 /// What `COPY --from` reads from: the stages built so far (by index) and the images the
-/// Dockerfile copies from (by reference).
-#[derive(Debug, Default)]
+/// Dockerfile copies from (by reference); and what `ADD <url>` downloaded.
+#[derive(Debug)]
 pub(crate) struct Sources {
     pub stages: HashMap<usize, StageState>,
     pub images: HashMap<String, StageState>,
+    pub downloads: crate::fetch::Downloads,
 }
 
 /// A sandbox of a finished stage (to copy files out of).

@@ -22,6 +22,7 @@ mod cache;
 mod copy;
 mod engine;
 mod error;
+mod fetch;
 mod image;
 mod log;
 mod scratch;

@@ -208,6 +208,17 @@ impl CopyStep {
             .collect()
     }
 
+    /// The URL sources (`ADD <url>`), in order.
+    pub fn url_sources(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .filter_map(|s| match s {
+                CopySource::Url(u) => Some(u.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Where `entry` lands in the stage's root, given how many source roots (named
     /// sources or wildcard matches) the step copies in all.
     ///

@@ -209,8 +209,9 @@ fn split_host_port(registry: &str) -> (&str, u16) {
 }
 
 /// Loopback, link-local (169.254/16, fe80::/10: cloud metadata), unspecified, multicast,
-/// broadcast, and IPv4 mapped into IPv6 the same way.
-fn is_local(ip: std::net::IpAddr) -> bool {
+/// broadcast, and IPv4 mapped into IPv6 the same way: the addresses a tenant's build never
+/// makes the server's host connect to (registries, `ADD <url>`).
+pub fn is_local(ip: std::net::IpAddr) -> bool {
     match ip {
         std::net::IpAddr::V4(v4) => {
             v4.is_loopback()

@@ -314,6 +314,7 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
             .then(|| args.allowed_registry.clone()),
         max_pending: args.max_builds.max(1),
         max_pending_per_tenant: args.max_builds_per_tenant.max(1),
+        downloads: args.build_egress == BuildEgress::Allow,
         ..hutch_build::BuildSettings::default()
     };
     settings.network.egress = match (args.network, args.build_egress) {
