@@ -6,10 +6,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use hutch_testkit::TestServer;
-use reqwest::Method;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -56,54 +54,9 @@ impl FileServer {
     }
 }
 
-fn context(dockerfile: &str) -> Vec<u8> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("Dockerfile"), dockerfile).expect("write");
-    let mut writer = hutch_proto::archive::ArchiveWriter::open(dir.path()).expect("archive");
-    let mut out = Vec::new();
-    while let Some(chunk) = writer.next_chunk(1 << 16).expect("chunk") {
-        out.extend(chunk);
-    }
-    out
-}
-
 /// Build `name` from `dockerfile` with `key`; the build's final view.
 async fn build_as(s: &TestServer, key: &str, name: &str, dockerfile: &str) -> Value {
-    let resp = s
-        .http
-        .post(format!("{}/v1/templates?name={name}", s.url))
-        .bearer_auth(key)
-        .header("content-type", "application/x-tar")
-        .body(context(dockerfile))
-        .send()
-        .await
-        .expect("POST /v1/templates");
-    assert_eq!(resp.status().as_u16(), 202);
-    let started: Value = resp.json().await.expect("json");
-    let id = started["id"].as_str().expect("build id").to_string();
-    let t0 = Instant::now();
-    loop {
-        let (status, v) = s
-            .request_as(
-                key,
-                Method::GET,
-                &format!("/v1/templates/{name}/builds/{id}"),
-                None,
-            )
-            .await;
-        assert_eq!(status, 200, "{v}");
-        if matches!(
-            v["status"].as_str(),
-            Some("succeeded" | "failed" | "cancelled")
-        ) {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "the build ends: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    s.build_dockerfile_as(key, name, dockerfile).await
 }
 
 /// The build's log text.

@@ -14,7 +14,7 @@ fn chown(p: &Path, uid: u32, gid: u32) {
     std::os::unix::fs::lchown(p, Some(uid), Some(gid)).unwrap();
 }
 
-fn xattr_get(p: &Path, name: &str) -> Option<Vec<u8>> {
+pub(super) fn xattr_get(p: &Path, name: &str) -> Option<Vec<u8>> {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
     let mut buf = vec![0u8; 256];
@@ -26,7 +26,7 @@ fn xattr_get(p: &Path, name: &str) -> Option<Vec<u8>> {
     })
 }
 
-fn xattr_set(p: &Path, name: &str, v: &[u8]) {
+pub(super) fn xattr_set(p: &Path, name: &str, v: &[u8]) {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
     // SAFETY: both strings are NUL-terminated and `v` is readable for its length.
@@ -34,7 +34,7 @@ fn xattr_set(p: &Path, name: &str, v: &[u8]) {
     assert_eq!(r, 0, "setxattr {name} on {}", p.display());
 }
 
-fn mknod(p: &Path, mode: u32) {
+pub(super) fn mknod(p: &Path, mode: u32) {
     let c = CString::new(p.as_os_str().as_bytes()).unwrap();
     // SAFETY: `c` is NUL-terminated.
     assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, 0) }, 0);

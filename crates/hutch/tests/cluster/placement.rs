@@ -258,30 +258,15 @@ async fn a_create_from_a_snapshot_or_with_a_volume_runs_where_its_files_are() {
 async fn a_create_goes_to_a_node_that_holds_its_template() {
     let c = TestCluster::start_with_own_templates(&[3, 3, 3]).await;
     // Built through n3: only n3 holds it.
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("Dockerfile"),
-        "FROM minimal\nRUN echo built-on-n3 > /where\n",
-    )
-    .expect("write");
-    let mut context = Vec::new();
-    {
-        let mut tar = tar::Builder::new(&mut context);
-        tar.append_path_with_name(dir.path().join("Dockerfile"), "Dockerfile")
-            .expect("tar");
-        tar.finish().expect("tar");
-    }
     let n3 = &c.nodes[2];
-    let resp = n3
-        .http
-        .post(format!("{}/v1/templates?name=only-n3", n3.url))
-        .bearer_auth(&n3.key)
-        .header("content-type", "application/x-tar")
-        .body(context)
-        .send()
-        .await
-        .expect("POST /v1/templates");
-    assert_eq!(resp.status().as_u16(), 202);
+    let built = n3
+        .build_dockerfile_as(
+            &n3.key,
+            "only-n3",
+            "FROM minimal\nRUN echo built-on-n3 > /where\n",
+        )
+        .await;
+    assert_eq!(built["status"], "succeeded", "{built}");
     crate::eventually("the template built on n3 and n3's heartbeat names it", async || {
         c.pg.psql(
             "hutch",

@@ -2,38 +2,11 @@
 //! and archives that try to reach out of the layer.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::*;
-
-fn xattr(p: &Path, name: &str) -> Option<Vec<u8>> {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    let mut buf = vec![0u8; 256];
-    // SAFETY: both strings are NUL-terminated and `buf` is writable for its length.
-    let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (r >= 0).then(|| {
-        buf.truncate(r as usize);
-        buf
-    })
-}
-
-fn set_xattr(p: &Path, name: &str, v: &[u8]) {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    let n = CString::new(name).unwrap();
-    // SAFETY: both strings are NUL-terminated and `v` is readable for its length.
-    let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(r, 0, "setxattr {name} on {}", p.display());
-}
-
-fn mknod(p: &Path, mode: u32) {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: `c` is NUL-terminated.
-    assert_eq!(unsafe { libc::mknod(c.as_ptr(), mode, 0) }, 0);
-}
+use crate::layer::tests::{mknod, xattr_get as xattr, xattr_set as set_xattr};
 
 fn file(p: &Path, data: &str, uid: u32, mode: u32) {
     std::fs::create_dir_all(p.parent().unwrap()).unwrap();

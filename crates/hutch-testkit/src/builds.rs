@@ -1,0 +1,62 @@
+//! Template builds of a [`TestServer`] from a Dockerfile, through the API.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::server::TestServer;
+
+/// How long a test waits for a build to end.
+const BUILD_WAIT: Duration = Duration::from_secs(120);
+
+/// A build context holding only `Dockerfile`, as a tar stream.
+pub fn dockerfile_context(dockerfile: &str) -> Vec<u8> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(dockerfile.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    let mut out = tar::Builder::new(Vec::new());
+    out.append_data(&mut header, "Dockerfile", dockerfile.as_bytes())
+        .expect("a Dockerfile in the context");
+    out.into_inner().expect("the context")
+}
+
+impl TestServer {
+    /// Build template `name` from `dockerfile` through the API with `key`, and wait until the
+    /// build ends (succeeded, failed or cancelled): its last view. 202 expected.
+    pub async fn build_dockerfile_as(&self, key: &str, name: &str, dockerfile: &str) -> Value {
+        let resp = self
+            .http
+            .post(format!("{}/v1/templates?name={name}", self.url))
+            .bearer_auth(key)
+            .header("content-type", "application/x-tar")
+            .body(dockerfile_context(dockerfile))
+            .send()
+            .await
+            .expect("POST /v1/templates");
+        assert_eq!(resp.status().as_u16(), 202, "a build of {name} starts");
+        let started: Value = resp.json().await.expect("json");
+        let id = started["id"].as_str().expect("build id").to_string();
+        let t0 = Instant::now();
+        loop {
+            let (status, v) = self
+                .request_as(
+                    key,
+                    Method::GET,
+                    &format!("/v1/templates/{name}/builds/{id}"),
+                    None,
+                )
+                .await;
+            assert_eq!(status, 200, "{v}");
+            if matches!(
+                v["status"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            ) {
+                return v;
+            }
+            assert!(t0.elapsed() < BUILD_WAIT, "the build of {name} ends: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
