@@ -564,6 +564,29 @@ async fn delete_all(http: &reqwest::Client, url: &str, key: &str, collection: &s
 
 impl Drop for TestServer {
     fn drop(&mut self) {
+        // A server the test killed (a test that failed before starting it again) left its
+        // sandboxes running with their mounts: start it again, so it takes them back and
+        // they are deleted below like any others, never left behind.
+        if self.child.is_none() && self.has_sandboxes_on_disk() {
+            let restarted = std::thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .expect("a runtime");
+                        rt.block_on(self.spawn_server());
+                    })
+                    .join()
+                    .is_ok()
+            });
+            if !restarted {
+                eprintln!(
+                    "hutch-testkit: could not start the server of {} again to clean up",
+                    self.state_dir.display()
+                );
+            }
+        }
         // Destroy every sandbox through the API, then stop the server.
         if self.child.is_some() {
             let url = self.url.clone();
@@ -591,6 +614,15 @@ impl Drop for TestServer {
         } else if !std::thread::panicking() {
             panic!("mounts left under the state dir after cleanup: {mounts:?}");
         }
+    }
+}
+
+impl TestServer {
+    /// Whether the state directory holds a sandbox's directory.
+    fn has_sandboxes_on_disk(&self) -> bool {
+        std::fs::read_dir(self.state_dir.join("sandboxes"))
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false)
     }
 }
 
