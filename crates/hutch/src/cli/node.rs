@@ -86,6 +86,13 @@ pub async fn run(cmd: NodeCommand, state_dir: &Path, json: bool) -> anyhow::Resu
                 print_json(&v);
             } else {
                 print_nodes(v["nodes"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+                // What a drain waits for before the node's hibernated sandboxes can move.
+                if let Some(n) = v["pending_saves"].as_u64().filter(|n| *n > 0) {
+                    println!(
+                        "{}: {n} hibernated sandbox(es) not saved in the object store yet",
+                        v["this_node"].as_str().unwrap_or("this node")
+                    );
+                }
             }
             return Ok(());
         }
