@@ -219,8 +219,8 @@ async fn copy_context(
     let (c, i, sources) = (ctx.clone(), ignore.clone(), copy.path_sources());
     let mut entries = blocking(move || Ok(c.resolve(&sources, &i)?)).await?;
     if copy.kind == hutch_dockerfile::CopyKind::Add {
-        // ADD unpacks a local tar archive (plain or gzip) into the destination, as Docker
-        // does; every other source is copied.
+        // ADD unpacks a local tar archive (plain, gzip, bzip2 or xz) into the destination,
+        // as Docker does; every other source is copied.
         let mut archives = Vec::new();
         for e in std::mem::take(&mut entries) {
             let c = ctx.clone();
@@ -278,9 +278,18 @@ async fn copy_context(
     Ok(())
 }
 
-/// What kind of archive a context file is, by its first bytes: `Some(true)` gzip-compressed
-/// tar, `Some(false)` plain tar, `None` not an archive ADD unpacks.
-fn archive_kind(ctx: &Context, path: &str) -> Option<bool> {
+/// How an archive `ADD` unpacks is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Packing {
+    Plain,
+    Gzip,
+    Bzip2,
+    Xz,
+}
+
+/// What kind of archive a context file is, by its first bytes (Docker's four: a tar, plain
+/// or compressed with gzip, bzip2 or xz); `None`: not an archive ADD unpacks.
+fn archive_kind(ctx: &Context, path: &str) -> Option<Packing> {
     let mut head = [0u8; 512];
     let mut file = ctx.open_file(path).ok()?;
     let mut read = 0;
@@ -292,9 +301,34 @@ fn archive_kind(ctx: &Context, path: &str) -> Option<bool> {
         }
     }
     if read >= 2 && head[..2] == [0x1f, 0x8b] {
-        return Some(true);
+        return Some(Packing::Gzip);
     }
-    (read == 512 && &head[257..262] == b"ustar").then_some(false)
+    if read >= 4 && &head[..3] == b"BZh" && (b'1'..=b'9').contains(&head[3]) {
+        return Some(Packing::Bzip2);
+    }
+    if read >= 6 && head[..6] == [0xfd, b'7', b'z', b'X', b'Z', 0x00] {
+        return Some(Packing::Xz);
+    }
+    (read == 512 && &head[257..262] == b"ustar").then_some(Packing::Plain)
+}
+
+/// A writer that refuses past `limit` bytes (an xz stream decoded into memory).
+struct Capped {
+    out: Vec<u8>,
+    limit: u64,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() as u64 + buf.len() as u64 > self.limit {
+            return Err(std::io::Error::other("the archive unpacks to too much"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// `ADD archive.tar[.gz] dest`: the archive, decompressed here, unpacked by the sandbox's
@@ -314,15 +348,28 @@ async fn unpack_archive(
     );
     let (c, path) = (ctx.clone(), entry.path.clone());
     let bytes = blocking(move || {
-        let gzip = archive_kind(&c, &path) == Some(true);
+        let packing = archive_kind(&c, &path).unwrap_or(Packing::Plain);
         let file = c.open_file(&path)?;
         let mut out = Vec::new();
-        let read = if gzip {
-            flate2::read::GzDecoder::new(file)
+        let read = match packing {
+            Packing::Gzip => flate2::read::GzDecoder::new(file)
                 .take(MAX_UNPACKED)
-                .read_to_end(&mut out)
-        } else {
-            file.take(MAX_UNPACKED).read_to_end(&mut out)
+                .read_to_end(&mut out),
+            Packing::Bzip2 => bzip2::read::MultiBzDecoder::new(file)
+                .take(MAX_UNPACKED)
+                .read_to_end(&mut out),
+            Packing::Xz => {
+                let mut capped = Capped {
+                    out: Vec::new(),
+                    limit: MAX_UNPACKED,
+                };
+                let mut input = std::io::BufReader::new(file);
+                let decoded = lzma_rs::xz_decompress(&mut input, &mut capped)
+                    .map_err(|e| std::io::Error::other(e.to_string()));
+                out = capped.out;
+                decoded.map(|()| out.len())
+            }
+            Packing::Plain => file.take(MAX_UNPACKED).read_to_end(&mut out),
         };
         read.map_err(BuildError::io(format!("reading the archive {path}")))?;
         if out.len() as u64 >= MAX_UNPACKED {

@@ -557,3 +557,47 @@ async fn scratch_stage(w: Arc<World>) {
         view.error
     );
 }
+
+#[tokio::test]
+async fn add_unpacks_bzip2_and_xz_archives_as_docker_does() {
+    in_world(compressed_archives).await;
+}
+
+/// A tar holding `inner/<name>.txt` with `text`.
+fn tar_of(name: &str, text: &str) -> Vec<u8> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(text.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_data(&mut header, format!("inner/{name}.txt"), text.as_bytes())
+        .expect("tar");
+    b.into_inner().expect("tar")
+}
+
+async fn compressed_archives(w: Arc<World>) {
+    use std::io::Write;
+    let dir = w.scratch.join("src-compressed");
+    write(
+        &dir,
+        "Dockerfile",
+        "FROM minimal\nADD a.tar.bz2 /from-bz2/\nADD b.tar.xz /from-xz/\nADD c.xz-but-not /kept/\n",
+    );
+    let mut bz = bzip2::write::BzEncoder::new(Vec::new(), bzip2::Compression::default());
+    bz.write_all(&tar_of("bz", "from bzip2\n")).expect("bzip2");
+    std::fs::write(dir.join("a.tar.bz2"), bz.finish().expect("bzip2")).expect("write");
+    let mut xz = Vec::new();
+    lzma_rs::xz_compress(&mut tar_of("xz", "from xz\n").as_slice(), &mut xz).expect("xz");
+    std::fs::write(dir.join("b.tar.xz"), &xz).expect("write");
+    // Not an archive by its bytes: copied as it is, whatever its name says.
+    write(&dir, "c.xz-but-not", "plain text\n");
+    let (view, log) = w.build("compressed", &dir).await;
+    assert_eq!(view.status, BuildStatus::Succeeded, "{log}");
+    let root = w.manager.templates().rootfs("compressed");
+    let read = |p: &str| {
+        std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}\n{log}"))
+    };
+    assert_eq!(read("from-bz2/inner/bz.txt"), "from bzip2\n");
+    assert_eq!(read("from-xz/inner/xz.txt"), "from xz\n");
+    assert_eq!(read("kept/c.xz-but-not"), "plain text\n");
+}
