@@ -608,7 +608,13 @@ impl Drop for TestServer {
             .join();
         }
         self.stop_server();
-        let mounts = self.mounts_under_state();
+        let mut mounts = self.mounts_under_state();
+        if !mounts.is_empty() && std::thread::panicking() {
+            // The test failed where its server could not clean up (its cluster database
+            // down, say): end its sandboxes by hand rather than leave them running.
+            self.end_sandboxes_by_hand();
+            mounts = self.mounts_under_state();
+        }
         if mounts.is_empty() {
             let _ = std::fs::remove_dir_all(&self.state_dir);
         } else if !std::thread::panicking() {
@@ -618,12 +624,93 @@ impl Drop for TestServer {
 }
 
 impl TestServer {
+    /// Kill the processes of this server's sandboxes (found by their cgroups, named by the
+    /// sandbox ids in its state directory: processes this test's server started) and
+    /// unmount everything under the state directory, deepest first. For a failed test only:
+    /// a passing one must leave nothing for this to do.
+    fn end_sandboxes_by_hand(&self) {
+        let ids: Vec<String> = std::fs::read_dir(self.state_dir.join("sandboxes"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("sbx_"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let procs = |id: &str| -> Vec<i32> {
+            ["pids/hutch", "hutch", "unified/hutch"]
+                .iter()
+                .filter_map(|h| {
+                    std::fs::read_to_string(format!("/sys/fs/cgroup/{h}/{id}/cgroup.procs")).ok()
+                })
+                .flat_map(|t| {
+                    t.lines()
+                        .filter_map(|l| l.trim().parse().ok())
+                        .collect::<Vec<i32>>()
+                })
+                .collect()
+        };
+        for id in &ids {
+            for pid in procs(id) {
+                // SAFETY: signalling a pid of this test's own sandbox, read from its cgroup.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while ids.iter().any(|id| !procs(id).is_empty()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // Their cgroups (empty now), in every hierarchy, children first.
+        let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+            .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default();
+        for id in &ids {
+            for root in hierarchies
+                .iter()
+                .map(|h| h.join("hutch").join(id))
+                .chain([PathBuf::from("/sys/fs/cgroup/hutch").join(id)])
+            {
+                remove_cgroup_tree(&root);
+            }
+        }
+        let mut mounts = self.mounts_under_state();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let Ok(path) = std::ffi::CString::new(m) else {
+                continue;
+            };
+            // SAFETY: `path` is NUL-terminated and outlives the call.
+            unsafe {
+                libc::umount2(path.as_ptr(), libc::MNT_DETACH);
+            }
+        }
+        eprintln!(
+            "hutch-testkit: ended the sandboxes of {} by hand ({} left by a failed test)",
+            self.state_dir.display(),
+            ids.len()
+        );
+    }
+
     /// Whether the state directory holds a sandbox's directory.
     fn has_sandboxes_on_disk(&self) -> bool {
         std::fs::read_dir(self.state_dir.join("sandboxes"))
             .map(|mut d| d.next().is_some())
             .unwrap_or(false)
     }
+}
+
+/// `rmdir` a cgroup directory and the cgroups below it, children first (a missing one is
+/// fine).
+fn remove_cgroup_tree(dir: &std::path::Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// An HTTP client that also trusts the PEM root certificate `root`, when given.
