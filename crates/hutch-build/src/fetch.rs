@@ -204,7 +204,7 @@ impl Downloads {
             .get(parsed.clone())
             .send()
             .await
-            .map_err(|e| fail(error_text(&e)))?;
+            .map_err(|e| fail(hutch_image::error_chain(&e)))?;
         let status = response.status();
         if !status.is_success() {
             return Err(fail(format!("the server answered {status}")));
@@ -240,17 +240,6 @@ impl Downloads {
     }
 }
 
-/// A request error with its causes (reqwest's own text leaves them out).
-fn error_text(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
-}
-
 /// Stream `response`'s body into `path`, hashing it; its sha256 and size.
 async fn write_body(response: reqwest::Response, path: &Path) -> Result<(String, u64), String> {
     let mut file = tokio::fs::File::create(path)
@@ -260,7 +249,7 @@ async fn write_body(response: reqwest::Response, path: &Path) -> Result<(String,
     let mut total = 0u64;
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| error_text(&e))?;
+        let chunk = chunk.map_err(|e| hutch_image::error_chain(&e))?;
         total += chunk.len() as u64;
         if total > MAX_BYTES {
             return Err(format!("larger than {} GiB", MAX_BYTES >> 30));
@@ -273,12 +262,7 @@ async fn write_body(response: reqwest::Response, path: &Path) -> Result<(String,
     file.flush()
         .await
         .map_err(|e| format!("writing {}: {e}", path.display()))?;
-    let hex: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((hex, total))
+    Ok((crate::engine::hex(&hasher.finalize()), total))
 }
 
 #[cfg(test)]

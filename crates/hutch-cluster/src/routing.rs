@@ -282,8 +282,6 @@ async fn delete_lost(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// What a create asks for: its `cpus` and `memory_mib`, else its tenant's defaults, else
-/// its template's.
 /// The template name a create's body names (its default when none; without a tag or
 /// revision).
 fn template_of(state: &AppState, json: &serde_json::Value) -> String {
@@ -293,13 +291,15 @@ fn template_of(state: &AppState, json: &serde_json::Value) -> String {
         .unwrap_or_else(|| state.manager.config().default_template.clone())
 }
 
+/// What a create asks for: its `cpus` and `memory_mib`, else its tenant's defaults, else
+/// those of its template `name`.
 fn demand_of(
     state: &AppState,
     json: &serde_json::Value,
+    name: &str,
     tenant_defaults: Option<&hutch_core::tenant::settings::SandboxDefaults>,
 ) -> Demand {
-    let name = template_of(state, json);
-    let template = state.manager.templates().get(&name);
+    let template = state.manager.templates().get(name);
     let memory_mib = json
         .get("memory_mib")
         .and_then(|v| v.as_u64())
@@ -341,14 +341,14 @@ async fn create(
         None => None,
     };
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let template = template_of(state, &json);
     let demand = demand_of(
         state,
         &json,
+        &template,
         tenant_record.as_ref().map(|t| &t.settings.defaults),
     );
-    let affinity =
-        crate::affinity::of_create(cluster, state, &caller, &json, &template_of(state, &json))
-            .await?;
+    let affinity = crate::affinity::of_create(cluster, state, &caller, &json, &template).await?;
 
     let mut next = Some(next);
     let mut exclude: Vec<String> = Vec::new();

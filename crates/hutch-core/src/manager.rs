@@ -265,6 +265,7 @@ impl Manager {
         };
         let events = Arc::new(EventBus::new());
         let backends = make(&cfg, network.as_ref(), &events);
+        let last_known = last_known::LastKnown::new(store.may_be_unreachable());
         let mgr = Arc::new(Self {
             backends,
             warm: warm::WarmPool::default(),
@@ -293,7 +294,7 @@ impl Manager {
             meters: usage::Meters::default(),
             spend: budget::SpendCache::default(),
             saved_states: std::sync::OnceLock::new(),
-            last_known: last_known::LastKnown::default(),
+            last_known,
         });
         for backend in mgr.backends.all() {
             // In the background (`vm` may boot a probe guest; until then `auto` means ns).

@@ -29,7 +29,7 @@ pub use error::ImageError;
 pub use local::load;
 pub use progress::{PullEvent, Throttle, Transfer, TransferAction, REPORT_EVERY};
 pub use registry::{
-    is_local as is_host_local_address, pull, PullOptions, PulledImage, PulledLayer,
+    error_chain, is_local as is_host_local_address, pull, PullOptions, PulledImage, PulledLayer,
 };
 pub use rootdir::{split_relative, RootDir};
 pub use unpack::{Compression, Layer, Limits, Summary, Unpacker};

@@ -461,8 +461,9 @@ impl Job {
     }
 }
 
-/// `e` and its sources, `: `-separated (TLS failures hide under a request error).
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// `e` and its sources, `: `-separated (TLS failures hide under a request error), a
+/// source whose text the chain already holds left out.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

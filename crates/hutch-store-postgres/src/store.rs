@@ -331,6 +331,10 @@ impl Store for PostgresStore {
         Ok(record)
     }
 
+    fn may_be_unreachable(&self) -> bool {
+        true
+    }
+
     async fn sandbox_is_here(&self, id: &SandboxId) -> CoreResult<bool> {
         let node = self.fence.node_id();
         let client = self.client().await?;

@@ -30,14 +30,7 @@ pub fn with_config_file(raw: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let Some(path) = serve.get_one::<PathBuf>("config") else {
         return Ok(raw);
     };
-    // `serve`'s own flags, and the global ones of `hutch` (`--state-dir`).
-    let mut serve_cmd = cmd
-        .find_subcommand("serve")
-        .context("the serve command")?
-        .clone();
-    for global in cmd.get_arguments().filter(|a| a.is_global_set()) {
-        serve_cmd = serve_cmd.arg(global.clone());
-    }
+    let serve_cmd = serve_flags(&cmd)?;
     let extra = flags_from_file(path, &serve_cmd, |id| {
         matches!(
             serve.value_source(id),
@@ -51,6 +44,19 @@ pub fn with_config_file(raw: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let mut out = raw;
     out.splice(at + 1..at + 1, extra);
     Ok(out)
+}
+
+/// `serve` with its own flags and the global ones of `hutch` (`--state-dir`): what a file
+/// may set.
+fn serve_flags(cli: &clap::Command) -> anyhow::Result<clap::Command> {
+    let mut serve = cli
+        .find_subcommand("serve")
+        .context("the serve command")?
+        .clone();
+    for global in cli.get_arguments().filter(|a| a.is_global_set()) {
+        serve = serve.arg(global.clone());
+    }
+    Ok(serve)
 }
 
 /// The flags the TOML file at `path` stands for, for the flags of `cmd` that `given` (by
@@ -131,12 +137,7 @@ mod tests {
     use super::*;
 
     fn serve_cmd() -> clap::Command {
-        let root = crate::cli::Cli::command();
-        let mut serve = root.find_subcommand("serve").expect("serve").clone();
-        for global in root.get_arguments().filter(|a| a.is_global_set()) {
-            serve = serve.arg(global.clone());
-        }
-        serve
+        serve_flags(&crate::cli::Cli::command()).expect("serve")
     }
 
     fn flags(toml_text: &str, given: &[&str]) -> anyhow::Result<Vec<String>> {

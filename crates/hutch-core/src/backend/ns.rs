@@ -224,10 +224,11 @@ impl NsJails {
         Ok(fresh)
     }
 
-    fn delete_upper(&self, r: &SandboxRecord) -> CoreResult<()> {
+    /// Delete sandbox `id`'s subvolume of the disk pool, when there is a pool.
+    fn delete_upper(&self, id: &str) -> CoreResult<()> {
         let enforced = matches!(self.disk_quota_known(), Some(DiskQuota::Enforced { .. }));
         if enforced {
-            hutch_jail::btrfs::delete_subvolume(&self.cfg.disk_pool_dir(), &r.id)
+            hutch_jail::btrfs::delete_subvolume(&self.cfg.disk_pool_dir(), id)
                 .map_err(CoreError::from)?;
         }
         Ok(())
@@ -417,7 +418,7 @@ impl NsJails {
                 tracing::error!(id = %record.id, error = %e, "removing what a failed jail helper made");
             }
             if fresh {
-                if let Err(e) = self.delete_upper(record) {
+                if let Err(e) = self.delete_upper(&record.id) {
                     tracing::warn!(id = %record.id, error = %e, "deleting the subvolume of a failed create");
                 }
             }
@@ -427,7 +428,7 @@ impl NsJails {
 
     fn destroy(&self, record: &SandboxRecord) -> CoreResult<()> {
         hutch_jail::destroy(&self.teardown(record)).map_err(CoreError::from)?;
-        self.delete_upper(record)
+        self.delete_upper(&record.id)
     }
 
     fn agent_socket(&self, id: &str) -> PathBuf {
@@ -580,11 +581,7 @@ impl Backend for NsBackend {
                 cgroup_parent: jails.cfg.cgroup_parent.clone(),
             };
             hutch_jail::destroy(&teardown).map_err(CoreError::from)?;
-            if matches!(jails.disk_quota_known(), Some(DiskQuota::Enforced { .. })) {
-                hutch_jail::btrfs::delete_subvolume(&jails.cfg.disk_pool_dir(), &id)
-                    .map_err(CoreError::from)?;
-            }
-            Ok(())
+            jails.delete_upper(&id)
         })
         .await
     }
@@ -594,11 +591,7 @@ impl Backend for NsBackend {
         blocking(move || {
             // Refused if anything is still mounted there: nothing of it should be.
             hutch_jail::remove_layer(&jails.cfg.sandbox_dir(&id)).map_err(CoreError::from)?;
-            if matches!(jails.disk_quota_known(), Some(DiskQuota::Enforced { .. })) {
-                hutch_jail::btrfs::delete_subvolume(&jails.cfg.disk_pool_dir(), &id)
-                    .map_err(CoreError::from)?;
-            }
-            Ok(())
+            jails.delete_upper(&id)
         })
         .await
     }

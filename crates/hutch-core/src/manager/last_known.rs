@@ -4,7 +4,9 @@
 //! write — while every call that must write (a create, a lifecycle change) fails with 503
 //! as before. Records are remembered as calls read them and forgotten with the sandbox; a
 //! record may be older than the last change this server wrote (the next successful read
-//! replaces it), which is what such a call then acts on.
+//! replaces it), which is what such a call then acts on. Only over a store that can be
+//! unreachable ([`crate::store::Store::may_be_unreachable`]): on one host's SQLite nothing
+//! is kept, and no call pays for a copy of its record.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,18 +20,30 @@ use crate::tenant::TenantScope;
 const MAX_RECORDS: usize = 100_000;
 
 /// See the module docs.
-#[derive(Default)]
 pub(super) struct LastKnown {
+    /// Whether records are kept at all.
+    keep: bool,
     records: Mutex<HashMap<SandboxId, SandboxRecord>>,
 }
 
 impl LastKnown {
+    /// Records kept when `keep` (the store can be unreachable).
+    pub(super) fn new(keep: bool) -> Self {
+        Self {
+            keep,
+            records: Mutex::new(HashMap::new()),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, SandboxRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What a read of `id` found (`None`: no such sandbox).
     pub(super) fn note(&self, id: &SandboxId, found: Option<&SandboxRecord>) {
+        if !self.keep {
+            return;
+        }
         let mut records = self.lock();
         match found {
             Some(r) => {

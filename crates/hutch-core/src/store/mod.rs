@@ -195,6 +195,12 @@ pub trait Store: TenancyStore + AuditStore + UsageStore + Send + Sync {
     ) -> CoreResult<Option<SandboxRecord>> {
         Ok(None)
     }
+    /// Whether calls can fail because the store cannot be reached
+    /// ([`CoreError::StoreUnavailable`]: a database over the network), so that the manager
+    /// keeps the last records it read to answer from meanwhile. An embedded store: `false`.
+    fn may_be_unreachable(&self) -> bool {
+        false
+    }
     /// Whether sandbox `id` has a record of this node (a store of one node: any record).
     async fn sandbox_is_here(&self, id: &SandboxId) -> CoreResult<bool> {
         Ok(self.get_sandbox(id).await?.is_some())
