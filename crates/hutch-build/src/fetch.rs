@@ -125,9 +125,11 @@ fn local_literal(url: &reqwest::Url) -> Option<IpAddr> {
 /// The file name a URL gives its download: its last path segment.
 fn name_of(url: &reqwest::Url) -> Option<String> {
     let last = url.path_segments()?.next_back()?;
-    let name = url::form_urlencoded::parse(format!("n={last}").as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())?;
+    // Percent-decoded as a path is (a `+` stays a `+`, unlike in a query).
+    let name = percent_encoding::percent_decode_str(last)
+        .decode_utf8()
+        .ok()?
+        .into_owned();
     (!name.is_empty() && name != "." && name != ".." && !name.contains('/')).then_some(name)
 }
 
@@ -279,6 +281,10 @@ mod tests {
         assert_eq!(
             name("https://x.example/a/my%20file?x=1").as_deref(),
             Some("my file")
+        );
+        assert_eq!(
+            name("https://x.example/a/g++-13.deb").as_deref(),
+            Some("g++-13.deb")
         );
         assert_eq!(name("https://x.example/"), None);
         assert_eq!(name("https://x.example/a/%2F"), None);
