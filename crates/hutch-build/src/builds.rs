@@ -48,6 +48,9 @@ pub struct BuildSettings {
     /// the server fetches them, so an operator who keeps builds off the network turns them
     /// off too.
     pub downloads: bool,
+    /// Size of a new `RUN --mount=type=cache` volume (MiB; sparse, so only what is
+    /// written uses disk).
+    pub cache_mount_mib: u64,
     /// Most builds queued or running at once on the server.
     pub max_pending: usize,
     /// Most of them one tenant may have.
@@ -70,6 +73,7 @@ impl Default for BuildSettings {
             insecure_registries: Vec::new(),
             allowed_registries: None,
             downloads: true,
+            cache_mount_mib: 10 * 1024,
             max_pending: 32,
             max_pending_per_tenant: 8,
         }
@@ -102,6 +106,8 @@ pub struct BuildRequest {
     pub image: Option<ImageBuild>,
     /// Tag the revision the build makes (`web:v2`), once it succeeded.
     pub tag: Option<String>,
+    /// What `RUN --mount=type=secret` steps read.
+    pub secrets: crate::mounts::BuildSecrets,
 }
 
 /// A build whose template is an OCI image, pulled from a registry or read from files the
@@ -309,6 +315,8 @@ pub struct Builder {
     builds: Mutex<HashMap<String, Vec<Arc<Build>>>>,
     /// One build per template at a time.
     pub(crate) template_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// One step at a time uses a cache volume.
+    pub(crate) cache_locks: crate::mounts::CacheLocks,
 }
 
 impl Builder {
@@ -322,6 +330,7 @@ impl Builder {
             cache,
             builds: Mutex::default(),
             template_locks: Mutex::default(),
+            cache_locks: crate::mounts::CacheLocks::default(),
         })
     }
 

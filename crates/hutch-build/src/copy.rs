@@ -501,9 +501,10 @@ async fn copy_from_stage(
 ) -> Result<(), BuildError> {
     let (src_id, src) = crate::engine::stage_sandbox(builder, request, state).await?;
     let copied = async {
-        for source in copy.path_sources() {
+        let sources = expand_stage_sources(&src, &copy.path_sources()).await?;
+        for source in &sources {
             let stat = src
-                .stat(&source)
+                .stat(source)
                 .await
                 .map_err(|e| BuildError::StepFailed(format!("COPY --from: {source}: {e}")))?;
             let is_dir = stat.file_type == hutch_proto::FileType::Dir;
@@ -514,7 +515,7 @@ async fn copy_from_stage(
                 .unwrap_or("")
                 .to_string();
             // A directory's contents go into dest; a file into dest/ (or as dest).
-            let (into, rename) = if is_dir || copy.dest_is_dir || copy.path_sources().len() > 1 {
+            let (into, rename) = if is_dir || copy.dest_is_dir || sources.len() > 1 {
                 (copy.dest.clone(), None)
             } else {
                 let dest = copy.dest.trim_end_matches('/');
@@ -538,7 +539,7 @@ async fn copy_from_stage(
                 }
                 _ => Err(e),
             })?;
-            let archive = src.read_archive(&source).await?;
+            let archive = src.read_archive(source).await?;
             let archive = futures_util::StreamExt::map(archive, |chunk| {
                 chunk.map_err(|e| std::io::Error::other(e.to_string()))
             });
@@ -555,4 +556,78 @@ async fn copy_from_stage(
     .await;
     let _ = builder.manager.kill(&src_id).await;
     copied
+}
+
+/// The files of a `RUN --mount=type=bind` copied to its target, as `COPY` would copy them.
+pub(crate) async fn copy_for_mount(
+    files: &crate::mounts::StepFiles<'_>,
+    copy: &CopyStep,
+    client: &AgentClient,
+) -> Result<(), BuildError> {
+    let f = files;
+    match &copy.from {
+        None => copy_context(f.build, f.n, copy, client, f.ctx, f.ignore, None).await,
+        Some(CopyFrom::Stage { index }) => {
+            let state =
+                f.states.stages.get(index).ok_or_else(|| {
+                    BuildError::StepFailed(format!("stage {index} was not built"))
+                })?;
+            copy_from_stage(
+                f.builder, f.build, f.n, copy, client, state, f.request, None,
+            )
+            .await
+        }
+        Some(CopyFrom::Image { reference }) => {
+            let state = f.states.images.get(reference).ok_or_else(|| {
+                BuildError::StepFailed(format!("the image {reference} was not pulled"))
+            })?;
+            copy_from_stage(
+                f.builder, f.build, f.n, copy, client, state, f.request, None,
+            )
+            .await
+        }
+    }
+}
+
+/// `COPY --from` sources with their wildcards matched against the stage's files (in path
+/// order, as Docker copies them); a wildcard that matches nothing fails the step.
+async fn expand_stage_sources(
+    src: &AgentClient,
+    sources: &[String],
+) -> Result<Vec<String>, BuildError> {
+    let mut out = Vec::new();
+    for source in sources {
+        let pattern = hutch_dockerfile::PathPattern::parse(source)
+            .map_err(|e| BuildError::StepFailed(format!("COPY --from: {source}: {e}")))?;
+        let Some(pattern) = pattern else {
+            out.push(source.clone());
+            continue;
+        };
+        let listed = match src.list(pattern.base(), Some(pattern.depth())).await {
+            Ok(l) => l.entries,
+            Err(hutch_proto::client::ClientError::Agent(a))
+                if matches!(
+                    a.code,
+                    hutch_proto::AgentErrorCode::NotFound
+                        | hutch_proto::AgentErrorCode::NotADirectory
+                ) =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let before = out.len();
+        out.extend(
+            listed
+                .into_iter()
+                .filter(|e| pattern.matches(&e.path))
+                .map(|e| e.path),
+        );
+        if out.len() == before {
+            return Err(BuildError::StepFailed(format!(
+                "COPY --from: no files match {source}"
+            )));
+        }
+    }
+    Ok(out)
 }

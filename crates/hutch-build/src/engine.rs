@@ -118,7 +118,7 @@ struct BaseTemplate {
 pub(crate) struct StageState {
     template: String,
     snapshot: Option<SnapshotId>,
-    key: String,
+    pub(crate) key: String,
 }
 
 /// Run `request` (see the crate docs).
@@ -310,16 +310,49 @@ async fn run_stage(
         build.step(n, StepStatus::Running, None);
         let t0 = Instant::now();
         let ran = async {
+            // A step with cache mounts gets a build sandbox of its own with the caches'
+            // volumes, thrown away after it (the next step's sandbox has none).
+            let caches = match &step.instruction {
+                Instruction::Run(run) if crate::mounts::has_caches(run) => {
+                    if let Some((id, _)) = sandbox.take() {
+                        let _ = builder.manager.kill(&id).await;
+                    }
+                    let caches =
+                        crate::mounts::take_caches(builder, build, n, run, request).await?;
+                    *sandbox =
+                        Some(build_sandbox(builder, request, state, caches.volumes.clone()).await?);
+                    Some(caches)
+                }
+                _ => None,
+            };
             if sandbox.is_none() {
-                *sandbox = Some(build_sandbox(builder, request, state).await?);
+                *sandbox = Some(build_sandbox(builder, request, state, Vec::new()).await?);
             }
             let (id, client) = sandbox.as_ref().expect("made above");
-            run_step(
-                builder, build, n, step, id, client, ctx, ignore, states, request,
-            )
-            .await?;
+            let files = crate::mounts::StepFiles {
+                builder,
+                build,
+                n,
+                step,
+                ctx,
+                ignore,
+                states,
+                request,
+            };
             let label = format!("build-{}-step-{n}", request.template);
-            let snap = builder.manager.snapshot_for_build(id, &label).await?;
+            let snap = async {
+                run_step(&files, id, client, caches.as_ref()).await?;
+                Ok::<_, BuildError>(builder.manager.snapshot_for_build(id, &label).await?)
+            }
+            .await;
+            if caches.is_some() {
+                // Before the caches are let go: their volumes are free once it is gone.
+                if let Some((id, _)) = sandbox.take() {
+                    let _ = builder.manager.kill(&id).await;
+                }
+            }
+            drop(caches);
+            let snap = snap?;
             builder
                 .cache
                 .put(&state.key, &snap.id)
@@ -353,8 +386,10 @@ async fn step_inputs(
     states: &Sources,
     fetch: crate::fetch::FetchPolicy,
 ) -> Result<Option<String>, BuildError> {
-    let Instruction::Copy(copy) = &step.instruction else {
-        return Ok(None);
+    let copy = match &step.instruction {
+        Instruction::Copy(copy) => copy,
+        Instruction::Run(run) => return crate::mounts::bind_inputs(run, ctx, ignore, states).await,
+        _ => return Ok(None),
     };
     match &copy.from {
         None => {
@@ -399,7 +434,7 @@ pub(crate) async fn stage_sandbox(
     request: &BuildRequest,
     state: &StageState,
 ) -> Result<(SandboxId, AgentClient), BuildError> {
-    build_sandbox(builder, request, state).await
+    build_sandbox(builder, request, state, Vec::new()).await
 }
 
 /// A build sandbox over `state`.
@@ -407,6 +442,7 @@ async fn build_sandbox(
     builder: &Arc<Builder>,
     request: &BuildRequest,
     state: &StageState,
+    volumes: Vec<hutch_core::volume::VolumeMount>,
 ) -> Result<(SandboxId, AgentClient), BuildError> {
     let s = &builder.settings;
     let mut metadata = BTreeMap::new();
@@ -425,6 +461,7 @@ async fn build_sandbox(
             pids_max: Some(s.pids_max),
             network: Some(s.network.clone()),
             snapshot: state.snapshot.as_ref().map(|s| s.to_string()),
+            volumes,
             ..CreateSandbox::default()
         })
         .await?;
@@ -436,20 +473,24 @@ async fn build_sandbox(
     Ok((id, client))
 }
 
-/// Run one step that changes files in the build sandbox.
-#[allow(clippy::too_many_arguments)]
+/// Run one step that changes files in the build sandbox (`caches`: the volumes of its
+/// cache mounts, which the sandbox has).
 async fn run_step(
-    builder: &Arc<Builder>,
-    build: &Arc<Build>,
-    n: usize,
-    step: &Step,
+    files: &crate::mounts::StepFiles<'_>,
     id: &SandboxId,
     client: &AgentClient,
-    ctx: &Arc<Context>,
-    ignore: &Arc<DockerIgnore>,
-    states: &Sources,
-    request: &BuildRequest,
+    caches: Option<&crate::mounts::StepCaches>,
 ) -> Result<(), BuildError> {
+    let crate::mounts::StepFiles {
+        builder,
+        build,
+        n,
+        step,
+        ctx,
+        ignore,
+        states,
+        request,
+    } = *files;
     let fail = |why: String| {
         BuildError::StepFailed(format!(
             "step {n} (Dockerfile line {}) `{}` failed: {why}",
@@ -463,9 +504,12 @@ async fn run_step(
                     .write_file_bytes(&script.path, Some(0o755), script.content.clone().into())
                     .await?;
             }
+            let staged = crate::mounts::stage(files, run, client, caches).await?;
+            let mut env: BTreeMap<String, String> = step.environment().into_iter().collect();
+            env.extend(staged.env.iter().cloned());
             let request = ExecRequest {
                 cmd: Command::Argv(run.argv.clone()),
-                env: step.environment().into_iter().collect(),
+                env,
                 cwd: Some(step.config.workdir.clone()),
                 user: step.config.user.clone(),
                 timeout_ms: Some(builder.settings.step_timeout.as_millis() as u64),
@@ -484,7 +528,7 @@ async fn run_step(
             if exit.exit_code != 0 {
                 return Err(fail(format!("exit code {}", exit.exit_code)));
             }
-            Ok(())
+            crate::mounts::unstage(client, staged).await
         }
         Instruction::Workdir { path } => {
             let request = tool_exec(

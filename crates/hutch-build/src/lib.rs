@@ -25,6 +25,7 @@ mod error;
 mod fetch;
 mod image;
 mod log;
+mod mounts;
 mod scratch;
 
 pub use builds::{
@@ -33,6 +34,7 @@ pub use builds::{
 pub use error::BuildError;
 pub use hutch_template::Credentials;
 pub use log::{BuildLogLine, LogStream, TransferView};
+pub use mounts::{BuildSecrets, MAX_SECRETS, MAX_SECRET_BYTES};
 
 use serde::Serialize;
 

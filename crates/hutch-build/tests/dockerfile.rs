@@ -123,6 +123,7 @@ impl World {
             registry: Default::default(),
             image: None,
             tag: None,
+            secrets: Default::default(),
         }
     }
 

@@ -11,6 +11,7 @@ use parse_dockerfile::{
 use crate::config::{HealthTest, Healthcheck, StageConfig};
 use crate::error::DockerfileError;
 use crate::flags::Flags;
+use crate::mounts::{self, RunMount};
 use crate::paths;
 use crate::source::{Located, SourceText};
 use crate::step::{
@@ -184,16 +185,31 @@ impl Evaluator<'_> {
         let escape = self.source.escape;
         let instruction = match parsed {
             Parsed::Run(run) => {
-                let flags = Flags::check(
+                let flags = Flags::check_repeatable(
                     &run.options,
                     "RUN",
-                    &["network"],
-                    &[
-                        ("mount", "build mounts (cache, secret, ssh, bind) are not built yet; copy what the step needs with COPY"),
-                        ("security", "every RUN runs in an unprivileged build sandbox"),
-                    ],
+                    &["network", "mount"],
+                    &["mount"],
+                    &[(
+                        "security",
+                        "every RUN runs in an unprivileged build sandbox",
+                    )],
                     at,
                 )?;
+                let mut mounts: Vec<RunMount> = Vec::new();
+                for raw in flags.all("mount", at)? {
+                    let raw = self.expand(state, raw, at)?;
+                    let workdir = state.config.workdir.clone();
+                    let mount = mounts::parse_mount(&raw, &workdir, at, |from| {
+                        self.copy_from(stage, state, from, at)
+                    })?;
+                    if let Some(t) = mount.target() {
+                        if mounts.iter().any(|m| m.target() == Some(t)) {
+                            return Err(at.invalid(format!("two mounts have the target {t}")));
+                        }
+                    }
+                    mounts.push(mount);
+                }
                 let network = match flags.value("network", at)? {
                     None => None,
                     Some("default") => Some(RunNetwork::Default),
@@ -215,6 +231,7 @@ impl Evaluator<'_> {
                     argv,
                     script,
                     network,
+                    mounts,
                 })
             }
             Parsed::Copy(copy) => {

@@ -58,6 +58,56 @@ impl Glob {
     }
 }
 
+/// A `COPY --from` source with wildcards (`/app/*.so`, `/out/*/bin`), matched against
+/// the paths of another stage's files: the engine lists [`PathPattern::base`] down
+/// [`PathPattern::depth`] levels and keeps what [`PathPattern::matches`].
+#[derive(Debug, Clone)]
+pub struct PathPattern {
+    base: String,
+    depth: u32,
+    glob: Glob,
+}
+
+impl PathPattern {
+    /// The pattern of `source` (a path in the stage, `/` added in front when missing);
+    /// `None` when it has no wildcard.
+    pub fn parse(source: &str) -> Result<Option<Self>, GlobError> {
+        if !has_wildcard(source) {
+            return Ok(None);
+        }
+        let cleaned = crate::paths::clean(&format!("/{}", source.trim_start_matches('/')));
+        let components: Vec<&str> = cleaned[1..].split('/').collect();
+        let first = components
+            .iter()
+            .position(|c| has_wildcard(c))
+            .unwrap_or(components.len());
+        let fixed: Vec<String> = components[..first].iter().map(|c| unescape(c)).collect();
+        Ok(Some(Self {
+            base: format!("/{}", fixed.join("/")),
+            depth: (components.len() - first) as u32,
+            glob: Glob::new(&cleaned, false)?,
+        }))
+    }
+
+    /// The deepest directory without wildcards (`/app` for `/app/*.so`).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// How many levels below [`PathPattern::base`] a match is.
+    pub fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    /// Whether the absolute path `path` matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let below = path
+            .strip_prefix(self.base.trim_end_matches('/'))
+            .map(|rest| rest.split('/').filter(|c| !c.is_empty()).count());
+        below == Some(self.depth as usize) && self.glob.matches(path)
+    }
+}
+
 /// Whether `text` has an unescaped wildcard (`*`, `?` or `[`).
 pub(crate) fn has_wildcard(text: &str) -> bool {
     let mut chars = text.chars();
@@ -261,6 +311,28 @@ mod tests {
         let long = "*".repeat(MAX_PATTERN_CHARS + 1);
         assert_eq!(Glob::new(&long, false).err(), Some(GlobError::TooLong));
         assert!(Glob::new(&"a*".repeat(MAX_PATTERN_CHARS / 2), true).is_ok());
+    }
+
+    #[test]
+    fn stage_path_patterns_list_from_their_fixed_prefix() {
+        let p = PathPattern::parse("/app/*.so")
+            .expect("ok")
+            .expect("a pattern");
+        assert_eq!((p.base(), p.depth()), ("/app", 1));
+        assert!(p.matches("/app/libx.so"));
+        assert!(!p.matches("/app/sub/liby.so"));
+        assert!(!p.matches("/app/libx.so.1"));
+        let p = PathPattern::parse("out/*/bin")
+            .expect("ok")
+            .expect("a pattern");
+        assert_eq!((p.base(), p.depth()), ("/out", 2));
+        assert!(p.matches("/out/linux/bin"));
+        assert!(!p.matches("/out/linux"));
+        let p = PathPattern::parse("/*").expect("ok").expect("a pattern");
+        assert_eq!((p.base(), p.depth()), ("/", 1));
+        assert!(p.matches("/etc"));
+        assert!(PathPattern::parse("/app/lib.so").expect("ok").is_none());
+        assert!(PathPattern::parse("/app/[").is_err());
     }
 
     #[test]

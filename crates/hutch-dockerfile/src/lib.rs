@@ -30,6 +30,7 @@ mod eval;
 mod flags;
 mod glob;
 mod ignore;
+mod mounts;
 mod paths;
 mod plan;
 mod source;
@@ -42,8 +43,9 @@ pub use cache::{base_key, needs_inputs, step_key, STEP_KEY_FORMAT};
 pub use config::{default_shell, HealthTest, Healthcheck, StageConfig, DEFAULT_PATH};
 pub use context::{Context, ContextEntry, ContextError, EntryKind, MAX_ENTRIES};
 pub use error::DockerfileError;
-pub use glob::{GlobError, MAX_PATTERN_CHARS};
+pub use glob::{GlobError, PathPattern, MAX_PATTERN_CHARS};
 pub use ignore::{DockerIgnore, IgnoreError};
+pub use mounts::{BindMount, CacheMount, CacheSharing, RunMount, SecretMount, MAX_MOUNT_ID_CHARS};
 pub use plan::{
     plan, plan_with_bases, Base, BuildPlan, Stage, MAX_CONFIG_BYTES, MAX_DOCKERFILE_BYTES,
     MAX_INSTRUCTIONS,

@@ -15,7 +15,7 @@ use crate::config::StageConfig;
 use crate::error::DockerfileError;
 use crate::eval::{onbuild_unsupported, Evaluator, StageState, PROXY_ARGS};
 use crate::source::{Located, SourceText};
-use crate::step::{CopyFrom, Instruction, Step};
+use crate::step::{CopyFrom, Step};
 use crate::substitute;
 
 /// What a Dockerfile builds: the stages the target needs, in Dockerfile order (the
@@ -68,8 +68,8 @@ impl BuildPlan {
                 add(reference);
             }
             for step in &stage.steps {
-                if let Instruction::Copy(copy) = &step.instruction {
-                    if let Some(CopyFrom::Image { reference }) = &copy.from {
+                for from in step.instruction.reads_from() {
+                    if let CopyFrom::Image { reference } = from {
                         add(reference);
                     }
                 }
@@ -416,8 +416,8 @@ fn evaluate_stage(
     let mut steps = Vec::with_capacity(raw.body.len());
     for (parsed, at) in &raw.body {
         let instruction = evaluator.step(index, &mut state, parsed, at)?;
-        if let Instruction::Copy(copy) = &instruction {
-            if let Some(CopyFrom::Stage { index: from }) = &copy.from {
+        for from in instruction.reads_from() {
+            if let CopyFrom::Stage { index: from } = from {
                 depends_on.insert(*from);
             }
         }

@@ -100,6 +100,23 @@ pub enum Instruction {
 }
 
 impl Instruction {
+    /// The stages and images the instruction reads files of (`COPY --from`, `RUN
+    /// --mount=type=bind,from=…`).
+    pub fn reads_from(&self) -> Vec<&CopyFrom> {
+        match self {
+            Self::Copy(copy) => copy.from.iter().collect(),
+            Self::Run(run) => run
+                .mounts
+                .iter()
+                .filter_map(|m| match m {
+                    crate::mounts::RunMount::Bind(b) => b.from.as_ref(),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The keyword, as in logs.
     pub fn keyword(&self) -> &'static str {
         match self {
@@ -136,6 +153,10 @@ pub struct RunStep {
     pub script: Option<HeredocScript>,
     /// `--network`: `None` when not given (the build's policy applies).
     pub network: Option<RunNetwork>,
+    /// `--mount`s, in order (left out of the cache key's JSON when there are none, so
+    /// keys made before mounts existed still match).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<crate::mounts::RunMount>,
 }
 
 /// A `RUN <<EOF` here-document run as its own executable (it starts with `#!`).

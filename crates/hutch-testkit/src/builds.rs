@@ -12,13 +12,20 @@ const BUILD_WAIT: Duration = Duration::from_secs(120);
 
 /// A build context holding only `Dockerfile`, as a tar stream.
 pub fn dockerfile_context(dockerfile: &str) -> Vec<u8> {
-    let mut header = tar::Header::new_gnu();
-    header.set_size(dockerfile.len() as u64);
-    header.set_mode(0o644);
-    header.set_mtime(0);
+    context_of(&[("Dockerfile", dockerfile.as_bytes())])
+}
+
+/// A build context of `files` (path in the context, contents), as a tar stream.
+pub fn context_of(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut out = tar::Builder::new(Vec::new());
-    out.append_data(&mut header, "Dockerfile", dockerfile.as_bytes())
-        .expect("a Dockerfile in the context");
+    for (path, data) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        out.append_data(&mut header, path, *data)
+            .expect("a file in the context");
+    }
     out.into_inner().expect("the context")
 }
 
@@ -26,12 +33,30 @@ impl TestServer {
     /// Build template `name` from `dockerfile` through the API with `key`, and wait until the
     /// build ends (succeeded, failed or cancelled): its last view. 202 expected.
     pub async fn build_dockerfile_as(&self, key: &str, name: &str, dockerfile: &str) -> Value {
-        let resp = self
+        self.build_context_as(key, name, dockerfile_context(dockerfile), &[])
+            .await
+    }
+
+    /// Build template `name` from the context tar `context` (with its `Dockerfile`) and
+    /// the request headers `headers`, with `key`; wait until the build ends: its last
+    /// view. 202 expected.
+    pub async fn build_context_as(
+        &self,
+        key: &str,
+        name: &str,
+        context: Vec<u8>,
+        headers: &[(&str, String)],
+    ) -> Value {
+        let mut request = self
             .http
             .post(format!("{}/v1/templates?name={name}", self.url))
             .bearer_auth(key)
-            .header("content-type", "application/x-tar")
-            .body(dockerfile_context(dockerfile))
+            .header("content-type", "application/x-tar");
+        for (header, value) in headers {
+            request = request.header(*header, value);
+        }
+        let resp = request
+            .body(context)
             .send()
             .await
             .expect("POST /v1/templates");

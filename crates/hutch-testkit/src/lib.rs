@@ -34,7 +34,7 @@ mod tls;
 mod wait;
 
 pub use backends::{on, skip_without_vm, vm_unavailable};
-pub use builds::dockerfile_context;
+pub use builds::{context_of, dockerfile_context};
 pub use paths::{
     agent_bin, ensure_template, hutch_bin, private_templates, repo_root, templates_dir,
     vm_cache_dir,

@@ -186,10 +186,15 @@ impl Api {
         path: &str,
         content_type: &str,
         body: reqwest::Body,
+        headers: &[(&str, String)],
     ) -> anyhow::Result<reqwest::Response> {
-        let resp = self
+        let mut request = self
             .request(method, path)
-            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .header(reqwest::header::CONTENT_TYPE, content_type);
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let resp = request
             .body(body)
             .send()
             .await

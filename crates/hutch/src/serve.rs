@@ -181,6 +181,10 @@ pub struct ServeArgs {
     /// Most template builds one tenant may have queued or running; more are answered 429.
     #[arg(long, default_value_t = 8)]
     pub max_builds_per_tenant: usize,
+    /// Size of each new `RUN --mount=type=cache` volume (MiB; sparse: only what a build
+    /// writes there uses disk). A tenant's caches are volumes named `build-cache-…`.
+    #[arg(long, default_value_t = 10 * 1024, value_parser = clap::value_parser!(u64).range(4..=1 << 20))]
+    pub build_cache_mib: u64,
     /// Largest build context a client may upload with `POST /v1/templates` (bytes, or with
     /// a KiB/MiB/GiB suffix), compressed or not; larger ones are answered 413.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
@@ -314,6 +318,7 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
             .then(|| args.allowed_registry.clone()),
         max_pending: args.max_builds.max(1),
         max_pending_per_tenant: args.max_builds_per_tenant.max(1),
+        cache_mount_mib: args.build_cache_mib,
         downloads: args.build_egress == BuildEgress::Allow,
         ..hutch_build::BuildSettings::default()
     };

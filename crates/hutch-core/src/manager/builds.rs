@@ -84,3 +84,35 @@ impl Manager {
             .collect())
     }
 }
+
+impl Manager {
+    /// The volume of a build's cache mount: `tenant`'s volume named `name`, made with
+    /// `size_mib` MiB when there is none. Returns its id and whether it was made now.
+    pub async fn build_cache_volume(
+        self: &Arc<Self>,
+        name: &str,
+        size_mib: u64,
+        tenant: Option<crate::tenant::Tenant>,
+    ) -> CoreResult<(crate::ids::VolumeId, bool)> {
+        for _ in 0..3 {
+            let found = self
+                .store
+                .all_volumes()
+                .await?
+                .into_iter()
+                .find(|v| v.name == name && v.tenant == tenant);
+            if let Some(v) = found {
+                return Ok((v.id, false));
+            }
+            match self.create_volume(name, size_mib, tenant.clone()).await {
+                Ok(view) => return Ok((view.id, true)),
+                // Another build made it first: use that one.
+                Err(CoreError::Conflict(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(CoreError::Internal(format!(
+            "the build cache volume {name:?} is neither found nor made"
+        )))
+    }
+}

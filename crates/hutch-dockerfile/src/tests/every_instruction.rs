@@ -128,6 +128,7 @@ fn every_instruction_is_planned() {
                 argv: bash("echo \"$VERSION\" > /version &&     echo done"),
                 script: None,
                 network: None,
+                mounts: vec![],
             }),
         ),
         (
@@ -136,6 +137,7 @@ fn every_instruction_is_planned() {
                 argv: strings(&["/bin/echo", "exec form"]),
                 script: None,
                 network: None,
+                mounts: vec![],
             }),
         ),
         (
@@ -144,6 +146,7 @@ fn every_instruction_is_planned() {
                 argv: bash("echo from heredoc\n"),
                 script: None,
                 network: None,
+                mounts: vec![],
             }),
         ),
         (
@@ -358,6 +361,7 @@ fn a_shebang_heredoc_runs_as_its_own_script_and_others_go_to_the_shell() {
                 content: "#!/usr/bin/env python3\nprint('hi')\n".to_owned(),
             }),
             network: None,
+            mounts: vec![],
         })
     );
     let Instruction::Run(second) = &steps[1].instruction else {

@@ -4,6 +4,7 @@ mod cache_keys;
 mod context;
 mod errors;
 mod every_instruction;
+mod run_mounts;
 mod stages;
 mod substitution;
 

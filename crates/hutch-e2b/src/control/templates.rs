@@ -495,6 +495,7 @@ pub async fn start_build(
         },
         image: None,
         tag: None,
+        secrets: Default::default(),
     };
     let view = match state.app.builder().start(request).await {
         Ok(v) => v,

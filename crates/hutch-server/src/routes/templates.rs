@@ -263,6 +263,35 @@ fn header_credentials(headers: &HeaderMap) -> ApiResult<Option<hutch_template::C
 /// The header that carries registry credentials with a build context.
 pub const REGISTRY_AUTH_HEADER: &str = "x-hutch-registry-auth";
 
+/// The header (repeatable) that carries one secret of a Dockerfile build:
+/// `id=<base64 of the value>`, for `RUN --mount=type=secret,id=…`.
+pub const BUILD_SECRET_HEADER: &str = "x-hutch-build-secret";
+
+/// The build's secrets from its [`BUILD_SECRET_HEADER`]s.
+fn header_secrets(headers: &HeaderMap) -> ApiResult<hutch_build::BuildSecrets> {
+    use base64::Engine as _;
+    let mut secrets = hutch_build::BuildSecrets::default();
+    for value in headers.get_all(BUILD_SECRET_HEADER) {
+        let text = value.to_str().ok().and_then(|t| t.split_once('='));
+        let Some((id, encoded)) = text else {
+            return Err(ApiError::bad_request(format!(
+                "{BUILD_SECRET_HEADER} must be ID=BASE64"
+            )));
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .map_err(|_| {
+                ApiError::bad_request(format!(
+                    "{BUILD_SECRET_HEADER} for {id:?}: the value is not base64"
+                ))
+            })?;
+        secrets
+            .insert(id.trim(), bytes)
+            .map_err(|e| ApiError::bad_request(format!("{BUILD_SECRET_HEADER}: {e}")))?;
+    }
+    Ok(secrets)
+}
+
 /// The JSON form of `POST /v1/templates`: a template from an image in a registry.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -317,6 +346,7 @@ impl ImageBody {
             context_dir: PathBuf::new(),
             dockerfile: String::new(),
             build_args: BTreeMap::new(),
+            secrets: Default::default(),
             target: None,
             no_cache: false,
             tenant: caller.owner(),
@@ -444,6 +474,7 @@ pub async fn create(
     }
     let q = parse_build_query(raw.as_deref())?;
     let credentials = header_credentials(&headers)?;
+    let secrets = header_secrets(&headers)?;
     let limits = state.context_limits;
     if let Err(e) = check_declared_length(&headers, &limits) {
         return Ok(closing(e));
@@ -473,6 +504,7 @@ pub async fn create(
         context_dir,
         dockerfile: q.dockerfile.unwrap_or_else(|| "Dockerfile".into()),
         build_args: q.build_args,
+        secrets,
         target: q.target,
         no_cache: q.no_cache,
         tenant: caller.owner(),

@@ -47,6 +47,11 @@ pub enum TemplateCommand {
         /// repeatable.
         #[arg(long, value_name = "NAME=VALUE", conflicts_with = "from_image")]
         build_arg: Vec<String>,
+        /// A secret for `RUN --mount=type=secret,id=ID`: `id=ID,src=FILE` or
+        /// `id=ID,env=VAR` (`id=ID` alone: the variable ID, else the file ID); repeatable.
+        /// Secrets are never stored in the template or its cache.
+        #[arg(long, value_name = "id=ID,src=FILE", conflicts_with = "from_image")]
+        secret: Vec<String>,
         /// The stage to build (default: the last).
         #[arg(long, value_name = "STAGE", conflicts_with = "from_image")]
         target: Option<String>,
@@ -175,6 +180,7 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
             context,
             dockerfile,
             build_arg,
+            secret,
             target,
             no_cache,
             resources,
@@ -221,17 +227,19 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
                     cpus: resources.cpus,
                     memory_mib: resources.memory_mib,
                     disk_mib: resources.disk_mib,
+                    secrets: secret,
                 };
                 return super::template_build::run(&api, build, json_out).await;
             }
             if !build_arg.is_empty()
+                || !secret.is_empty()
                 || no_cache
                 || resources.cpus.is_some()
                 || resources.memory_mib.is_some()
                 || resources.disk_mib.is_some()
             {
                 bail!(
-                    "--build-arg, --no-cache, --cpus, --memory-mib and --disk-mib are for \
+                    "--build-arg, --secret, --no-cache, --cpus, --memory-mib and --disk-mib are for \
                      Dockerfile and image builds"
                 );
             }

@@ -49,6 +49,8 @@ pub struct DockerfileBuild {
     pub cpus: Option<f64>,
     pub memory_mib: Option<u64>,
     pub disk_mib: Option<u64>,
+    /// `--secret id=ID[,src=FILE|,env=VAR]`, as `docker build` takes them.
+    pub secrets: Vec<String>,
 }
 
 /// What is sent: the context, where its Dockerfile is, and what is left out.
@@ -250,7 +252,51 @@ fn build_query(build: &DockerfileBuild, dockerfile: &str) -> anyhow::Result<Stri
 async fn start(api: &Api, build: &DockerfileBuild) -> anyhow::Result<Value> {
     let plan = plan_context(build)?;
     let query = build_query(build, &plan.dockerfile)?;
-    send_archive(api, plan, &query, "the build context").await
+    let mut headers = Vec::new();
+    for spec in &build.secrets {
+        let (id, value) = read_secret(spec)?;
+        use base64::Engine as _;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(value);
+        headers.push((BUILD_SECRET_HEADER, format!("{id}={encoded}")));
+    }
+    send_archive(api, plan, &query, "the build context", &headers).await
+}
+
+/// The header that carries one build secret (`hutch_server`'s `BUILD_SECRET_HEADER`).
+const BUILD_SECRET_HEADER: &str = "x-hutch-build-secret";
+
+/// `id=ID[,src=FILE|,source=FILE|,env=VAR]` (`docker build --secret`): the id and the
+/// value, read from the file (by default the environment variable named like the id,
+/// else a file named like it), as docker reads it.
+fn read_secret(spec: &str) -> anyhow::Result<(String, Vec<u8>)> {
+    let (mut id, mut src, mut env) = (None, None, None);
+    for field in spec.split(',') {
+        match field.split_once('=') {
+            Some(("id", v)) => id = Some(v.to_string()),
+            Some(("src" | "source", v)) => src = Some(PathBuf::from(v)),
+            Some(("env", v)) => env = Some(v.to_string()),
+            Some(("type", "file" | "env")) => {}
+            _ => bail!("--secret {spec:?}: expected id=ID[,src=FILE|,env=VAR], found {field:?}"),
+        }
+    }
+    let Some(id) = id.filter(|i| !i.is_empty()) else {
+        bail!("--secret {spec:?} needs id=ID");
+    };
+    let value = match (src, env) {
+        (Some(_), Some(_)) => bail!("--secret {spec:?}: give src= or env=, not both"),
+        (Some(path), None) => std::fs::read(&path)
+            .with_context(|| format!("--secret {id}: reading {}", path.display()))?,
+        (None, Some(var)) => std::env::var(&var)
+            .with_context(|| format!("--secret {id}: the variable {var} is not set"))?
+            .into_bytes(),
+        (None, None) => match std::env::var(&id) {
+            Ok(v) => v.into_bytes(),
+            Err(_) => std::fs::read(&id).with_context(|| {
+                format!("--secret {id}: no variable {id} and no file {id}; give src= or env=")
+            })?,
+        },
+    };
+    Ok((id, value))
 }
 
 /// Send all of directory `dir` (an OCI image layout, say) as the body of
@@ -268,15 +314,16 @@ pub async fn send_directory(
         outside: None,
         ignore: DockerIgnore::none(),
     };
-    send_archive(api, plan, query, what).await
+    send_archive(api, plan, query, what, &[]).await
 }
 
-/// Stream `plan`'s tar as the body of `POST /v1/templates?{query}`.
+/// Stream `plan`'s tar as the body of `POST /v1/templates?{query}`, with `headers`.
 async fn send_archive(
     api: &Api,
     plan: ContextPlan,
     query: &str,
     what: &'static str,
+    headers: &[(&str, String)],
 ) -> anyhow::Result<Value> {
     let (rx, maker) = spawn_archive(plan)?;
     let progress = Arc::new(UploadProgress::new(what));
@@ -296,6 +343,7 @@ async fn send_archive(
             &format!("/v1/templates?{query}"),
             "application/x-tar",
             reqwest::Body::wrap_stream(stream),
+            headers,
         )
         .await;
     // An archive that could not be made explains a refused upload better than the answer.
@@ -488,6 +536,23 @@ mod tests {
     }
 
     #[test]
+    fn secrets_are_read_as_docker_reads_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("token");
+        std::fs::write(&file, b"from-file").expect("write");
+        let (id, value) = read_secret(&format!("id=tok,src={}", file.display())).expect("src");
+        assert_eq!((id.as_str(), value.as_slice()), ("tok", &b"from-file"[..]));
+        std::env::set_var("HUTCH_TEST_SECRET_VALUE", "from-env");
+        let (_, value) = read_secret("id=tok,env=HUTCH_TEST_SECRET_VALUE").expect("env");
+        assert_eq!(value, b"from-env");
+        let (_, value) = read_secret("id=HUTCH_TEST_SECRET_VALUE").expect("default env");
+        assert_eq!(value, b"from-env");
+        assert!(read_secret("src=x").is_err(), "an id is needed");
+        assert!(read_secret("id=a,src=/nonexistent/hutch").is_err());
+        assert!(read_secret("id=a,src=x,env=Y").is_err());
+    }
+
+    #[test]
     fn the_query_carries_the_options_and_build_args() {
         let build = DockerfileBuild {
             name: "web".into(),
@@ -499,6 +564,7 @@ mod tests {
             cpus: Some(1.5),
             memory_mib: Some(384),
             disk_mib: None,
+            secrets: Vec::new(),
         };
         assert_eq!(
             build_query(&build, "docker/Dockerfile").expect("query"),

@@ -110,6 +110,7 @@ async fn send_file(api: &Api, file: &Path, query: &str) -> anyhow::Result<Value>
             &format!("/v1/templates?{query}"),
             "application/x-tar",
             reqwest::Body::wrap_stream(stream),
+            &[],
         )
         .await;
     let resp = match answer {
