@@ -48,11 +48,11 @@ impl BuildSecrets {
     pub fn insert(&mut self, id: &str, value: Vec<u8>) -> Result<(), String> {
         let ok_id = !id.is_empty()
             && id.len() <= hutch_dockerfile::MAX_MOUNT_ID_CHARS
-            && !id.contains(['/', '\0', '='])
+            && !id.contains(['/', '\0', '=', ','])
             && !id.chars().any(char::is_control);
         if !ok_id {
             return Err(format!(
-                "secret id {id:?} must be a name (no `/`, `=` or control characters)"
+                "secret id {id:?} must be a name (no `/`, `=`, `,` or control characters)"
             ));
         }
         if value.len() > MAX_SECRET_BYTES {

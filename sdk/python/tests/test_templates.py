@@ -124,6 +124,28 @@ def test_a_dockerfile_outside_the_context_and_build_args(
             assert sb.exec("cat /greeting").stdout == "hello sdk\n"
 
 
+def test_build_secrets_reach_their_step_only(server: Server, name: str, tmp_path: Path) -> None:
+    dockerfile = (
+        "FROM minimal\n"
+        "RUN --mount=type=secret,id=token --mount=type=secret,id=raw,env=RAW "
+        "sh -c 'wc -c < /run/secrets/token > /seen && echo \"$RAW\" >> /seen'\n"
+    )
+    ctx = context(tmp_path, dockerfile)
+    with Client() as c:
+        build = c.templates.build(name, ctx, secrets={"token": "twelve chars", "raw": b"bytes-ok"})
+        lines: List[hutch.BuildLogLine] = []
+        assert build.wait(on_line=lines.append).status == "succeeded"
+        assert not any("twelve chars" in line.text for line in lines)
+        with Sandbox.create(name, client=c) as sb:
+            assert sb.exec("cat /seen; test -e /run/secrets/token || echo gone").stdout.split() == [
+                "12",
+                "bytes-ok",
+                "gone",
+            ]
+        with pytest.raises(ValueError):
+            c.templates.build(name, ctx, secrets={"a,b": "x"})
+
+
 @pytest.mark.asyncio
 async def test_the_async_client_builds_too(server: Server, name: str, tmp_path: Path) -> None:
     ctx = context(tmp_path, "FROM minimal\nRUN echo async-built\n")

@@ -49,6 +49,24 @@ export interface BuildOptions {
   registryAuth?: string;
   /** Registries (`host:port`) the `FROM` images' pulls speak plain HTTP to. */
   insecureRegistries?: string[];
+  /**
+   * Values by id for `RUN --mount=type=secret,id=…` (text is sent as UTF-8); never stored
+   * in the template, its cache or the build log.
+   */
+  secrets?: Record<string, string | Uint8Array>;
+}
+
+/** @internal `id=<base64>, …` for the `X-Hutch-Build-Secret` header; `undefined` for none. */
+export function buildSecretsHeader(secrets?: Record<string, string | Uint8Array>): string | undefined {
+  if (secrets === undefined) return undefined;
+  const entries = Object.entries(secrets).map(([id, value]) => {
+    if (id === "" || /[=,/\u0000-\u001f]/.test(id)) {
+      throw new TypeError(`secret id ${JSON.stringify(id)} must be a name without '=', ',' or '/'`);
+    }
+    const bytes = typeof value === "string" ? new TextEncoder().encode(value) : value;
+    return `${id}=${Buffer.from(bytes).toString("base64")}`;
+  });
+  return entries.length > 0 ? entries.join(", ") : undefined;
 }
 
 /** Options of {@link Build.logs} and {@link Build.wait}. */
@@ -282,9 +300,13 @@ export function templatesOf(client: Client): Templates {
   };
   api.build = async (name, contextDir = ".", opts = {}) => {
     const auth = registryCredentials(opts.registryAuth);
+    const secrets = buildSecretsHeader(opts.secrets);
+    const headers: Record<string, string> = {};
+    if (auth !== undefined) headers["x-hutch-registry-auth"] = auth;
+    if (secrets !== undefined) headers["x-hutch-build-secret"] = secrets;
     const packed = await packContext(contextDir, opts.dockerfile);
     const query = buildQuery(name, packed.dockerfile, opts);
-    return upload(query, packed.stream(), auth !== undefined ? { "x-hutch-registry-auth": auth } : undefined);
+    return upload(query, packed.stream(), Object.keys(headers).length > 0 ? headers : undefined);
   };
   api.buildFromImage = async (name, fromImage, opts = {}) => {
     const doc = await client.requestJson("POST", "/v1/templates", {

@@ -152,6 +152,29 @@ describe("template builds", () => {
     }
   });
 
+  test("build secrets reach their step only", async () => {
+    const c = new Client();
+    const name = templateName();
+    const ctx = context(
+      "FROM minimal\nRUN --mount=type=secret,id=token --mount=type=secret,id=raw,env=RAW " +
+        "sh -c 'wc -c < /run/secrets/token > /seen && echo \"$RAW\" >> /seen'\n",
+    );
+    const build = await c.templates.build(name, ctx, {
+      secrets: { token: "twelve chars", raw: new TextEncoder().encode("bytes-ok") },
+    });
+    const lines: BuildLogLine[] = [];
+    assert.equal((await build.wait({ onLine: (l) => void lines.push(l) })).status, "succeeded");
+    assert.ok(!lines.some((l) => l.text.includes("twelve chars")));
+    const sb = await Sandbox.create({ template: name, client: c });
+    try {
+      const out = await sb.exec("cat /seen; test -e /run/secrets/token || echo gone");
+      assert.deepEqual(out.stdout.split(/\s+/).filter(Boolean), ["12", "bytes-ok", "gone"]);
+    } finally {
+      await sb.kill();
+    }
+    await assert.rejects(c.templates.build(name, ctx, { secrets: { "a,b": "x" } }), TypeError);
+  });
+
   test("an uploaded image makes a template whose start can change", async () => {
     const c = new Client();
     const name = templateName();

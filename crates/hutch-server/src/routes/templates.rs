@@ -271,9 +271,16 @@ pub const BUILD_SECRET_HEADER: &str = "x-hutch-build-secret";
 fn header_secrets(headers: &HeaderMap) -> ApiResult<hutch_build::BuildSecrets> {
     use base64::Engine as _;
     let mut secrets = hutch_build::BuildSecrets::default();
-    for value in headers.get_all(BUILD_SECRET_HEADER) {
-        let text = value.to_str().ok().and_then(|t| t.split_once('='));
-        let Some((id, encoded)) = text else {
+    // Repeated headers, or one with comma-separated entries (as proxies may merge them;
+    // base64 has no commas).
+    let entries = headers
+        .get_all(BUILD_SECRET_HEADER)
+        .iter()
+        .map(|v| v.to_str().ok())
+        .collect::<Option<Vec<&str>>>()
+        .ok_or_else(|| ApiError::bad_request(format!("{BUILD_SECRET_HEADER} must be text")))?;
+    for entry in entries.iter().flat_map(|v| v.split(',')) {
+        let Some((id, encoded)) = entry.trim().split_once('=') else {
             return Err(ApiError::bad_request(format!(
                 "{BUILD_SECRET_HEADER} must be ID=BASE64"
             )));
@@ -760,6 +767,23 @@ pub async fn cancel_build(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_secrets_come_from_repeated_or_merged_headers() {
+        let mut headers = HeaderMap::new();
+        headers.append(BUILD_SECRET_HEADER, "a=aGk=".parse().expect("value"));
+        headers.append(BUILD_SECRET_HEADER, "b=eA==, c=".parse().expect("value"));
+        let secrets = header_secrets(&headers).expect("parses");
+        assert_eq!(secrets.get("a"), Some(&b"hi"[..]));
+        assert_eq!(secrets.get("b"), Some(&b"x"[..]));
+        assert_eq!(secrets.get("c"), Some(&b""[..]));
+        let mut bad = HeaderMap::new();
+        bad.append(BUILD_SECRET_HEADER, "novalue".parse().expect("value"));
+        assert!(header_secrets(&bad).is_err());
+        let mut bad = HeaderMap::new();
+        bad.append(BUILD_SECRET_HEADER, "a/b=aGk=".parse().expect("value"));
+        assert!(header_secrets(&bad).is_err());
+    }
 
     #[test]
     fn build_queries_parse_and_bad_ones_are_told_why() {

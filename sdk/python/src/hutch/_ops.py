@@ -10,6 +10,8 @@ call takes), so both clients refuse the same arguments alike before sending anyt
 
 from __future__ import annotations
 
+import base64
+
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -154,11 +156,20 @@ def build_template(
     no_cache: bool,
     registry_auth: Optional[str] = None,
     insecure_registries: Optional[Sequence[str]] = None,
+    secrets: Optional[Mapping[str, Union[str, bytes]]] = None,
 ) -> Call[BuildInfo]:
     """``POST /v1/templates`` with a packed build context (``content``: its bytes as an
     iterator, sync or async, for the client that sends it); ``registry_auth`` goes in the
-    ``X-Hutch-Registry-Auth`` header, for the registry of the ``FROM`` images."""
+    ``X-Hutch-Registry-Auth`` header, for the registry of the ``FROM`` images, and
+    ``secrets`` in ``X-Hutch-Build-Secret`` (``id=<base64>``, comma-separated), for
+    ``RUN --mount=type=secret``."""
     params = build_params(name, dockerfile, build_args, target, no_cache, insecure_registries)
+    headers = drop_none(
+        {
+            "X-Hutch-Registry-Auth": registry_credentials(registry_auth),
+            "X-Hutch-Build-Secret": build_secrets_header(secrets),
+        }
+    )
     request = Request(
         "POST",
         "/v1/templates",
@@ -166,9 +177,22 @@ def build_template(
         content=content,
         content_type="application/x-tar",
         timeout=None,
-        headers=drop_none({"X-Hutch-Registry-Auth": registry_credentials(registry_auth)}) or None,
+        headers=headers or None,
     )
     return Call(request, _one(BuildInfo.from_json))
+
+
+def build_secrets_header(secrets: Optional[Mapping[str, Union[str, bytes]]]) -> Optional[str]:
+    """``id=<base64>, …`` for ``X-Hutch-Build-Secret`` (text is sent as UTF-8)."""
+    if not secrets:
+        return None
+    entries = []
+    for secret_id, value in secrets.items():
+        if not secret_id or any(c in secret_id for c in "=,/") or not secret_id.isprintable():
+            raise ValueError(f"secret id {secret_id!r} must be a name without '=', ',' or '/'")
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        entries.append(f"{secret_id}={base64.b64encode(raw).decode('ascii')}")
+    return ", ".join(entries)
 
 
 def get_build(name: str, build_id: str) -> Call[BuildInfo]:

@@ -31,6 +31,7 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Union,
 )
 
 from . import _images as images
@@ -187,6 +188,7 @@ class Templates:
         no_cache: bool = False,
         registry_auth: Optional[str] = None,
         insecure_registries: Optional[Sequence[str]] = None,
+        secrets: Optional[Mapping[str, Union[str, bytes]]] = None,
     ) -> Build:
         """Start building template ``name`` from a Dockerfile and a build context.
 
@@ -203,6 +205,8 @@ class Templates:
             registry_auth: ``USER:PASSWORD`` for the registry of the ``FROM`` images.
             insecure_registries: Registries (``host:port``) the ``FROM`` images' pulls speak
                 plain HTTP to.
+            secrets: Values by id for ``RUN --mount=type=secret,id=…`` (text or bytes);
+                never stored in the template, its cache or the build log.
 
         Raises:
             InvalidRequest: The Dockerfile does not parse or plan (the message names the
@@ -220,6 +224,7 @@ class Templates:
                 no_cache=no_cache,
                 registry_auth=registry_auth,
                 insecure_registries=insecure_registries,
+                secrets=secrets,
             )
             return Build(self._client._call(call), self._client)
         finally:
@@ -442,6 +447,7 @@ class AsyncTemplates:
         no_cache: bool = False,
         registry_auth: Optional[str] = None,
         insecure_registries: Optional[Sequence[str]] = None,
+        secrets: Optional[Mapping[str, Union[str, bytes]]] = None,
     ) -> AsyncBuild:
         """Start building template ``name`` (see :meth:`Templates.build`); the context is
         packed on a worker thread."""
@@ -456,6 +462,7 @@ class AsyncTemplates:
                 no_cache=no_cache,
                 registry_auth=registry_auth,
                 insecure_registries=insecure_registries,
+                secrets=secrets,
             )
             return AsyncBuild(await self._client._call(call), self._client)
         finally:
