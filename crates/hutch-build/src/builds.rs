@@ -51,6 +51,9 @@ pub struct BuildSettings {
     /// Size of a new `RUN --mount=type=cache` volume (MiB; sparse, so only what is
     /// written uses disk).
     pub cache_mount_mib: u64,
+    /// What the server's own prunes of the step cache remove (every
+    /// [`crate::AUTO_PRUNE_EVERY`]); nothing set: none.
+    pub auto_prune: crate::PrunePolicy,
     /// Most builds queued or running at once on the server.
     pub max_pending: usize,
     /// Most of them one tenant may have.
@@ -74,6 +77,7 @@ impl Default for BuildSettings {
             allowed_registries: None,
             downloads: true,
             cache_mount_mib: 10 * 1024,
+            auto_prune: crate::PrunePolicy::default(),
             max_pending: 32,
             max_pending_per_tenant: 8,
         }
@@ -317,13 +321,15 @@ pub struct Builder {
     pub(crate) template_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// One step at a time uses a cache volume.
     pub(crate) cache_locks: crate::mounts::CacheLocks,
+    /// Held (shared) by every running build, (exclusive) by a prune of the step cache.
+    pub(crate) prune_lock: tokio::sync::RwLock<()>,
 }
 
 impl Builder {
     /// A builder over `manager`'s templates and sandboxes; its step cache index lives in
-    /// the templates directory.
+    /// the state directory (`build-cache/`).
     pub fn new(manager: Arc<Manager>, settings: BuildSettings) -> Arc<Self> {
-        let cache = StepCache::open(manager.templates().dir().join(".build-cache"));
+        let cache = StepCache::open(manager.config().state_dir.join("build-cache"));
         Arc::new(Self {
             manager,
             settings,
@@ -331,6 +337,7 @@ impl Builder {
             builds: Mutex::default(),
             template_locks: Mutex::default(),
             cache_locks: crate::mounts::CacheLocks::default(),
+            prune_lock: tokio::sync::RwLock::new(()),
         })
     }
 

@@ -135,6 +135,8 @@ pub(crate) async fn run(
         locks.entry(request.template.clone()).or_default().clone()
     };
     let _one_at_a_time = lock.lock().await;
+    // No prune of the step cache while this build may read it.
+    let _cache_held = builder.prune_lock.read().await;
     build.lock().status = BuildStatus::Running;
     if let Some(image) = &request.image {
         return crate::image::run(builder, build, &request, image).await;
@@ -182,7 +184,7 @@ pub(crate) async fn run(
             StageState {
                 template: base.template.clone(),
                 snapshot: None,
-                key: base_key(&base.identity),
+                key: tenant_base_key(&request, &base.identity),
             },
         );
     }
@@ -197,7 +199,7 @@ pub(crate) async fn run(
                     StageState {
                         template: base.template.clone(),
                         snapshot: None,
-                        key: base_key(&base.identity),
+                        key: tenant_base_key(&request, &base.identity),
                     }
                 }
                 Base::Stage { index } => states.stages.get(index).cloned().ok_or_else(|| {
@@ -208,7 +210,7 @@ pub(crate) async fn run(
                     StageState {
                         template: crate::scratch::TEMPLATE.to_string(),
                         snapshot: None,
-                        key: base_key("scratch"),
+                        key: tenant_base_key(&request, "scratch"),
                     }
                 }
             };
@@ -733,6 +735,16 @@ async fn resolve_base(
         },
         config,
     ))
+}
+
+/// The cache key a stage starts from: its base's identity, within the build's tenant, so
+/// one tenant's step results (what its `RUN`s fetched with its secrets and network) are
+/// never another tenant's cache hits. Builds without a tenant keep the unscoped keys.
+fn tenant_base_key(request: &BuildRequest, identity: &str) -> String {
+    match &request.tenant {
+        None => base_key(identity),
+        Some(t) => base_key(&format!("tenant:{}\0{identity}", t.as_str())),
+    }
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {

@@ -26,6 +26,7 @@ mod fetch;
 mod image;
 mod log;
 mod mounts;
+mod prune;
 mod scratch;
 
 pub use builds::{
@@ -35,6 +36,9 @@ pub use error::BuildError;
 pub use hutch_template::Credentials;
 pub use log::{BuildLogLine, LogStream, TransferView};
 pub use mounts::{BuildSecrets, MAX_SECRETS, MAX_SECRET_BYTES};
+pub use prune::{
+    CacheUsage, PrunePolicy, PruneReport, AUTO_PRUNE_EVERY, ORPHAN_GRACE, ORPHAN_GRACE_ENV,
+};
 
 use serde::Serialize;
 

@@ -172,6 +172,10 @@ pub fn required_permission(method: &Method, route: &str) -> Permission {
     if route == "/v1/tenants" || route.starts_with("/v1/tenants/") {
         return Permission::Admin;
     }
+    // The step cache is the server's, every tenant's builds' (`routes::build_cache`).
+    if route == "/v1/build-cache" || route.starts_with("/v1/build-cache/") {
+        return Permission::Admin;
+    }
     if route == "/v1/keys" || route.starts_with("/v1/keys/") || route == "/v1/audit" {
         return Permission::Manage;
     }
@@ -194,7 +198,7 @@ fn permission_words(p: Permission) -> &'static str {
         Permission::Manage => {
             "creating, changing and deleting sandboxes, snapshots, volumes, templates and keys"
         }
-        Permission::Admin => "the server's administration (tenants)",
+        Permission::Admin => "the server's administration (tenants, the build cache)",
     }
 }
 

@@ -146,8 +146,9 @@ pub struct PlacedSandboxId(pub hutch_core::ids::SandboxId);
 /// The whole API.
 pub fn app(state: AppState) -> Router {
     use routes::{
-        build_logs, code, exec, files, files_url, files_watch, keys, lifecycle, logs, misc,
-        network, ports, processes, pty, sandboxes, template_edit, templates, tenants, volumes,
+        build_cache, build_logs, code, exec, files, files_url, files_watch, keys, lifecycle, logs,
+        misc, network, ports, processes, pty, sandboxes, template_edit, templates, tenants,
+        volumes,
     };
     let v1 = Router::new()
         .route("/v1/openapi.json", get(misc::openapi))
@@ -175,6 +176,8 @@ pub fn app(state: AppState) -> Router {
             "/v1/templates/{name}/builds/{id}/logs",
             get(build_logs::logs),
         )
+        .route("/v1/build-cache", get(build_cache::usage))
+        .route("/v1/build-cache/prune", post(build_cache::prune))
         .route("/v1/events", get(misc::events))
         .route("/v1/tenants", post(tenants::create).get(tenants::list))
         .route(

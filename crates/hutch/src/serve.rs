@@ -185,6 +185,14 @@ pub struct ServeArgs {
     /// writes there uses disk). A tenant's caches are volumes named `build-cache-…`.
     #[arg(long, default_value_t = 10 * 1024, value_parser = clap::value_parser!(u64).range(4..=1 << 20))]
     pub build_cache_mib: u64,
+    /// The server prunes the Dockerfile step cache (build snapshots) to at most this many
+    /// MiB, least recently used first, every 10 minutes while no build runs (0: no limit).
+    #[arg(long, default_value_t = 20 * 1024)]
+    pub build_cache_max_mib: u64,
+    /// ... and removes step cache entries no build has used for this many hours (0: kept
+    /// however old).
+    #[arg(long, default_value_t = 7 * 24)]
+    pub build_cache_max_age_hours: u64,
     /// Largest build context a client may upload with `POST /v1/templates` (bytes, or with
     /// a KiB/MiB/GiB suffix), compressed or not; larger ones are answered 413.
     #[arg(long, default_value = "2GiB", value_parser = parse_size)]
@@ -319,6 +327,13 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
         max_pending: args.max_builds.max(1),
         max_pending_per_tenant: args.max_builds_per_tenant.max(1),
         cache_mount_mib: args.build_cache_mib,
+        auto_prune: hutch_build::PrunePolicy {
+            all: false,
+            unused_for: (args.build_cache_max_age_hours > 0)
+                .then(|| Duration::from_secs(args.build_cache_max_age_hours.saturating_mul(3600))),
+            keep_bytes: (args.build_cache_max_mib > 0)
+                .then(|| args.build_cache_max_mib.saturating_mul(1 << 20)),
+        },
         downloads: args.build_egress == BuildEgress::Allow,
         ..hutch_build::BuildSettings::default()
     };
@@ -564,6 +579,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     if tls.is_some() {
         state = state.with_tls();
     }
+    state.builder().spawn_auto_prune();
     let scheme = state.scheme();
     let mut limits = hutch_server::serve::ConnectionLimits::for_descriptor_limit(open_files);
     if let Some(n) = args.max_connections {

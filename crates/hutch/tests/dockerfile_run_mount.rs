@@ -281,3 +281,49 @@ async fn secrets_reach_their_step_and_never_the_template_or_the_log() {
         "{v}"
     );
 }
+
+#[tokio::test]
+async fn a_tenants_step_cache_is_never_another_tenants() {
+    let s = TestServer::start().await;
+    let pid = std::process::id();
+    let acme = s.tenant_key("acme", "full").await;
+    let globex = s.tenant_key("globex", "full").await;
+    // What a step fetched (here: made up) is the building tenant's alone.
+    let dockerfile = "FROM base\nRUN head -c 16 /dev/urandom | od -An -tx1 > /nonce\n";
+    let nonce = |name: String| {
+        let s = &s;
+        async move {
+            let id = s.create_id(json!({"template": name})).await;
+            s.sh_ok(&id, "cat /nonce").await
+        }
+    };
+    let a = s
+        .build_dockerfile_as(&acme, &format!("cache-a-{pid}"), dockerfile)
+        .await;
+    succeeded(&a);
+    let b = s
+        .build_dockerfile_as(&globex, &format!("cache-b-{pid}"), dockerfile)
+        .await;
+    succeeded(&b);
+    let log = log_of(&s, &format!("cache-b-{pid}"), &b).await;
+    assert_eq!(
+        log.matches("CACHED").count(),
+        0,
+        "another tenant's step is no hit: {log}"
+    );
+    assert_ne!(
+        nonce(format!("cache-a-{pid}")).await,
+        nonce(format!("cache-b-{pid}")).await
+    );
+    // Within a tenant the cache works as before.
+    let again = s
+        .build_dockerfile_as(&acme, &format!("cache-a2-{pid}"), dockerfile)
+        .await;
+    succeeded(&again);
+    let log = log_of(&s, &format!("cache-a2-{pid}"), &again).await;
+    assert_eq!(log.matches("CACHED").count(), 1, "{log}");
+    assert_eq!(
+        nonce(format!("cache-a-{pid}")).await,
+        nonce(format!("cache-a2-{pid}")).await
+    );
+}

@@ -239,6 +239,10 @@ async fn another_tenants_objects_are_404_on_every_route() {
                     let (status, v) = call(&b, method.clone(), &path, None).await;
                     assert_eq!(status, 404, "per-sandbox metrics name every tenant's: {v}");
                 }
+                ("GET", "/v1/build-cache") | ("POST", "/v1/build-cache/prune") => {
+                    let (status, v) = call(&b, method.clone(), &path, body_for(&method, &route)).await;
+                    assert_eq!(status, 403, "the build cache is the server's: {method} {route}: {v}");
+                }
                 ("GET" | "POST", "/v1/tenants") => {
                     let (status, v) = call(&b, method.clone(), &path, body_for(&method, &route)).await;
                     assert_eq!(status, 403, "{method} {route}: {v}");

@@ -1,6 +1,7 @@
 //! Route handlers, one module per resource.
 
 pub mod audit;
+pub mod build_cache;
 pub mod build_logs;
 pub mod code;
 pub mod exec;

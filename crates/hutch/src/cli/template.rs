@@ -133,6 +133,22 @@ pub enum TemplateCommand {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// What the Dockerfile step cache holds (`GET /v1/build-cache`; admin keys only).
+    CacheUsage,
+    /// Remove step cache entries and their build snapshots, least recently used first
+    /// (`POST /v1/build-cache/prune`; waits for running builds; admin keys only). With no
+    /// option: entries unused for a day.
+    PruneCache {
+        /// Everything.
+        #[arg(long, conflicts_with_all = ["unused_for_hours", "keep_mib"])]
+        all: bool,
+        /// Entries no build used for this many hours.
+        #[arg(long, value_name = "HOURS")]
+        unused_for_hours: Option<u64>,
+        /// Keep at most this many MiB (the least recently used entries go first).
+        #[arg(long, value_name = "MIB")]
+        keep_mib: Option<u64>,
+    },
 }
 
 /// `PATCH /v1/templates/{name}` with `body`; the template as the server shows it.
@@ -311,6 +327,57 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
                 print_json(&serde_json::json!({ "name": name, "start": start }));
             } else {
                 println!("template {name}: {}", describe(start.as_ref()));
+            }
+            Ok(())
+        }
+        TemplateCommand::CacheUsage => {
+            let api = Api::from_env(state_dir)?;
+            let v = api.call(Method::GET, "/v1/build-cache", None).await?;
+            if json_out {
+                print_json(&v);
+            } else {
+                println!(
+                    "{} entries, {}{}",
+                    v["entries"].as_u64().unwrap_or(0),
+                    super::progress::human_bytes(v["bytes"].as_u64().unwrap_or(0)),
+                    v["oldest_used_at"]
+                        .as_str()
+                        .map(|t| format!(", least recently used at {t}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
+        TemplateCommand::PruneCache {
+            all,
+            unused_for_hours,
+            keep_mib,
+        } => {
+            let api = Api::from_env(state_dir)?;
+            let mut body = serde_json::json!({});
+            if all {
+                body["all"] = true.into();
+            }
+            if let Some(h) = unused_for_hours {
+                body["unused_for_seconds"] = h.saturating_mul(3600).into();
+            }
+            if let Some(m) = keep_mib {
+                body["keep_mib"] = m.into();
+            }
+            let v = api
+                .call(Method::POST, "/v1/build-cache/prune", Some(&body))
+                .await?;
+            if json_out {
+                print_json(&v);
+            } else {
+                println!(
+                    "removed {} entries and {} unnamed snapshots, {} freed; {} entries ({}) left",
+                    v["removed_entries"].as_u64().unwrap_or(0),
+                    v["removed_orphans"].as_u64().unwrap_or(0),
+                    super::progress::human_bytes(v["freed_bytes"].as_u64().unwrap_or(0)),
+                    v["usage"]["entries"].as_u64().unwrap_or(0),
+                    super::progress::human_bytes(v["usage"]["bytes"].as_u64().unwrap_or(0)),
+                );
             }
             Ok(())
         }
