@@ -84,4 +84,18 @@ impl TestServer {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+
+    /// The text of build `build`'s log (its `id`) of template `name`, read with `key`.
+    pub async fn build_log(&self, key: &str, name: &str, build: &Value) -> String {
+        let id = build["id"].as_str().expect("a build view with an id");
+        let resp = self
+            .http
+            .get(format!("{}/v1/templates/{name}/builds/{id}/logs", self.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("GET the build's log");
+        assert_eq!(resp.status().as_u16(), 200, "the log of build {id}");
+        resp.text().await.expect("the log's text")
+    }
 }

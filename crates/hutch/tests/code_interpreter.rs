@@ -1,5 +1,5 @@
 //! The code interpreter (`docs/code-interpreter.md`): stateful contexts with real kernels
-//! (ipykernel for Python, a persistent bash, a persistent Node.js) in `code-interpreter`
+//! (ipykernel for Python, IRkernel for R, a persistent bash, a persistent Node.js) in `code-interpreter`
 //! sandboxes, `POST /v1/sandboxes/{id}/code` as JSON and as SSE, timeouts, crashes, and what
 //! an `ns` wake does to a context.
 
@@ -82,6 +82,19 @@ async fn run_events(s: &TestServer, id: &str, body: Value) -> Vec<(String, Value
     events
 }
 
+/// The first `image/png` of a run's results, decoded.
+fn first_png(run: &Value) -> Vec<u8> {
+    let png = run["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .find_map(|r| r["data"]["image/png"].as_str())
+        .unwrap_or_else(|| panic!("no image/png: {run}"));
+    base64::engine::general_purpose::STANDARD
+        .decode(png.trim())
+        .expect("base64")
+}
+
 /// Width and height from a PNG's IHDR chunk, after checking its signature.
 fn png_size(png: &[u8]) -> (u32, u32) {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG signature");
@@ -120,16 +133,7 @@ async fn python_keeps_state_and_returns_rich_results() {
         json!({"code": "import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(4, 3), dpi=100)\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"}),
     )
     .await;
-    let png = chart["results"]
-        .as_array()
-        .expect("results")
-        .iter()
-        .find_map(|r| r["data"]["image/png"].as_str())
-        .unwrap_or_else(|| panic!("no image/png: {chart}"));
-    let png = base64::engine::general_purpose::STANDARD
-        .decode(png.trim())
-        .expect("base64");
-    let (w, h) = png_size(&png);
+    let (w, h) = png_size(&first_png(&chart));
     assert!(
         (200..=500).contains(&w) && (150..=400).contains(&h),
         "a 4×3 in figure at 100 dpi (cropped to its content): {w}×{h}"
@@ -390,6 +394,66 @@ async fn bash_and_javascript_contexts_keep_state() {
     let after = run(&s, &id, json!({"code": "total", "language": "javascript"})).await;
     assert_eq!(main_text(&after), "40");
     assert_eq!(after["context_restarted"], false);
+}
+
+#[tokio::test]
+async fn r_contexts_keep_state_and_return_frames_plots_and_errors() {
+    let s = TestServer::start().await;
+    let id = sandbox(&s).await;
+    let r = |code: &str| json!({"code": code, "language": "r"});
+    let first = run(
+        &s,
+        &id,
+        r("x <- 41; df <- data.frame(a = 1:2, b = c('u', 'v'))"),
+    )
+    .await;
+    assert_eq!(first["context_id"], "default-r", "{first}");
+    assert!(first["error"].is_null(), "{first}");
+    assert_eq!(main_text(&run(&s, &id, r("x + 1")).await), "[1] 42");
+    // A data frame: text, HTML (and IRkernel's markdown and LaTeX).
+    let frame = run(&s, &id, r("df")).await;
+    let main = frame["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .find(|r| r["is_main_result"] == true)
+        .unwrap_or_else(|| panic!("{frame}"));
+    assert!(
+        main["data"]["text/html"]
+            .as_str()
+            .is_some_and(|h| h.contains("<table")),
+        "{frame}"
+    );
+    assert!(main["data"]["text/plain"]
+        .as_str()
+        .is_some_and(|t| t.contains('u') && t.contains('v')));
+    // A plot: a PNG of the size the driver asks for (7×5 in at 100 dpi).
+    let plot = run(&s, &id, r("plot(1:10)")).await;
+    assert_eq!(png_size(&first_png(&plot)), (700, 500));
+    // Output, errors, environment for one cell, and a timeout that keeps the state.
+    let printed = run(&s, &id, r("cat('hello', Sys.getenv('WHO'), '\\n')")).await;
+    assert_eq!(stdout(&printed), "hello  \n", "{printed}");
+    let with_env =
+        json!({"code": "cat(Sys.getenv('WHO'))", "language": "r", "env": {"WHO": "r-cell"}});
+    assert_eq!(stdout(&run(&s, &id, with_env).await), "r-cell");
+    assert_eq!(
+        stdout(&run(&s, &id, r("cat(Sys.getenv('WHO', 'unset'))")).await),
+        "unset"
+    );
+    let failed = run(&s, &id, r("stop('boom')")).await;
+    assert!(
+        failed["error"]["value"]
+            .as_str()
+            .is_some_and(|v| v.contains("boom")),
+        "{failed}"
+    );
+    let slow = json!({"code": "y <- 7; while (TRUE) {}", "language": "r", "timeout_seconds": 2});
+    let slow = run(&s, &id, slow).await;
+    assert_eq!(slow["error"]["name"], "TimeoutError", "{slow}");
+    assert_eq!(main_text(&run(&s, &id, r("c(x, y)")).await), "[1] 41  7");
+    // Python's context is another kernel: it has no `x`.
+    let py = run(&s, &id, json!({"code": "'x' in dir()"})).await;
+    assert_eq!(main_text(&py), "False");
 }
 
 #[tokio::test]

@@ -59,19 +59,6 @@ async fn build_as(s: &TestServer, key: &str, name: &str, dockerfile: &str) -> Va
     s.build_dockerfile_as(key, name, dockerfile).await
 }
 
-/// The build's log text.
-async fn log_of(s: &TestServer, key: &str, name: &str, build: &Value) -> String {
-    let id = build["id"].as_str().expect("id");
-    let resp = s
-        .http
-        .get(format!("{}/v1/templates/{name}/builds/{id}/logs", s.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("logs");
-    resp.text().await.expect("text")
-}
-
 #[tokio::test]
 async fn add_downloads_a_url_places_it_and_caches_it_by_its_content() {
     let s = TestServer::start().await;
@@ -101,14 +88,14 @@ async fn add_downloads_a_url_places_it_and_caches_it_by_its_content() {
     let again = build_as(&s, &s.key, &name, &dockerfile).await;
     assert_eq!(again["status"], "succeeded", "{again}");
     assert_eq!(files.hits.load(Ordering::SeqCst), 4);
-    let log = log_of(&s, &s.key, &name, &again).await;
+    let log = s.build_log(&s.key, &name, &again).await;
     assert_eq!(log.matches("CACHED").count(), 3, "{log}");
 
     // Changed: the ADD steps run again, and the sandbox sees the new file.
     *files.body.lock().expect("body") = b"version two\n".to_vec();
     let changed = build_as(&s, &s.key, &name, &dockerfile).await;
     assert_eq!(changed["status"], "succeeded", "{changed}");
-    let log = log_of(&s, &s.key, &name, &changed).await;
+    let log = s.build_log(&s.key, &name, &changed).await;
     assert_eq!(log.matches("CACHED").count(), 0, "{log}");
     let id = s.create_id(serde_json::json!({"template": name})).await;
     assert_eq!(s.sh_ok(&id, "cat /opt/notes.txt").await, "version two\n");

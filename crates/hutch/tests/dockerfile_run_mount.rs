@@ -10,23 +10,7 @@ use serde_json::{json, Value};
 
 /// The build's log text.
 async fn log_of(s: &TestServer, name: &str, build: &Value) -> String {
-    let id = build["id"].as_str().expect("id");
-    let (status, v) = s
-        .request(
-            Method::GET,
-            &format!("/v1/templates/{name}/builds/{id}"),
-            None,
-        )
-        .await;
-    assert_eq!(status, 200, "{v}");
-    let resp = s
-        .http
-        .get(format!("{}/v1/templates/{name}/builds/{id}/logs", s.url))
-        .bearer_auth(&s.key)
-        .send()
-        .await
-        .expect("logs");
-    resp.text().await.expect("text")
+    s.build_log(&s.key, name, build).await
 }
 
 async fn build(s: &TestServer, name: &str, dockerfile: &str) -> Value {

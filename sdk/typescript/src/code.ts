@@ -123,7 +123,7 @@ export interface CodeContext {
 
 /** Options of {@link Sandbox.runCode}. */
 export interface RunCodeOptions {
-  /** The default context's language: `python` (default), `bash` or `javascript`. Not with `context`. */
+  /** The default context's language: `python` (default), `r`, `bash` or `javascript`. Not with `context`. */
   language?: string;
   /** A context (or its id) from {@link Sandbox.createCodeContext}. */
   context?: CodeContext | string;

@@ -50,6 +50,8 @@ pub enum Language {
     /// Python through ipykernel.
     #[default]
     Python,
+    /// R through IRkernel, where the template has it (its `ir` kernelspec).
+    R,
     /// A persistent `bash`.
     Bash,
     /// A persistent Node.js.
@@ -58,12 +60,18 @@ pub enum Language {
 
 impl Language {
     /// Every language, in the order the docs list them.
-    pub const ALL: [Language; 3] = [Language::Python, Language::Bash, Language::Javascript];
+    pub const ALL: [Language; 4] = [
+        Language::Python,
+        Language::R,
+        Language::Bash,
+        Language::Javascript,
+    ];
 
     /// The name used on the wire.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Python => "python",
+            Self::R => "r",
             Self::Bash => "bash",
             Self::Javascript => "javascript",
         }
@@ -82,10 +90,11 @@ impl FromStr for Language {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "python" | "python3" | "py" => Ok(Self::Python),
+            "r" | "ir" => Ok(Self::R),
             "bash" | "sh" | "shell" => Ok(Self::Bash),
             "javascript" | "js" | "node" | "nodejs" => Ok(Self::Javascript),
             _ => Err(InterpError::Invalid(format!(
-                "unknown language {s:?}: expected python, bash or javascript"
+                "unknown language {s:?}: expected python, r, bash or javascript"
             ))),
         }
     }
@@ -216,7 +225,7 @@ mod tests {
         let e = "cobol".parse::<Language>().expect_err("unknown");
         assert_eq!(
             e.to_string(),
-            "unknown language \"cobol\": expected python, bash or javascript"
+            "unknown language \"cobol\": expected python, r, bash or javascript"
         );
     }
 

@@ -240,7 +240,7 @@ mod tests {
         );
         assert_eq!(
             refused(serde_json::json!({"code": "1", "language": "cobol"})),
-            "unknown language \"cobol\": expected python, bash or javascript"
+            "unknown language \"cobol\": expected python, r, bash or javascript"
         );
         assert_eq!(
             refused(serde_json::json!({"code": "1", "env": {"A=B": "c"}})),

@@ -9,7 +9,8 @@ through the agent's TCP tunnel to PORT on the sandbox's loopback. One request
 per connection: one JSON line in, JSON lines out (see `docs/code-interpreter.md`).
 
 Languages: `python` through a real Jupyter kernel (ipykernel) driven by the reference
-client, `jupyter_client`; `bash` as a persistent bash process; `javascript` as a persistent
+client, `jupyter_client`; `r` through IRkernel the same way, where the template has it (the
+`ir` kernelspec); `bash` as a persistent bash process; `javascript` as a persistent
 Node.js process running each cell with `vm.runInThisContext`.
 
 The contexts that exist are recorded in DIR/contexts.json, on the sandbox's disk: a driver
@@ -44,7 +45,9 @@ KERNEL_START_TIMEOUT_S = 180.0
 # How often a waiting execution checks that its kernel still lives.
 POLL_S = 0.2
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-LANGUAGES = ("python", "bash", "javascript")
+LANGUAGES = ("python", "r", "bash", "javascript")
+# MIME types whose data is base64.
+BASE64_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf")
 WORK = "/tmp/.hutch-interp"
 
 
@@ -101,6 +104,11 @@ class Output:
             await self.send({"type": name, "text": text})
 
     async def bundle(self, kind, data, metadata=None, **extra):
+        # Base64 in one line (IRkernel breaks it every 76 characters).
+        data = {
+            k: "".join(v.split()) if k in BASE64_TYPES and isinstance(v, str) else v
+            for k, v in data.items()
+        }
         size = sum(len(json.dumps(v)) for v in data.values())
         if self._take(size):
             event = {"type": kind, "data": data, "metadata": metadata or {}}
@@ -130,34 +138,48 @@ def kernel_env(env):
     return merged
 
 
-class PythonKernel:
-    """An ipykernel, driven with jupyter_client's asyncio client."""
+class JupyterKernel:
+    """A Jupyter kernel (its kernelspec `KERNEL_NAME`), driven with jupyter_client's asyncio
+    client. Subclasses say how to start it and how to set and restore environment
+    variables around a cell in its language."""
+
+    KERNEL_NAME = ""
+    WHAT = ""
+    # The kernel shows a cell's values as display data, never as an execute result
+    # (IRkernel): the last one without an image is then the cell's main result.
+    VALUES_AS_DISPLAY = False
 
     def __init__(self):
         self.km = None
         self.kc = None
 
+    def start_environment(self, env):
+        return kernel_env(env)
+
+    def start_arguments(self):
+        return []
+
     async def start(self, cwd, env):
         try:
+            from jupyter_client.kernelspec import NoSuchKernel
             from jupyter_client.manager import AsyncKernelManager
         except ImportError as e:
             raise Refused("unavailable", f"python3 has no jupyter_client ({e})")
-        environment = kernel_env(env)
-        # Charts come back as images: matplotlib's inline backend sends each figure as
-        # display data (the template's MPLBACKEND=Agg would draw them nowhere).
-        if "MPLBACKEND" not in (env or {}):
-            environment["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-        km = AsyncKernelManager(kernel_name="python3")
+        km = AsyncKernelManager(kernel_name=self.KERNEL_NAME)
         try:
-            # No history database: `In`, `Out` and `_` stay (in memory), and a cell costs ~25%
-            # less without its SQLite write.
             await km.start_kernel(
                 cwd=cwd or None,
-                env=environment,
-                extra_arguments=["--HistoryManager.enabled=False"],
+                env=self.start_environment(env),
+                extra_arguments=self.start_arguments(),
+            )
+        except NoSuchKernel:
+            raise Refused(
+                "unavailable",
+                f"this sandbox's template has no {self.WHAT} Jupyter kernel "
+                f"(kernelspec {self.KERNEL_NAME!r})",
             )
         except Exception as e:
-            raise Refused("unavailable", f"the python3 Jupyter kernel did not start: {e}")
+            raise Refused("unavailable", f"the {self.WHAT} Jupyter kernel did not start: {e}")
         kc = km.client()
         kc.start_channels()
         try:
@@ -165,8 +187,12 @@ class PythonKernel:
         except Exception as e:
             kc.stop_channels()
             await km.shutdown_kernel(now=True)
-            raise Refused("internal", f"the python3 kernel did not become ready: {e}")
+            raise Refused("internal", f"the {self.WHAT} kernel did not become ready: {e}")
         self.km, self.kc = km, kc
+        await self.prepare()
+
+    async def prepare(self):
+        """Run once the kernel is ready, before its first cell."""
 
     async def alive(self):
         return self.km is not None and await self.km.is_alive()
@@ -194,28 +220,23 @@ class PythonKernel:
             if msg["parent_header"].get("msg_id") == msg_id:
                 return
 
+    def set_env_code(self, env):
+        raise NotImplementedError
+
+    def restore_env_code(self):
+        raise NotImplementedError
+
     async def execute(self, code, env, timeout_s, out):
         kc = self.kc
         if env:
-            await self._silent(
-                "import os as __hutch_os\n"
-                f"__hutch_env = {{k: __hutch_os.environ.get(k) for k in {list(env)!r}}}\n"
-                f"__hutch_os.environ.update({env!r})\n"
-            )
+            await self._silent(self.set_env_code(env))
         try:
             return await self._run(code, timeout_s, out)
         finally:
             if env:
                 # Queued behind the cell (the kernel runs requests in order), even when the
                 # host left mid-cell; its reply is not waited for.
-                kc.execute(
-                    "for __hutch_k, __hutch_v in __hutch_env.items():\n"
-                    "    if __hutch_v is None: __hutch_os.environ.pop(__hutch_k, None)\n"
-                    "    else: __hutch_os.environ[__hutch_k] = __hutch_v\n"
-                    "del __hutch_env, __hutch_os\n",
-                    silent=True,
-                    store_history=False,
-                )
+                kc.execute(self.restore_env_code(), silent=True, store_history=False)
 
     async def _run(self, code, timeout_s, out):
         kc = self.kc
@@ -224,6 +245,20 @@ class PythonKernel:
         deadline = start + timeout_s if timeout_s else None
         interrupted_at = None
         count = None
+        # VALUES_AS_DISPLAY: the latest value shown, sent once the next output comes (as
+        # display data) or the cell ends (as its main result).
+        held = None
+
+        async def flush(as_result=False):
+            nonlocal held
+            if held is not None:
+                data, metadata = held
+                held = None
+                if as_result:
+                    await out.bundle("result", data, metadata, is_main_result=True)
+                else:
+                    await out.bundle("display", data, metadata, display_id=None, update=False)
+
         while True:
             now = time.monotonic()
             if deadline and interrupted_at is None and now >= deadline:
@@ -247,6 +282,17 @@ class PythonKernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
+            if self.VALUES_AS_DISPLAY and kind == "display_data":
+                data = content.get("data", {})
+                transient = content.get("transient") or {}
+                if not transient.get("display_id") and not any(
+                    k.startswith("image/") for k in data
+                ):
+                    await flush()
+                    held = (data, content.get("metadata"))
+                    continue
+            if kind in ("stream", "execute_result", "display_data", "update_display_data", "error"):
+                await flush()
             if kind == "stream":
                 await out.stream(content.get("name", "stdout"), content.get("text", ""))
             elif kind == "execute_input":
@@ -273,6 +319,7 @@ class PythonKernel:
                         content.get("traceback", []),
                     )
             elif kind == "status" and content.get("execution_state") == "idle":
+                await flush(as_result=True)
                 break
         if interrupted_at is not None and not out.error_sent:
             await out.error("TimeoutError", timeout_value(timeout_s), timed_out=True)
@@ -290,6 +337,78 @@ class PythonKernel:
             if msg["parent_header"].get("msg_id") == msg_id:
                 return msg["content"].get("execution_count", count)
         return count
+
+
+class PythonKernel(JupyterKernel):
+    """An ipykernel."""
+
+    KERNEL_NAME = "python3"
+    WHAT = "python3"
+
+    def start_environment(self, env):
+        environment = kernel_env(env)
+        # Charts come back as images: matplotlib's inline backend sends each figure as
+        # display data (the template's MPLBACKEND=Agg would draw them nowhere).
+        if "MPLBACKEND" not in (env or {}):
+            environment["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        return environment
+
+    def start_arguments(self):
+        # No history database: `In`, `Out` and `_` stay (in memory), and a cell costs ~25%
+        # less without its SQLite write.
+        return ["--HistoryManager.enabled=False"]
+
+    def set_env_code(self, env):
+        return (
+            "import os as __hutch_os\n"
+            f"__hutch_env = {{k: __hutch_os.environ.get(k) for k in {list(env)!r}}}\n"
+            f"__hutch_os.environ.update({env!r})\n"
+        )
+
+    def restore_env_code(self):
+        return (
+            "for __hutch_k, __hutch_v in __hutch_env.items():\n"
+            "    if __hutch_v is None: __hutch_os.environ.pop(__hutch_k, None)\n"
+            "    else: __hutch_os.environ[__hutch_k] = __hutch_v\n"
+            "del __hutch_env, __hutch_os\n"
+        )
+
+
+def r_string(text):
+    """`text` as an R string literal (JSON's escapes are R's)."""
+    return json.dumps(text)
+
+
+class RKernel(JupyterKernel):
+    """IRkernel (Debian's r-cran-irkernel registers the `ir` kernelspec)."""
+
+    KERNEL_NAME = "ir"
+    WHAT = "R"
+    VALUES_AS_DISPLAY = True
+
+    async def prepare(self):
+        # Plots as PNG (what a model can see) next to text, at a size a chat shows whole.
+        await self._silent(
+            "options(jupyter.plot_mimetypes = c('text/plain', 'image/png'), "
+            "repr.plot.width = 7, repr.plot.height = 5, repr.plot.res = 100)"
+        )
+
+    def set_env_code(self, env):
+        names = ", ".join(r_string(k) for k in env)
+        values = ", ".join(f"{r_string(k)} = {r_string(v)}" for k, v in env.items())
+        return (
+            f".hutch_env <- Sys.getenv(c({names}), unset = NA, names = TRUE)\n"
+            f"do.call(Sys.setenv, list({values}))\n"
+        )
+
+    def restore_env_code(self):
+        return (
+            "for (.hutch_k in names(.hutch_env)) {\n"
+            "  if (is.na(.hutch_env[[.hutch_k]])) Sys.unsetenv(.hutch_k)\n"
+            "  else do.call(Sys.setenv, setNames(list(.hutch_env[[.hutch_k]]), .hutch_k))\n"
+            "}\n"
+            "rm(.hutch_env, .hutch_k)\n"
+        )
 
 
 class ProcessKernel:
@@ -535,7 +654,7 @@ def shell_quote(text):
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-KERNELS = {"python": PythonKernel, "bash": BashKernel, "javascript": NodeKernel}
+KERNELS = {"python": PythonKernel, "r": RKernel, "bash": BashKernel, "javascript": NodeKernel}
 
 
 class Context:

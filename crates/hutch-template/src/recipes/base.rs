@@ -21,8 +21,9 @@ pub(crate) const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 const INCLUDE: &str = "python3,python3-pip,python3-venv,git,curl,ca-certificates,build-essential";
 
 /// What the `code-interpreter` template adds to `base`: a Jupyter kernel for Python with
-/// the usual data libraries, and Node.js, all from Debian. Installed with `apt-get` after
-/// debootstrap (debootstrap's own resolver cannot configure `python3-zmq`'s dependencies).
+/// the usual data libraries, R with its Jupyter kernel (IRkernel, which registers the `ir`
+/// kernelspec), and Node.js, all from Debian. Installed with `apt-get` after debootstrap
+/// (debootstrap's own resolver cannot configure `python3-zmq`'s dependencies).
 pub(crate) const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3-ipykernel",
     "python3-jupyter-client",
@@ -31,6 +32,8 @@ pub(crate) const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3-matplotlib",
     "python3-pil",
     "fonts-dejavu-core",
+    "r-base-core",
+    "r-cran-irkernel",
     "nodejs",
 ];
 

@@ -57,9 +57,10 @@ impl Recipe {
             Self::Base => 1,
             // 2: the kernel driver in the template, started (with the Python kernel) by its
             // start command. 3: JavaScript cells declare again and await at the top.
+            // 4: R and IRkernel, and `r` contexts in the driver.
             // The driver is in the template: any change of it needs a new revision (the
             // test `a_driver_change_comes_with_a_new_revision` says so).
-            Self::CodeInterpreter => 3,
+            Self::CodeInterpreter => 4,
         }
     }
 
@@ -72,7 +73,7 @@ impl Recipe {
                 base::SUITE
             ),
             Self::CodeInterpreter => format!(
-                "Debian 12 ({}) like base, with a Python Jupyter kernel (ipykernel), numpy, pandas, matplotlib and Node.js",
+                "Debian 12 ({}) like base, with a Python Jupyter kernel (ipykernel), numpy, pandas, matplotlib, R with IRkernel, and Node.js",
                 base::SUITE
             ),
         }
@@ -146,7 +147,7 @@ mod tests {
     use super::Recipe;
 
     /// FNV-1a of the driver the `code-interpreter` template carries, at its revision.
-    const DRIVER_AT_REVISION: (u32, u64) = (3, 0x639c_b681_e33c_490f);
+    const DRIVER_AT_REVISION: (u32, u64) = (4, 0x11c4_7a60_c97b_2ac0);
 
     fn fnv1a(bytes: &[u8]) -> u64 {
         bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {

@@ -23,7 +23,7 @@ pub struct RunCodeArgs {
     /// Read the code from this file.
     #[arg(long, short = 'f', conflicts_with = "code")]
     file: Option<PathBuf>,
-    /// Language of the default context: python, bash or javascript.
+    /// Language of the default context: python, r (where the template has R), bash or javascript.
     #[arg(long, short = 'l', conflicts_with = "context")]
     language: Option<String>,
     /// Run in this context (from `POST /v1/sandboxes/{id}/contexts`) instead of the default.

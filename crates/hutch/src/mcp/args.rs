@@ -108,7 +108,8 @@ pub struct CodeArgs {
     pub sandbox_id: Option<String>,
     /// The code: a notebook cell. Variables, imports and loaded data stay for the next call; the value of the last expression is returned.
     pub code: String,
-    /// `python` (null), `bash` or `javascript`: each language has its own persistent session.
+    /// `python` (null), `r` (where the template has R), `bash` or `javascript`: each language
+    /// has its own persistent session.
     pub language: Option<String>,
     /// Interrupt the cell after this many seconds; its variables are kept (null: 60).
     pub timeout_seconds: Option<f64>,

@@ -386,7 +386,7 @@ class CodeMethods:
         calls), calling back with its output as it comes.
 
         Needs a sandbox of the ``code-interpreter`` template. Without ``context`` the cell
-        runs in the default context of ``language`` (``python``, ``bash`` or
+        runs in the default context of ``language`` (``python``, ``r``, ``bash`` or
         ``javascript``; default ``python``), made on first use.
 
         Args:
