@@ -21,6 +21,15 @@ use crate::{BuildStatus, BuildView, StepStatus, StepView};
 /// Builds kept per template (the oldest finished ones are forgotten).
 const KEPT_BUILDS: usize = 20;
 
+/// Ends the task that sets a [`Build::cancel_flag`].
+pub(crate) struct CancelFlagGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for CancelFlagGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What build sandboxes get.
 #[derive(Debug, Clone)]
 pub struct BuildSettings {
@@ -255,6 +264,21 @@ impl Build {
     /// Whether a client cancelled it.
     pub fn cancelled(&self) -> bool {
         *self.cancel.borrow()
+    }
+
+    /// A flag that is set once the build is cancelled, for blocking work that looks at it
+    /// (an image pull between two chunks of a layer); it stops following the build when
+    /// the guard is dropped.
+    pub(crate) fn cancel_flag(&self) -> (Arc<std::sync::atomic::AtomicBool>, CancelFlagGuard) {
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(self.cancelled()));
+        let mut rx = self.cancel.subscribe();
+        let set = flag.clone();
+        let task = tokio::spawn(async move {
+            if rx.wait_for(|c| *c).await.is_ok() {
+                set.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        (flag, CancelFlagGuard(task))
     }
 
     fn view(&self) -> BuildView {

@@ -699,13 +699,26 @@ async fn resolve_base(
         local: None,
     };
     let (b, n) = (build.clone(), name.clone());
+    // A cancel of the build stops the pull at once.
+    let (cancel, _following) = build.cancel_flag();
+    let options = BuildOptions {
+        cancel: Some(cancel),
+        ..BuildOptions::default()
+    };
     let info = blocking(move || {
         let mut progress = |p: Progress| log_progress(&b, p);
         Ok(manager
             .templates()
-            .build_image(&n, &source, &BuildOptions::default(), &mut progress)?)
+            .build_image(&n, &source, &options, &mut progress)?)
     })
-    .await?;
+    .await
+    .map_err(|e| {
+        if build.cancelled() {
+            BuildError::Cancelled
+        } else {
+            e
+        }
+    })?;
     let mut config = StageConfig::default();
     if let Some(image) = &info.image {
         for pair in &image.env {

@@ -2,7 +2,6 @@
 //! files a client uploaded) and unpacked by the template store, each layer's download and
 //! extraction reported in the build's log as it goes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hutch_template::{BuildOptions, ImageSource, Progress};
@@ -29,7 +28,7 @@ pub(crate) async fn run(
         pull: request.registry.pull_options(&builder.settings),
         local: image.local.clone(),
     };
-    let cancelled = Arc::new(AtomicBool::new(false));
+    let (cancelled, _following) = build.cancel_flag();
     let options = BuildOptions {
         // An upload is new files under a name that may be the same: always unpacked.
         force: image.force || image.local.is_some(),
@@ -44,8 +43,7 @@ pub(crate) async fn run(
         request.sandbox_resources,
         request.tag.clone(),
     );
-    let mut cancel = build.cancel.subscribe();
-    let mut work = std::pin::pin!(blocking(move || {
+    let done = blocking(move || {
         let mut progress = |p: Progress| log_progress(&b, p);
         let store = manager.templates();
         let info = store.build_image(&name, &source, &options, &mut progress)?;
@@ -61,16 +59,10 @@ pub(crate) async fn run(
             );
         }
         Ok(info)
-    }));
-    // A cancel stops the build as its next step would start (the download or extraction
-    // of a layer runs to its end), and the template stays as it was.
-    let done = tokio::select! {
-        done = &mut work => done,
-        _ = async { cancel.wait_for(|c| *c).await.map(|_| ()) } => {
-            cancelled.store(true, Ordering::Relaxed);
-            work.await
-        }
-    };
+    })
+    // A cancel stops the pull at once (between two chunks of a layer's download, or two
+    // reads of its extraction), and the template stays as it was.
+    .await;
     if let Err(e) = done {
         return Err(if build.cancelled() {
             BuildError::Cancelled

@@ -139,6 +139,10 @@ pub enum ImageError {
         /// What crossed it.
         detail: String,
     },
+    /// The pull or the extraction was cancelled (`PullOptions::cancel`,
+    /// [`crate::Unpacker::with_cancel`]); what was half downloaded is removed.
+    #[error("the pull was cancelled")]
+    Cancelled,
     /// A layer that is not a readable (compressed) tar stream.
     #[error("layer {layer} is corrupt: {message}")]
     CorruptLayer {

@@ -18,7 +18,8 @@
 //! its own, so it can be called from any thread, also one inside another runtime.
 
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -67,7 +68,13 @@ pub struct PullOptions {
     pub ca_certificates: Vec<PathBuf>,
     /// Limits on the image's size (each blob must fit within `max_bytes`).
     pub limits: Limits,
+    /// Set: stop at once, even in the middle of a blob's download
+    /// ([`ImageError::Cancelled`]; the partial blob is removed).
+    pub cancel: Option<Arc<AtomicBool>>,
 }
+
+/// How often a download that waits for bytes looks at its cancel flag.
+const CANCEL_POLL: Duration = Duration::from_millis(100);
 
 /// One layer of a pulled image.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +138,7 @@ pub fn pull(
         roots,
         insecure: options.insecure_registries.clone(),
         limits: options.limits,
+        cancel: options.cancel.clone(),
     };
     let (tx, rx) = mpsc::channel::<PullEvent>();
     std::thread::scope(|scope| {
@@ -249,9 +257,18 @@ struct Job {
     insecure: Vec<String>,
     /// Size bounds.
     limits: Limits,
+    /// `PullOptions::cancel`.
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Job {
+    fn check_cancel(&self) -> Result<()> {
+        match &self.cancel {
+            Some(c) if c.load(Ordering::Relaxed) => Err(ImageError::Cancelled),
+            _ => Ok(()),
+        }
+    }
+
     /// Pulls the manifest, the config and every missing layer.
     async fn run(
         self,
@@ -374,6 +391,7 @@ impl Job {
         progress: &mpsc::Sender<PullEvent>,
         what: &str,
     ) -> Result<PathBuf> {
+        self.check_cancel()?;
         if store.contains(digest) {
             let _ = progress.send(PullEvent::Line(format!(
                 "{what} {} already stored",
@@ -396,7 +414,16 @@ impl Job {
             .await
             .map_err(|e| self.registry_error(e))?;
         let mut writer = store.begin(digest, size)?;
-        while let Some(chunk) = stream.next().await {
+        loop {
+            // Dropping the writer on the way out removes the partial file.
+            self.check_cancel()?;
+            let next = match tokio::time::timeout(CANCEL_POLL, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => continue,
+            };
+            let Some(chunk) = next else {
+                break;
+            };
             let chunk = chunk.map_err(|e| self.stream_error(e, digest))?;
             writer.write(&chunk)?;
             if let Some(report) = throttle.advance(chunk.len() as u64) {

@@ -309,3 +309,103 @@ fn a_malicious_layer_from_the_registry_writes_nothing_outside() {
         "nothing written through the link"
     );
 }
+
+/// A TCP proxy of the test's own in front of `upstream` that passes what the client sends
+/// at once and what the server sends at about 320 KiB/s: a download that takes minutes.
+/// Its address (`127.0.0.1:port`, which the registry's certificate names too).
+fn slow_proxy(upstream: String) -> String {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(&upstream) else {
+                continue;
+            };
+            let (mut c_read, mut s_write) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_read, &mut s_write);
+            });
+            let (mut s_read, mut c_write) = (server, client);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 << 10];
+                loop {
+                    match s_read.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if c_write.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_cancel_stops_a_pull_in_the_middle_of_a_layer() {
+    let registry = Registry::start();
+    let layout = registry.dir.path().join("layout");
+    // 24 MiB that does not compress: at the proxy's pace, over a minute to download.
+    let mut data = vec![0u8; 24 << 20];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for chunk in data.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let layer = LayerBlob::plain(&tar(&[E::File("big.bin", &data, 0o644)]));
+    let digest = support::layers::sha256(&layer.blob);
+    let top = oci::image(&layout, "amd64", &[layer], json!({}));
+    oci::finish(&layout, "big", top);
+    let reference = registry.push(&layout, "big", "big", false, false);
+    let proxy = slow_proxy(registry.host.clone());
+    let through_proxy = reference.replacen(&registry.host, &proxy, 1);
+
+    let work = tempfile::tempdir().expect("tempdir");
+    let store = BlobStore::open(work.path().join("blobs")).expect("store");
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let opts = PullOptions {
+        cancel: Some(cancel.clone()),
+        ..options(&registry)
+    };
+    let mut downloaded = 0u64;
+    let mut asked = None;
+    let result = pull(&through_proxy, &store, &opts, &mut |event| {
+        if let PullEvent::Transfer(t) = event {
+            downloaded = t.current;
+            // Once a megabyte of the layer has come: cancel.
+            if t.total > 1 << 20 && t.current >= 1 << 20 && asked.is_none() {
+                cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                asked = Some(std::time::Instant::now());
+            }
+        }
+    });
+    let err = result.expect_err("the pull was cancelled");
+    assert!(matches!(err, ImageError::Cancelled), "{err}");
+    let asked = asked.expect("the layer's download was under way");
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(20),
+        "stopped long before the layer's end (took {:?})",
+        asked.elapsed()
+    );
+    assert!(
+        downloaded < (24 << 20),
+        "{downloaded} bytes: the layer was not finished"
+    );
+    assert!(!store.contains(&hutch_image::Digest::parse(&digest).expect("digest")));
+    assert_eq!(
+        fs::read_dir(store.dir().join("tmp")).expect("ls").count(),
+        0,
+        "no partial download left"
+    );
+}

@@ -413,3 +413,41 @@ fn stops_bombs_at_the_limits() {
     );
     s.assert_outside_untouched();
 }
+
+#[test]
+fn a_cancel_stops_an_extraction_in_the_middle_of_a_layer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let blob = dir.path().join("layer.tar");
+    let files: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("f{i}"), vec![7u8; 64 << 10]))
+        .collect();
+    let entries: Vec<E<'_>> = files.iter().map(|(n, d)| E::File(n, d, 0o644)).collect();
+    fs::write(&blob, tar(&entries)).expect("write the layer");
+    let rootfs = dir.path().join("rootfs");
+    fs::create_dir(&rootfs).expect("mkdir");
+    let root = RootDir::open(&rootfs).expect("root");
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut unpacker = Unpacker::new(&root, Limits::default()).with_cancel(Some(cancel.clone()));
+    let mut read = 0u64;
+    let result = unpacker.apply_reporting(
+        &Layer {
+            blob: &blob,
+            digest: "sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            compression: Compression::None,
+            diff_id: None,
+        },
+        &mut |n| {
+            read += n;
+            if read > 1 << 20 {
+                cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        },
+    );
+    let err = result.expect_err("the extraction was cancelled");
+    assert!(matches!(err, ImageError::Cancelled), "{err}");
+    let written = fs::read_dir(&rootfs).expect("ls").count();
+    assert!(
+        written > 0 && written < 200,
+        "stopped part of the way: {written} files"
+    );
+}

@@ -66,21 +66,22 @@ pub(crate) fn build(
         }
         None => {
             ctx.step(format!("pulling {}", source.reference))?;
-            hutch_image::pull(
-                &source.reference,
-                blobs,
-                &source.pull,
-                &mut |event| match event {
-                    PullEvent::Line(line) => ctx.output(line),
-                    PullEvent::Transfer(t) => ctx.transfer(t),
-                },
-            )
+            // A cancel of the build stops the pull even in the middle of a layer.
+            let pull = hutch_image::PullOptions {
+                cancel: ctx.options.cancel.clone(),
+                ..source.pull.clone()
+            };
+            hutch_image::pull(&source.reference, blobs, &pull, &mut |event| match event {
+                PullEvent::Line(line) => ctx.output(line),
+                PullEvent::Transfer(t) => ctx.transfer(t),
+            })
         }
     };
     let image = pulled.map_err(|e| in_step(ctx, e))?;
 
     let root = RootDir::open(rootfs).map_err(|e| in_step(ctx, e))?;
-    let mut unpacker = Unpacker::new(&root, source.pull.limits);
+    let mut unpacker =
+        Unpacker::new(&root, source.pull.limits).with_cancel(ctx.options.cancel.clone());
     let count = image.layers.len();
     for (i, layer) in image.layers.iter().enumerate() {
         ctx.step(format!(

@@ -32,6 +32,8 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
 
@@ -130,6 +132,8 @@ pub struct Unpacker<'a> {
     limits: Limits,
     /// Counts so far.
     summary: Summary,
+    /// Set: stop reading the layer ([`ImageError::Cancelled`]).
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl<'a> Unpacker<'a> {
@@ -139,7 +143,21 @@ impl<'a> Unpacker<'a> {
             root,
             limits,
             summary: Summary::default(),
+            cancel: None,
         }
+    }
+
+    /// The same, stopping in the middle of a layer once `cancel` is set (what was
+    /// written stays in the root, which the caller throws away).
+    pub fn with_cancel(mut self, cancel: Option<Arc<AtomicBool>>) -> Self {
+        self.cancel = cancel;
+        self
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
     /// What the layers applied so far did.
@@ -156,7 +174,11 @@ impl<'a> Unpacker<'a> {
     /// compressed bytes: how far the extraction is).
     pub fn apply_reporting(&mut self, layer: &Layer<'_>, read: &mut dyn FnMut(u64)) -> Result<()> {
         let file = File::open(layer.blob).at("opening layer blob", layer.blob)?;
-        let counted = CountingReader { inner: file, read };
+        let counted = CountingReader {
+            inner: file,
+            read,
+            cancel: self.cancel.clone(),
+        };
         let buffered = BufReader::with_capacity(1 << 16, counted);
         let decoded: Box<dyn Read + '_> = match layer.compression {
             Compression::None => Box::new(buffered),
@@ -182,6 +204,9 @@ impl<'a> Unpacker<'a> {
         let mut archive = tar::Archive::new(stream);
         let result = apply::LayerApply::new(self.root, layer, self.limits, &mut self.summary)
             .run(&mut archive);
+        if self.cancelled() {
+            return Err(ImageError::Cancelled);
+        }
         if over_cap.get() {
             return Err(ImageError::LimitExceeded {
                 layer: layer.digest.to_owned(),
@@ -231,10 +256,19 @@ fn corrupt(layer: &Layer<'_>, e: impl std::fmt::Display) -> ImageError {
 struct CountingReader<'r, R> {
     inner: R,
     read: &'r mut dyn FnMut(u64),
+    /// Set: every read fails (the layer's walk stops).
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl<R: Read> Read for CountingReader<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed))
+        {
+            return Err(io::Error::other("cancelled"));
+        }
         let n = self.inner.read(buf)?;
         (self.read)(n as u64);
         Ok(n)
