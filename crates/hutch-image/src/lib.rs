@@ -15,6 +15,7 @@
 mod auth;
 mod blobs;
 mod config;
+mod egress;
 mod error;
 mod local;
 mod progress;

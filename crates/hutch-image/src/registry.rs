@@ -36,6 +36,7 @@ use oci_client::{Client, Reference};
 use crate::auth::{self, Credentials};
 use crate::blobs::{BlobStore, Digest};
 use crate::config::{self, ImageConfig};
+use crate::egress::EgressGuard;
 use crate::error::{ImageError, IoContext, Result};
 use crate::progress::{PullEvent, Throttle, TransferAction};
 use crate::unpack::{Compression, Limits};
@@ -139,6 +140,9 @@ pub fn pull(
         insecure: options.insecure_registries.clone(),
         limits: options.limits,
         cancel: options.cancel.clone(),
+        // Every connection of a tenant's pull is checked when it is made (`egress.rs`);
+        // an operator's allow list is trusted as it is.
+        guarded: options.refuse_local_addresses && options.allowed_registries.is_none(),
     };
     let (tx, rx) = mpsc::channel::<PullEvent>();
     std::thread::scope(|scope| {
@@ -259,6 +263,8 @@ struct Job {
     limits: Limits,
     /// `PullOptions::cancel`.
     cancel: Option<Arc<AtomicBool>>,
+    /// Connect through an [`EgressGuard`].
+    guarded: bool,
 }
 
 impl Job {
@@ -282,14 +288,46 @@ impl Job {
         } else {
             ClientProtocol::HttpsExcept(self.insecure.clone())
         };
+        let guard = match self.guarded {
+            true => Some(
+                EgressGuard::start()
+                    .await
+                    .map_err(|e| ImageError::io("starting the pull's egress guard", "", e))?,
+            ),
+            false => None,
+        };
+        let proxy = guard.as_ref().map(EgressGuard::url);
         let client = Client::new(ClientConfig {
             protocol,
             extra_root_certificates: self.roots.clone(),
             platform_resolver: Some(Box::new(linux_amd64_resolver)),
             connect_timeout: Some(Duration::from_secs(30)),
             read_timeout: Some(Duration::from_secs(300)),
+            https_proxy: proxy.clone(),
+            http_proxy: proxy,
             ..ClientConfig::default()
         });
+        let pulled = self.pull_with(&client, store, progress).await;
+        match (pulled, guard.as_ref().and_then(EgressGuard::refusal)) {
+            (Err(_), Some(why)) => Err(ImageError::RegistryNotAllowed {
+                registry: self.registry.clone(),
+                reason: format!(
+                    "the pull was to connect to {why}: a tenant's pull never reaches those \
+                     (the registry, its token service and its redirects alike); an operator \
+                     allows a registry with --allowed-registry"
+                ),
+            }),
+            (pulled, _) => pulled,
+        }
+    }
+
+    /// The pull itself, with `client`.
+    async fn pull_with(
+        &self,
+        client: &Client,
+        store: &BlobStore,
+        progress: &mpsc::Sender<PullEvent>,
+    ) -> Result<PulledImage> {
         let (manifest, manifest_digest) = client
             .pull_image_manifest(&self.parsed, &self.auth)
             .await
@@ -311,7 +349,7 @@ impl Job {
         let config_size = self.checked_size(&manifest.config, MAX_CONFIG, "config")?;
         let config_path = self
             .fetch(
-                &client,
+                client,
                 store,
                 &manifest.config,
                 &config_digest,
@@ -346,7 +384,7 @@ impl Job {
             Digest::parse(&diff_id)?;
             let size = self.checked_size(layer, self.limits.max_bytes, "layer")?;
             let what = format!("layer {}/{count}", i + 1);
-            self.fetch(&client, store, layer, &digest, size, progress, &what)
+            self.fetch(client, store, layer, &digest, size, progress, &what)
                 .await?;
             layers.push(PulledLayer {
                 digest,
