@@ -101,6 +101,7 @@ impl Manager {
     /// record is written before anything of its sandbox on the host, and the host is read
     /// before the records.
     pub async fn remove_orphans(&self) {
+        let mut moved_away = false;
         for backend in self.backends.all() {
             let found = backend.host_sandbox_ids();
             if found.is_empty() {
@@ -147,6 +148,7 @@ impl Manager {
                 };
                 match removed {
                     Ok(()) => {
+                        moved_away |= moved;
                         self.metrics
                             .reconciled
                             .orphans
@@ -155,6 +157,41 @@ impl Manager {
                     Err(e) => tracing::error!(%id, error = %e, "removing an orphaned sandbox"),
                 }
             }
+        }
+        if moved_away {
+            self.release_moved_uid_slots().await;
+        }
+    }
+
+    /// Drop this server's uid slot claims that no record of its own holds any more: those
+    /// of sandboxes that moved to another node (their new node claims a slot of its own).
+    /// The claims lock is held while the records are read, as a create or a take-over
+    /// holds it from its claim to its record.
+    async fn release_moved_uid_slots(&self) {
+        let claims = match self.uid_slots.lock() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "releasing the uid slots of moved sandboxes");
+                return;
+            }
+        };
+        // This node's records, warm guests included (each holds a slot too).
+        let records = match (
+            self.store.all_sandboxes().await,
+            self.store.pooled_sandboxes().await,
+        ) {
+            (Ok(mut records), Ok(pooled)) => {
+                records.extend(pooled);
+                records
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "releasing the uid slots of moved sandboxes");
+                return;
+            }
+        };
+        let held: std::collections::BTreeSet<u32> = records.iter().map(|r| r.uid_slot).collect();
+        if let Err(e) = claims.reconcile(&held) {
+            tracing::error!(error = %e, "releasing the uid slots of moved sandboxes");
         }
     }
 

@@ -48,6 +48,22 @@ fn saved_state(c: &TestCluster, id: &str) -> Value {
     serde_json::from_str(v.trim()).unwrap_or(Value::Null)
 }
 
+/// How many host-wide uid slot claims (`/run/hutch/uid-slots/<N>`, each naming its
+/// server's state directory) belong to the server of `state_dir`.
+fn uid_slot_claims_of(state_dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir("/run/hutch/uid-slots") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| {
+            std::fs::read_to_string(e.path())
+                .is_ok_and(|owner| std::path::Path::new(owner.trim()) == state_dir)
+        })
+        .count()
+}
+
 async fn wait_saved(c: &TestCluster, id: &str) -> Value {
     eventually(&format!("{id}'s saved state recorded"), async || {
         !saved_state(c, id).is_null()
@@ -144,7 +160,8 @@ async fn a_drained_nodes_hibernated_sandbox_wakes_on_another_node_from_the_objec
         "no process started for it"
     );
 
-    // n1 lets go of both (they are other nodes' now): their files there go.
+    // n1 lets go of both (they are other nodes' now): their files there go, and so do
+    // the host-wide claims on their uid slots (the nodes they moved to claimed their own).
     for id in [&moved, &tampered] {
         let dirs = ["sandboxes", "layers"].map(|d| c.nodes[0].state_dir.join(d).join(id));
         eventually("n1 removed a moved sandbox's files", async || {
@@ -152,6 +169,12 @@ async fn a_drained_nodes_hibernated_sandbox_wakes_on_another_node_from_the_objec
         })
         .await;
     }
+    let n1_dir = std::fs::canonicalize(&c.nodes[0].state_dir).expect("n1's state dir");
+    eventually(
+        "n1 released the uid slots of the sandboxes that moved",
+        async || uid_slot_claims_of(&n1_dir) == 0,
+    )
+    .await;
     // A DELETE of the moved sandbox through any node deletes it.
     assert_eq!(c.nodes[1].kill(&moved).await, 204);
     assert_eq!(c.nodes[0].state(&moved).await, "");
