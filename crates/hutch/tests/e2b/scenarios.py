@@ -327,6 +327,9 @@ def code_interpreter():
         sb.remove_code_context(ctx)
         assert ctx.id not in [c.id for c in sb.list_code_contexts()]
         assert sb.run_code("console.log(6 * 7)", language="js").logs.stdout == ["42\n"]
+        # R (IRkernel in the code-interpreter template): its value is the main result.
+        assert sb.run_code("y <- 6 * 7", language="r").error is None
+        assert sb.run_code("y", language="r").text == "[1] 42"
 
 
 def refused():
