@@ -149,3 +149,53 @@ pub async fn run_series(
     ]);
     Ok((series, vec![]))
 }
+
+/// The first `run_code` after a `vm` create claimed from the warm pool (`warm`: a server
+/// with `--vm-warm 1`): `n` creates, each once the pool holds a guest again; the guest
+/// was restored from the template's bake with its kernel up, warmed and paused.
+pub async fn warm_pool_series(
+    warm: &BenchServer,
+    templates_dir: &Path,
+    n: usize,
+) -> anyhow::Result<(Vec<Summary>, Vec<Skipped>)> {
+    if n == 0 {
+        return Ok((vec![], vec![]));
+    }
+    if !templates_dir.join(TEMPLATE).join("template.json").exists() {
+        return Ok((
+            vec![],
+            vec![Skipped {
+                name: "vm_run_code_first_after_create_warm_pool".into(),
+                reason: format!("the {TEMPLATE} template is not built"),
+            }],
+        ));
+    }
+    // The first create asks for this template and shape; the pool fills after it.
+    let primer = create(warm, "vm").await?;
+    warm.kill(&primer).await?;
+    let (mut firsts, mut to_first) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let deadline = Instant::now() + std::time::Duration::from_secs(300);
+        while warm.metric("hutch_vm_warm_guests").await? < 1.0 {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the warm pool did not refill with a {TEMPLATE} guest"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let t0 = Instant::now();
+        let id = create(warm, "vm").await?;
+        let t1 = Instant::now();
+        run(warm, &id, json!({"code": "1+1"})).await?;
+        firsts.push(t1.elapsed().as_secs_f64() * 1000.0);
+        to_first.push(t0.elapsed().as_secs_f64() * 1000.0);
+        warm.kill(&id).await?;
+    }
+    Ok((
+        vec![
+            summarize("vm_run_code_first_after_create_warm_pool", "ms", &firsts),
+            summarize("vm_create_to_first_run_code_warm_pool", "ms", &to_first),
+        ],
+        vec![],
+    ))
+}

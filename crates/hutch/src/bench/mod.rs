@@ -421,6 +421,23 @@ async fn bench_code(
                     reason: format!("{e:#}"),
                 }),
             }
+            // From the warm pool: a second server that keeps one guest ready.
+            eprintln!("code interpreter on vm, from the warm pool…");
+            let pool =
+                server::BenchServer::start(templates_dir, &args.template, vm_dir, false, 1).await?;
+            let pooled = code::warm_pool_series(&pool, templates_dir, first).await;
+            pool.destroy_all().await;
+            pool.stop();
+            match pooled {
+                Ok((pool_series, pool_skipped)) => {
+                    series.extend(pool_series);
+                    skipped.extend(pool_skipped);
+                }
+                Err(e) => skipped.push(baselines::Skipped {
+                    name: "vm_run_code_first_after_create_warm_pool".into(),
+                    reason: format!("{e:#}"),
+                }),
+            }
         }
     }
     if r.is_err() {
