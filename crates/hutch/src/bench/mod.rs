@@ -16,6 +16,7 @@ mod network;
 mod server;
 mod stats;
 mod templates;
+mod templates_vm;
 mod tenants;
 mod vm;
 mod vm_lifecycle;
@@ -509,6 +510,17 @@ async fn bench_templates(
     .await;
     series.extend(image_series);
     skipped.extend(image_skipped);
+    if args.vm > 0 {
+        let (vm_series, vm_skipped) = templates_vm::run(
+            templates_dir,
+            &args.template,
+            vm_dir,
+            args.lifecycle.clamp(1, 5),
+        )
+        .await;
+        series.extend(vm_series);
+        skipped.extend(vm_skipped);
+    }
     for s in &series {
         println!("{}", row(s, templates::baseline(&s.name, &series)));
     }
@@ -711,6 +723,21 @@ async fn measure(
     .await;
     tmpl.extend(image_series);
     tmpl_skipped.extend(image_skipped);
+    if args.vm > 0 {
+        eprintln!(
+            "templates on vm (bake, warm pool) ×{}…",
+            args.lifecycle.clamp(1, 5)
+        );
+        let (vm_series, vm_skipped) = templates_vm::run(
+            templates_dir,
+            &args.template,
+            vm_dir,
+            args.lifecycle.clamp(1, 5),
+        )
+        .await;
+        tmpl.extend(vm_series);
+        tmpl_skipped.extend(vm_skipped);
+    }
 
     eprintln!("code interpreter ×{}…", args.code);
     let (code_series, code_skipped) =

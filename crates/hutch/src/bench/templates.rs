@@ -13,7 +13,7 @@ use super::server::BenchServer;
 use super::stats::{summarize, Summary};
 
 /// The template the series build.
-const NAME: &str = "bench-web";
+pub(super) const NAME: &str = "bench-web";
 
 /// Three RUN steps, a COPY, a start command with a ready check.
 const DOCKERFILE: &str = "FROM minimal
@@ -26,7 +26,7 @@ CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/srv\"]
 ";
 
 /// The build context as a tar stream.
-fn context_tar() -> anyhow::Result<Vec<u8>> {
+pub(super) fn context_tar() -> anyhow::Result<Vec<u8>> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("Dockerfile"), DOCKERFILE)?;
     std::fs::write(dir.path().join("app.txt"), "served\n")?;
@@ -39,7 +39,7 @@ fn context_tar() -> anyhow::Result<Vec<u8>> {
 }
 
 /// Start a build and wait for it to end; its duration in ms (from the POST).
-async fn build(srv: &BenchServer, tar: &[u8], no_cache: bool) -> anyhow::Result<f64> {
+pub(super) async fn build(srv: &BenchServer, tar: &[u8], no_cache: bool) -> anyhow::Result<f64> {
     let (url, key, http) = srv.endpoint();
     let t0 = Instant::now();
     let r = http
@@ -111,7 +111,12 @@ async fn create_to_exec(srv: &BenchServer, template: &str) -> anyhow::Result<f64
 pub fn baseline<'a>(name: &str, series: &'a [Summary]) -> Option<&'a Summary> {
     let base = match name {
         "template_build_cached" => "template_build_cold",
-        "ns_create_to_first_exec_start_command" => "ns_create_to_first_exec_plain",
+        "ns_create_to_first_exec_start_command" | "ns_first_create_new_template" => {
+            "ns_create_to_first_exec_plain"
+        }
+        "vm_create_to_ready_start_command_warm_pool" | "vm_first_create_new_template" => {
+            "vm_create_to_first_exec_plain_warm_pool"
+        }
         "image_build_unpack_only" | "image_build_cached" => "image_build_cold",
         _ => return None,
     };
@@ -135,8 +140,11 @@ pub async fn run(srv: &BenchServer, n: usize) -> (Vec<Summary>, Vec<Skipped>) {
 async fn measure(srv: &BenchServer, n: usize) -> anyhow::Result<Vec<Summary>> {
     let tar = context_tar()?;
     let mut cold = Vec::new();
+    let mut first_create = Vec::new();
     for _ in 0..n {
         cold.push(build(srv, &tar, true).await?);
+        // Each cold build makes a new revision: its first create.
+        first_create.push(create_to_exec(srv, NAME).await?);
     }
     let mut cached = Vec::new();
     for _ in 0..n {
@@ -152,6 +160,7 @@ async fn measure(srv: &BenchServer, n: usize) -> anyhow::Result<Vec<Summary>> {
     Ok(vec![
         summarize("template_build_cold", "ms", &cold),
         summarize("template_build_cached", "ms", &cached),
+        summarize("ns_first_create_new_template", "ms", &first_create),
         summarize("ns_create_to_first_exec_plain", "ms", &plain),
         summarize("ns_create_to_first_exec_start_command", "ms", &ready),
     ])
