@@ -17,6 +17,7 @@
 pub mod affinity;
 pub mod api;
 pub mod config;
+pub mod e2b;
 mod error;
 pub mod forward;
 pub mod handoff;

@@ -53,10 +53,11 @@ const FALLBACK_CPUS: f64 = 1.0;
 /// (and reserved under), which the sandbox is created with.
 pub const PLACED_ID: HeaderName = HeaderName::from_static("x-hutch-sandbox-id");
 
-/// `app` with cluster routing in front of it.
-pub fn layer(app: Router, cluster: Arc<Cluster>, state: AppState) -> Router {
+/// `app` with cluster routing in front of it; `e2b`, this node's E2B router, serves the
+/// E2B calls other nodes forward here (`e2b.rs`).
+pub fn layer(app: Router, cluster: Arc<Cluster>, state: AppState, e2b: Option<Router>) -> Router {
     app.layer(axum::middleware::from_fn_with_state(
-        (cluster, state),
+        (cluster, state, e2b),
         route,
     ))
 }
@@ -97,7 +98,7 @@ fn classify(method: &Method, path: &str) -> Target {
 }
 
 async fn route(
-    State((cluster, state)): State<(Arc<Cluster>, AppState)>,
+    State((cluster, state, e2b)): State<(Arc<Cluster>, AppState, Option<Router>)>,
     mut req: Request,
     next: Next,
 ) -> Response {
@@ -111,6 +112,25 @@ async fn route(
             .and_then(|v| v.to_str().ok()?.parse::<SandboxId>().ok());
         if let Some(id) = placed {
             req.extensions_mut().insert(PlacedSandboxId(id));
+        }
+        // A call of the E2B API another node forwarded: this node's E2B router serves it.
+        if req.headers_mut().remove(crate::e2b::E2B_FORWARD).is_some() {
+            return match e2b {
+                Some(e2b) => {
+                    req.extensions_mut().insert(crate::e2b::ServedForPeer);
+                    let mut response = tower::ServiceExt::oneshot(e2b, req)
+                        .await
+                        .unwrap_or_else(|e| match e {});
+                    if let Ok(node) = HeaderValue::from_str(cluster.node_id()) {
+                        response.headers_mut().entry(SERVED_BY).or_insert(node);
+                    }
+                    response
+                }
+                None => ApiError::not_found(
+                    "this node does not serve the E2B API (hutch serve --e2b-listen)",
+                )
+                .into_response(),
+            };
         }
         let take_over = req
             .headers_mut()
@@ -329,7 +349,7 @@ async fn create(
         // The local answer is the 403.
         return Ok(next.run(req).await);
     }
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let limit = state.json_body_limit();
     let body = axum::body::to_bytes(body, limit).await.map_err(|_| {
         ApiError::payload_too_large(format!("the request body is over {limit} bytes"))
@@ -342,15 +362,57 @@ async fn create(
     };
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let template = template_of(state, &json);
+    let place = Create {
+        caller: &caller,
+        tenant: tenant_record.as_ref(),
+        template: &template,
+        json: &json,
+        via: None,
+    };
+    place_create(cluster, state, place, parts, body, |r| next.run(r)).await
+}
+
+/// A create to place: who asks, for what, and how a node it is forwarded to serves it.
+pub(crate) struct Create<'a> {
+    pub caller: &'a hutch_server::auth::Caller,
+    pub tenant: Option<&'a hutch_core::tenant::settings::TenantRecord>,
+    /// The template (demand and affinity).
+    pub template: &'a str,
+    /// The create's body as Hutch's API reads it (`cpus`, `memory_mib`, `snapshot`,
+    /// `volumes`: demand and affinity).
+    pub json: &'a serde_json::Value,
+    /// A header a forwarded create carries (the E2B API's, `e2b.rs`).
+    pub via: Option<(HeaderName, HeaderValue)>,
+}
+
+/// Place a create and serve it with `here` or on the node chosen (one other node is
+/// tried when that one fails it); the reservation is released once it is answered.
+pub(crate) async fn place_create<F, Fut>(
+    cluster: &Cluster,
+    state: &AppState,
+    create: Create<'_>,
+    mut parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+    here: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
+    let store = state.manager.store();
+    let owner = create.caller.owner();
+    let tenant_record = create.tenant;
     let demand = demand_of(
         state,
-        &json,
-        &template,
-        tenant_record.as_ref().map(|t| &t.settings.defaults),
+        create.json,
+        create.template,
+        tenant_record.map(|t| &t.settings.defaults),
     );
-    let affinity = crate::affinity::of_create(cluster, state, &caller, &json, &template).await?;
+    let affinity =
+        crate::affinity::of_create(cluster, state, create.caller, create.json, create.template)
+            .await?;
 
-    let mut next = Some(next);
+    let mut next = Some(here);
     let mut exclude: Vec<String> = Vec::new();
     let mut last_error = None;
     for _attempt in 0..2 {
@@ -383,7 +445,7 @@ async fn create(
         let mut request = Request::from_parts(parts.clone(), Body::from(body.clone()));
         let answer = if placed.node == cluster.node_id() {
             match next.take() {
-                Some(next) => Ok(next.run(request).await),
+                Some(here) => Ok(here(request).await),
                 None => Err(ApiError::bad_gateway("this node already failed the create")),
             }
         } else {
@@ -393,6 +455,9 @@ async fn create(
             };
             if let Ok(v) = HeaderValue::from_str(sandbox.as_str()) {
                 request.headers_mut().insert(PLACED_ID, v);
+            }
+            if let Some((name, value)) = &create.via {
+                request.headers_mut().insert(name.clone(), value.clone());
             }
             forward(&peer, cluster.node_id(), cluster.secret(), request)
                 .await

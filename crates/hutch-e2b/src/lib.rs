@@ -36,6 +36,7 @@ use hutch_server::error::ApiError;
 use hutch_server::{AppState, Caller};
 use tower::ServiceExt;
 
+pub use crate::control::template_name;
 use crate::error::{E2bError, E2bResult};
 pub use crate::target::SandboxTarget;
 
@@ -48,6 +49,43 @@ pub const ENVD_VERSION: &str = "0.6.3";
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port.
 pub const INTERP_PORT: u16 = 49999;
+
+/// What a request is for, as a cluster routes it (`hutch-cluster`'s E2B routing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteTarget {
+    /// A create (`POST /sandboxes`, `/v2/sandboxes`): placed.
+    Create,
+    /// One sandbox: its data plane, a signed file URL of it, or a control-plane call on it
+    /// (`/sandboxes/{id}…`): served by the node that runs it.
+    Sandbox(SandboxId),
+    /// Anything else: any node answers (every node reads the same database).
+    Any,
+}
+
+/// Serve a request on this node.
+pub type ServeHere =
+    Box<dyn FnOnce(Request) -> futures_util::future::BoxFuture<'static, Response> + Send>;
+
+/// How a cluster routes the adapter's requests: [`ClusterRoute::route`] serves the request
+/// with `here`, or forwards it to the node that should serve it.
+pub trait ClusterRoute: Send + Sync {
+    /// Route `request`, which is for `target`.
+    fn route(
+        &self,
+        target: RouteTarget,
+        request: Request,
+        here: ServeHere,
+    ) -> futures_util::future::BoxFuture<'static, Response>;
+}
+
+/// The sandbox a control-plane path names (`/sandboxes/{id}…`, `/v2/sandboxes/{id}…`), if
+/// any.
+fn control_sandbox(path: &str) -> Option<SandboxId> {
+    let rest = path
+        .strip_prefix("/v2/sandboxes/")
+        .or_else(|| path.strip_prefix("/sandboxes/"))?;
+    rest.split('/').next()?.parse().ok()
+}
 
 /// How the adapter is reached.
 #[derive(Debug, Clone)]
@@ -133,6 +171,16 @@ where
 
 /// The adapter's whole router.
 pub fn router(app: AppState, cfg: E2bConfig) -> Router {
+    router_routed(app, cfg, None)
+}
+
+/// [`router`], each request first routed by `cluster` (when given) to the node that serves
+/// it.
+pub fn router_routed(
+    app: AppState,
+    cfg: E2bConfig,
+    cluster: Option<Arc<dyn ClusterRoute>>,
+) -> Router {
     let state = E2bState {
         app,
         cfg: Arc::new(cfg),
@@ -141,28 +189,59 @@ pub fn router(app: AppState, cfg: E2bConfig) -> Router {
     let control = control::router().with_state(state.clone());
     let envd = envd::router(state.clone()).with_state(state.clone());
     let interp = interp::router(state.clone()).with_state(state.clone());
-    let dispatch = tower::service_fn(move |mut request: Request| {
-        let (state, control, envd, interp) =
-            (state.clone(), control.clone(), envd.clone(), interp.clone());
+    let dispatch = tower::service_fn(move |request: Request| {
+        let (state, control, envd, interp, cluster) = (
+            state.clone(),
+            control.clone(),
+            envd.clone(),
+            interp.clone(),
+            cluster.clone(),
+        );
         async move {
             let target = match target::of_request(&state, &request) {
                 Ok(t) => t,
                 Err(e) => return Ok::<Response, Infallible>(e.into_response()),
             };
             let target = match target {
-                Some(t) => t,
-                None => match target::signed_file_url(&state, &request.uri().clone()).await {
-                    Some(t) => t,
-                    None => return control.oneshot(request).await,
-                },
+                Some(t) => Some(t),
+                None => target::signed_file_url(&state, &request.uri().clone()).await,
             };
-            let port = target.port;
-            request.extensions_mut().insert(target);
-            match port {
-                ENVD_PORT => envd.oneshot(request).await,
-                INTERP_PORT => interp.oneshot(request).await,
-                _ => Ok(target::proxy_port(&state, request).await),
-            }
+            let routed = target.as_ref().map(|t| t.id.clone());
+            let here: ServeHere = Box::new(move |mut request: Request| {
+                Box::pin(async move {
+                    let Some(target) = target else {
+                        return control
+                            .oneshot(request)
+                            .await
+                            .unwrap_or_else(|e| match e {});
+                    };
+                    let port = target.port;
+                    request.extensions_mut().insert(target);
+                    let served = match port {
+                        ENVD_PORT => envd.oneshot(request).await,
+                        INTERP_PORT => interp.oneshot(request).await,
+                        _ => Ok(target::proxy_port(&state, request).await),
+                    };
+                    served.unwrap_or_else(|e| match e {})
+                })
+            });
+            let Some(cluster) = cluster else {
+                return Ok(here(request).await);
+            };
+            let route = match routed {
+                Some(id) => RouteTarget::Sandbox(id),
+                None => {
+                    let path = request.uri().path();
+                    let creates = request.method() == axum::http::Method::POST
+                        && matches!(path, "/sandboxes" | "/v2/sandboxes");
+                    match (creates, control_sandbox(path)) {
+                        (true, _) => RouteTarget::Create,
+                        (false, Some(id)) => RouteTarget::Sandbox(id),
+                        (false, None) => RouteTarget::Any,
+                    }
+                }
+            };
+            Ok(cluster.route(route, request, here).await)
         }
     });
     Router::new()

@@ -625,19 +625,28 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
         )));
     }
     let mut e2b_server = None;
+    let mut e2b_router = None;
     let (e2b_tx, e2b_rx) = tokio::sync::oneshot::channel::<()>();
     if let Some(e2b_addr) = args.e2b_listen {
         let e2b_listener = tokio::net::TcpListener::bind(e2b_addr)
             .await
             .with_context(|| format!("listening on {e2b_addr} for the E2B API"))?;
         let bound = e2b_listener.local_addr()?;
-        let e2b = hutch_e2b::router(
+        // In a cluster, any node's E2B listener answers for every sandbox (`hutch-cluster`'s
+        // `e2b.rs`): creates are placed, calls on a sandbox go to its node.
+        let routing = cluster.as_ref().map(|c| {
+            hutch_cluster::e2b::E2bRouting::new(c.clone(), state.clone())
+                as std::sync::Arc<dyn hutch_e2b::ClusterRoute>
+        });
+        let e2b = hutch_e2b::router_routed(
             state.clone(),
             hutch_e2b::E2bConfig {
                 domain: args.e2b_domain.to_ascii_lowercase(),
                 port: bound.port(),
             },
+            routing,
         );
+        e2b_router = Some(e2b.clone());
         // Printed before the API line: tools that wait for that line have both.
         println!("hutch E2B API on {scheme}://{bound}");
         // The E2B SDKs speak HTTP/1.1 to plaintext URLs and HTTP/2 by ALPN under TLS; other
@@ -664,7 +673,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             println!("hutch node {} in the cluster", cluster.node_id());
             let app = hutch_server::app(state.clone())
                 .merge(hutch_cluster::api::router(cluster.clone(), state.clone()));
-            hutch_cluster::routing::layer(app, cluster, state)
+            hutch_cluster::routing::layer(app, cluster, state, e2b_router)
         }
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -20,7 +20,7 @@ use axum::Router;
 use crate::E2bState;
 
 pub use observe::sample;
-pub use sandboxes::form_pairs;
+pub use sandboxes::{form_pairs, template_name};
 pub use templates::E2bBuilds;
 
 /// The control plane's routes.

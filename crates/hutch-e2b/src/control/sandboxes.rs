@@ -62,6 +62,7 @@ pub async fn sandbox_of(
 pub async fn create(
     State(state): State<E2bState>,
     headers: HeaderMap,
+    placed: Option<axum::Extension<hutch_server::PlacedSandboxId>>,
     body: axum::body::Bytes,
 ) -> E2bResult<Response> {
     let caller = state.caller(&headers).await?;
@@ -134,10 +135,21 @@ pub async fn create(
         volumes,
         created_by: Some(caller.key.id.clone()),
         max_cost_micros: None,
-        id: None,
+        // In a cluster, the id placement chose (and reserved under).
+        id: placed.map(|axum::Extension(p)| p.0),
     };
     let view = state.app.manager.create(cmd).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::of(&state, &view))).into_response())
+}
+
+/// The Hutch template name E2B's `templateID` `asked` stands for (an alias resolved, a
+/// `:tag` dropped): what a cluster places a create by.
+pub fn template_name(asked: &str) -> &str {
+    let name = asked.split_once(':').map_or(asked, |(n, _)| n);
+    TEMPLATE_ALIASES
+        .iter()
+        .find(|(alias, _)| *alias == name)
+        .map_or(name, |(_, hutch)| hutch)
 }
 
 /// What E2B's `templateID` names: a Hutch template (possibly by an E2B alias, with a
@@ -147,11 +159,7 @@ async fn resolve_template(
     caller: &Caller,
     asked: &str,
 ) -> E2bResult<(Option<String>, Option<String>)> {
-    let name = asked.split_once(':').map_or(asked, |(n, _)| n);
-    let name = TEMPLATE_ALIASES
-        .iter()
-        .find(|(alias, _)| *alias == name)
-        .map_or(name, |(_, hutch)| hutch);
+    let name = template_name(asked);
     if state.app.manager.templates().get(name).is_some() {
         return Ok((Some(name.to_string()), None));
     }

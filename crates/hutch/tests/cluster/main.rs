@@ -3,6 +3,7 @@
 //! (`docs/cluster.md`). Heartbeats are 300 ms and leases 2.5 s so that failures are seen
 //! within seconds.
 
+mod e2b;
 mod failures;
 mod handoff;
 mod placement;

@@ -605,6 +605,31 @@ def basics():
     assert not sb.is_running()
 
 
+def cluster_create():
+    """Through one node of a cluster: a sandbox that lands on another (the test checks),
+    used through the data plane and left running; its id on stdout."""
+    sb = Sandbox.create(template="base", timeout=300, metadata={"scenario": "cluster"})
+    r = sb.commands.run("echo hi from $(hostname)")
+    assert r.exit_code == 0 and r.stdout.startswith("hi from "), r
+    sb.files.write("/tmp/cluster.txt", "written through another node")
+    assert sb.files.read("/tmp/cluster.txt") == "written through another node"
+    assert sb.get_info().metadata == {"scenario": "cluster"}
+    sb.set_timeout(240)
+    ids = [s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"scenario": "cluster"})).next_items()]
+    assert sb.sandbox_id in ids, ids
+    print("SANDBOX", sb.sandbox_id)
+
+
+def cluster_finish():
+    """Through a third node: connect to the sandbox `cluster_create` made, read its file,
+    run a command, and kill it."""
+    sb = Sandbox.connect(os.environ["SANDBOX_ID"])
+    assert sb.files.read("/tmp/cluster.txt") == "written through another node"
+    assert sb.commands.run("cat /tmp/cluster.txt").stdout == "written through another node"
+    sb.kill()
+    assert not sb.is_running()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print("ok")
