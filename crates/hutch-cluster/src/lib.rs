@@ -24,6 +24,7 @@ pub mod handoff;
 pub mod membership;
 pub mod owners;
 pub mod placement;
+pub mod preview;
 pub mod reaper;
 pub mod routing;
 mod takeover;

@@ -53,11 +53,20 @@ const FALLBACK_CPUS: f64 = 1.0;
 /// (and reserved under), which the sandbox is created with.
 pub const PLACED_ID: HeaderName = HeaderName::from_static("x-hutch-sandbox-id");
 
-/// `app` with cluster routing in front of it; `e2b`, this node's E2B router, serves the
-/// E2B calls other nodes forward here (`e2b.rs`).
-pub fn layer(app: Router, cluster: Arc<Cluster>, state: AppState, e2b: Option<Router>) -> Router {
+/// The node's other listeners, which serve the calls other nodes forward here for them.
+#[derive(Clone, Default)]
+pub struct Listeners {
+    /// This node's E2B router (`e2b.rs`).
+    pub e2b: Option<Router>,
+    /// This node's preview origin, without its routing (`preview.rs`).
+    pub preview: Option<Router>,
+}
+
+/// `app` with cluster routing in front of it; `listeners` serve the E2B and preview calls
+/// other nodes forward here.
+pub fn layer(app: Router, cluster: Arc<Cluster>, state: AppState, listeners: Listeners) -> Router {
     app.layer(axum::middleware::from_fn_with_state(
-        (cluster, state, e2b),
+        (cluster, state, listeners),
         route,
     ))
 }
@@ -98,7 +107,7 @@ fn classify(method: &Method, path: &str) -> Target {
 }
 
 async fn route(
-    State((cluster, state, e2b)): State<(Arc<Cluster>, AppState, Option<Router>)>,
+    State((cluster, state, listeners)): State<(Arc<Cluster>, AppState, Listeners)>,
     mut req: Request,
     next: Next,
 ) -> Response {
@@ -113,24 +122,33 @@ async fn route(
         if let Some(id) = placed {
             req.extensions_mut().insert(PlacedSandboxId(id));
         }
-        // A call of the E2B API another node forwarded: this node's E2B router serves it.
-        if req.headers_mut().remove(crate::e2b::E2B_FORWARD).is_some() {
-            return match e2b {
-                Some(e2b) => {
-                    req.extensions_mut().insert(crate::e2b::ServedForPeer);
-                    let mut response = tower::ServiceExt::oneshot(e2b, req)
-                        .await
-                        .unwrap_or_else(|e| match e {});
-                    if let Ok(node) = HeaderValue::from_str(cluster.node_id()) {
-                        response.headers_mut().entry(SERVED_BY).or_insert(node);
-                    }
-                    response
-                }
-                None => ApiError::not_found(
-                    "this node does not serve the E2B API (hutch serve --e2b-listen)",
+        // A call another node forwarded for one of this node's other listeners.
+        let e2b = req.headers_mut().remove(crate::e2b::E2B_FORWARD).is_some();
+        let preview = req
+            .headers_mut()
+            .remove(crate::preview::PREVIEW_FORWARD)
+            .is_some();
+        if e2b || preview {
+            let (router, what) = if e2b {
+                req.extensions_mut().insert(crate::e2b::ServedForPeer);
+                (listeners.e2b, "the E2B API (hutch serve --e2b-listen)")
+            } else {
+                (
+                    listeners.preview,
+                    "a preview origin (hutch serve --preview-listen)",
                 )
-                .into_response(),
             };
+            let Some(router) = router else {
+                return ApiError::not_found(format!("this node does not serve {what}"))
+                    .into_response();
+            };
+            let mut response = tower::ServiceExt::oneshot(router, req)
+                .await
+                .unwrap_or_else(|e| match e {});
+            if let Ok(node) = HeaderValue::from_str(cluster.node_id()) {
+                response.headers_mut().entry(SERVED_BY).or_insert(node);
+            }
+            return response;
         }
         let take_over = req
             .headers_mut()

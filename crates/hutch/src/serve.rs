@@ -588,6 +588,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     limits.header_timeout = Duration::from_secs(args.header_timeout_secs.max(1));
     limits.idle_timeout = Duration::from_secs(args.idle_timeout_secs.max(1));
     let mut preview_server = None;
+    let mut preview_router = None;
     let (preview_tx, preview_rx) = tokio::sync::oneshot::channel::<()>();
     if let Some(preview_addr) = args.preview_listen.address(args.listen) {
         check_preview_domain(&args.preview_domain)?;
@@ -612,6 +613,17 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             bound.port()
         );
         let preview = hutch_server::preview_app(state.clone());
+        preview_router = Some(preview.clone());
+        // In a cluster, any node's preview origin answers for every sandbox.
+        let preview = match &cluster {
+            Some(c) => hutch_cluster::preview::layer(
+                preview,
+                c.clone(),
+                state.clone(),
+                args.preview_domain.to_ascii_lowercase(),
+            ),
+            None => preview,
+        };
         // The same connection cap and timeouts as the API's (counted apart).
         preview_server = Some(tokio::spawn(hutch_server::serve::serve(
             preview_listener,
@@ -673,7 +685,11 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             println!("hutch node {} in the cluster", cluster.node_id());
             let app = hutch_server::app(state.clone())
                 .merge(hutch_cluster::api::router(cluster.clone(), state.clone()));
-            hutch_cluster::routing::layer(app, cluster, state, e2b_router)
+            let listeners = hutch_cluster::routing::Listeners {
+                e2b: e2b_router,
+                preview: preview_router,
+            };
+            hutch_cluster::routing::layer(app, cluster, state, listeners)
         }
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

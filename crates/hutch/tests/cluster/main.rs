@@ -93,6 +93,12 @@ impl TestCluster {
         env.push(("HUTCH_NODE_SECRET", NODE_SECRET));
         for (i, cap) in capacities.iter().enumerate() {
             let mut args = node_args(&db_url, &format!("n{}", i + 1), free_port(), *cap);
+            if extra.contains(&"--preview-listen") {
+                // The test's own preview listener instead of none.
+                if let Some(at) = args.iter().position(|a| a == "--preview-listen") {
+                    args.drain(at..at + 2);
+                }
+            }
             args.extend(extra.iter().map(|s| s.to_string()));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             nodes.push(TestServer::start_with_env(&args, &env).await);

@@ -218,3 +218,76 @@ async fn a_call_with_a_forged_node_token_is_routed_like_any_other_and_a_bad_key_
     assert_eq!(resp.status(), 401);
     assert_eq!(resp.headers()["x-hutch-node"], "n2");
 }
+
+#[tokio::test]
+async fn the_preview_origin_of_a_node_that_does_not_own_the_sandbox_serves_it() {
+    let c = TestCluster::start_with(&[4, 0, 0], &["--preview-listen", "127.0.0.1:0"], &[]).await;
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let id = n2.create_id(json!({})).await;
+    assert_eq!(c.owner(&id), "n1");
+    n1.put_file(
+        &id,
+        "/srv/index.html",
+        "0644",
+        b"served through n2\n".to_vec(),
+    )
+    .await;
+    n1.start_background(&id, json!(["httpd", "-f", "-p", "8080", "-h", "/srv"]))
+        .await;
+    n1.wait_for_port(&id, 8080).await;
+    // A link made through n2 (by n1, which owns the sandbox), opened on n2's preview origin.
+    let (status, v) = n2
+        .request(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/port-tokens"),
+            Some(json!({"port": 8080})),
+        )
+        .await;
+    assert_eq!(status, 201, "{v}");
+    let link = v["token"].as_str().expect("token").to_string();
+    let preview = n2.preview_url.clone().expect("n2's preview origin");
+    let addr: std::net::SocketAddr = preview
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let host = format!("8080-{id}.localhost");
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .resolve(&host, addr)
+        .build()
+        .expect("client");
+    let origin = format!("http://{host}:{}", addr.port());
+    let resp = browser
+        .get(format!("{origin}/index.html?hutch_token={link}"))
+        .send()
+        .await
+        .expect("open the link");
+    assert_eq!(
+        resp.status().as_u16(),
+        303,
+        "the link is exchanged for a session"
+    );
+    assert_eq!(resp.headers()["x-hutch-node"], "n1");
+    let cookie = resp.headers()["set-cookie"]
+        .to_str()
+        .expect("ascii")
+        .split(';')
+        .next()
+        .expect("a cookie")
+        .to_string();
+    let resp = browser
+        .get(format!("{origin}/index.html"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.text().await.expect("body"), "served through n2\n");
+    // Without a credential it is refused as on a single server.
+    let resp = browser
+        .get(format!("{origin}/index.html"))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status().as_u16(), 401);
+}
