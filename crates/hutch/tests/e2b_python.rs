@@ -4,9 +4,10 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use hutch_testkit::{ensure_template, repo_root, skip_without_vm, TestCa, TestServer};
+use hutch_testkit::{
+    e2b_python, e2b_scenario, ensure_template, skip_without_vm, TestCa, TestServer,
+};
 use serde_json::json;
 
 /// Run scenario `name` with the SDK pointed at `server`'s E2B listener, as a user would
@@ -17,7 +18,7 @@ fn scenario(server: &TestServer, name: &str) {
 
 /// The Python with the SDKs (`HUTCH_TEST_PYTHON`, from scripts/venv.sh).
 fn test_python() -> PathBuf {
-    PathBuf::from(std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into()))
+    e2b_python()
 }
 
 /// [`scenario`] with the SDK of the Python at `python`.
@@ -32,27 +33,7 @@ fn scenario_env(server: &TestServer, name: &str, python: &Path, env: &[(&str, &O
         .e2b_url
         .as_deref()
         .expect("the server was started with --e2b-listen");
-    let script = repo_root().join("crates/hutch/tests/e2b/scenarios.py");
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(name)
-        .env("E2B_API_URL", url)
-        .env("E2B_SANDBOX_URL", url)
-        .env("E2B_API_KEY", &server.key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run python (HUTCH_TEST_PYTHON from scripts/venv.sh, with e2b installed)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("ok"),
-        "scenario {name} failed:\n{text}"
-    );
+    e2b_scenario(python, url, &server.key, name, env);
 }
 
 async fn server() -> TestServer {

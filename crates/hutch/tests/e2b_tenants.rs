@@ -2,9 +2,7 @@
 //! one tenant (the form its older versions check), and that tenant's key, or a read-only
 //! one, aimed at another tenant's sandbox through the E2B control plane gets 404 and 403.
 
-use std::process::Command;
-
-use hutch_testkit::{ensure_template, repo_root, TestServer};
+use hutch_testkit::{ensure_template, TestServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -52,26 +50,8 @@ async fn the_e2b_api_keeps_tenants_apart_and_takes_e2b_format_keys() {
     let b = key(&s, "team-b", json!({"scope": "full"})).await;
     let reader = key(&s, "team-a", json!({"scope": "read-only"})).await;
     // E2B's own SDK, unmodified, with the tenant's e2b_ key.
-    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
     let url = s.e2b_url.clone().expect("--e2b-listen");
-    let out = Command::new(python)
-        .arg(repo_root().join("crates/hutch/tests/e2b/scenarios.py"))
-        .arg("basics")
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", &a)
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .expect("run python (HUTCH_TEST_PYTHON from scripts/venv.sh, with e2b installed)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("ok"),
-        "basics with an e2b_ key:\n{text}"
-    );
+    hutch_testkit::e2b_scenario(&hutch_testkit::e2b_python(), &url, &a, "basics", &[]);
     // A's sandbox, made through the E2B API, is the tenant's.
     let (status, v) = e2b(
         &s,

@@ -491,6 +491,24 @@ async fn bench_e2b(
     Ok(())
 }
 
+/// The template series on `vm` (with `--vm`), added to `series` and `skipped`.
+async fn templates_vm_series(
+    args: &BenchArgs,
+    templates_dir: &std::path::Path,
+    vm_dir: &std::path::Path,
+    series: &mut Vec<Summary>,
+    skipped: &mut Vec<baselines::Skipped>,
+) {
+    if args.vm == 0 {
+        return;
+    }
+    let n = args.lifecycle.clamp(1, 5);
+    eprintln!("templates on vm (bake, warm pool) ×{n}…");
+    let (vm_series, vm_skipped) = templates_vm::run(templates_dir, &args.template, vm_dir, n).await;
+    series.extend(vm_series);
+    skipped.extend(vm_skipped);
+}
+
 /// `hutch bench templates`: only that section, on its own server.
 async fn bench_templates(
     args: &BenchArgs,
@@ -510,17 +528,7 @@ async fn bench_templates(
     .await;
     series.extend(image_series);
     skipped.extend(image_skipped);
-    if args.vm > 0 {
-        let (vm_series, vm_skipped) = templates_vm::run(
-            templates_dir,
-            &args.template,
-            vm_dir,
-            args.lifecycle.clamp(1, 5),
-        )
-        .await;
-        series.extend(vm_series);
-        skipped.extend(vm_skipped);
-    }
+    templates_vm_series(args, templates_dir, vm_dir, &mut series, &mut skipped).await;
     for s in &series {
         println!("{}", row(s, templates::baseline(&s.name, &series)));
     }
@@ -723,21 +731,7 @@ async fn measure(
     .await;
     tmpl.extend(image_series);
     tmpl_skipped.extend(image_skipped);
-    if args.vm > 0 {
-        eprintln!(
-            "templates on vm (bake, warm pool) ×{}…",
-            args.lifecycle.clamp(1, 5)
-        );
-        let (vm_series, vm_skipped) = templates_vm::run(
-            templates_dir,
-            &args.template,
-            vm_dir,
-            args.lifecycle.clamp(1, 5),
-        )
-        .await;
-        tmpl.extend(vm_series);
-        tmpl_skipped.extend(vm_skipped);
-    }
+    templates_vm_series(args, templates_dir, vm_dir, &mut tmpl, &mut tmpl_skipped).await;
 
     eprintln!("code interpreter ×{}…", args.code);
     let (code_series, code_skipped) =

@@ -3,9 +3,7 @@
 //! timeout, listing) through the first node, and a third node connects to it, reads its
 //! files and kills it.
 
-use std::process::Command;
-
-use hutch_testkit::{ensure_template, repo_root, TestServer};
+use hutch_testkit::{e2b_python, e2b_scenario, ensure_template, TestServer};
 
 use crate::TestCluster;
 
@@ -13,28 +11,11 @@ use crate::TestCluster;
 /// output.
 fn scenario(node: &TestServer, name: &str, env: &[(&str, &str)]) -> String {
     let url = node.e2b_url.as_deref().expect("started with --e2b-listen");
-    let python = std::env::var_os("HUTCH_TEST_PYTHON").unwrap_or_else(|| "python3".into());
-    let out = Command::new(python)
-        .arg(repo_root().join("crates/hutch/tests/e2b/scenarios.py"))
-        .arg(name)
-        .env("E2B_API_URL", url)
-        .env("E2B_SANDBOX_URL", url)
-        .env("E2B_API_KEY", &node.key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run python (HUTCH_TEST_PYTHON from scripts/venv.sh, with e2b installed)");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("ok"),
-        "scenario {name} failed:\n{text}"
-    );
-    text
+    let env: Vec<(&str, &std::ffi::OsStr)> = env
+        .iter()
+        .map(|(k, v)| (*k, std::ffi::OsStr::new(*v)))
+        .collect();
+    e2b_scenario(&e2b_python(), url, &node.key, name, &env)
 }
 
 #[tokio::test]
