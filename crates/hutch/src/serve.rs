@@ -342,10 +342,8 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
         (NetworkMode::On, BuildEgress::Deny) => Egress::Deny,
         (NetworkMode::On, BuildEgress::Allow) => Egress::Allow,
     };
-    // A build sandbox's disk fits the ns disk pool (half of it: builds share it).
-    if let Some(gib) = args.ns_disk_pool_gib.filter(|g| *g > 0) {
-        settings.disk_mib = settings.disk_mib.min((gib << 10) / 2).max(64);
-    }
+    // A build sandbox's disk is fitted to the ns disk pool by the manager, whatever made
+    // the pool's size (this flag, or the free space when it was made).
     settings
 }
 

@@ -311,3 +311,15 @@ async fn a_tenants_step_cache_is_never_another_tenants() {
         nonce(format!("cache-a2-{pid}")).await
     );
 }
+
+#[tokio::test]
+async fn a_build_fits_its_sandboxes_to_a_disk_pool_smaller_than_its_setting() {
+    // A 1 GiB ns disk pool (as on a small or nearly full disk, where the pool gets half the
+    // free space), well under the build sandboxes' 8 GiB: builds still run.
+    let s = TestServer::start_with(&["--ns-disk-pool-gib", "1"]).await;
+    let name = format!("small-pool-{}", std::process::id());
+    let built = build(&s, &name, "FROM minimal\nRUN echo ok > /ok\n").await;
+    succeeded(&built);
+    let id = s.create_id(json!({"template": name})).await;
+    assert_eq!(s.sh_ok(&id, "cat /ok").await, "ok\n");
+}

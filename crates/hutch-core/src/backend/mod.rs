@@ -163,6 +163,11 @@ pub trait Backend: Send + Sync {
     async fn admit(&self, _record: &SandboxRecord) -> CoreResult<()> {
         Ok(())
     }
+    /// The largest `disk_mib` [`Backend::admit`] takes (`ns`: its disk pool's size), when
+    /// there is one.
+    async fn max_disk_mib(&self) -> CoreResult<Option<u64>> {
+        Ok(None)
+    }
     /// Build and start the sandbox described by `record` from the template root `rootfs`.
     async fn create(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
     /// Kill everything and release every host resource; idempotent.

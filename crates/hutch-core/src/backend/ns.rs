@@ -607,6 +607,15 @@ impl Backend for NsBackend {
         }
     }
 
+    async fn max_disk_mib(&self) -> CoreResult<Option<u64>> {
+        let jails = self.jails.clone();
+        let quota = blocking(move || Ok(jails.disk_quota())).await?;
+        Ok(match quota {
+            DiskQuota::Enforced { pool_mib } => Some(pool_mib),
+            _ => None,
+        })
+    }
+
     async fn admit(&self, r: &SandboxRecord) -> CoreResult<()> {
         // Sets the pool up on the first ns create (may run mkfs.btrfs).
         let quota = self.run(r, |jails, _| Ok(jails.disk_quota())).await?;

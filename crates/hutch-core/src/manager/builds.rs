@@ -16,8 +16,15 @@ impl Manager {
     /// name a build cache snapshot.
     pub async fn create_build_sandbox(
         self: &Arc<Self>,
-        cmd: CreateSandbox,
+        mut cmd: CreateSandbox,
     ) -> CoreResult<SandboxView> {
+        // A build's disk is at most half the ns disk pool (builds share it with the
+        // sandboxes), whatever made the pool's size: one smaller than the build setting,
+        // made on a small or full disk, would refuse every build otherwise.
+        if let Some(pool_mib) = self.backend(Isolation::Ns)?.max_disk_mib().await? {
+            let most = (pool_mib / 2).max(64).min(pool_mib);
+            cmd.disk_mib = cmd.disk_mib.map(|d| d.min(most));
+        }
         self.create_sandbox_as(cmd, None, true).await
     }
 
