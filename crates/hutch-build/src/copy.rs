@@ -6,30 +6,31 @@ use std::io::Read;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use hutch_core::ids::SandboxId;
-use hutch_dockerfile::{Context, ContextEntry, CopyFrom, CopyStep, DockerIgnore, EntryKind, Step};
+use hutch_dockerfile::{Context, ContextEntry, CopyStep, DockerIgnore, EntryKind};
 use hutch_proto::client::AgentClient;
 
 use crate::builds::{Build, BuildRequest, Builder};
 use crate::engine::{blocking, Sources, StageState};
 use crate::error::BuildError;
 use crate::log::LogStream;
+use crate::mounts::StepFiles;
 
 /// Run a `COPY` or `ADD` step.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn copy(
-    builder: &Arc<Builder>,
-    build: &Arc<Build>,
-    n: usize,
-    step: &Step,
+    files: &StepFiles<'_>,
     copy: &CopyStep,
-    _id: &SandboxId,
     client: &AgentClient,
-    ctx: &Arc<Context>,
-    ignore: &Arc<DockerIgnore>,
-    states: &Sources,
-    request: &BuildRequest,
 ) -> Result<(), BuildError> {
+    let StepFiles {
+        builder,
+        build,
+        n,
+        step,
+        ctx,
+        ignore,
+        states,
+        request,
+    } = *files;
     let owner = match &copy.chown {
         Some(spec) => Some(resolve_owner(client, spec, &step.config).await?),
         None => None,
@@ -45,17 +46,8 @@ pub(crate) async fn copy(
             }
             copy_context(build, n, copy, client, ctx, ignore, owner).await
         }
-        Some(CopyFrom::Stage { index }) => {
-            let state = states
-                .stages
-                .get(index)
-                .ok_or_else(|| BuildError::StepFailed(format!("stage {index} was not built")))?;
-            copy_from_stage(builder, build, n, copy, client, state, request, owner).await
-        }
-        Some(CopyFrom::Image { reference }) => {
-            let state = states.images.get(reference).ok_or_else(|| {
-                BuildError::StepFailed(format!("the image {reference} was not pulled"))
-            })?;
+        Some(from) => {
+            let state = states.of(from)?;
             copy_from_stage(builder, build, n, copy, client, state, request, owner).await
         }
     }
@@ -410,24 +402,8 @@ async fn chown_tree(
     uid: u32,
     gid: u32,
 ) -> Result<(), BuildError> {
-    let request = crate::engine::tool_exec(
-        vec![
-            "chown".into(),
-            "-R".into(),
-            format!("{uid}:{gid}"),
-            path.to_string(),
-        ],
-        Default::default(),
-        600_000,
-    );
-    let exit = crate::engine::stream_exec(build, n, client, request).await?;
-    if exit.exit_code != 0 {
-        return Err(BuildError::StepFailed(format!(
-            "chown -R exited {}",
-            exit.exit_code
-        )));
-    }
-    Ok(())
+    let owner = format!("{uid}:{gid}");
+    crate::engine::run_tool(build, n, client, &["chown", "-R", &owner, path], 600_000).await
 }
 
 /// The tar stream of `targets` (paths relative to `/`), owned by `owner` (else 0:0).
@@ -556,37 +532,6 @@ async fn copy_from_stage(
     .await;
     let _ = builder.manager.kill(&src_id).await;
     copied
-}
-
-/// The files of a `RUN --mount=type=bind` copied to its target, as `COPY` would copy them.
-pub(crate) async fn copy_for_mount(
-    files: &crate::mounts::StepFiles<'_>,
-    copy: &CopyStep,
-    client: &AgentClient,
-) -> Result<(), BuildError> {
-    let f = files;
-    match &copy.from {
-        None => copy_context(f.build, f.n, copy, client, f.ctx, f.ignore, None).await,
-        Some(CopyFrom::Stage { index }) => {
-            let state =
-                f.states.stages.get(index).ok_or_else(|| {
-                    BuildError::StepFailed(format!("stage {index} was not built"))
-                })?;
-            copy_from_stage(
-                f.builder, f.build, f.n, copy, client, state, f.request, None,
-            )
-            .await
-        }
-        Some(CopyFrom::Image { reference }) => {
-            let state = f.states.images.get(reference).ok_or_else(|| {
-                BuildError::StepFailed(format!("the image {reference} was not pulled"))
-            })?;
-            copy_from_stage(
-                f.builder, f.build, f.n, copy, client, state, f.request, None,
-            )
-            .await
-        }
-    }
 }
 
 /// `COPY --from` sources with their wildcards matched against the stage's files (in path

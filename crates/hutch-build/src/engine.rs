@@ -302,9 +302,7 @@ async fn run_stage(
                     build.log(Some(n), LogStream::Status, " ---> CACHED");
                     build.step(n, StepStatus::Cached, None);
                     state.snapshot = Some(sid);
-                    if let Some((id, _)) = sandbox.take() {
-                        let _ = builder.manager.kill(&id).await;
-                    }
+                    drop_sandbox(builder, sandbox).await;
                     continue;
                 }
             }
@@ -316,9 +314,7 @@ async fn run_stage(
             // volumes, thrown away after it (the next step's sandbox has none).
             let caches = match &step.instruction {
                 Instruction::Run(run) if crate::mounts::has_caches(run) => {
-                    if let Some((id, _)) = sandbox.take() {
-                        let _ = builder.manager.kill(&id).await;
-                    }
+                    drop_sandbox(builder, sandbox).await;
                     let caches =
                         crate::mounts::take_caches(builder, build, n, run, request).await?;
                     *sandbox =
@@ -343,15 +339,13 @@ async fn run_stage(
             };
             let label = format!("build-{}-step-{n}", request.template);
             let snap = async {
-                run_step(&files, id, client, caches.as_ref()).await?;
+                run_step(&files, client, caches.as_ref()).await?;
                 Ok::<_, BuildError>(builder.manager.snapshot_for_build(id, &label).await?)
             }
             .await;
             if caches.is_some() {
                 // Before the caches are let go: their volumes are free once it is gone.
-                if let Some((id, _)) = sandbox.take() {
-                    let _ = builder.manager.kill(&id).await;
-                }
+                drop_sandbox(builder, sandbox).await;
             }
             drop(caches);
             let snap = snap?;
@@ -380,6 +374,13 @@ async fn run_stage(
     Ok(())
 }
 
+/// Kill the stage's build sandbox, if it has one (the next step makes another).
+async fn drop_sandbox(builder: &Arc<Builder>, sandbox: &mut Option<(SandboxId, AgentClient)>) {
+    if let Some((id, _)) = sandbox.take() {
+        let _ = builder.manager.kill(&id).await;
+    }
+}
+
 /// The hash of what a step reads besides its instruction (context files, another stage).
 async fn step_inputs(
     step: &Step,
@@ -402,12 +403,7 @@ async fn step_inputs(
                 crate::copy::check_checksum(copy, &url, &fetched)?;
                 downloaded.push_str(&format!("{url} {}\n", fetched.sha256));
             }
-            let (ctx, ignore, sources) = (ctx.clone(), ignore.clone(), copy.path_sources());
-            let files = blocking(move || {
-                let entries = ctx.resolve(&sources, &ignore)?;
-                Ok(ctx.hash_entries(&entries)?)
-            })
-            .await?;
+            let files = hash_context_sources(ctx, ignore, copy.path_sources()).await?;
             Ok(Some(if downloaded.is_empty() {
                 files
             } else {
@@ -428,6 +424,35 @@ pub(crate) struct Sources {
     pub stages: HashMap<usize, StageState>,
     pub images: HashMap<String, StageState>,
     pub downloads: crate::fetch::Downloads,
+}
+
+impl Sources {
+    /// The stage or image `from` names (`COPY --from`, a bind mount's `from=`).
+    pub(crate) fn of(&self, from: &CopyFrom) -> Result<&StageState, BuildError> {
+        match from {
+            CopyFrom::Stage { index } => self
+                .stages
+                .get(index)
+                .ok_or_else(|| BuildError::StepFailed(format!("stage {index} was not built"))),
+            CopyFrom::Image { reference } => self.images.get(reference).ok_or_else(|| {
+                BuildError::StepFailed(format!("the image {reference} was not pulled"))
+            }),
+        }
+    }
+}
+
+/// The hash of the context files `sources` name (part of a step's cache key).
+pub(crate) async fn hash_context_sources(
+    ctx: &Arc<Context>,
+    ignore: &Arc<DockerIgnore>,
+    sources: Vec<String>,
+) -> Result<String, BuildError> {
+    let (ctx, ignore) = (ctx.clone(), ignore.clone());
+    blocking(move || {
+        let entries = ctx.resolve(&sources, &ignore)?;
+        Ok(ctx.hash_entries(&entries)?)
+    })
+    .await
 }
 
 /// A sandbox of a finished stage (to copy files out of).
@@ -479,7 +504,6 @@ async fn build_sandbox(
 /// cache mounts, which the sandbox has).
 async fn run_step(
     files: &crate::mounts::StepFiles<'_>,
-    id: &SandboxId,
     client: &AgentClient,
     caches: Option<&crate::mounts::StepCaches>,
 ) -> Result<(), BuildError> {
@@ -488,10 +512,7 @@ async fn run_step(
         build,
         n,
         step,
-        ctx,
-        ignore,
-        states,
-        request,
+        ..
     } = *files;
     let fail = |why: String| {
         BuildError::StepFailed(format!(
@@ -544,14 +565,14 @@ async fn run_step(
             }
             Ok(())
         }
-        Instruction::Copy(copy) => crate::copy::copy(
-            builder, build, n, step, copy, id, client, ctx, ignore, states, request,
-        )
-        .await
-        .map_err(|e| match e {
-            BuildError::StepFailed(why) => fail(why),
-            other => other,
-        }),
+        Instruction::Copy(copy) => {
+            crate::copy::copy(files, copy, client)
+                .await
+                .map_err(|e| match e {
+                    BuildError::StepFailed(why) => fail(why),
+                    other => other,
+                })
+        }
         _ => Ok(()),
     }
 }
@@ -606,6 +627,28 @@ pub(crate) async fn stream_exec(
 
 /// SIGKILL, sent to a cancelled step's process group.
 const SIGKILL: i32 = 9;
+
+/// Run `argv`, a command of the build's own ([`tool_exec`]), within `timeout_ms`; an exit
+/// other than 0 fails the step, naming the command.
+pub(crate) async fn run_tool(
+    build: &Arc<Build>,
+    n: usize,
+    client: &AgentClient,
+    argv: &[&str],
+    timeout_ms: u64,
+) -> Result<(), BuildError> {
+    let argv: Vec<String> = argv.iter().map(|a| (*a).to_owned()).collect();
+    let request = tool_exec(argv.clone(), BTreeMap::new(), timeout_ms);
+    let exit = stream_exec(build, n, client, request).await?;
+    if exit.exit_code != 0 {
+        return Err(BuildError::StepFailed(format!(
+            "`{}` exited {}",
+            argv.join(" "),
+            exit.exit_code
+        )));
+    }
+    Ok(())
+}
 
 /// A command the build runs for itself (not one of the Dockerfile's): as root in `/`.
 pub(crate) fn tool_exec(

@@ -28,7 +28,7 @@ use hutch_proto::AgentErrorCode;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::builds::{Build, BuildRequest, Builder};
-use crate::engine::{Sources, StageState};
+use crate::engine::{hash_context_sources, run_tool, Sources};
 use crate::error::BuildError;
 use crate::log::LogStream;
 
@@ -36,6 +36,9 @@ use crate::log::LogStream;
 /// never appear in `Debug` output.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct BuildSecrets(BTreeMap<String, Vec<u8>>);
+
+/// Longest a tool of the mounts may take (`chown`, `chmod`, `cp -a`).
+const TOOL_TIMEOUT_MS: u64 = 60_000;
 
 /// The most secrets one build may carry.
 pub const MAX_SECRETS: usize = 64;
@@ -234,18 +237,20 @@ pub(crate) async fn stage(
     for cache in caches.map(|c| c.fresh.as_slice()).unwrap_or_default() {
         if (cache.uid, cache.gid, cache.mode) != (0, 0, 0o755) {
             let t = &cache.target;
-            tool(
+            run_tool(
                 files.build,
                 files.n,
                 client,
                 &["chown", &format!("{}:{}", cache.uid, cache.gid), t],
+                TOOL_TIMEOUT_MS,
             )
             .await?;
-            tool(
+            run_tool(
                 files.build,
                 files.n,
                 client,
                 &["chmod", &format!("{:o}", cache.mode), t],
+                TOOL_TIMEOUT_MS,
             )
             .await?;
         }
@@ -288,7 +293,14 @@ pub(crate) async fn stage(
                         .await?;
                     if (secret.uid, secret.gid) != (0, 0) {
                         let owner = format!("{}:{}", secret.uid, secret.gid);
-                        tool(files.build, files.n, client, &["chown", &owner, target]).await?;
+                        run_tool(
+                            files.build,
+                            files.n,
+                            client,
+                            &["chown", &owner, target],
+                            TOOL_TIMEOUT_MS,
+                        )
+                        .await?;
                     }
                 }
             }
@@ -372,7 +384,14 @@ async fn clear_target(
             }
             // A directory of a lower layer cannot be renamed (overlayfs answers EXDEV):
             // it is copied aside, and the copy is put back.
-            tool(build, n, client, &["cp", "-a", "--", target, &aside]).await?;
+            run_tool(
+                build,
+                n,
+                client,
+                &["cp", "-a", "--", target, &aside],
+                TOOL_TIMEOUT_MS,
+            )
+            .await?;
             client.remove(target, true).await?;
             undo.push(Undo::PutBack {
                 aside,
@@ -415,7 +434,7 @@ async fn bind_files(
         LogStream::Status,
         &format!(" ---> {} bound at {}", bind.source, bind.target),
     );
-    crate::copy::copy_for_mount(files, &copy, client).await
+    crate::copy::copy(files, &copy, client).await
 }
 
 /// The hash of what a step's bind mounts read (their content is part of its cache key):
@@ -432,56 +451,12 @@ pub(crate) async fn bind_inputs(
             continue;
         };
         let read = match &bind.from {
-            None => {
-                let (ctx, ignore, sources) =
-                    (ctx.clone(), ignore.clone(), vec![bind.source.clone()]);
-                crate::engine::blocking(move || {
-                    let entries = ctx.resolve(&sources, &ignore)?;
-                    Ok(ctx.hash_entries(&entries)?)
-                })
-                .await?
-            }
-            Some(hutch_dockerfile::CopyFrom::Stage { index }) => {
-                stage_key(states.stages.get(index), &format!("stage {index}"))?
-            }
-            Some(hutch_dockerfile::CopyFrom::Image { reference }) => {
-                stage_key(states.images.get(reference), reference)?
-            }
+            None => hash_context_sources(ctx, ignore, vec![bind.source.clone()]).await?,
+            Some(from) => states.of(from)?.key.clone(),
         };
         out.push_str(&format!("bind {} {} {read}\n", bind.target, bind.source));
     }
     Ok((!out.is_empty()).then_some(out))
-}
-
-fn stage_key(state: Option<&StageState>, what: &str) -> Result<String, BuildError> {
-    state.map(|s| s.key.clone()).ok_or_else(|| {
-        BuildError::StepFailed(format!(
-            "{what} was not built before the step that binds it"
-        ))
-    })
-}
-
-/// Run a tool of the build (`chown`, `chmod`) in the step's sandbox.
-async fn tool(
-    build: &Arc<Build>,
-    n: usize,
-    client: &AgentClient,
-    argv: &[&str],
-) -> Result<(), BuildError> {
-    let request = crate::engine::tool_exec(
-        argv.iter().map(|a| (*a).to_owned()).collect(),
-        BTreeMap::new(),
-        60_000,
-    );
-    let exit = crate::engine::stream_exec(build, n, client, request).await?;
-    if exit.exit_code != 0 {
-        return Err(BuildError::StepFailed(format!(
-            "`{}` exited {}",
-            argv.join(" "),
-            exit.exit_code
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -10,13 +10,16 @@
 //! --build-cache-max-mib`, `--build-cache-max-age-hours`), skipping a round while builds
 //! run.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use hutch_core::ids::SnapshotId;
+
 use crate::builds::Builder;
+use crate::cache::CacheEntry;
 use crate::error::BuildError;
 
 /// How often the server prunes by itself.
@@ -81,6 +84,29 @@ fn rfc3339(t: SystemTime) -> String {
     hutch_core::time::rfc3339(ms)
 }
 
+/// The size of each build snapshot, by id.
+fn sizes(snapshots: &[hutch_core::snapshot::SnapshotRecord]) -> HashMap<SnapshotId, u64> {
+    snapshots
+        .iter()
+        .map(|s| (s.id.clone(), s.size_bytes))
+        .collect()
+}
+
+/// What `entries` hold: those whose snapshot exists (in `sizes`), each snapshot's bytes
+/// counted once (several entries may name one: a step whose key was made twice).
+fn usage_of(entries: &[CacheEntry], sizes: &HashMap<SnapshotId, u64>) -> CacheUsage {
+    let named: Vec<&CacheEntry> = entries
+        .iter()
+        .filter(|e| sizes.contains_key(&e.snapshot))
+        .collect();
+    let snapshots: HashSet<&SnapshotId> = named.iter().map(|e| &e.snapshot).collect();
+    CacheUsage {
+        entries: named.len(),
+        bytes: snapshots.iter().map(|id| sizes[*id]).sum(),
+        oldest_used_at: named.iter().map(|e| e.used).min().map(rfc3339),
+    }
+}
+
 impl Builder {
     /// How much the step cache holds.
     pub async fn cache_usage(&self) -> Result<CacheUsage, BuildError> {
@@ -89,19 +115,7 @@ impl Builder {
             .entries()
             .map_err(BuildError::io("reading the step cache"))?;
         let snapshots = self.manager.build_snapshots().await?;
-        let mut bytes = 0;
-        let mut named = 0;
-        for e in &entries {
-            if let Some(s) = snapshots.iter().find(|s| s.id == e.snapshot) {
-                bytes += s.size_bytes;
-                named += 1;
-            }
-        }
-        Ok(CacheUsage {
-            entries: named,
-            bytes,
-            oldest_used_at: entries.iter().map(|e| e.used).min().map(rfc3339),
-        })
+        Ok(usage_of(&entries, &sizes(&snapshots)))
     }
 
     /// Prune the step cache by `policy`, once running builds are done.
@@ -156,11 +170,12 @@ impl Builder {
             .entries()
             .map_err(BuildError::io("reading the step cache"))?;
         let snapshots = self.manager.build_snapshots().await?;
+        let mut sizes = sizes(&snapshots);
         let mut report = PruneReport::default();
 
         // Entries whose snapshot is gone name nothing.
         entries.retain(|e| {
-            let kept = snapshots.iter().any(|s| s.id == e.snapshot);
+            let kept = sizes.contains_key(&e.snapshot);
             if !kept {
                 let _ = self.cache.remove(&e.key);
             }
@@ -187,23 +202,7 @@ impl Builder {
 
         // The rest, least recently used first.
         entries.sort_by_key(|e| e.used);
-        let size_of = |e: &crate::cache::CacheEntry| {
-            snapshots
-                .iter()
-                .find(|s| s.id == e.snapshot)
-                .map(|s| s.size_bytes)
-                .unwrap_or(0)
-        };
-        // Several entries may name one snapshot (a step whose key was made twice): its
-        // bytes count once.
-        let mut total: u64 = {
-            let mut seen = HashSet::new();
-            entries
-                .iter()
-                .filter(|e| seen.insert(e.snapshot.clone()))
-                .map(size_of)
-                .sum()
-        };
+        let mut total = usage_of(&entries, &sizes).bytes;
         let mut left = Vec::new();
         for e in entries {
             let stale = policy
@@ -218,7 +217,7 @@ impl Builder {
             // snapshot and runs the step, never a missing base.
             match self.manager.delete_build_snapshot(&e.snapshot).await {
                 Ok(()) => {
-                    let size = size_of(&e);
+                    let size = sizes.remove(&e.snapshot).unwrap_or(0);
                     report.freed_bytes += size;
                     total = total.saturating_sub(size);
                 }
@@ -234,11 +233,7 @@ impl Builder {
                 .map_err(BuildError::io("removing a step cache entry"))?;
             report.removed_entries += 1;
         }
-        report.usage = CacheUsage {
-            entries: left.len(),
-            bytes: total,
-            oldest_used_at: left.iter().map(|e| e.used).min().map(rfc3339),
-        };
+        report.usage = usage_of(&left, &sizes);
         if report.removed_entries + report.removed_orphans > 0 {
             tracing::info!(
                 entries = report.removed_entries,
