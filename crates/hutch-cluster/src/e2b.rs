@@ -17,15 +17,15 @@
 use std::sync::Arc;
 
 use axum::extract::Request;
-use axum::http::{header, HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use hutch_core::tenant::keys::Permission;
 use hutch_e2b::{ClusterRoute, RouteTarget, ServeHere};
 use hutch_server::AppState;
 
-use crate::forward::{forward, Peer, FORWARDED_BY, NODE_TOKEN};
-use crate::routing::{cluster_error, place_create, Create, PLACED_ID};
+use crate::forward::{FORWARDED_BY, NODE_TOKEN};
+use crate::routing::{place_create, to_owner, Create, PLACED_ID};
 use crate::takeover::TAKE_OVER;
 use crate::Cluster;
 
@@ -82,43 +82,13 @@ fn via() -> Option<(HeaderName, HeaderValue)> {
 async fn on_sandbox(
     cluster: &Cluster,
     id: &str,
-    mut request: Request,
+    request: Request,
     here: ServeHere,
 ) -> Result<Response, hutch_server::error::ApiError> {
-    let owner = cluster.owner_of(id).await.map_err(cluster_error)?;
-    let Some(owner) = owner else {
-        return Ok(here(request).await);
-    };
-    if owner.node == cluster.node_id() || owner.dead || owner.draining {
-        return Ok(here(request).await);
+    match to_owner(cluster, id, request, E2B_FORWARD).await? {
+        Ok(answer) => Ok(answer),
+        Err(request) => Ok(here(request).await),
     }
-    let peer = Peer {
-        id: owner.node,
-        advertise: owner.advertise,
-    };
-    if let Some((name, value)) = via() {
-        request.headers_mut().insert(name, value);
-    }
-    let answer = forward(&peer, cluster.node_id(), cluster.secret(), request).await;
-    if answer.is_err() {
-        cluster.owners().distrust(&peer.id);
-    }
-    answer.map_err(cluster_error)
-}
-
-/// The API key of an E2B call: `X-API-Key` (E2B's) or `Authorization: Bearer` (Hutch's).
-fn api_key(request: &Request) -> Option<String> {
-    let headers = request.headers();
-    headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| {
-            headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-        })
-        .map(|k| k.trim().to_string())
 }
 
 async fn create(
@@ -128,7 +98,7 @@ async fn create(
     here: ServeHere,
 ) -> Result<Response, hutch_server::error::ApiError> {
     // Without a key that may create, the local answer (401, 403) is the right one.
-    let Some(key) = api_key(&request) else {
+    let Some(key) = hutch_e2b::api_key(request.headers()).map(str::to_owned) else {
         return Ok(here(request).await);
     };
     let Ok(caller) = state.caller(&key, request.headers()).await else {

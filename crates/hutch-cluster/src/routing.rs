@@ -279,6 +279,34 @@ async fn on_sandbox(
     answer.map_err(cluster_error)
 }
 
+/// A call on sandbox `id` for one of the node's other listeners (E2B, preview): forwarded
+/// with `via` to the live node that runs it (`Ok(Ok(answer))`), or to be served here
+/// (`Ok(Err(call))`: this node runs it, nobody does, or its node is dead or draining).
+pub(crate) async fn to_owner(
+    cluster: &Cluster,
+    id: &str,
+    mut req: Request,
+    via: HeaderName,
+) -> Result<Result<Response, Request>, ApiError> {
+    let owner = cluster.owner_of(id).await.map_err(cluster_error)?;
+    let Some(owner) = owner else {
+        return Ok(Err(req));
+    };
+    if owner.node == cluster.node_id() || owner.dead || owner.draining {
+        return Ok(Err(req));
+    }
+    let peer = Peer {
+        id: owner.node,
+        advertise: owner.advertise,
+    };
+    req.headers_mut().insert(via, HeaderValue::from_static("1"));
+    let answer = forward(&peer, cluster.node_id(), cluster.secret(), req).await;
+    if answer.is_err() {
+        cluster.owners().distrust(&peer.id);
+    }
+    answer.map(Ok).map_err(cluster_error)
+}
+
 /// `DELETE /v1/sandboxes/{id}` of a sandbox whose node was declared dead: its row goes (its
 /// processes died with the node, or were stopped when it came back).
 async fn delete_lost(

@@ -126,19 +126,9 @@ impl E2bState {
     /// The caller of a control-plane request: `X-API-Key` (E2B's) or `Authorization: Bearer`
     /// (Hutch's), either holding a Hutch API key.
     pub async fn caller(&self, headers: &HeaderMap) -> E2bResult<Caller> {
-        let key = headers
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| {
-                headers
-                    .get(axum::http::header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-            })
-            .map(str::trim)
-            .ok_or_else(|| {
-                E2bError::unauthorized("missing API key: set E2B_API_KEY to a Hutch API key")
-            })?;
+        let key = api_key(headers).ok_or_else(|| {
+            E2bError::unauthorized("missing API key: set E2B_API_KEY to a Hutch API key")
+        })?;
         // Hutch's own check (unknown, revoked and expired keys are 401; an admin key may
         // act for a tenant with `X-Hutch-Tenant`). E2B has no scoped keys, and its routes
         // both read and change: the E2B API takes full and admin keys only.
@@ -151,6 +141,21 @@ impl E2bState {
         }
         Ok(caller)
     }
+}
+
+/// The API key of a control-plane request: `X-API-Key` (E2B's) or `Authorization: Bearer`
+/// (Hutch's).
+pub fn api_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        })
+        .map(str::trim)
 }
 
 /// A stream of what a task sends: `f` runs on its own with the sending half (a queue of

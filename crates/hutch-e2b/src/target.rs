@@ -3,7 +3,7 @@
 //! the host `<port>-<sandbox id>.<domain>` (what `get_host(port)` names).
 
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, Uri};
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use hutch_core::ids::SandboxId;
 use hutch_server::parse_host;
@@ -41,11 +41,7 @@ pub fn of_request(state: &E2bState, request: &Request) -> E2bResult<Option<Sandb
             .map_err(|_| E2bError::SandboxGone { id: id.to_string() })?;
         return Ok(Some(SandboxTarget { id, port }));
     }
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| request.uri().host())
-        .unwrap_or_default();
+    let host = hutch_server::request_host(request);
     Ok(parse_host(host, &state.cfg.domain).map(|(port, id)| SandboxTarget { id, port }))
 }
 

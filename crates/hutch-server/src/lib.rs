@@ -24,7 +24,7 @@ use hutch_build::{BuildSettings, Builder};
 use hutch_core::Manager;
 
 pub use auth::{AuthorizedSandbox, Caller};
-pub use preview::{parse_host, preview_app, PreviewOrigin};
+pub use preview::{parse_host, preview_app, request_host, PreviewOrigin};
 pub use routes::sandboxes::{url_pairs, validate_template_name};
 
 /// Shared state of every handler.

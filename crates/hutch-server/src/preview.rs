@@ -42,6 +42,16 @@ impl PreviewOrigin {
     }
 }
 
+/// The host a request names: its `Host` header, else its URI's (`""` for none).
+pub fn request_host(request: &Request) -> &str {
+    request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| request.uri().host())
+        .unwrap_or_default()
+}
+
 /// The preview listener's whole router: every request is a proxied one.
 pub fn preview_app(state: AppState) -> Router {
     Router::new()
@@ -63,12 +73,7 @@ async fn preview(state: &AppState, request: Request) -> ApiResult<Response> {
         .as_ref()
         .map(|p| p.domain.as_str())
         .unwrap_or("localhost");
-    let host = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| request.uri().host())
-        .unwrap_or_default();
+    let host = request_host(&request);
     let Some((port, id)) = parse_host(host, domain) else {
         return Err(ApiError::not_found(format!(
             "this is Hutch's preview origin: open http://{{port}}-{{sandbox id}}.{domain}/ \

@@ -617,7 +617,6 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
             Some(c) => hutch_cluster::preview::layer(
                 preview,
                 c.clone(),
-                state.clone(),
                 args.preview_domain.to_ascii_lowercase(),
             ),
             None => preview,
