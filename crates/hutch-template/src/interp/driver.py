@@ -21,6 +21,7 @@ The host sends this file with one line before it, `NODE_BOOT = "..."`: the sourc
 node_boot.js (the Node.js side of the `javascript` contexts) as a string.
 """
 
+import abc
 import argparse
 import asyncio
 import codecs
@@ -138,7 +139,7 @@ def kernel_env(env):
     return merged
 
 
-class JupyterKernel:
+class JupyterKernel(abc.ABC):
     """A Jupyter kernel (its kernelspec `KERNEL_NAME`), driven with jupyter_client's asyncio
     client. Subclasses say how to start it and how to set and restore environment
     variables around a cell in its language."""
@@ -220,11 +221,13 @@ class JupyterKernel:
             if msg["parent_header"].get("msg_id") == msg_id:
                 return
 
+    @abc.abstractmethod
     def set_env_code(self, env):
-        raise NotImplementedError
+        """Code, in the kernel's language, that saves the variables of `env` and sets them."""
 
+    @abc.abstractmethod
     def restore_env_code(self):
-        raise NotImplementedError
+        """Code that puts back what `set_env_code` saved."""
 
     async def execute(self, code, env, timeout_s, out):
         kc = self.kc
