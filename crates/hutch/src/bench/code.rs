@@ -175,14 +175,8 @@ pub async fn warm_pool_series(
     warm.kill(&primer).await?;
     let (mut firsts, mut to_first) = (Vec::new(), Vec::new());
     for _ in 0..n {
-        let deadline = Instant::now() + std::time::Duration::from_secs(300);
-        while warm.metric("hutch_vm_warm_guests").await? < 1.0 {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the warm pool did not refill with a {TEMPLATE} guest"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        warm.wait_warm_guest(std::time::Duration::from_secs(300), TEMPLATE)
+            .await?;
         let t0 = Instant::now();
         let id = create(warm, "vm").await?;
         let t1 = Instant::now();

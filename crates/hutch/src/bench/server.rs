@@ -183,6 +183,24 @@ impl BenchServer {
             .with_context(|| format!("no {name} in /metrics"))
     }
 
+    /// Wait until the server's vm warm pool holds a guest (`hutch_vm_warm_guests` ≥ 1), at
+    /// most `within`; `what` names the pool in the error.
+    pub async fn wait_warm_guest(
+        &self,
+        within: std::time::Duration,
+        what: &str,
+    ) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + within;
+        while self.metric("hutch_vm_warm_guests").await? < 1.0 {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the warm pool of {what} did not refill within {within:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// GET a path with the admin key and read its whole body (on the client's kept-alive
     /// connections); fails on a non-2xx answer.
     pub async fn get_ok(&self, path: &str) -> anyhow::Result<()> {

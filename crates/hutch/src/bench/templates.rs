@@ -90,13 +90,18 @@ pub(super) async fn wait_build(
     }
 }
 
-/// Create a sandbox of `template` and run `true` in it; ms.
-async fn create_to_exec(srv: &BenchServer, template: &str) -> anyhow::Result<f64> {
+/// Create a sandbox of `template` on `isolation` and run `true` in it (a start-command
+/// template's create returns once its ready check passed); ms.
+pub(super) async fn create_to_exec(
+    srv: &BenchServer,
+    template: &str,
+    isolation: &str,
+) -> anyhow::Result<f64> {
     let t0 = Instant::now();
     let v = srv
         .post(
             "/v1/sandboxes",
-            serde_json::json!({"template": template, "isolation": "ns", "ttl_seconds": 600}),
+            serde_json::json!({"template": template, "isolation": isolation, "ttl_seconds": 600}),
         )
         .await?;
     let id = v["id"].as_str().context("no id")?.to_string();
@@ -144,7 +149,7 @@ async fn measure(srv: &BenchServer, n: usize) -> anyhow::Result<Vec<Summary>> {
     for _ in 0..n {
         cold.push(build(srv, &tar, true).await?);
         // Each cold build makes a new revision: its first create.
-        first_create.push(create_to_exec(srv, NAME).await?);
+        first_create.push(create_to_exec(srv, NAME, "ns").await?);
     }
     let mut cached = Vec::new();
     for _ in 0..n {
@@ -153,8 +158,8 @@ async fn measure(srv: &BenchServer, n: usize) -> anyhow::Result<Vec<Summary>> {
     let mut plain = Vec::new();
     let mut ready = Vec::new();
     for _ in 0..n {
-        plain.push(create_to_exec(srv, srv.template()).await?);
-        ready.push(create_to_exec(srv, NAME).await?);
+        plain.push(create_to_exec(srv, srv.template(), "ns").await?);
+        ready.push(create_to_exec(srv, NAME, "ns").await?);
     }
     let _ = srv.delete(&format!("/v1/templates/{NAME}")).await;
     Ok(vec![

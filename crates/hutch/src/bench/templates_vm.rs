@@ -6,48 +6,22 @@
 //! of its own with `--vm-warm 1`, so the pool holds guests of one template only.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-use anyhow::Context;
-use serde_json::json;
+use std::time::Duration;
 
 use super::baselines::Skipped;
 use super::server::BenchServer;
 use super::stats::{summarize, Summary};
-use super::templates::{build, context_tar, NAME};
-
-/// Create a `vm` sandbox of `template` and run `true` in it (a start-command template's
-/// create returns once its ready check passed); ms.
-async fn create_to_exec(srv: &BenchServer, template: &str) -> anyhow::Result<f64> {
-    let t0 = Instant::now();
-    let v = srv
-        .post(
-            "/v1/sandboxes",
-            json!({"template": template, "isolation": "vm", "ttl_seconds": 600}),
-        )
-        .await?;
-    let id = v["id"].as_str().context("no id")?.to_string();
-    srv.exec_true(&id).await?;
-    let ms = t0.elapsed().as_secs_f64() * 1000.0;
-    srv.kill(&id).await?;
-    Ok(ms)
-}
+use super::templates::{build, context_tar, create_to_exec, NAME};
 
 /// `n` creates of `template` from `srv`'s warm pool (after one that asks for its shape),
 /// each once the pool holds a guest again.
 async fn from_pool(srv: &BenchServer, template: &str, n: usize) -> anyhow::Result<Vec<f64>> {
-    create_to_exec(srv, template).await?;
+    create_to_exec(srv, template, "vm").await?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while srv.metric("hutch_vm_warm_guests").await? < 1.0 {
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "the warm pool of {template} did not refill"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        out.push(create_to_exec(srv, template).await?);
+        srv.wait_warm_guest(Duration::from_secs(300), template)
+            .await?;
+        out.push(create_to_exec(srv, template, "vm").await?);
     }
     Ok(out)
 }
@@ -87,7 +61,7 @@ async fn measure(
     let measured = async {
         // A new revision, so its first vm create makes its bake.
         build(&srv, &context_tar()?, true).await?;
-        let first = create_to_exec(&srv, NAME).await?;
+        let first = create_to_exec(&srv, NAME, "vm").await?;
         let ready = from_pool(&srv, NAME, n).await?;
         anyhow::Ok((first, ready))
     }

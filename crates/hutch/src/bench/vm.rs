@@ -103,11 +103,8 @@ pub async fn run(
     let mut from_pool = Vec::new();
     for _ in 0..n {
         // Steady state: the pool was refilled since the last create.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while warm.metric("hutch_vm_warm_guests").await? < 1.0 {
-            anyhow::ensure!(Instant::now() < deadline, "the warm pool did not refill");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        warm.wait_warm_guest(Duration::from_secs(60), warm.template())
+            .await?;
         let t0 = Instant::now();
         let id = create_vm(warm).await?;
         warm.exec_true(&id).await?;
