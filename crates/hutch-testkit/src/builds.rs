@@ -30,6 +30,17 @@ pub fn context_of(files: &[(&str, &[u8])]) -> Vec<u8> {
 }
 
 impl TestServer {
+    /// Note template `name` for deletion when the server is dropped.
+    fn remember_built(&self, name: &str) {
+        let mut built = self
+            .built_templates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !built.iter().any(|n| n == name) {
+            built.push(name.to_string());
+        }
+    }
+
     /// Build template `name` from `dockerfile` through the API with `key`, and wait until the
     /// build ends (succeeded, failed or cancelled): its last view. 202 expected.
     pub async fn build_dockerfile_as(&self, key: &str, name: &str, dockerfile: &str) -> Value {
@@ -61,6 +72,7 @@ impl TestServer {
             .await
             .expect("POST /v1/templates");
         assert_eq!(resp.status().as_u16(), 202, "a build of {name} starts");
+        self.remember_built(name);
         let started: Value = resp.json().await.expect("json");
         let id = started["id"].as_str().expect("build id").to_string();
         let t0 = Instant::now();

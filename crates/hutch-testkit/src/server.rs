@@ -36,6 +36,9 @@ pub struct TestServer {
     /// A PEM root certificate the test's clients trust (a server started with
     /// `--tls-cert`; see [`TestServer::trust_root`]).
     root_pem: Option<Vec<u8>>,
+    /// Templates the test built through this server ([`TestServer::build_context_as`]):
+    /// deleted when it is dropped, so the shared templates directory keeps none of them.
+    pub(crate) built_templates: std::sync::Mutex<Vec<String>>,
 }
 
 impl TestServer {
@@ -118,6 +121,7 @@ impl TestServer {
             templates_dir: templates,
             open_files,
             root_pem: None,
+            built_templates: Default::default(),
         };
         s.spawn_server().await;
         s
@@ -592,6 +596,12 @@ impl Drop for TestServer {
             let url = self.url.clone();
             let key = self.key.clone();
             let root = self.root_pem.clone();
+            let built_names: Vec<String> = self
+                .built_templates
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let built = built_names.clone();
             let _ = std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -603,9 +613,21 @@ impl Drop for TestServer {
                     // Snapshots too: a vm snapshot's shared memory lives in the vm cache,
                     // outside the state directory removed below.
                     delete_all(&http, &url, &key, "snapshots").await;
+                    // The templates it built, once nothing uses them.
+                    for name in &built {
+                        let _ = http
+                            .delete(format!("{url}/v1/templates/{name}"))
+                            .bearer_auth(&key)
+                            .send()
+                            .await;
+                    }
                 });
             })
             .join();
+            // The store's lock file of a name stays after a removal.
+            for name in &built_names {
+                let _ = std::fs::remove_file(self.templates_dir.join(format!(".lock-{name}")));
+            }
         }
         self.stop_server();
         let mut mounts = self.mounts_under_state();
