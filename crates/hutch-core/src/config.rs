@@ -22,6 +22,9 @@ pub struct Config {
     pub max_ttl_seconds: u64,
     /// How often the reaper looks for expired sandboxes.
     pub reaper_interval: Duration,
+    /// How often the host is compared with the records while the server runs (what no
+    /// record owns is removed: `manager/reconcile.rs`); it is also done at start and stop.
+    pub reconcile_interval: Duration,
     /// Per-stream cap of collected exec output.
     pub output_cap_bytes: usize,
     /// Server-wide budget of collected exec output held in memory (`output.rs`): past it
@@ -131,6 +134,7 @@ impl Config {
             default_ttl_seconds: 300,
             max_ttl_seconds: 7 * 24 * 3600,
             reaper_interval: Duration::from_secs(1),
+            reconcile_interval: Duration::from_secs(60),
             output_cap_bytes: 16 << 20,
             exec_output_budget_bytes: 256 << 20,
             max_execs_per_sandbox: 32,

@@ -328,14 +328,28 @@ impl Manager {
         mgr.spawn_usage_sampler();
         let weak = Arc::downgrade(&mgr);
         let interval = mgr.cfg.reaper_interval;
+        let reconcile_every = mgr.cfg.reconcile_interval;
         tokio::spawn(async move {
-            let mut flushed = std::time::Instant::now();
+            let (mut flushed, mut reconciled) =
+                (std::time::Instant::now(), std::time::Instant::now());
+            let reconciling = Arc::new(std::sync::atomic::AtomicBool::new(false));
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(m) = weak.upgrade() else { break };
                 if flushed.elapsed() >= refresh::FLUSH_EVERY {
                     m.flush_refreshes().await;
                     flushed = std::time::Instant::now();
+                }
+                // In a task of its own (it may kill and unmount), one at a time.
+                if reconciled.elapsed() >= reconcile_every
+                    && !reconciling.swap(true, std::sync::atomic::Ordering::AcqRel)
+                {
+                    reconciled = std::time::Instant::now();
+                    let (m, reconciling) = (m.clone(), reconciling.clone());
+                    tokio::spawn(async move {
+                        m.remove_orphans().await;
+                        reconciling.store(false, std::sync::atomic::Ordering::Release);
+                    });
                 }
                 m.reap_expired().await;
                 m.hibernate_idle().await;
@@ -564,6 +578,7 @@ impl Manager {
     async fn remove(&self, r: SandboxRecord, event: Option<&str>) -> CoreResult<()> {
         // Forget it first so the death watcher treats the exit as intended.
         self.store.delete_sandbox(&r.id).await?;
+        crate::crash_points::crash_point("delete.record_gone");
         self.last_known.forget(&r.id);
         self.forget_saved(&r.id, r.saved_state.clone(), r.saving.is_some())
             .await;

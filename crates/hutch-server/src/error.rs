@@ -275,6 +275,7 @@ fn template_status(e: &TemplateError) -> (StatusCode, &'static str) {
         | TemplateError::MissingTool { .. }
         | TemplateError::NotStatic(_)
         | TemplateError::ToolFailed { .. }
+        | TemplateError::ToolSilent { .. }
         | TemplateError::StepFailed { .. }
         | TemplateError::StillMounted { .. }
         | TemplateError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),

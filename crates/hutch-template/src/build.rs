@@ -22,11 +22,21 @@ pub struct BuildOptions {
     /// Set when the build should stop: it fails as the next step would start, leaving the
     /// template as it was.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// How long a tool a step runs (debootstrap, apt-get) may go without writing a line
+    /// before it is killed with everything it started: a stalled mirror or a hung install
+    /// fails the build instead of holding it for ever. `None`:
+    /// [`DEFAULT_TOOL_SILENCE_LIMIT`].
+    pub tool_silence_limit: Option<std::time::Duration>,
     /// Test hook: fail when a step after the first `n` steps would start (`Some(0)` fails
     /// before any work).
     #[doc(hidden)]
     pub fail_after_step: Option<usize>,
 }
+
+/// Default of [`BuildOptions::tool_silence_limit`]: ten minutes without a line of output
+/// (debootstrap and apt print one per package; the slowest step seen here, unpacking
+/// `code-interpreter`'s packages, is silent for under a minute).
+pub const DEFAULT_TOOL_SILENCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// What a build reports while it runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,12 +90,7 @@ impl<'a> BuildContext<'a> {
                 message: "injected failure (fail_after_step)".into(),
             });
         }
-        if self
-            .options
-            .cancel
-            .as_ref()
-            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-        {
+        if self.cancelled() {
             return Err(TemplateError::StepFailed {
                 step: name,
                 message: "the build was cancelled".into(),
@@ -95,6 +100,14 @@ impl<'a> BuildContext<'a> {
         self.current.clone_from(&name);
         (self.progress)(Progress::Step(name));
         Ok(())
+    }
+
+    /// Whether the caller asked the build to stop.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.options
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Reports one line of tool output.

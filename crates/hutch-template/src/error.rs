@@ -67,6 +67,23 @@ pub enum TemplateError {
         /// Its last lines of combined stdout and stderr.
         tail: String,
     },
+    /// An external tool run by a build step wrote no line for too long and was killed with
+    /// everything it started ([`crate::BuildOptions::tool_silence_limit`]).
+    #[error(
+        "template build step `{step}` failed: `{command}` wrote nothing for {seconds} s and was \
+         killed with what it started (the build's tool silence limit; a stalled mirror or a \
+         hung install); last output:\n{tail}"
+    )]
+    ToolSilent {
+        /// The build step, as reported in [`crate::Progress::Step`].
+        step: String,
+        /// The command line that was run.
+        command: String,
+        /// How long it was silent, in seconds.
+        seconds: f64,
+        /// Its last lines of combined stdout and stderr.
+        tail: String,
+    },
     /// A build step failed for a reason other than a tool's exit status.
     #[error("template build step `{step}` failed: {message}")]
     StepFailed {

@@ -44,7 +44,7 @@ mod tags;
 mod tree;
 
 pub use blob_gc::BlobSweep;
-pub use build::{BuildOptions, Progress};
+pub use build::{BuildOptions, Progress, DEFAULT_TOOL_SILENCE_LIMIT};
 pub use error::TemplateError;
 pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions, Transfer, TransferAction};
 pub use image::{is_local_reference, local_path as local_image_path, ImageSource, LocalImage};

@@ -54,19 +54,23 @@ pub enum DiskError {
     },
 }
 
-/// Run `tool`; `bounded`: within the host-command deadline (a step of a create), else
-/// unbounded (a first-use build step whose time grows with a template's size).
+/// Slowest rate an image build may write at before its deadline kills it: 4 MiB/s, a
+/// tenth of what a busy disk of these machines manages for `mkfs.ext4 -d`.
+const IMAGE_BUILD_FLOOR_MIB_PER_S: u64 = 4;
+
+/// The deadline of building an image of `size_mib` MiB: the host-command deadline plus the
+/// time to write it at [`IMAGE_BUILD_FLOOR_MIB_PER_S`] (its time grows with the template).
+pub fn image_build_deadline(size_mib: u64) -> Duration {
+    hutch_host_command::timeout() + Duration::from_secs(size_mib / IMAGE_BUILD_FLOOR_MIB_PER_S)
+}
+
+/// Run `tool` within `limit` (killed and reaped past it).
 fn run(
     tool: &'static str,
     package: &'static str,
     cmd: &mut Command,
-    bounded: bool,
+    limit: Duration,
 ) -> Result<(), DiskError> {
-    let limit = if bounded {
-        hutch_host_command::timeout()
-    } else {
-        Duration::MAX / 4
-    };
     let out = hutch_host_command::run_within(cmd, None, limit).map_err(|e| match e {
         hutch_host_command::HostCommandError::Spawn { source, .. }
             if source.kind() == std::io::ErrorKind::NotFound =>
@@ -113,7 +117,7 @@ pub fn make_ext4(root: &Path, out: &Path, size_mib: u64) -> Result<(), DiskError
             .arg(root)
             .arg(&tmp)
             .arg(format!("{size_mib}M")),
-        false,
+        image_build_deadline(size_mib),
     );
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
@@ -252,7 +256,7 @@ impl RootDisk {
                 .arg(&self.top)
                 .arg(out)
                 .arg(size.to_string()),
-            true,
+            hutch_host_command::timeout(),
         )?;
         Ok(RootDisk::qcow2(out, self.chain_below_overlay()))
     }
@@ -418,6 +422,15 @@ pub fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_build_gets_more_time_the_bigger_the_image() {
+        let base = hutch_host_command::timeout();
+        assert_eq!(image_build_deadline(0), base);
+        // 8 GiB at the floor rate: 2048 s on top of the host-command deadline.
+        assert_eq!(image_build_deadline(8192), base + Duration::from_secs(2048));
+        assert!(image_build_deadline(1024) < image_build_deadline(2048));
+    }
 
     #[test]
     fn a_fresh_file_never_follows_a_planted_link() {

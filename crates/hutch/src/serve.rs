@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// How often to look for expired sandboxes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub reaper_interval_ms: u64,
+    /// How often to compare the host with the records while serving, in seconds: processes,
+    /// cgroups, mounts and directories of sandboxes no record names are removed (and
+    /// counted in `hutch_reconciled_total`). Also done at start and at shutdown.
+    #[arg(long, default_value_t = 60)]
+    pub reconcile_interval_seconds: u64,
     /// Cache of the vm backend: guest kernel, initramfs, template images, snapshots
     /// (default `<state-dir>/vm`; several servers may share one).
     #[arg(long)]
@@ -482,6 +487,7 @@ pub async fn serve(args: ServeArgs, state_dir: PathBuf) -> anyhow::Result<()> {
     }
     cfg.default_exec_timeout = Duration::from_secs_f64(args.default_exec_timeout);
     cfg.reaper_interval = Duration::from_millis(args.reaper_interval_ms.max(10));
+    cfg.reconcile_interval = Duration::from_secs(args.reconcile_interval_seconds.max(1));
     cfg.network = network;
     if let Some(dir) = args.vm_dir.clone() {
         cfg.vm_dir = dir;

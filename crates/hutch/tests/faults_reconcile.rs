@@ -8,37 +8,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hutch_testkit::{both_backends, on, skip_without_vm, wait_until, TestServer};
+use hutch_testkit::{
+    both_backends, cgroups_of, on, processes_of, skip_without_vm, wait_until, TestServer,
+};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 const CRASH_AT: &str = "HUTCH_TEST_CRASH_AT";
-
-/// Pids of the host processes in sandbox `id`'s cgroups (from `/proc/<pid>/cgroup`).
-fn processes_of(id: &str) -> Vec<i32> {
-    let needle = format!("/hutch/{id}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let cgroups = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
-            cgroups.lines().any(|l| l.ends_with(&needle)).then_some(pid)
-        })
-        .collect()
-}
-
-/// Sandbox `id`'s cgroup directories that exist, in any hierarchy.
-fn cgroups_of(id: &str) -> Vec<PathBuf> {
-    let root = PathBuf::from("/sys/fs/cgroup");
-    let mut dirs = vec![root.join("hutch").join(id)];
-    if let Ok(entries) = std::fs::read_dir(&root) {
-        dirs.extend(entries.flatten().map(|e| e.path().join("hutch").join(id)));
-    }
-    dirs.into_iter().filter(|d| d.is_dir()).collect()
-}
 
 /// The sandbox directories in the server's state.
 fn sandbox_dirs(s: &TestServer) -> Vec<String> {
@@ -270,4 +246,39 @@ async fn a_server_killed_in_the_middle_of_a_vm_wake_leaves_no_qemu_and_the_sandb
     assert_eq!(s.state(&id).await, "hibernated");
     assert_eq!(s.sh_ok(&id, "cat /dev/shm/m").await, "in-memory\n");
     assert_eq!(s.state(&id).await, "running");
+}
+
+/// Reconciliation runs while the server serves too (`--reconcile-interval-seconds`): a
+/// sandbox whose record is gone (here deleted behind the server's back, as a crash between
+/// a delete's record and its teardown leaves it) is killed and removed without a restart,
+/// and a bystander is left alone.
+#[tokio::test]
+async fn a_running_server_removes_what_no_record_owns_without_a_restart() {
+    let s = TestServer::start_with(&["--reconcile-interval-seconds", "1"]).await;
+    let kept = s.create_id(json!({"persistent": true})).await;
+    let orphan = s.create_id(json!({"persistent": true})).await;
+    s.sh_ok(&kept, "echo kept > /root/f").await;
+    assert!(
+        !processes_of(&orphan).is_empty(),
+        "the sandbox runs nothing"
+    );
+    let db = rusqlite::Connection::open(s.state_dir.join("state.db")).expect("open the database");
+    db.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
+    let deleted = db
+        .execute("DELETE FROM sandboxes WHERE id = ?1", [&orphan])
+        .expect("delete the record");
+    assert_eq!(deleted, 1);
+    drop(db);
+    let removed = wait_until(Duration::from_secs(30), async || {
+        (processes_of(&orphan).is_empty()
+            && cgroups_of(&orphan).is_empty()
+            && !s.state_dir.join("sandboxes").join(&orphan).exists())
+        .then_some(())
+    })
+    .await;
+    assert!(removed.is_some(), "the orphan is still on the host");
+    assert_gone(&s, "periodic", std::slice::from_ref(&orphan)).await;
+    assert!(reconciled(&s, "orphan").await >= 1);
+    assert_eq!(s.sh_ok(&kept, "cat /root/f").await, "kept\n");
 }

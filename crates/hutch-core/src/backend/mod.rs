@@ -185,8 +185,12 @@ pub trait Backend: Send + Sync {
     /// Give back the sandbox's CPU and memory and keep its state on disk (`ns`: processes are
     /// stopped, files kept). Idempotent: also cleans up after an interrupted [`Backend::wake`].
     async fn hibernate(&self, record: &SandboxRecord) -> CoreResult<()>;
-    /// Start a hibernated sandbox again from its state on disk.
+    /// Start a hibernated sandbox again from its state on disk. What the wake started from
+    /// is kept until [`Backend::forget_hibernation`]: a crash before the sandbox is recorded
+    /// running leaves it hibernated with its state, never with none.
     async fn wake(&self, record: &SandboxRecord, rootfs: &Path) -> CoreResult<Started>;
+    /// The woken sandbox is recorded running: drop the state its wake started from.
+    async fn forget_hibernation(&self, _record: &SandboxRecord) {}
     /// Write a snapshot of the sandbox into `dir` (a new, empty directory). A running sandbox
     /// is frozen while its state is read, so the snapshot is consistent.
     async fn snapshot(&self, record: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken>;

@@ -485,6 +485,7 @@ impl NsJails {
         let freeze = r.state == SandboxState::Running && !cgroups.is_empty();
         if freeze {
             hutch_jail::freeze(&cgroups).map_err(CoreError::from)?;
+            crate::crash_points::crash_point("snapshot.frozen");
         }
         let exported = hutch_jail::export_layer(&LayerExport {
             upper: self.upper(r),

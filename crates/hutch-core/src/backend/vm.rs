@@ -112,6 +112,9 @@ pub struct VmState {
     snapshots_captured: std::sync::atomic::AtomicU64,
     /// Memory snapshots of running guests saved as a full stream (the fallback).
     snapshots_streamed: std::sync::atomic::AtomicU64,
+    /// Paused guests re-adopted after a restart: their agent may still hold the session of
+    /// the server that died, which only a running guest can end ([`VmBackend::resume`]).
+    stale_sessions: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl VmBackend {
@@ -134,6 +137,7 @@ impl VmBackend {
                 qemu_version: OnceLock::new(),
                 snapshots_captured: Default::default(),
                 snapshots_streamed: Default::default(),
+                stale_sessions: Default::default(),
             }),
         }
     }
@@ -267,6 +271,17 @@ impl VmBackend {
         .await
     }
 
+    /// Remove the memory and device state `r` was hibernated with (it runs again).
+    fn remove_hibernated_state(&self, r: &SandboxRecord) {
+        let saved = self.dir(&r.id).join(HIBERNATED);
+        match std::fs::remove_file(&saved) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(id = %r.id, error = %e, "removing the hibernated state")
+            }
+            _ => {}
+        }
+    }
+
     /// Save the running guest's memory and device state to `saved` (hibernation).
     async fn save_memory(&self, r: &SandboxRecord, saved: &Path) -> CoreResult<()> {
         let tmp = saved.with_extension("tmp");
@@ -276,7 +291,9 @@ impl VmBackend {
             let _ = self.qmp(r, async |q| q.cont().await).await;
             return Err(e);
         }
-        std::fs::rename(&tmp, saved).map_err(CoreError::io("rename", saved))
+        std::fs::rename(&tmp, saved).map_err(CoreError::io("rename", saved))?;
+        crate::crash_points::crash_point("vm.hibernate.memory_saved");
+        Ok(())
     }
 
     async fn qmp(
@@ -302,6 +319,32 @@ impl VmBackend {
             .map_err(|_| CoreError::SandboxFailed("QMP did not answer".into()))?
             .map_err(CoreError::qmp("QMP"))
     }
+}
+
+/// End the session the agent of guest `id` (running, on QMP `q`) may still hold with a
+/// server that died while the guest was stopped: the guest never heard of that hang-up, so
+/// its agent would keep the session and the next host would talk into it, never answered
+/// (a new host's requests reach the old session: it may answer one, then stall). A
+/// connection opened and closed at once makes the agent end it; this waits until it has.
+/// Where no session was held, nothing closes and the wait runs its whole
+/// [`QUIESCE_TIMEOUT`]: the price of never guessing wrong (rare: only a guest stopped when
+/// its server died pays it, once).
+async fn end_stale_session(
+    q: &mut Qmp,
+    id: &str,
+    agent: &Path,
+) -> Result<(), hutch_vm::qmp::QmpError> {
+    q.clear_events().await?;
+    let since = std::time::SystemTime::now();
+    drop(tokio::net::UnixStream::connect(agent).await);
+    let port = hutch_vm::qemu::AGENT_PORT_ID;
+    if !q
+        .wait_port_closed(port, "agent", since, QUIESCE_TIMEOUT)
+        .await?
+    {
+        tracing::warn!(%id, "the agent of a continued guest kept its old session");
+    }
+    Ok(())
 }
 
 /// What identifies one build of a template's root: a rebuild makes a new directory.
@@ -511,32 +554,31 @@ impl Backend for VmBackend {
 
     async fn adopt(&self, r: &SandboxRecord) -> CoreResult<()> {
         self.adopt_console(r);
+        // A crash between a wake's record and `forget_hibernation` leaves the state it woke
+        // from: stale now, and a next hibernation must save afresh, not keep it.
+        self.remove_hibernated_state(r);
         // A snapshot stops a running guest while it copies its memory, a pause stops it
         // before its record says so: a crash in between leaves the guest out of step.
         let paused = r.state == SandboxState::Paused;
         let (id, agent) = (r.id.clone(), self.agent_socket(&r.id));
-        self.qmp_within(r, QUIESCE_TIMEOUT, async |q| {
+        self.qmp_within(r, QUIESCE_TIMEOUT + QMP_TIMEOUT, async |q| {
             let status = q.status().await?;
             match (paused, status.as_str()) {
-                (true, "running") => q.stop().await,
-                (false, "running") | (true, _) => Ok(()),
+                (true, running) => {
+                    // Its agent may hold the dead server's session: ended when it resumes.
+                    self.stale_sessions
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(id.to_string());
+                    match running {
+                        "running" => q.stop().await,
+                        _ => Ok(()),
+                    }
+                }
+                (false, "running") => Ok(()),
                 (false, _) => {
                     q.cont().await?;
-                    // The server that died hung up while the guest was stopped, and the
-                    // guest never hears of it: its agent would keep that session and the
-                    // next host would talk into it, never answered. A connection opened and
-                    // closed at once makes the agent end it; wait until it has.
-                    q.clear_events().await?;
-                    let since = std::time::SystemTime::now();
-                    drop(tokio::net::UnixStream::connect(&agent).await);
-                    let port = hutch_vm::qemu::AGENT_PORT_ID;
-                    if !q
-                        .wait_port_closed(port, "agent", since, QUIESCE_TIMEOUT)
-                        .await?
-                    {
-                        tracing::warn!(%id, "the agent of a continued guest kept its old session");
-                    }
-                    Ok(())
+                    end_stale_session(q, &id, &agent).await
                 }
             }
         })
@@ -633,7 +675,20 @@ impl Backend for VmBackend {
     }
 
     async fn resume(&self, r: &SandboxRecord) -> CoreResult<()> {
-        self.qmp(r, async |q| q.cont().await).await
+        let stale = self
+            .stale_sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(r.id.as_str());
+        let agent = self.agent_socket(&r.id);
+        self.qmp_within(r, QUIESCE_TIMEOUT + QMP_TIMEOUT, async |q| {
+            if !stale {
+                return q.cont().await;
+            }
+            q.cont().await?;
+            end_stale_session(q, &r.id, &agent).await
+        })
+        .await
     }
 
     async fn hibernate(&self, r: &SandboxRecord) -> CoreResult<()> {
@@ -662,11 +717,13 @@ impl Backend for VmBackend {
         }
         // Whatever an interrupted wake left running goes first.
         self.hibernate(r).await?;
-        let started = self.restore(r, rootfs, Some(saved.clone()), false).await?;
-        if let Err(e) = std::fs::remove_file(&saved) {
-            tracing::warn!(id = %r.id, error = %e, "removing the hibernated state");
-        }
-        Ok(started)
+        // The saved state stays until the manager has recorded the guest running
+        // (`forget_hibernation`): a crash in between finds the sandbox hibernated with it.
+        self.restore(r, rootfs, Some(saved), false).await
+    }
+
+    async fn forget_hibernation(&self, r: &SandboxRecord) {
+        self.remove_hibernated_state(r);
     }
 
     async fn snapshot(&self, r: &SandboxRecord, dir: &Path) -> CoreResult<SnapshotTaken> {

@@ -92,6 +92,7 @@ impl Manager {
                 .await?
         };
         let snapshot_ms = t0.elapsed().as_millis() as u64;
+        crate::crash_points::crash_point("fork.snapshot_taken");
         let intent = match self.record_fork_intent(&snap.id) {
             Ok(i) => i,
             Err(e) => {
@@ -164,6 +165,7 @@ impl Manager {
             }
         });
         let results = join_all(runs).await;
+        crate::crash_points::crash_point("explore.commands_run");
         let mut outcomes: Vec<Outcome> = results
             .into_iter()
             .zip(&children)

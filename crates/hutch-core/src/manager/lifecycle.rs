@@ -65,6 +65,7 @@ impl Manager {
         why: Option<String>,
     ) -> CoreResult<()> {
         self.backend(r.isolation)?.pause(&r).await?;
+        crate::crash_points::crash_point("pause.stopped");
         let r = self
             .store
             .modify(&r.id, |r| {
@@ -97,6 +98,7 @@ impl Manager {
             )
             .await?;
         self.backend(r.isolation)?.resume(&r).await?;
+        crate::crash_points::crash_point("resume.continued");
         let r = self
             .store
             .modify(id, |r| {
@@ -151,11 +153,14 @@ impl Manager {
                 Ok(())
             })
             .await?;
+        crate::crash_points::crash_point("hibernate.recorded");
         let backend = self.backend(r.isolation)?;
         // Its last interval of usage, before its cgroups go.
         self.meter_final(&r).await;
         self.hang_up_agent(backend.clone(), &r).await;
-        if let Err(e) = backend.hibernate(&r).await {
+        let hibernated = backend.hibernate(&r).await;
+        crate::crash_points::crash_point("hibernate.stopped");
+        if let Err(e) = hibernated {
             tracing::error!(id = %r.id, error = %e, "hibernating");
             // Never a hibernated sandbox without its state: what the failed step left is
             // hibernated with its state (the next wake cleans up and retries), still running
@@ -279,6 +284,7 @@ impl Manager {
             };
             (s, rec.net_slot, rec.network)
         };
+        crate::crash_points::crash_point("wake.started");
         let r = self
             .store
             .modify(&r.id, |r| {
@@ -337,6 +343,7 @@ impl Manager {
                 Ok(())
             })
             .await?;
+        backend.forget_hibernation(&r).await;
         self.forget_saved(&r.id, saved, saving).await;
         self.watch_init(&r);
         let ms = t0.elapsed().as_millis() as u64;

@@ -166,6 +166,7 @@ impl Manager {
             std::fs::write(tmp.join("snapshot.json"), manifest)
                 .and_then(|()| std::fs::rename(tmp, &dir))
                 .map_err(CoreError::io("store the snapshot in", &dir))?;
+            crate::crash_points::crash_point("snapshot.written");
             Ok(record)
         }) {
             Ok(record) => self.store.insert_snapshot(&record).await.map(|()| record),

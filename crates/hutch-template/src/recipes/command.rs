@@ -1,21 +1,28 @@
 //! Running host tools during a build: output streamed line by line as
-//! [`crate::Progress::Output`], the last lines kept for the error message, and the child
-//! killed if the build is abandoned while it runs.
+//! [`crate::Progress::Output`], the last lines kept for the error message, and the tool
+//! killed with everything it started (its process group) if the build is abandoned or
+//! cancelled while it runs, or if it writes nothing for
+//! [`crate::BuildOptions::tool_silence_limit`].
 
 use std::collections::VecDeque;
 use std::env;
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
+use std::time::{Duration, Instant};
 
-use crate::build::BuildContext;
+use crate::build::{BuildContext, DEFAULT_TOOL_SILENCE_LIMIT};
 use crate::error::{Result, TemplateError};
 use crate::sys;
 
 /// Lines of output kept for [`TemplateError::ToolFailed`].
 const TAIL_LINES: usize = 25;
+
+/// How often a running tool's build is checked for a cancel.
+const CANCEL_POLL: Duration = Duration::from_millis(250);
 
 /// Directories searched for tools besides `$PATH` (root's tools live in `sbin`).
 const EXTRA_DIRS: &[&str] = &[
@@ -51,16 +58,41 @@ fn describe(cmd: &Command) -> String {
         .join(" ")
 }
 
-/// Kills and reaps the child unless it was waited for.
+/// Kills the child's process group (the child leads it: [`run`]) and reaps the child,
+/// unless it was waited for.
 struct ChildGuard(Option<Child>);
+
+impl ChildGuard {
+    /// Kill the child and whatever it started that is still in its process group.
+    fn kill_group(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: killpg only sends a signal; the group is the child's own (it was
+                // made its leader before exec), so nothing else is signalled.
+                unsafe {
+                    libc::killpg(pgid, libc::SIGKILL);
+                }
+            }
+            let _ = child.kill();
+        }
+    }
+}
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
+        self.kill_group();
         if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+/// Why a tool was stopped before it exited by itself.
+enum Stopped {
+    /// It wrote nothing for this long.
+    Silent(Duration),
+    /// The build was cancelled.
+    Cancelled,
 }
 
 /// Runs `cmd` to completion, streaming its stdout and stderr lines to the build's progress.
@@ -73,6 +105,13 @@ pub(crate) fn run(ctx: &mut BuildContext<'_>, mut cmd: Command) -> Result<()> {
         .env("LC_ALL", "C")
         .env("DEBIAN_FRONTEND", "noninteractive");
     sys::kill_with_parent(&mut cmd);
+    // Its own process group, so that a stop reaches what it started (debootstrap's dpkg
+    // and wget, apt's methods) and none of them keeps the output pipes open.
+    cmd.process_group(0);
+    let silence_limit = ctx
+        .options
+        .tool_silence_limit
+        .unwrap_or(DEFAULT_TOOL_SILENCE_LIMIT);
     let mut child = cmd
         .spawn()
         .map_err(|e| ctx.fail(format!("could not start `{command}`: {e}")))?;
@@ -98,12 +137,53 @@ pub(crate) fn run(ctx: &mut BuildContext<'_>, mut cmd: Command) -> Result<()> {
     let mut guard = ChildGuard(Some(child));
 
     let mut tail = VecDeque::with_capacity(TAIL_LINES);
-    for line in rx {
-        if tail.len() == TAIL_LINES {
-            tail.pop_front();
+    let mut last_line = Instant::now();
+    let stopped = loop {
+        let next = rx.recv_timeout(CANCEL_POLL.min(silence_limit));
+        // Looked at whatever came: a tool that keeps printing is cancelled too.
+        if ctx.cancelled() {
+            break Some(Stopped::Cancelled);
         }
-        tail.push_back(line.clone());
-        ctx.output(line);
+        match next {
+            Ok(line) => {
+                last_line = Instant::now();
+                if tail.len() == TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line.clone());
+                ctx.output(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if last_line.elapsed() >= silence_limit {
+                    break Some(Stopped::Silent(silence_limit));
+                }
+            }
+        }
+    };
+    let tail_text = |tail: VecDeque<String>| {
+        if tail.is_empty() {
+            String::from("(no output)")
+        } else {
+            Vec::from(tail).join("\n")
+        }
+    };
+    if let Some(stopped) = stopped {
+        // The readers end once the group is gone; they are not waited for, in case
+        // something left the group and still holds a pipe.
+        guard.kill_group();
+        drop(guard);
+        return Err(match stopped {
+            Stopped::Cancelled => ctx.fail(format!(
+                "the build was cancelled while `{command}` ran; it was killed"
+            )),
+            Stopped::Silent(limit) => TemplateError::ToolSilent {
+                step: ctx.current_step().to_owned(),
+                command,
+                seconds: limit.as_secs_f64(),
+                tail: tail_text(tail),
+            },
+        });
     }
     for reader in readers {
         let _ = reader.join();
@@ -120,11 +200,7 @@ pub(crate) fn run(ctx: &mut BuildContext<'_>, mut cmd: Command) -> Result<()> {
         step: ctx.current_step().to_owned(),
         command,
         status: status.to_string(),
-        tail: if tail.is_empty() {
-            String::from("(no output)")
-        } else {
-            Vec::from(tail).join("\n")
-        },
+        tail: tail_text(tail),
     })
 }
 
@@ -179,6 +255,81 @@ mod tests {
             .filter(|e| matches!(e, Progress::Output(_)))
             .count();
         assert_eq!(outputs, 31);
+    }
+
+    /// Whether process `pid` still exists (a zombie counts as gone).
+    fn alive(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    }
+
+    #[test]
+    fn a_silent_tool_is_killed_with_what_it_started() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("grandchild.pid");
+        let options = BuildOptions {
+            tool_silence_limit: Some(Duration::from_millis(600)),
+            ..BuildOptions::default()
+        };
+        let mut sink = |_: Progress| {};
+        let mut ctx = BuildContext::new(&options, &mut sink);
+        ctx.step("hanging").expect("step");
+        let mut cmd = Command::new("sh");
+        // A grandchild that would hold the output pipe open for a minute, then silence.
+        cmd.arg("-c").arg(format!(
+            "echo started; sleep 60 & echo $! > {}; wait",
+            pidfile.display()
+        ));
+        let began = Instant::now();
+        let err = run(&mut ctx, cmd).expect_err("killed for its silence");
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            began.elapsed()
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("wrote nothing for 0.6 s and was killed"),
+            "{text}"
+        );
+        assert!(text.contains("started"), "the tail is kept: {text}");
+        let grandchild = std::fs::read_to_string(&pidfile).expect("pid file");
+        let grandchild = grandchild.trim();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(grandchild) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !alive(grandchild),
+            "the tool's own child {grandchild} was killed too"
+        );
+    }
+
+    #[test]
+    fn a_cancel_stops_a_running_tool() {
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let options = BuildOptions {
+            cancel: Some(cancel.clone()),
+            ..BuildOptions::default()
+        };
+        let mut sink = |_: Progress| {};
+        let mut ctx = BuildContext::new(&options, &mut sink);
+        ctx.step("long").expect("step");
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "while true; do echo tick; sleep 0.1; done"]);
+        let setter = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(300));
+            cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let err = run(&mut ctx, cmd).expect_err("cancelled");
+        setter.join().expect("setter");
+        assert!(err.to_string().contains("cancelled"), "{err}");
     }
 
     #[test]

@@ -52,6 +52,7 @@ both_backends!(
     a_volume_is_read_write_to_one_sandbox_or_read_only_to_many_and_deleted_only_unattached,
     a_full_volume_fails_only_the_write_that_does_not_fit,
     hibernation_keeps_a_volume_and_fork_children_keep_only_read_only_ones,
+    hibernated_and_paused_sandboxes_keep_their_state_over_a_server_restart,
 );
 
 /// What a backend does differently, said once. Cases branch on these fields, never on the
@@ -242,12 +243,10 @@ async fn a_paused_sandbox_uses_no_cpu_and_refuses_calls_until_resumed(isolation:
     assert!(!s.state_dir.join("sandboxes").join(&id).exists());
 }
 
-/// On `ns` only for now: on vm, a paused sandbox re-adopted by a restarted server answers
-/// no exec after `resume` (the call hangs; found when this case first ran on vm). Running
-/// vms are re-adopted (vm.rs: `a_restarted_server_readopts_running_vms`).
-#[tokio::test]
-async fn hibernated_and_paused_sandboxes_keep_their_state_over_a_server_restart() {
-    let b = Backend::of("ns");
+/// On vm, a paused guest's agent still holds the session of the server that stopped: the
+/// resume ends it (`VmBackend::resume`), or the next exec would hang unanswered.
+async fn hibernated_and_paused_sandboxes_keep_their_state_over_a_server_restart(isolation: &str) {
+    let b = Backend::of(isolation);
     let mut s = TestServer::start().await;
     let id = s.create_id(b.create(json!({"persistent": true}))).await;
     s.sh(&id, "echo before-restart > /root/note").await;

@@ -121,6 +121,7 @@ impl VmBackend {
                     hutch_vm::capture::save_devices(&mut qmp, &bake_state, &shared.join("state"))
                         .await
                         .map_err(CoreError::from)?;
+                    crate::crash_points::crash_point("snapshot.frozen");
                     let devices_ms = t0.elapsed().as_millis() as u64;
                     // The RAM and the disk copied at once, on the blocking pool.
                     let memory = shared.join("memory");
