@@ -73,7 +73,8 @@ async fn build_with(s: &TestServer, name: &str, dockerfile: &str, query: &str) -
 both_backends!(its_service_answers_through_the_port_proxy_right_after_create);
 
 async fn its_service_answers_through_the_port_proxy_right_after_create(isolation: &str) {
-    let s = TestServer::start().await;
+    // One warm guest on vm: the second create below claims it.
+    let s = TestServer::start_with(&["--vm-warm", "1"]).await;
     let name = format!("df-web-{isolation}-{}", std::process::id());
     build(&s, &name, DOCKERFILE).await;
     let (status, t) = s
@@ -85,9 +86,32 @@ async fn its_service_answers_through_the_port_proxy_right_after_create(isolation
         "HEALTHCHECK is the ready check: {t}"
     );
 
-    let id = s
-        .create_id(on(isolation, json!({"template": name, "disk_mib": 512})))
+    let create = on(isolation, json!({"template": name, "disk_mib": 512}));
+    let id = s.create_id(create.clone()).await;
+    assert_serves(&s, &id).await;
+    assert_eq!(s.kill(&id).await, 204);
+
+    if isolation == "vm" {
+        // A warm guest ran the ready check while it was warmed; claimed, it only confirms
+        // the start command still runs — and it answers at once all the same.
+        let warm = warm_guest_ids(&s).await;
+        let id = s.create_id(create).await;
+        assert!(
+            warm.contains(&id),
+            "{id} was claimed from the pool {warm:?}"
+        );
+        assert_serves(&s, &id).await;
+        assert_eq!(s.kill(&id).await, 204);
+    }
+
+    let (status, v) = s
+        .request(Method::DELETE, &format!("/v1/templates/{name}"), None)
         .await;
+    assert!(status == 204 || status == 200, "{status} {v}");
+}
+
+/// The service of sandbox `id` answers through the port proxy now.
+async fn assert_serves(s: &TestServer, id: &str) {
     let resp = s
         .http
         .get(format!("{}/v1/sandboxes/{id}/ports/8080/", s.url))
@@ -100,12 +124,47 @@ async fn its_service_answers_through_the_port_proxy_right_after_create(isolation
         resp.text().await.expect("body"),
         "built-from-a-dockerfile\n"
     );
+}
 
-    assert_eq!(s.kill(&id).await, 204);
-    let (status, v) = s
-        .request(Method::DELETE, &format!("/v1/templates/{name}"), None)
-        .await;
-    assert!(status == 204 || status == 200, "{status} {v}");
+/// The ids of the server's warm vm guests once one is ready: guest directories the API does
+/// not list, while the warm-guest gauge says 1.
+async fn warm_guest_ids(s: &TestServer) -> std::collections::BTreeSet<String> {
+    let t0 = Instant::now();
+    loop {
+        let metrics = s.metrics_text().await;
+        let gauge = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("hutch_vm_warm_guests "))
+            .map(str::trim)
+            .unwrap_or("0")
+            .to_owned();
+        let (status, listed) = s.request(Method::GET, "/v1/sandboxes", None).await;
+        assert_eq!(status, 200, "{listed}");
+        let listed: Vec<&str> = listed
+            .as_array()
+            .or_else(|| listed["sandboxes"].as_array())
+            .expect("a list")
+            .iter()
+            .filter_map(|x| x["id"].as_str())
+            .collect();
+        let hidden: std::collections::BTreeSet<String> =
+            std::fs::read_dir(s.state_dir.join("sandboxes"))
+                .map(|d| {
+                    d.flatten()
+                        .filter_map(|e| e.file_name().into_string().ok())
+                        .filter(|n| !listed.contains(&n.as_str()))
+                        .collect()
+                })
+                .unwrap_or_default();
+        if gauge == "1" && hidden.len() == 1 {
+            return hidden;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "a warm guest is ready (gauge {gauge}, hidden {hidden:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 const DOCKERFILE_WORKDIR_USER: &str = "FROM minimal

@@ -164,6 +164,7 @@ impl FakeBackend {
             init_start_time: hutch_jail::start_time(pid).unwrap_or_default(),
             cgroups: Vec::new(),
             disk_mib: None,
+            service_ready: false,
         })
     }
 

@@ -46,6 +46,9 @@ pub struct Started {
     /// The disk size the sandbox really got, when it differs from its `disk_mib` (`vm`: a
     /// root disk is never smaller than its template image).
     pub disk_mib: Option<u64>,
+    /// A warm guest's start command passed its ready check before the guest was paused
+    /// ([`Backend::create_warm`]): its claim need not run the check again.
+    pub service_ready: bool,
 }
 
 /// Resource usage of one sandbox.

@@ -360,6 +360,7 @@ impl NsJails {
                 init_start_time: s.init_start_time,
                 cgroups: s.cgroups,
                 disk_mib: None,
+                service_ready: false,
             }),
             _ => Err(CoreError::SandboxFailed(helper_failure(&out))),
         }

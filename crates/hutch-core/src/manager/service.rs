@@ -44,4 +44,22 @@ impl Manager {
             }),
         }
     }
+
+    /// For a warm guest whose ready check passed while it was warmed: one question to the
+    /// agent — the start command still runs — instead of the check (an exec under TCG is
+    /// most of a warm create). Anything else (it exited, the agent cannot tell) runs the
+    /// whole of [`Self::ensure_service`], which reports it.
+    pub(super) async fn confirm_service(
+        &self,
+        record: &SandboxRecord,
+        client: &AgentClient,
+    ) -> CoreResult<()> {
+        match client.service_status().await {
+            Ok(status) if status.state == hutch_proto::ServiceState::Running => {
+                tracing::debug!(id = %record.id, "start command running, ready check passed in the warm pool");
+                Ok(())
+            }
+            _ => self.ensure_service(record, client).await,
+        }
+    }
 }

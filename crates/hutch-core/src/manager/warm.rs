@@ -51,6 +51,9 @@ pub(super) struct WarmKey {
 struct WarmGuest {
     id: SandboxId,
     agent: AgentClient,
+    /// Its start command's ready check passed while it was warmed, so a claim only asks the
+    /// agent that the command still runs ([`Manager::confirm_service`]).
+    ready: bool,
 }
 
 #[derive(Default)]
@@ -159,6 +162,7 @@ impl Manager {
                 .await;
                 match policy_set {
                     Ok(()) => match backend.claim_warm(&rec, &guest.agent).await {
+                        Ok(()) if guest.ready => self.confirm_service(&rec, &guest.agent).await,
                         Ok(()) => self.ensure_service(&rec, &guest.agent).await,
                         Err(e) => Err(e),
                     },
@@ -354,9 +358,11 @@ impl Manager {
             }
         };
         self.watch_init(&record);
+        let ready = started.service_ready;
         Ok(WarmGuest {
             id: record.id,
             agent,
+            ready,
         })
     }
 

@@ -281,8 +281,18 @@ impl VmBackend {
             CoreError::SandboxFailed(format!("identity of the restored guest: {e}"))
         })?;
         let identity_ms = identifying.elapsed().as_millis() as u64;
+        let mut service_ready = false;
         if warm {
             hutch_vm::snapshot::run_first_programs(&client).await;
+            // The start command's ready check, off the create's path (the bake has the
+            // service up): a claim then only confirms it still runs. One that does not pass
+            // here (it may need the network a warm guest lacks) is left to the claim.
+            if let Some(spec) = r.start.as_ref().filter(|s| s.ready.is_some()) {
+                service_ready = hutch_proto::client::service::start_and_wait(&client, spec)
+                    .await
+                    .inspect_err(|e| tracing::debug!(id = %r.id, error = %e, "the ready check did not pass in the warm guest; its claim runs it"))
+                    .is_ok();
+            }
             // Through the restore's own QMP connection (QEMU serves one at a time).
             guest
                 .qmp
@@ -311,6 +321,7 @@ impl VmBackend {
             cgroups,
             agent: Some(client),
             disk_mib: Some(disk_mib),
+            service_ready,
         })
     }
 }
