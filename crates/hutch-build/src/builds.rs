@@ -112,7 +112,7 @@ pub struct BuildRequest {
     pub tenant: Option<Tenant>,
     /// Resources the template's sandboxes get by default, where the build sets them
     /// (otherwise the `FROM` template's).
-    pub sandbox_resources: SandboxResources,
+    pub sandbox_resources: crate::SandboxResources,
     /// How images (`FROM` ones, or the image of an image build) are pulled.
     pub registry: RegistryAccess,
     /// `Some`: the template is this image (no Dockerfile is read).
@@ -178,39 +178,6 @@ impl RegistryAccess {
             }
             None if self.operator => "host".into(),
             None => "anonymous".into(),
-        }
-    }
-}
-
-/// Default resources a build gives the template's sandboxes (each `None` keeps the base's).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SandboxResources {
-    /// CPU bandwidth in cores.
-    pub cpus: Option<f64>,
-    /// Memory limit in MiB.
-    pub memory_mib: Option<u64>,
-    /// Writable disk in MiB.
-    pub disk_mib: Option<u64>,
-}
-
-impl SandboxResources {
-    /// The `cpus` a build may give.
-    pub const CPUS: std::ops::RangeInclusive<f64> = 0.05..=256.0;
-    /// The `memory_mib` a build may give.
-    pub const MEMORY_MIB: std::ops::RangeInclusive<u64> = 16..=1 << 20;
-    /// The `disk_mib` a build may give.
-    pub const DISK_MIB: std::ops::RangeInclusive<u64> = 16..=1 << 24;
-
-    /// `defaults` with these set.
-    pub fn apply(&self, defaults: &mut hutch_template::ResourceDefaults) {
-        if let Some(cpus) = self.cpus {
-            defaults.cpus = cpus;
-        }
-        if let Some(memory_mib) = self.memory_mib {
-            defaults.memory_mib = memory_mib;
-        }
-        if let Some(disk_mib) = self.disk_mib {
-            defaults.disk_mib = disk_mib;
         }
     }
 }

@@ -740,6 +740,7 @@ async fn resolve_base(
         reference: reference.to_string(),
         pull: request.registry.pull_options(&builder.settings),
         local: None,
+        resources: Default::default(),
     };
     let (b, n) = (build.clone(), name.clone());
     // A cancel of the build stops the pull at once.

@@ -27,6 +27,7 @@ pub(crate) async fn run(
         reference: image.reference.clone(),
         pull: request.registry.pull_options(&builder.settings),
         local: image.local.clone(),
+        resources: request.sandbox_resources,
     };
     let (cancelled, _following) = build.cancel_flag();
     let options = BuildOptions {
@@ -37,19 +38,11 @@ pub(crate) async fn run(
         ..BuildOptions::default()
     };
     let manager = builder.manager.clone();
-    let (b, name, resources, tag) = (
-        build.clone(),
-        request.template.clone(),
-        request.sandbox_resources,
-        request.tag.clone(),
-    );
+    let (b, name, tag) = (build.clone(), request.template.clone(), request.tag.clone());
     let done = blocking(move || {
         let mut progress = |p: Progress| log_progress(&b, p);
         let store = manager.templates();
         let info = store.build_image(&name, &source, &options, &mut progress)?;
-        if resources != crate::SandboxResources::default() {
-            store.set_defaults(&name, |d| resources.apply(d))?;
-        }
         if let Some(tag) = &tag {
             store.set_tag(&name, tag, info.rev)?;
             b.log(

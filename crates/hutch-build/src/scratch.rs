@@ -69,6 +69,7 @@ pub(crate) async fn ensure(builder: &Arc<Builder>, build: &Arc<Build>) -> Result
                     path: work.clone(),
                     tag: None,
                 }),
+                resources: Default::default(),
             };
             let mut progress = |p: Progress| log_progress(&b, p);
             store.build_image(TEMPLATE, &source, &BuildOptions::default(), &mut progress)?;

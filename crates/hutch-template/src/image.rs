@@ -28,6 +28,9 @@ pub struct ImageSource {
     /// Read the image from these local files instead (an upload through the API, say);
     /// `reference` is then only what the template records.
     pub local: Option<LocalImage>,
+    /// The default resources the template gives its sandboxes, over the image's: written
+    /// with the revision, so no create sees it without them.
+    pub resources: crate::SandboxResources,
 }
 
 /// An image in local files: an OCI image layout (a directory or a tarball of one) or a

@@ -145,6 +145,39 @@ pub(crate) fn rfc3339_utc(time: SystemTime) -> String {
     hutch_proto::time::rfc3339_utc(secs as i64)
 }
 
+/// Default resources a build gives the template's sandboxes (each `None` keeps the base's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SandboxResources {
+    /// CPU bandwidth in cores.
+    pub cpus: Option<f64>,
+    /// Memory limit in MiB.
+    pub memory_mib: Option<u64>,
+    /// Writable disk in MiB.
+    pub disk_mib: Option<u64>,
+}
+
+impl SandboxResources {
+    /// The `cpus` a build may give.
+    pub const CPUS: std::ops::RangeInclusive<f64> = 0.05..=256.0;
+    /// The `memory_mib` a build may give.
+    pub const MEMORY_MIB: std::ops::RangeInclusive<u64> = 16..=1 << 20;
+    /// The `disk_mib` a build may give.
+    pub const DISK_MIB: std::ops::RangeInclusive<u64> = 16..=1 << 24;
+
+    /// `defaults` with these set.
+    pub fn apply(&self, defaults: &mut ResourceDefaults) {
+        if let Some(cpus) = self.cpus {
+            defaults.cpus = cpus;
+        }
+        if let Some(memory_mib) = self.memory_mib {
+            defaults.memory_mib = memory_mib;
+        }
+        if let Some(disk_mib) = self.disk_mib {
+            defaults.disk_mib = disk_mib;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -48,7 +48,7 @@ pub use build::{BuildOptions, Progress, DEFAULT_TOOL_SILENCE_LIMIT};
 pub use error::TemplateError;
 pub use hutch_image::{Credentials, ImageConfig, Limits, PullOptions, Transfer, TransferAction};
 pub use image::{is_local_reference, local_path as local_image_path, ImageSource, LocalImage};
-pub use info::{ResourceDefaults, TemplateInfo};
+pub use info::{ResourceDefaults, SandboxResources, TemplateInfo};
 pub use names::builtin_names;
 pub use revisions::parse_ref;
 pub use store::{validate_name, LayeredSource, TemplateStore};

@@ -185,10 +185,15 @@ impl TemplateStore {
         if !options.force {
             let same_source = |info: &TemplateInfo| match &source {
                 Source::Recipe(_) => true,
-                Source::Image(image) => info
-                    .image
-                    .as_ref()
-                    .is_some_and(|i| i.reference == image.reference),
+                Source::Image(image) => {
+                    // Other resources make a new revision: a revision is never edited.
+                    let mut wanted = info.defaults.clone();
+                    image.resources.apply(&mut wanted);
+                    info.image
+                        .as_ref()
+                        .is_some_and(|i| i.reference == image.reference)
+                        && wanted == info.defaults
+                }
                 Source::Layered(layered) => {
                     info.build_key.as_deref() == Some(layered.build_key.as_str())
                         && info.start == options.start
@@ -352,7 +357,8 @@ impl TemplateStore {
                 let config = image::build(&rootfs, &blobs, source, ctx)?;
                 drop(blob_lock);
                 let description = format!("OCI image {} ({})", config.reference, config.digest);
-                let defaults = image::defaults(&config);
+                let mut defaults = image::defaults(&config);
+                source.resources.apply(&mut defaults);
                 (image::RECIPE, 0, description, defaults, Some(config))
             }
             Source::Layered(layered) => {

@@ -133,6 +133,29 @@ async fn an_ns_sandbox_runs_a_command_from_a_pulled_image() {
     assert!(out.contains("workspace-is-a-dir"), "{out}");
     // No layer makes /srv: the build makes it, as a container runtime would.
     assert!(out.contains("cwd=/srv\n"), "the image's WorkingDir: {out}");
+
+    // The same image with other default resources is a new revision that has them from the
+    // moment it is published (a revision is never edited after); the same resources again
+    // are already built.
+    let rev = meta["rev"].as_u64().expect("rev");
+    let auth = format!("{USER}:{PASSWORD}");
+    let more = [&args[..], &["--memory-mib", "300"]].concat();
+    let built = template_build(&server, &more, &auth);
+    assert!(built.status.success(), "{built:?}");
+    let meta = template(&server, "img").await;
+    assert_eq!(meta["rev"].as_u64(), Some(rev + 1), "{meta}");
+    assert_eq!(meta["defaults"]["memory_mib"], 300, "{meta}");
+    let recorded: Value = serde_json::from_slice(
+        &std::fs::read(templates.path().join("img/template.json")).expect("template.json"),
+    )
+    .expect("json");
+    assert_eq!(recorded["defaults"]["memory_mib"], 300, "{recorded}");
+    let again = template_build(&server, &more, &auth);
+    assert!(again.status.success(), "{again:?}");
+    assert_eq!(
+        template(&server, "img").await["rev"].as_u64(),
+        Some(rev + 1)
+    );
     drop(server);
 }
 
