@@ -27,6 +27,16 @@ pub enum ImageError {
     /// `--registry-auth` is not `USER:PASSWORD`.
     #[error("registry credentials must be USER:PASSWORD (got something without a `:`)")]
     InvalidCredentials,
+    /// The credential helper `config.json` names for a registry failed.
+    #[error("registry credentials for {registry} from {helper}: {reason}")]
+    CredentialHelper {
+        /// The helper program (`docker-credential-<name>`).
+        helper: String,
+        /// The registry it was asked about.
+        registry: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A Docker-style `config.json` exists but cannot be used.
     #[error("registry credentials file {}: {reason}", path.display())]
     DockerConfig {

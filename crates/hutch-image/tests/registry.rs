@@ -236,11 +236,44 @@ fn a_wrong_password_is_a_clear_401_and_config_json_credentials_work() {
     .expect("write config.json");
     let opts = PullOptions {
         credentials: None,
-        docker_config: Some(config),
+        docker_config: Some(config.clone()),
         ..options(&registry)
     };
     let (result, _) = pull_into(work.path(), &reference, &opts);
     result.expect("credentials from config.json");
+
+    // The same credentials from a credential helper the file names for the registry
+    // (`docker-credential-<name> get`, found on PATH), as Docker runs it.
+    let bin = work.path().join("helpers");
+    fs::create_dir(&bin).expect("mkdir");
+    let helper = bin.join("docker-credential-hutch-test");
+    fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\nread server\n[ \"$1 $server\" = 'get {}' ] || exit 1\n\
+             echo '{{\"Username\":\"{USER}\",\"Secret\":\"{PASSWORD}\"}}'\n",
+            registry.host
+        ),
+    )
+    .expect("write helper");
+    fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    fs::write(
+        &config,
+        format!(
+            r#"{{"credHelpers": {{"{}": "hutch-test"}}}}"#,
+            registry.host
+        ),
+    )
+    .expect("write config.json");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin.clone()];
+    dirs.extend(std::env::split_paths(&path));
+    // This test's own process (nextest runs each test in one of its own).
+    std::env::set_var("PATH", std::env::join_paths(dirs).expect("PATH"));
+    let work2 = tempfile::tempdir().expect("tempdir");
+    let (result, _) = pull_into(work2.path(), &reference, &opts);
+    result.expect("credentials from the credential helper");
 }
 
 #[test]
