@@ -63,6 +63,10 @@ pub struct BuildSettings {
     /// What the server's own prunes of the step cache remove (every
     /// [`crate::AUTO_PRUNE_EVERY`]); nothing set: none.
     pub auto_prune: crate::PrunePolicy,
+    /// What an image (pulled, uploaded, or a Dockerfile's `FROM`) may unpack to: bytes of
+    /// file data and entries, all layers together (`hutch serve --image-max-mib`,
+    /// `--image-max-files`).
+    pub image_limits: hutch_template::Limits,
     /// Most builds queued or running at once on the server.
     pub max_pending: usize,
     /// Most of them one tenant may have.
@@ -87,6 +91,7 @@ impl Default for BuildSettings {
             downloads: true,
             cache_mount_mib: 10 * 1024,
             auto_prune: crate::PrunePolicy::default(),
+            image_limits: hutch_template::Limits::default(),
             max_pending: 32,
             max_pending_per_tenant: 8,
         }
@@ -163,6 +168,7 @@ impl RegistryAccess {
             refuse_local_addresses: !self.operator,
             insecure_registries: insecure,
             ca_certificates: settings.registry_ca.clone(),
+            limits: settings.image_limits,
             ..hutch_template::PullOptions::default()
         }
     }

@@ -31,7 +31,7 @@ mod scratch;
 
 pub use builds::{BuildRequest, BuildSettings, Builder, ImageBuild, LogFollow, RegistryAccess};
 pub use error::BuildError;
-pub use hutch_template::{Credentials, SandboxResources};
+pub use hutch_template::{Credentials, Limits, SandboxResources};
 pub use log::{BuildLogLine, LogStream, TransferView};
 pub use mounts::{BuildSecrets, MAX_SECRETS, MAX_SECRET_BYTES};
 pub use prune::{

@@ -186,6 +186,14 @@ pub struct ServeArgs {
     /// Most template builds one tenant may have queued or running; more are answered 429.
     #[arg(long, default_value_t = 8)]
     pub max_builds_per_tenant: usize,
+    /// Most bytes of file data an image may unpack to, all layers together, in MiB (a
+    /// pull, an upload or a Dockerfile's `FROM`; checked while extracting, so a
+    /// decompression bomb stops at it).
+    #[arg(long, default_value_t = 8 * 1024, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub image_max_mib: u64,
+    /// Most entries (files, directories, links) an image may unpack to, all layers together.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub image_max_files: u64,
     /// Size of each new `RUN --mount=type=cache` volume (MiB; sparse: only what a build
     /// writes there uses disk). A tenant's caches are volumes named `build-cache-…`.
     #[arg(long, default_value_t = 10 * 1024, value_parser = clap::value_parser!(u64).range(4..=1 << 20))]
@@ -329,6 +337,10 @@ fn build_settings(args: &ServeArgs) -> hutch_build::BuildSettings {
         insecure_registries: args.insecure_registry.clone(),
         allowed_registries: (!args.allowed_registry.is_empty())
             .then(|| args.allowed_registry.clone()),
+        image_limits: hutch_build::Limits {
+            max_bytes: args.image_max_mib.saturating_mul(1 << 20),
+            max_files: args.image_max_files,
+        },
         max_pending: args.max_builds.max(1),
         max_pending_per_tenant: args.max_builds_per_tenant.max(1),
         cache_mount_mib: args.build_cache_mib,

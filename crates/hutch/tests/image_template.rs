@@ -245,6 +245,28 @@ async fn templates_come_from_local_oci_layouts_and_docker_archives() {
         "{missing:?}"
     );
 
+    // The server's own unpack limits (`--image-max-files`, `--image-max-mib`) hold for an
+    // upload: the same layout on a server that allows 3 entries is refused naming the limit.
+    let strict_templates = work.path().join("strict-templates");
+    hutch_testkit::private_templates(&strict_templates);
+    let strict = TestServer::start_in(strict_templates, &["--image-max-files", "3"]).await;
+    let refused = template_build(
+        &strict,
+        &[
+            "few",
+            "--from-image",
+            &format!("oci:{}:1", layout.display()),
+        ],
+        "unused:unused",
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("file count limit of 3"),
+        "the limit is named: {stderr}"
+    );
+    drop(strict);
+
     // Through the API a file of the server's is never an image, and an upload may not
     // lead out of itself: the layout below names its blobs through `blobs`, a link to a
     // directory outside it.
