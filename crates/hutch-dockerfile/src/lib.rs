@@ -33,6 +33,7 @@ mod ignore;
 mod mounts;
 mod paths;
 mod plan;
+mod shell_pattern;
 mod source;
 mod step;
 mod substitute;

@@ -9,11 +9,19 @@
 //!   is unset; `${NAME:+word}` gives `word` when `NAME` is set and not empty (else nothing),
 //!   `${NAME+word}` when it is set; `${NAME:?message}` and `${NAME?message}` stop the build
 //!   with `message` when it is unset (or empty, with `:`). `word` is itself substituted;
+//! - `${NAME#pattern}` and `${NAME##pattern}` give the value without the shortest or longest
+//!   prefix `pattern` matches, `${NAME%pattern}` and `${NAME%%pattern}` without such a
+//!   suffix, `${NAME/pattern/word}` with the first longest match replaced by `word` and
+//!   `${NAME//pattern/word}` with every one (`/word` may be left out: the match is
+//!   deleted). Patterns are shell patterns (`*`, `?`, `[…]`, the escape character for a
+//!   literal one: `shell_pattern.rs`), substituted first;
 //! - the escape character (`\`, or `` ` `` by the `escape` directive) makes the next
 //!   character literal, so `\$HOME` is `$HOME`;
 //! - `'…'` is literal; in `"…"` variables are substituted and only `\"`, `\$` and `\\` are
 //!   escapes. The quotes themselves are removed;
 //! - a `$` not followed by a name or `{` is kept.
+
+use crate::shell_pattern::ShellPattern;
 
 /// The most bytes one substituted word may have (`ENV A=$B$B…` cannot blow up).
 pub(crate) const MAX_WORD_BYTES: usize = 64 * 1024;
@@ -33,6 +41,7 @@ pub(crate) fn expand(
         lookup,
         raw: false,
         limit: MAX_WORD_BYTES,
+        keep_escapes: false,
     };
     lexer.process(None)
 }
@@ -52,6 +61,7 @@ pub(crate) fn expand_heredoc(
         lookup,
         raw: true,
         limit: MAX_HEREDOC_BYTES,
+        keep_escapes: false,
     };
     lexer.process(None)
 }
@@ -65,6 +75,9 @@ struct Lexer<'a> {
     raw: bool,
     /// The most bytes the result may have.
     limit: usize,
+    /// Keep escapes (the escape character and what it escapes) in the result: a pattern
+    /// being read, whose escapes make its wildcards literal.
+    keep_escapes: bool,
 }
 
 impl Lexer<'_> {
@@ -80,6 +93,16 @@ impl Lexer<'_> {
 
     /// Processes until the end, or until the unescaped `stop` character (consumed).
     fn process(&mut self, stop: Option<char>) -> Result<String, String> {
+        let stops: &[char] = match &stop {
+            Some(c) => std::slice::from_ref(c),
+            None => &[],
+        };
+        self.process_until(stops).map(|(out, _)| out)
+    }
+
+    /// Processes until the end (`stops` empty), or until one of the unescaped `stops`
+    /// (consumed, and returned).
+    fn process_until(&mut self, stops: &[char]) -> Result<(String, Option<char>), String> {
         let mut out = String::new();
         loop {
             if out.len() > self.limit {
@@ -89,14 +112,14 @@ impl Lexer<'_> {
                 ));
             }
             let Some(c) = self.peek() else {
-                return match stop {
+                return match stops.last() {
                     Some(s) => Err(format!("syntax error: missing `{s}`")),
-                    None => Ok(out),
+                    None => Ok((out, None)),
                 };
             };
-            if Some(c) == stop {
+            if stops.contains(&c) {
                 self.at += 1;
-                return Ok(out);
+                return Ok((out, Some(c)));
             }
             match c {
                 '$' => {
@@ -122,6 +145,9 @@ impl Lexer<'_> {
                 c if c == self.escape => {
                     self.at += 1;
                     if let Some(next) = self.next() {
+                        if self.keep_escapes {
+                            out.push(c);
+                        }
                         out.push(next);
                     }
                 }
@@ -129,6 +155,46 @@ impl Lexer<'_> {
                     self.at += 1;
                     out.push(c);
                 }
+            }
+        }
+    }
+
+    /// A pattern up to one of `stops`, its escapes kept for [`ShellPattern::parse`].
+    fn pattern_until(&mut self, stops: &[char]) -> Result<(ShellPattern, Option<char>), String> {
+        let keep = std::mem::replace(&mut self.keep_escapes, true);
+        let read = self.process_until(stops);
+        self.keep_escapes = keep;
+        let (text, stop) = read?;
+        Ok((ShellPattern::parse(&text, self.escape)?, stop))
+    }
+
+    /// After `${NAME` and one of `#`, `%`, `/`: the rest up to the `}`, applied to `value`.
+    fn pattern_modifier(
+        &mut self,
+        modifier: char,
+        value: Option<String>,
+    ) -> Result<String, String> {
+        let value = value.unwrap_or_default();
+        let doubled = self.peek() == Some(modifier);
+        if doubled {
+            self.at += 1;
+        }
+        match modifier {
+            '#' | '%' => {
+                let (pattern, _) = self.pattern_until(&['}'])?;
+                if modifier == '#' {
+                    pattern.trim_prefix(&value, doubled)
+                } else {
+                    pattern.trim_suffix(&value, doubled)
+                }
+            }
+            _ => {
+                let (pattern, stop) = self.pattern_until(&['/', '}'])?;
+                let replacement = match stop {
+                    Some('/') => self.process(Some('}'))?,
+                    _ => String::new(),
+                };
+                pattern.replace(&value, &replacement, doubled)
             }
         }
     }
@@ -196,6 +262,9 @@ impl Lexer<'_> {
         let Some(modifier) = modifier else {
             return Err(format!("syntax error: missing `}}` after `${{{name}`"));
         };
+        if !colon && matches!(modifier, '#' | '%' | '/') {
+            return self.pattern_modifier(modifier, value);
+        }
         if !matches!(modifier, '-' | '+' | '?') {
             return Err(format!(
                 "unsupported modifier `{}{modifier}` in `${{{name}…}}`",
@@ -290,6 +359,53 @@ mod tests {
     }
 
     #[test]
+    fn prefixes_suffixes_and_replacements() {
+        let vars = |name: &str| match name {
+            "FILE" => Some("app-1.2.3.tar.gz".to_owned()),
+            "PATHS" => Some("/usr/local/bin:/usr/bin".to_owned()),
+            "STAR" => Some("a*b".to_owned()),
+            _ => None,
+        };
+        let x = |word: &str| expand(word, '\\', &vars).expect("expands");
+        assert_eq!(x("${FILE#*-}"), "1.2.3.tar.gz");
+        assert_eq!(x("${FILE##*.}"), "gz");
+        assert_eq!(x("${FILE%.*}"), "app-1.2.3.tar");
+        assert_eq!(x("${FILE%%.*}"), "app-1");
+        assert_eq!(x("${FILE/./_}"), "app-1_2.3.tar.gz");
+        assert_eq!(x("${FILE//./_}"), "app-1_2_3_tar_gz");
+        assert_eq!(
+            x("${FILE/.tar.gz}"),
+            "app-1.2.3",
+            "no replacement: the match goes"
+        );
+        assert_eq!(x("${PATHS//:/ }"), "/usr/local/bin /usr/bin");
+        assert_eq!(x("${PATHS%%:*}"), "/usr/local/bin");
+        // The pattern is substituted first; an escaped `*` is a literal star.
+        let y = |word: &str| {
+            expand(word, '\\', &|n: &str| match n {
+                "V" => Some("1.2.3".to_owned()),
+                "SEP" => Some(".".to_owned()),
+                other => vars(other),
+            })
+            .expect("expands")
+        };
+        assert_eq!(y("${V%$SEP*}"), "1.2");
+        assert_eq!(x("${STAR/\\*/+}"), "a+b");
+        assert_eq!(x("${STAR#a\\*}"), "b");
+        assert_eq!(x("${UNSET#x}"), "", "unset is empty");
+        assert_eq!(
+            expand("`${STAR/`*/+}", '`', &vars).expect("backtick escape"),
+            "${STAR/*/+}",
+            "an escaped `$` is literal"
+        );
+        assert_eq!(
+            expand("${STAR/`*/+}", '`', &vars).expect("backtick escape"),
+            "a+b"
+        );
+        assert!(expand("${FILE#*", '\\', &vars).is_err(), "missing `}}`");
+    }
+
+    #[test]
     fn required_variables() {
         assert_eq!(
             expand("${UNSET:?set it}", '\\', &vars).expect_err("unset"),
@@ -324,9 +440,9 @@ mod tests {
     fn malformed_substitutions_are_errors() {
         assert!(expand("${NAME", '\\', &vars).is_err());
         assert!(expand("${}", '\\', &vars).is_err());
-        assert!(expand("${NAME#x}", '\\', &vars)
+        assert!(expand("${NAME:#x}", '\\', &vars)
             .expect_err("unsupported")
-            .contains("unsupported modifier `#`"));
+            .contains("unsupported modifier `:#`"));
         assert!(expand("'open", '\\', &vars).is_err());
         assert!(expand("\"open", '\\', &vars).is_err());
     }

@@ -250,3 +250,30 @@ fn with_base_configurations_env_extends_the_image_s() {
     let without = plan_ok("FROM python:3\nENV PATH=/opt/venv/bin:$PATH\n");
     assert_eq!(without.config().env_var("PATH"), Some("/opt/venv/bin:"));
 }
+
+#[test]
+fn patterns_trim_and_replace_as_the_shell_does() {
+    let dockerfile = "ARG VERSION=1.24.3\nFROM scratch\nARG VERSION\n\
+                      ENV MINOR=${VERSION%.*} MAJOR=${VERSION%%.*} PATCH=${VERSION##*.} \
+                      DASHED=${VERSION//./-}\n\
+                      WORKDIR /opt/go-${VERSION/.3}\n";
+    let plan = plan_ok(dockerfile);
+    let steps = steps(&plan);
+    let env = env_of(&steps[1].instruction);
+    let value = |name: &str| {
+        env.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("{name} in {env:?}"))
+    };
+    assert_eq!(value("MINOR"), "1.24");
+    assert_eq!(value("MAJOR"), "1");
+    assert_eq!(value("PATCH"), "3");
+    assert_eq!(value("DASHED"), "1-24-3");
+    assert_eq!(
+        steps[2].instruction,
+        Instruction::Workdir {
+            path: "/opt/go-1.24".to_owned()
+        }
+    );
+}
