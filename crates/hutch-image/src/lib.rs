@@ -18,6 +18,7 @@ mod config;
 mod egress;
 mod error;
 mod local;
+mod manifest;
 mod progress;
 mod registry;
 mod rootdir;

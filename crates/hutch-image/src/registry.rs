@@ -1,10 +1,12 @@
 //! [`pull`]: an image from an OCI distribution registry into the [`BlobStore`].
 //!
 //! The protocol is `oci-client`'s: the `/v2/` challenge, anonymous or credentialed bearer
-//! tokens and basic auth, Docker v2 (schema 2) and OCI manifests, image indexes and Docker
-//! manifest lists (the `linux/amd64` entry is taken), digest checks of manifests. Around it
-//! this module adds what a server pulling untrusted images needs:
+//! tokens and basic auth, and the blob downloads. Manifests — Docker v2 (schema 2) and OCI
+//! manifests, image indexes and Docker manifest lists (the `linux/amd64` entry is taken) —
+//! are read by `manifest.rs` with a size bound the client lacks, their digests checked.
+//! Around it this module adds what a server pulling untrusted images needs:
 //!
+//! - a manifest is at most 4 MiB, read as it streams;
 //! - every blob (config and layers) streams to a temporary file under the store while its
 //!   sha256 is computed, and is renamed to its digest only if it matches; it may not be
 //!   larger than its descriptor says nor than the size limit;
@@ -304,10 +306,11 @@ impl Job {
             connect_timeout: Some(Duration::from_secs(30)),
             read_timeout: Some(Duration::from_secs(300)),
             https_proxy: proxy.clone(),
-            http_proxy: proxy,
+            http_proxy: proxy.clone(),
             ..ClientConfig::default()
         });
-        let pulled = self.pull_with(&client, store, progress).await;
+        let http = self.manifest_client(proxy.as_deref())?;
+        let pulled = self.pull_with(&client, http, store, progress).await;
         match (pulled, guard.as_ref().and_then(EgressGuard::refusal)) {
             (Err(_), Some(why)) => Err(ImageError::RegistryNotAllowed {
                 registry: self.registry.clone(),
@@ -321,17 +324,85 @@ impl Job {
         }
     }
 
-    /// The pull itself, with `client`.
+    /// The HTTP client manifests are read with (`manifest.rs`): the registry client's
+    /// proxy, roots and timeouts.
+    fn manifest_client(&self, proxy: Option<&str>) -> Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .read_timeout(Duration::from_secs(300))
+            .redirect(reqwest::redirect::Policy::limited(5));
+        for root in &self.roots {
+            let cert = reqwest::Certificate::from_pem(&root.data)
+                .map_err(|e| self.registry_message(format!("a CA certificate: {e}")))?;
+            builder = builder.add_root_certificate(cert);
+        }
+        if let Some(proxy) = proxy {
+            let proxy = reqwest::Proxy::all(proxy)
+                .map_err(|e| self.registry_message(format!("the pull's egress guard: {e}")))?;
+            builder = builder.proxy(proxy);
+        }
+        builder
+            .build()
+            .map_err(|e| self.registry_message(format!("the manifest client: {}", error_chain(&e))))
+    }
+
+    /// The image manifest, read with a bound (`manifest.rs`) after `client` authenticated
+    /// (keeping its token for the blobs).
+    async fn bounded_manifest(
+        &self,
+        client: &Client,
+        http: reqwest::Client,
+    ) -> Result<(oci_client::manifest::OciImageManifest, String)> {
+        use base64::Engine as _;
+        let token = client
+            .auth(
+                &self.parsed,
+                &self.auth,
+                oci_client::RegistryOperation::Pull,
+            )
+            .await
+            .map_err(|e| self.registry_error(e))?;
+        let authorization = match (token, &self.auth) {
+            (Some(token), _) => Some(format!("Bearer {token}")),
+            (None, RegistryAuth::Basic(user, password)) => Some(format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+            )),
+            (None, _) => None,
+        };
+        let host = self.parsed.resolve_registry();
+        let scheme = if self.insecure.iter().any(|r| r == host) {
+            "http"
+        } else {
+            "https"
+        };
+        let source = crate::manifest::ManifestSource {
+            http,
+            base: format!("{scheme}://{host}"),
+            repository: self.parsed.repository(),
+            authorization,
+            registry: &self.registry,
+            reference: &self.reference,
+        };
+        let tag_or_digest = self
+            .parsed
+            .digest()
+            .or(self.parsed.tag())
+            .unwrap_or("latest");
+        source
+            .image_manifest(tag_or_digest, self.parsed.digest())
+            .await
+    }
+
+    /// The pull itself, with `client` (blobs) and `http` (manifests).
     async fn pull_with(
         &self,
         client: &Client,
+        http: reqwest::Client,
         store: &BlobStore,
         progress: &mpsc::Sender<PullEvent>,
     ) -> Result<PulledImage> {
-        let (manifest, manifest_digest) = client
-            .pull_image_manifest(&self.parsed, &self.auth)
-            .await
-            .map_err(|e| self.registry_error(e))?;
+        let (manifest, manifest_digest) = self.bounded_manifest(client, http).await?;
         let _ = progress.send(PullEvent::Line(format!(
             "manifest {manifest_digest} ({} layers)",
             manifest.layers.len()
