@@ -782,3 +782,53 @@ async fn builds_past_a_tenants_bound_are_429_naming_it() {
     drop(other);
     drop(guard);
 }
+
+#[tokio::test]
+async fn a_tenants_build_sandboxes_count_against_its_quotas() {
+    let guard = TemplateGuard::new("quota");
+    let name = guard.0.clone();
+    let s = TestServer::start().await;
+    s.tenant("quota-builders", json!({"quotas": {"max_sandboxes": 1}}))
+        .await;
+    let key = s.tenant_key("quota-builders", "full").await;
+    let post = || async {
+        let resp = s
+            .http
+            .post(format!("{}/v1/templates?name={name}", s.url))
+            .bearer_auth(&key)
+            .header("content-type", "application/x-tar")
+            .body(tar_of(&[(
+                "Dockerfile",
+                "FROM minimal\nRUN echo built > /built\n",
+            )]))
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(resp.status().as_u16(), 202);
+        let v: Value = resp.json().await.expect("json");
+        v["id"].as_str().expect("build id").to_owned()
+    };
+    // The tenant's one sandbox is in use: the build's RUN needs a second, which its quota
+    // refuses, and the build says so.
+    let (status, sandbox) = s
+        .request_as(&key, Method::POST, "/v1/sandboxes", Some(json!({})))
+        .await;
+    assert_eq!(status, 201, "{sandbox}");
+    let id = post().await;
+    let failed = wait_build(&s, &name, &id).await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("max_sandboxes"),
+        "the quota is named: {failed}"
+    );
+    // With the sandbox gone the same build runs.
+    let sid = sandbox["id"].as_str().expect("id");
+    let (status, _) = s
+        .request_as(&key, Method::DELETE, &format!("/v1/sandboxes/{sid}"), None)
+        .await;
+    assert_eq!(status, 204);
+    let id = post().await;
+    let done = wait_build(&s, &name, &id).await;
+    assert_eq!(done["status"], "succeeded", "{done}");
+}
