@@ -788,8 +788,12 @@ async fn a_tenants_build_sandboxes_count_against_its_quotas() {
     let guard = TemplateGuard::new("quota");
     let name = guard.0.clone();
     let s = TestServer::start().await;
-    s.tenant("quota-builders", json!({"quotas": {"max_sandboxes": 1}}))
-        .await;
+    // Less than a build sandbox asks for (2 CPUs, 2 GiB): it is fitted to the quotas.
+    s.tenant(
+        "quota-builders",
+        json!({"quotas": {"max_sandboxes": 1, "max_cpus": 1, "max_memory_mib": 1024}}),
+    )
+    .await;
     let key = s.tenant_key("quota-builders", "full").await;
     let post = || async {
         let resp = s
@@ -811,7 +815,12 @@ async fn a_tenants_build_sandboxes_count_against_its_quotas() {
     // The tenant's one sandbox is in use: the build's RUN needs a second, which its quota
     // refuses, and the build says so.
     let (status, sandbox) = s
-        .request_as(&key, Method::POST, "/v1/sandboxes", Some(json!({})))
+        .request_as(
+            &key,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"cpus": 0.25, "memory_mib": 128})),
+        )
         .await;
     assert_eq!(status, 201, "{sandbox}");
     let id = post().await;
@@ -819,7 +828,9 @@ async fn a_tenants_build_sandboxes_count_against_its_quotas() {
     assert_eq!(failed["status"], "failed", "{failed}");
     let error = failed["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("max_sandboxes"),
+        ["max_sandboxes", "max_cpus", "max_memory_mib"]
+            .iter()
+            .any(|q| error.contains(q)),
         "the quota is named: {failed}"
     );
     // With the sandbox gone the same build runs.

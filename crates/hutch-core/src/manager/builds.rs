@@ -25,6 +25,22 @@ impl Manager {
             let most = (pool_mib / 2).max(64).min(pool_mib);
             cmd.disk_mib = cmd.disk_mib.map(|d| d.min(most));
         }
+        // A tenant's build sandbox fits its quotas: a build asks for more than most
+        // sandboxes (2 CPUs, 2 GiB), which a tenant allowed less could then never build
+        // with. It still counts against them (a build over them fails, naming the quota).
+        if let Some(name) = &cmd.tenant {
+            let q = self.tenant(name).await?.settings.quotas;
+            let cpus = [q.max_cpus, q.max_sandbox_cpus].into_iter().flatten();
+            let cpus_cap = cpus.fold(f64::INFINITY, f64::min);
+            cmd.cpus = cmd.cpus.map(|c| c.min(cpus_cap));
+            let memory = [q.max_memory_mib, q.max_sandbox_memory_mib]
+                .into_iter()
+                .flatten();
+            cmd.memory_mib = cmd.memory_mib.map(|m| memory.fold(m, u64::min));
+            if let Some(most) = q.max_sandbox_disk_mib {
+                cmd.disk_mib = cmd.disk_mib.map(|d| d.min(most));
+            }
+        }
         self.create_sandbox_as(cmd, None, true).await
     }
 
