@@ -30,6 +30,21 @@ pub fn cgroups_of(id: &str) -> Vec<PathBuf> {
     dirs.into_iter().filter(|d| d.is_dir()).collect()
 }
 
+/// Assert that no process runs in sandbox `id`'s cgroups and none of them is left
+/// (`context` starts the messages: the crash point, say).
+pub fn assert_no_processes_or_cgroups(id: &str, context: &str) {
+    assert_eq!(
+        processes_of(id),
+        Vec::<i32>::new(),
+        "{context}: {id}'s processes"
+    );
+    assert_eq!(
+        cgroups_of(id),
+        Vec::<PathBuf>::new(),
+        "{context}: {id}'s cgroups"
+    );
+}
+
 /// Whether sandbox `id`'s cgroup is frozen (by the v1 freezer or cgroup v2's).
 pub fn cgroup_frozen(id: &str) -> bool {
     let root = Path::new("/sys/fs/cgroup");

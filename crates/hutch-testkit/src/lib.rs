@@ -38,7 +38,9 @@ mod wait;
 pub use backends::{on, skip_without_vm, vm_unavailable};
 pub use builds::{context_of, dockerfile_context};
 pub use e2b::{e2b_python, e2b_scenario};
-pub use host::{cgroup_frozen, cgroups_of, loop_devices_under, processes_of};
+pub use host::{
+    assert_no_processes_or_cgroups, cgroup_frozen, cgroups_of, loop_devices_under, processes_of,
+};
 pub use paths::{
     agent_bin, ensure_template, hutch_bin, private_templates, repo_root, templates_dir,
     vm_cache_dir,

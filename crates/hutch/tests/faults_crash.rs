@@ -19,11 +19,12 @@
 //! fails where nothing reconciles.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use hutch_testkit::{
-    both_backends, cgroup_frozen, cgroups_of, loop_devices_under, on, processes_of, TestServer,
+    assert_no_processes_or_cgroups, both_backends, cgroup_frozen, loop_devices_under, on,
+    processes_of, TestServer,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -399,16 +400,7 @@ fn assert_nothing_else(s: &TestServer, w: &World, listed: &BTreeSet<String>, poi
     gone.extend(ids_in_state(s).difference(listed).cloned());
     let mounts = s.mounts_under_state();
     for id in &gone {
-        assert_eq!(
-            processes_of(id),
-            Vec::<i32>::new(),
-            "{point}: {id}'s processes"
-        );
-        assert_eq!(
-            cgroups_of(id),
-            Vec::<PathBuf>::new(),
-            "{point}: {id}'s cgroups"
-        );
+        assert_no_processes_or_cgroups(id, point);
         assert!(
             !ids_in_state(s).contains(id),
             "{point}: {id}'s directory is left"

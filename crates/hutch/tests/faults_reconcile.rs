@@ -5,11 +5,11 @@
 //! cannot use. Each case first checks the crash did leave a live process behind, so it
 //! fails where nothing reconciles.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use hutch_testkit::{
-    both_backends, cgroups_of, on, processes_of, skip_without_vm, wait_until, TestServer,
+    assert_no_processes_or_cgroups, both_backends, cgroups_of, on, processes_of, skip_without_vm,
+    wait_until, TestServer,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -59,16 +59,7 @@ async fn crash_at(s: &mut TestServer, point: &str, path: &str, body: Value) -> V
 /// After the restart: nothing of `ids` is left on the host, and the API lists none of them.
 async fn assert_gone(s: &TestServer, point: &str, ids: &[String]) {
     for id in ids {
-        assert_eq!(
-            processes_of(id),
-            Vec::<i32>::new(),
-            "{point}: {id}'s processes"
-        );
-        assert_eq!(
-            cgroups_of(id),
-            Vec::<PathBuf>::new(),
-            "{point}: {id}'s cgroups"
-        );
+        assert_no_processes_or_cgroups(id, point);
         assert!(
             !s.state_dir.join("sandboxes").join(id).exists(),
             "{point}: {id}'s directory is left"
