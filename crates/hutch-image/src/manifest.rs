@@ -5,7 +5,8 @@
 //! blob downloads); the manifest — and, for an index or a Docker manifest list, the
 //! `linux/amd64` manifest it names — is fetched by this module with `reqwest`, through the
 //! same proxy and trust roots, reading at most [`MAX_MANIFEST`] bytes, and its sha256 is
-//! checked against the digest the reference (or the index) names.
+//! checked against the digest the reference (or the index) names and the one the registry
+//! declares (`Docker-Content-Digest`).
 
 use futures_util::StreamExt;
 use oci_client::client::linux_amd64_resolver;
@@ -97,6 +98,14 @@ impl ManifestSource<'_> {
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(|v| v.split(';').next().unwrap_or(v).trim().to_owned());
+        // What the registry says the body hashes to (checked when it is a sha256, as the
+        // registry client did).
+        let declared = response
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| v.starts_with("sha256:"))
+            .map(str::to_owned);
         let mut body = Vec::new();
         let mut stream = response.bytes_stream();
         while let Some(chunk) = stream.next().await {
@@ -112,6 +121,7 @@ impl ManifestSource<'_> {
             body.extend_from_slice(&chunk);
         }
         let digest = format!("sha256:{:x}", Sha256::digest(&body));
+        check_digest(declared.as_deref(), &digest)?;
         Ok(Fetched {
             body,
             digest,

@@ -19,6 +19,8 @@ enum Answer {
     Endless,
     /// A `Content-Length` of 1 GiB (and the same bytes).
     Declared,
+    /// A small manifest whose `Docker-Content-Digest` is not its hash.
+    WrongDigest,
 }
 
 /// Start the registry; its address and how many body bytes it managed to send.
@@ -51,9 +53,20 @@ fn hostile_registry(answer: Answer) -> (String, Arc<AtomicU64>) {
                         );
                         continue;
                     }
+                    if let Answer::WrongDigest = answer {
+                        let body = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:0000000000000000000000000000000000000000000000000000000000000000","size":2},"layers":[]}"#;
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nDocker-Content-Digest: sha256:{}\r\nContent-Length: {}\r\n\r\n",
+                            "1".repeat(64),
+                            body.len()
+                        );
+                        let _ = stream.write_all(head.as_bytes());
+                        let _ = stream.write_all(body);
+                        continue;
+                    }
                     let head = match answer {
                         Answer::Endless => "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nConnection: close\r\n\r\n".to_owned(),
-                        Answer::Declared => format!(
+                        Answer::Declared | Answer::WrongDigest => format!(
                             "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nContent-Length: {}\r\n\r\n",
                             1u64 << 30
                         ),
@@ -122,4 +135,20 @@ fn a_manifest_declared_too_large_is_refused_before_its_body() {
     );
     let sent = sent.load(Ordering::Relaxed);
     assert!(sent < 64 << 20, "the client read {sent} bytes");
+}
+
+#[test]
+fn a_manifest_that_is_not_what_the_registry_declares_is_refused() {
+    let (addr, _) = hostile_registry(Answer::WrongDigest);
+    let err = pull_from(&addr).expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            ImageError::DigestMismatch {
+                what: "manifest",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
