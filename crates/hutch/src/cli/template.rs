@@ -259,19 +259,32 @@ pub async fn run(cmd: TemplateCommand, state_dir: &Path, json_out: bool) -> anyh
                      Dockerfile and image builds"
                 );
             }
+            // Ctrl-C cancels the build: the running tool is killed with everything it
+            // started (its own process group, which the terminal's SIGINT does not reach).
+            let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let options = BuildOptions {
                 force,
                 start: start.spec()?,
+                cancel: Some(cancel.clone()),
                 ..BuildOptions::default()
             };
             let dir = templates_dir.unwrap_or_else(|| state_dir.join("templates"));
             std::fs::create_dir_all(&dir)?;
             let store = TemplateStore::open(&dir)?;
-            let info = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let building = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
                 crate::serve::build_template(&store, &name, false, &options)?;
                 Ok(store.get(&name))
-            })
-            .await??;
+            });
+            tokio::pin!(building);
+            let info = tokio::select! {
+                built = &mut building => built??,
+                _ = tokio::signal::ctrl_c() => {
+                    cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                    // The build notices within a quarter of a second and cleans up.
+                    let _ = building.await;
+                    bail!("interrupted: the build was cancelled");
+                }
+            };
             if json_out {
                 print_json(&serde_json::to_value(info)?);
             }
