@@ -226,12 +226,14 @@ fn class_char(chars: &[char], i: usize) -> Result<(char, usize), GlobError> {
     }
 }
 
-fn push_literal(out: &mut String, c: char) {
+/// `c` as a literal in a regular expression.
+pub(crate) fn push_literal(out: &mut String, c: char) {
     let mut buf = [0u8; 4];
     out.push_str(&regex::escape(c.encode_utf8(&mut buf)));
 }
 
-fn push_class_member(out: &mut String, c: char) {
+/// `c` as a member of a regular-expression class.
+pub(crate) fn push_class_member(out: &mut String, c: char) {
     if matches!(c, '\\' | ']' | '[' | '^' | '-' | '&' | '~') {
         out.push('\\');
     }

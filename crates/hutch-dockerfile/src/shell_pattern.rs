@@ -8,9 +8,13 @@
 //! A pattern is read into tokens, then turned into an anchored regular expression: for a
 //! prefix, as it is; for a suffix, the value and the tokens are both reversed and the
 //! prefix is trimmed (how BuildKit trims suffixes too). `#` and `%` take the shortest match
-//! (lazy `*`), `##` and `%%` the longest.
+//! (lazy `*`), `##` and `%%` the longest. Not `glob.rs`'s `Glob`: a path glob's `*` and `?`
+//! stop at `/`, its classes negate with `^` only, and an open `[` is an error; the regex
+//! escaping of literals and class members is shared with it.
 
 use regex::Regex;
+
+use crate::glob::{push_class_member, push_literal};
 
 /// One piece of a pattern.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,7 +83,7 @@ impl ShellPattern {
         let mut out = String::from("(?s:");
         for token in &self.tokens {
             match token {
-                Token::Literal(c) => out.push_str(&regex::escape(&c.to_string())),
+                Token::Literal(c) => push_literal(&mut out, *c),
                 Token::AnyChar => out.push('.'),
                 Token::AnyRun => out.push_str(if longest { ".*" } else { ".*?" }),
                 Token::Class { negated, ranges } => {
@@ -88,10 +92,10 @@ impl ShellPattern {
                         out.push('^');
                     }
                     for (lo, hi) in ranges {
-                        out.push_str(&class_char(*lo));
+                        push_class_member(&mut out, *lo);
                         if lo != hi {
                             out.push('-');
-                            out.push_str(&class_char(*hi));
+                            push_class_member(&mut out, *hi);
                         }
                     }
                     out.push(']');
@@ -187,15 +191,6 @@ fn class(chars: &[char], escape: char) -> Option<(Token, usize)> {
             hi = c;
         }
         ranges.push((c, hi));
-    }
-}
-
-/// A character as a member of a regular-expression class.
-fn class_char(c: char) -> String {
-    if matches!(c, '\\' | ']' | '[' | '^' | '-' | '&' | '~') {
-        format!("\\{c}")
-    } else {
-        c.to_string()
     }
 }
 

@@ -50,8 +50,8 @@ struct Fetched {
     body: Vec<u8>,
     /// `sha256:…` of the body.
     digest: String,
-    /// The `Content-Type`, without parameters.
-    media_type: Option<String>,
+    /// Its media type ([`media_type_of`]).
+    kind: String,
 }
 
 impl ManifestSource<'_> {
@@ -122,11 +122,8 @@ impl ManifestSource<'_> {
         }
         let digest = format!("sha256:{:x}", Sha256::digest(&body));
         check_digest(declared.as_deref(), &digest)?;
-        Ok(Fetched {
-            body,
-            digest,
-            media_type,
-        })
+        let kind = media_type_of(&body, media_type);
+        Ok(Fetched { body, digest, kind })
     }
 
     /// The image manifest `tag_or_digest` names (through an index or a manifest list, its
@@ -138,8 +135,7 @@ impl ManifestSource<'_> {
     ) -> Result<(OciImageManifest, String)> {
         let top = self.fetch(tag_or_digest).await?;
         check_digest(expected, &top.digest)?;
-        let kind = media_type_of(&top);
-        if kind == OCI_IMAGE_INDEX_MEDIA_TYPE || kind == IMAGE_MANIFEST_LIST_MEDIA_TYPE {
+        if is_index(&top.kind) {
             let index: OciImageIndex = serde_json::from_slice(&top.body)
                 .map_err(|e| self.error(format!("the image index is not valid: {e}")))?;
             let entries: &[ImageIndexEntry] = &index.manifests;
@@ -151,8 +147,7 @@ impl ManifestSource<'_> {
             };
             let manifest = self.fetch(&digest).await?;
             check_digest(Some(&digest), &manifest.digest)?;
-            let inner = media_type_of(&manifest);
-            if inner == OCI_IMAGE_INDEX_MEDIA_TYPE || inner == IMAGE_MANIFEST_LIST_MEDIA_TYPE {
+            if is_index(&manifest.kind) {
                 return Err(self.error("its index names another index for linux/amd64".into()));
             }
             return self.parse(&manifest);
@@ -169,30 +164,35 @@ impl ManifestSource<'_> {
                 media_type: format!("schema version {}", manifest.schema_version),
             });
         }
-        let kind = media_type_of(fetched);
+        let kind = &fetched.kind;
         if kind != OCI_IMAGE_MEDIA_TYPE && kind != IMAGE_MANIFEST_MEDIA_TYPE {
             return Err(ImageError::UnsupportedMediaType {
                 what: "manifest",
-                media_type: kind,
+                media_type: kind.clone(),
             });
         }
         Ok((manifest, fetched.digest.clone()))
     }
 }
 
-/// The manifest's media type: its `mediaType` field, else the `Content-Type` it came with
-/// (OCI manifests may leave the field out).
-fn media_type_of(fetched: &Fetched) -> String {
+/// A body's media type: its `mediaType` field, else the `Content-Type` it came with
+/// (`content_type`; OCI manifests may leave the field out), else an OCI manifest.
+fn media_type_of(body: &[u8], content_type: Option<String>) -> String {
     #[derive(serde::Deserialize)]
     struct Kind {
         #[serde(rename = "mediaType")]
         media_type: Option<String>,
     }
-    serde_json::from_slice::<Kind>(&fetched.body)
+    serde_json::from_slice::<Kind>(body)
         .ok()
         .and_then(|k| k.media_type)
-        .or_else(|| fetched.media_type.clone())
+        .or(content_type)
         .unwrap_or_else(|| OCI_IMAGE_MEDIA_TYPE.to_owned())
+}
+
+/// Whether media type `kind` is an image index or a Docker manifest list.
+fn is_index(kind: &str) -> bool {
+    kind == OCI_IMAGE_INDEX_MEDIA_TYPE || kind == IMAGE_MANIFEST_LIST_MEDIA_TYPE
 }
 
 fn check_digest(expected: Option<&str>, actual: &str) -> Result<()> {

@@ -45,6 +45,10 @@ use crate::unpack::{Compression, Limits};
 
 /// Largest image config accepted.
 const MAX_CONFIG: u64 = 4 << 20;
+/// How long connecting to a registry may take (blobs and manifests alike).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a registry may stay silent in the middle of an answer.
+const READ_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How to reach the registry.
 #[derive(Debug, Clone, Default)]
@@ -303,8 +307,8 @@ impl Job {
             protocol,
             extra_root_certificates: self.roots.clone(),
             platform_resolver: Some(Box::new(linux_amd64_resolver)),
-            connect_timeout: Some(Duration::from_secs(30)),
-            read_timeout: Some(Duration::from_secs(300)),
+            connect_timeout: Some(CONNECT_TIMEOUT),
+            read_timeout: Some(READ_TIMEOUT),
             https_proxy: proxy.clone(),
             http_proxy: proxy.clone(),
             ..ClientConfig::default()
@@ -328,8 +332,8 @@ impl Job {
     /// proxy, roots and timeouts.
     fn manifest_client(&self, proxy: Option<&str>) -> Result<reqwest::Client> {
         let mut builder = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            .read_timeout(Duration::from_secs(300))
+            .connect_timeout(CONNECT_TIMEOUT)
+            .read_timeout(READ_TIMEOUT)
             .redirect(reqwest::redirect::Policy::limited(5));
         for root in &self.roots {
             let cert = reqwest::Certificate::from_pem(&root.data)
@@ -561,27 +565,14 @@ impl Job {
         self.registry_message(format!("reading blob {digest}: {e}"))
     }
 
-    /// Maps the client's error into the crate's.
+    /// Maps the client's error (its authentication, a blob request) into the crate's;
+    /// manifests are not read through it (`manifest.rs` reports their errors).
     fn registry_error(&self, e: OciDistributionError) -> ImageError {
         match e {
             OciDistributionError::UnauthorizedError { .. }
             | OciDistributionError::AuthenticationFailure(_) => ImageError::Unauthorized {
                 registry: self.registry.clone(),
                 reference: self.reference.clone(),
-            },
-            OciDistributionError::ImageManifestNotFoundError(m) if m.contains("platform") => {
-                ImageError::WrongPlatform {
-                    reference: self.reference.clone(),
-                    found: String::from("its index lists other platforms only"),
-                }
-            }
-            OciDistributionError::DigestError(DigestError::VerificationError {
-                expected,
-                actual,
-            }) => ImageError::DigestMismatch {
-                what: "manifest",
-                expected,
-                actual,
             },
             other => self.registry_message(error_chain(&other)),
         }

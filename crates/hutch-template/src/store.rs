@@ -290,15 +290,6 @@ impl TemplateStore {
         self.edit(name, |info| info.start = start)
     }
 
-    /// Change the default resources of a ready template.
-    pub fn set_defaults(
-        &self,
-        name: &str,
-        change: impl FnOnce(&mut crate::ResourceDefaults),
-    ) -> std::result::Result<TemplateInfo, TemplateError> {
-        self.edit(name, |info| change(&mut info.defaults))
-    }
-
     /// Change a ready template's `template.json` under its lock, atomically.
     fn edit(
         &self,

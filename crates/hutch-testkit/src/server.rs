@@ -291,6 +291,32 @@ impl TestServer {
         }
     }
 
+    /// Restart the server so that it aborts at crash point `point` (`HUTCH_TEST_CRASH_AT`,
+    /// debug builds); make the call `method path` with `body` (none when null), which must
+    /// get no answer (the server died on the way); reap the server and clear the hook. The
+    /// next [`TestServer::spawn_server`] starts one that does not crash.
+    pub async fn crash_during(&mut self, point: &str, method: Method, path: &str, body: Value) {
+        const CRASH_AT: &str = "HUTCH_TEST_CRASH_AT";
+        self.stop_server();
+        self.set_env(CRASH_AT, Some(point));
+        self.spawn_server().await;
+        let mut request = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+            .timeout(Duration::from_secs(300));
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let answer = request.send().await;
+        assert!(
+            answer.is_err(),
+            "{point}: the server answered instead of crashing: {:?}",
+            answer.map(|r| r.status())
+        );
+        self.kill_server();
+        self.set_env(CRASH_AT, None);
+    }
+
     /// The `/v1/metrics` text (every series, per-sandbox ones included).
     pub async fn metrics_text(&self) -> String {
         self.http

@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
 
 use hutch_testkit::{
     assert_no_processes_or_cgroups, both_backends, cgroup_frozen, loop_devices_under, on,
@@ -28,8 +27,6 @@ use hutch_testkit::{
 };
 use reqwest::Method;
 use serde_json::{json, Value};
-
-const CRASH_AT: &str = "HUTCH_TEST_CRASH_AT";
 
 /// What state a case's sandbox is put in before the operation.
 #[derive(Clone, Copy, PartialEq)]
@@ -284,29 +281,14 @@ impl World {
 /// Restart the server so that it aborts at `case.point`; make the case's call on `target`,
 /// which must get no answer (the server died on the way); reap the server.
 async fn crash(s: &mut TestServer, isolation: &str, case: &Case, target: &str) {
-    s.stop_server();
-    s.set_env(CRASH_AT, Some(case.point));
-    s.spawn_server().await;
-    let mut request = reqwest::Client::new()
-        .request(
-            case.method.clone(),
-            format!("{}{}", s.url, case.path.replace("{id}", target)),
-        )
-        .bearer_auth(&s.key)
-        .timeout(Duration::from_secs(300));
-    let body = (case.body)(isolation);
-    if !body.is_null() {
-        request = request.json(&body);
-    }
-    let answer = request.send().await;
-    assert!(
-        answer.is_err(),
-        "{}: the server answered instead of crashing: {:?}",
+    let path = case.path.replace("{id}", target);
+    s.crash_during(
         case.point,
-        answer.map(|r| r.status())
-    );
-    s.kill_server();
-    s.set_env(CRASH_AT, None);
+        case.method.clone(),
+        &path,
+        (case.body)(isolation),
+    )
+    .await;
 }
 
 /// Check, with the server down, that the crash left `case`'s operation half done.

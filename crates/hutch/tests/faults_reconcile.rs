@@ -14,8 +14,6 @@ use hutch_testkit::{
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const CRASH_AT: &str = "HUTCH_TEST_CRASH_AT";
-
 /// The sandbox directories in the server's state.
 fn sandbox_dirs(s: &TestServer) -> Vec<String> {
     std::fs::read_dir(s.state_dir.join("sandboxes"))
@@ -32,24 +30,7 @@ fn sandbox_dirs(s: &TestServer) -> Vec<String> {
 /// meanwhile.
 async fn crash_at(s: &mut TestServer, point: &str, path: &str, body: Value) -> Vec<String> {
     let before = sandbox_dirs(s);
-    s.stop_server();
-    s.set_env(CRASH_AT, Some(point));
-    s.spawn_server().await;
-    let mut request = reqwest::Client::new()
-        .request(Method::POST, format!("{}{path}", s.url))
-        .bearer_auth(&s.key)
-        .timeout(Duration::from_secs(300));
-    if !body.is_null() {
-        request = request.json(&body);
-    }
-    let answer = request.send().await;
-    assert!(
-        answer.is_err(),
-        "{point}: the server answered instead of crashing: {:?}",
-        answer.map(|r| r.status())
-    );
-    s.kill_server();
-    s.set_env(CRASH_AT, None);
+    s.crash_during(point, Method::POST, path, body).await;
     sandbox_dirs(s)
         .into_iter()
         .filter(|d| !before.contains(d))

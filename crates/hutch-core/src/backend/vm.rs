@@ -682,11 +682,12 @@ impl Backend for VmBackend {
             .remove(r.id.as_str());
         let agent = self.agent_socket(&r.id);
         self.qmp_within(r, QUIESCE_TIMEOUT + QMP_TIMEOUT, async |q| {
-            if !stale {
-                return q.cont().await;
-            }
             q.cont().await?;
-            end_stale_session(q, &r.id, &agent).await
+            if stale {
+                end_stale_session(q, &r.id, &agent).await
+            } else {
+                Ok(())
+            }
         })
         .await
     }

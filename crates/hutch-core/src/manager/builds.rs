@@ -30,13 +30,14 @@ impl Manager {
         // with. It still counts against them (a build over them fails, naming the quota).
         if let Some(name) = &cmd.tenant {
             let q = self.tenant(name).await?.settings.quotas;
-            let cpus = [q.max_cpus, q.max_sandbox_cpus].into_iter().flatten();
-            let cpus_cap = cpus.fold(f64::INFINITY, f64::min);
-            cmd.cpus = cmd.cpus.map(|c| c.min(cpus_cap));
-            let memory = [q.max_memory_mib, q.max_sandbox_memory_mib]
-                .into_iter()
-                .flatten();
-            cmd.memory_mib = cmd.memory_mib.map(|m| memory.fold(m, u64::min));
+            let cpus = [q.max_cpus, q.max_sandbox_cpus];
+            cmd.cpus = cmd
+                .cpus
+                .map(|c| cpus.into_iter().flatten().fold(c, f64::min));
+            let memory = [q.max_memory_mib, q.max_sandbox_memory_mib];
+            cmd.memory_mib = cmd
+                .memory_mib
+                .map(|m| memory.into_iter().flatten().fold(m, u64::min));
             if let Some(most) = q.max_sandbox_disk_mib {
                 cmd.disk_mib = cmd.disk_mib.map(|d| d.min(most));
             }

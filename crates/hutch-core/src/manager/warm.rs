@@ -358,11 +358,10 @@ impl Manager {
             }
         };
         self.watch_init(&record);
-        let ready = started.service_ready;
         Ok(WarmGuest {
             id: record.id,
             agent,
-            ready,
+            ready: started.service_ready,
         })
     }
 

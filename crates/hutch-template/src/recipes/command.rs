@@ -89,8 +89,8 @@ impl Drop for ChildGuard {
 
 /// Why a tool was stopped before it exited by itself.
 enum Stopped {
-    /// It wrote nothing for this long.
-    Silent(Duration),
+    /// It wrote nothing for the build's silence limit.
+    Silent,
     /// The build was cancelled.
     Cancelled,
 }
@@ -156,7 +156,7 @@ pub(crate) fn run(ctx: &mut BuildContext<'_>, mut cmd: Command) -> Result<()> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break None,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if last_line.elapsed() >= silence_limit {
-                    break Some(Stopped::Silent(silence_limit));
+                    break Some(Stopped::Silent);
                 }
             }
         }
@@ -169,18 +169,17 @@ pub(crate) fn run(ctx: &mut BuildContext<'_>, mut cmd: Command) -> Result<()> {
         }
     };
     if let Some(stopped) = stopped {
-        // The readers end once the group is gone; they are not waited for, in case
-        // something left the group and still holds a pipe.
-        guard.kill_group();
+        // Dropping the guard kills the group; the readers end once it is gone and are not
+        // waited for, in case something left the group and still holds a pipe.
         drop(guard);
         return Err(match stopped {
             Stopped::Cancelled => ctx.fail(format!(
                 "the build was cancelled while `{command}` ran; it was killed"
             )),
-            Stopped::Silent(limit) => TemplateError::ToolSilent {
+            Stopped::Silent => TemplateError::ToolSilent {
                 step: ctx.current_step().to_owned(),
                 command,
-                seconds: limit.as_secs_f64(),
+                seconds: silence_limit.as_secs_f64(),
                 tail: tail_text(tail),
             },
         });
